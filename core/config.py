@@ -1,0 +1,271 @@
+"""One flat training configuration, its validation and its presets. Torch-free on purpose:
+the web app's launcher imports this module to build and validate forms.
+
+Every field has a docstring under it. ``TrainConfig.from_dict`` refuses unknown keys and wrong
+types, ``validate`` refuses out-of-range values; both name the bad field, before any work starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+ENVS = ("search", "apps", "frozenlake", "sokoban", "bandit")
+MODELS = ("tiny", "smollm2-135m")
+ALGOS = ("grpo", "dr_grpo", "rloo", "ppo", "starpo_s", "gigpo")
+GROUP_ALGOS = ("grpo", "dr_grpo", "rloo", "starpo_s", "gigpo")
+LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+CLIP_MODES = ("ppo", "log")
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; the message names the field."""
+
+
+@dataclass
+class TrainConfig:
+    # -- what to train -------------------------------------------------------------------------
+    env: str = "search"
+    """Environment: search | apps | frozenlake | sokoban | bandit."""
+    model: str = "tiny"
+    """tiny (random 2-layer Llama, SmolLM2 tokenizer) | smollm2-135m | a local HF model dir."""
+    algo: str = "grpo"
+    """Advantage estimator / loss family: grpo | dr_grpo | rloo | ppo | starpo_s | gigpo."""
+    name: str = ""
+    """Run name shown in the app (defaults to the run id)."""
+    db: str = "runs/store.duckdb"
+    """DuckDB file the run is recorded in; created if missing, appended to if not."""
+    seed: int = 0
+    """Seeds tasks, sampling, LoRA init: the same seed gives the same run."""
+    resume: str = ""
+    """Run id to continue in the same database from its last checkpoint."""
+
+    # -- schedule ------------------------------------------------------------------------------
+    steps: int = 10
+    """RL steps (each: rollout -> rewards -> advantages -> update)."""
+    sft_steps: int = 0
+    """LoRA SFT warm-start steps on the env's scripted-expert demonstrations (0 = none)."""
+    group_size: int = 8
+    """G: rollouts per task; they share a group_id."""
+    tasks_per_step: int = 4
+    """Distinct tasks per RL step (batch = tasks_per_step * group_size trajectories)."""
+    eval_every: int = 5
+    """Evaluate on held-out tasks every N RL steps (and after SFT and at the end); 0 = never."""
+    eval_tasks: int = 32
+    """Number of held-out tasks per evaluation."""
+    checkpoint_every: int = 1
+    """Save LoRA adapter + optimizer state every N steps (needed by --resume)."""
+
+    # -- rollout -------------------------------------------------------------------------------
+    max_turns: int = 4
+    """K: most actions per trajectory."""
+    max_new_tokens: int = 96
+    """Most tokens the model may generate in one turn; a turn cut here is recorded as such."""
+    max_obs_tokens: int = 256
+    """Observations longer than this are truncated (and recorded as truncated)."""
+    max_context: int = 1536
+    """Most tokens in a whole trajectory context; reaching it ends the trajectory."""
+    temperature: float = 1.0
+    """Sampling temperature for training rollouts."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold for training rollouts."""
+    eval_temperature: float = 0.0
+    """Temperature for held-out evaluation (0 = greedy)."""
+    topk: int = 3
+    """Search env: documents returned per query (Search-R1 default 3)."""
+
+    # -- model and LoRA ------------------------------------------------------------------------
+    lora_rank: int = 16
+    """LoRA rank r."""
+    lora_alpha: int = 32
+    """LoRA alpha (scale = alpha / r)."""
+    lora_dropout: float = 0.0
+    """LoRA dropout."""
+    lora_targets: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+    """Comma-separated module names wrapped by LoRA."""
+
+    # -- optimisation --------------------------------------------------------------------------
+    lr: float = 1e-4
+    """AdamW learning rate for RL updates."""
+    sft_lr: float = 2e-4
+    """AdamW learning rate for the SFT warm start."""
+    sft_batch_size: int = 8
+    """Demonstrations per SFT step."""
+    kl_coef: float = 0.001
+    """Coefficient of the k3 KL penalty to the adapter-disabled reference (0 = off)."""
+    clip_eps_low: float = 0.2
+    """PPO ratio clip below 1 (ratio >= 1 - eps_low)."""
+    clip_eps_high: float = 0.2
+    """PPO ratio clip above 1 (StarPO-S clip-higher uses 0.28)."""
+    clip_mode: str = "ppo"
+    """ppo: clip ratio to [1-eps_low, 1+eps_high]; log: LOOP's [1/(1+eps), 1+eps] with eps_high."""
+    loss_agg: str = "token-mean"
+    """How token losses are averaged: token-mean | seq-mean-token-mean | seq-mean-token-sum-norm."""
+    ppo_epochs: int = 1
+    """Passes over one rollout batch (using the stored sampling logprobs)."""
+    minibatches: int = 1
+    """Optimizer steps per epoch (the batch is split into this many minibatches)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping threshold (the norm before clipping is recorded)."""
+    min_abs_advantage: float = 0.0
+    """Drop trajectories with |A| below this from the update (LOOP uses 0.01)."""
+    starpo_keep: float = 0.25
+    """StarPO-S: fraction of task groups kept, by in-group reward std."""
+    gigpo_weight: float = 1.0
+    """GiGPO: w in A = A_episode + w * A_step."""
+    gigpo_gamma: float = 0.95
+    """GiGPO: discount of step returns."""
+    gamma: float = 1.0
+    """PPO/GAE discount over model tokens."""
+    lam: float = 1.0
+    """PPO/GAE lambda."""
+    vf_coef: float = 0.5
+    """PPO: value-loss coefficient."""
+    kl_abort: float = 20.0
+    """Abort an update whose approximate KL to the sampling policy exceeds this (LOOP)."""
+    max_bad_steps: int = 3
+    """Stop the run after this many consecutive updates skipped for NaN/inf."""
+
+    # -- rewards -------------------------------------------------------------------------------
+    outcome_metric: str = "em"
+    """Search outcome: em (exact match) | f1 (token F1)."""
+    w_outcome: float = 1.0
+    """Weight of the outcome component in the trajectory reward."""
+    w_format: float = 0.0
+    """Weight of the format component."""
+    w_cost: float = 1.0
+    """Weight of the cost component (the component itself is <= 0)."""
+    w_process: float = 0.0
+    """Weight of the process component."""
+    cost_per_turn: float = 0.0
+    """Cost charged per turn."""
+    cost_per_token: float = 0.0
+    """Cost charged per generated token."""
+    cost_per_tool_call: float = 0.0
+    """Cost charged per tool call / search."""
+
+    # -- plumbing ------------------------------------------------------------------------------
+    threads: int = 0
+    """torch threads (0 = torch's default)."""
+    checkpoint_dir: str = ""
+    """Where adapters are saved (default: next to the database, under checkpoints/RUN_ID)."""
+
+    # ------------------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "TrainConfig":
+        known = {f.name: f for f in fields(cls)}
+        values = {}
+        for key, value in data.items():
+            name = key.replace("-", "_")
+            if name not in known:
+                raise ConfigError(f"unknown config key {key!r}")
+            values[name] = _coerce(name, known[name], value)
+        return cls(**values)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "TrainConfig":
+        import yaml
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of keys to values")
+        return cls.from_dict(data)
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+
+def _coerce(name: str, f: dataclasses.Field, value: Any) -> Any:
+    typ = {"int": int, "float": float, "str": str, "bool": bool}[f.type if isinstance(f.type, str) else f.type.__name__]
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if typ is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        raise ConfigError(f"{name} must be {typ.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Refuse values that cannot work, naming the field. Returns cfg for chaining."""
+    def need(cond: bool, fld: str, why: str) -> None:
+        if not cond:
+            raise ConfigError(f"{fld}={getattr(cfg, fld)!r}: {why}")
+
+    need(cfg.env in ENVS, "env", f"must be one of {', '.join(ENVS)}")
+    need(cfg.model in MODELS or Path(cfg.model).is_dir(), "model",
+         f"must be one of {', '.join(MODELS)} or an existing local model directory")
+    need(cfg.algo in ALGOS, "algo", f"must be one of {', '.join(ALGOS)}")
+    need(cfg.steps >= 0, "steps", "must be >= 0")
+    need(cfg.sft_steps >= 0, "sft_steps", "must be >= 0")
+    need(cfg.group_size >= 1, "group_size", "must be >= 1")
+    need(cfg.group_size >= 2 or cfg.algo not in GROUP_ALGOS, "group_size",
+         f"{cfg.algo} compares rollouts within a group: needs group_size >= 2")
+    need(cfg.tasks_per_step >= 1, "tasks_per_step", "must be >= 1")
+    need(cfg.max_turns >= 1, "max_turns", "must be >= 1")
+    need(cfg.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
+    need(cfg.max_obs_tokens >= 1, "max_obs_tokens", "must be >= 1")
+    need(cfg.max_context >= 64, "max_context", "must be >= 64")
+    need(cfg.temperature >= 0, "temperature", "must be >= 0")
+    need(0 < cfg.top_p <= 1, "top_p", "must be in (0, 1]")
+    need(cfg.eval_temperature >= 0, "eval_temperature", "must be >= 0")
+    need(cfg.eval_every >= 0, "eval_every", "must be >= 0")
+    need(cfg.eval_tasks >= 0, "eval_tasks", "must be >= 0")
+    need(cfg.checkpoint_every >= 1, "checkpoint_every", "must be >= 1")
+    need(cfg.topk >= 1, "topk", "must be >= 1")
+    need(cfg.lora_rank >= 1, "lora_rank", "must be >= 1")
+    need(cfg.lora_alpha > 0, "lora_alpha", "must be > 0")
+    need(0 <= cfg.lora_dropout < 1, "lora_dropout", "must be in [0, 1)")
+    need(bool(cfg.lora_targets.strip()), "lora_targets", "must name at least one module")
+    need(0 < cfg.lr < 1, "lr", "must be in (0, 1)")
+    need(0 < cfg.sft_lr < 1, "sft_lr", "must be in (0, 1)")
+    need(cfg.sft_batch_size >= 1, "sft_batch_size", "must be >= 1")
+    need(cfg.kl_coef >= 0, "kl_coef", "must be >= 0")
+    need(0 <= cfg.clip_eps_low < 1, "clip_eps_low", "must be in [0, 1)")
+    need(cfg.clip_eps_high >= 0, "clip_eps_high", "must be >= 0")
+    need(cfg.clip_mode in CLIP_MODES, "clip_mode", f"must be one of {', '.join(CLIP_MODES)}")
+    need(cfg.loss_agg in LOSS_AGGS, "loss_agg", f"must be one of {', '.join(LOSS_AGGS)}")
+    need(cfg.ppo_epochs >= 1, "ppo_epochs", "must be >= 1")
+    need(cfg.minibatches >= 1, "minibatches", "must be >= 1")
+    need(cfg.max_grad_norm > 0, "max_grad_norm", "must be > 0")
+    need(cfg.min_abs_advantage >= 0, "min_abs_advantage", "must be >= 0")
+    need(0 < cfg.starpo_keep <= 1, "starpo_keep", "must be in (0, 1]")
+    need(0 <= cfg.gigpo_gamma <= 1, "gigpo_gamma", "must be in [0, 1]")
+    need(0 <= cfg.gamma <= 1, "gamma", "must be in [0, 1]")
+    need(0 <= cfg.lam <= 1, "lam", "must be in [0, 1]")
+    need(cfg.vf_coef >= 0, "vf_coef", "must be >= 0")
+    need(cfg.kl_abort > 0, "kl_abort", "must be > 0")
+    need(cfg.max_bad_steps >= 1, "max_bad_steps", "must be >= 1")
+    need(cfg.outcome_metric in ("em", "f1"), "outcome_metric", "must be em or f1")
+    need(cfg.threads >= 0, "threads", "must be >= 0")
+    need(bool(cfg.db.strip()), "db", "must name a database file")
+    return cfg
+
+
+# Presets the CLI (--preset) and the app's launcher offer. Values override TrainConfig defaults.
+PRESETS: dict[str, dict[str, Any]] = {
+    "workshop-demo": dict(env="bandit", model="tiny", algo="grpo", steps=20, sft_steps=0,
+                          group_size=8, tasks_per_step=4, max_turns=1, lr=5e-3,
+                          eval_every=5, eval_tasks=16),
+    "search-smollm2": dict(env="search", model="smollm2-135m", algo="grpo", steps=20,
+                           sft_steps=20, group_size=8, tasks_per_step=4, max_turns=4,
+                           lr=1e-4, sft_lr=2e-4, eval_every=5, eval_tasks=100),
+    "tiny-smoke": dict(env="search", model="tiny", algo="grpo", steps=2, group_size=2,
+                       tasks_per_step=2, max_turns=2, max_new_tokens=16, eval_every=0),
+}
+
+
+def preset(name: str) -> TrainConfig:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; one of {', '.join(PRESETS)}")
+    return TrainConfig.from_dict(PRESETS[name])

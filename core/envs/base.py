@@ -1,0 +1,120 @@
+"""The environment protocol every env implements. Torch-free.
+
+An ``Environment`` is built once per run (corpus, task generator). For each trajectory it makes a
+fresh ``Episode`` (all per-trajectory state lives there, so a group's G rollouts never share
+state). The rollout talks to an episode only through text:
+
+    text = episode.reset()                 # the user message: task + first observation
+    while not done:
+        action_text = policy(context)      # generation stops at one of env.stop_tags
+        result = episode.step(action_text) # result.observation is appended verbatim, untrained
+    outcome = episode.outcome()            # graded on the final state
+
+Everything is deterministic from (task, seed), so a recorded trajectory can be replayed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+
+@dataclass(frozen=True)
+class Task:
+    task_id: str
+    """Unique within the env and split, stable across runs with the same seed."""
+    prompt: str
+    """The instruction the model is given (the user message)."""
+    golds: tuple[str, ...] = ()
+    """Gold answers, where the task has a final answer."""
+    split: str = "train"
+    """train | heldout: the two splits never share a task."""
+    meta: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    """Env-specific parameters (hops, level layout, template name, ...)."""
+
+
+@dataclass
+class StepResult:
+    observation: str
+    """Text appended to the context after the action (already wrapped, e.g. in <information>).
+    Empty when the episode ends without one."""
+    done: bool
+    """True when the episode has ended (answer given, goal reached, unrecoverable)."""
+    valid: bool
+    """False when the action could not be parsed or executed (counts against format)."""
+    action_type: str = "invalid"
+    """search | answer | tool | code | docs | move | invalid ..."""
+    parsed: dict[str, Any] | None = None
+    """The parsed action arguments, for the record."""
+    reward: float = 0.0
+    """Per-step env reward (grid worlds), used for step returns (GiGPO) and process reward."""
+    error: str | None = None
+    """Tool/env error text when the action failed for a reason other than format."""
+    state_diff: list[dict[str, Any]] | None = None
+    """Rows changed by a mutating action (apps), for replay."""
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Outcome:
+    score: float
+    """Outcome reward in [0, 1] (exact match, tests passed / total, goal reached)."""
+    success: bool
+    """Sparse success."""
+    answer: str | None = None
+    """The final answer given, if any."""
+    process: float = 0.0
+    """Process/progress reward in [0, 1] (retrieval hit, subgoals, tests passing so far)."""
+    tests: list[tuple[str, bool, str]] = field(default_factory=list)
+    """(test name, passed, detail) for unit-test graded envs."""
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Episode(Protocol):
+    task: Task
+
+    def reset(self) -> str: ...
+    def step(self, action_text: str) -> StepResult: ...
+    def outcome(self) -> Outcome: ...
+    def expert_action(self) -> str:
+        """The scripted expert's next action text from the current state (for SFT demos)."""
+        ...
+
+
+class Environment(Protocol):
+    name: str
+    stop_tags: tuple[str, ...]
+    """Closing tags that end a turn's generation; the action text is cut right after one."""
+    system_prompt: str
+    """Instructions for the model: action format and tags."""
+
+    def tasks(self, split: str, n: int, seed: int) -> list[Task]:
+        """n tasks of ``split`` (train | heldout), deterministic from seed."""
+        ...
+
+    def episode(self, task: Task, seed: int) -> Episode:
+        """A fresh episode of task; seed drives env randomness (slippery moves, bandit pulls)."""
+        ...
+
+
+REGISTRY: dict[str, Callable[..., Environment]] = {}
+
+
+def register(name: str):
+    """Class decorator: make ``--env name`` build this environment."""
+    def wrap(factory):
+        REGISTRY[name] = factory
+        return factory
+    return wrap
+
+
+def make_env(name: str, **kwargs: Any) -> Environment:
+    """Build env ``name``; kwargs are env options (e.g. topk, seed for the world)."""
+    import importlib
+    if name not in REGISTRY:
+        try:
+            importlib.import_module(f"core.envs.{name}")
+        except ModuleNotFoundError as exc:
+            raise ValueError(f"unknown environment {name!r}") from exc
+    if name not in REGISTRY:
+        raise ValueError(f"unknown environment {name!r}")
+    return REGISTRY[name](**kwargs)

@@ -1,0 +1,113 @@
+"""Schema as an ordered list of small migrations, each applied once and recorded.
+
+Add a migration by appending a function to ``MIGRATIONS``; never edit one that has shipped.
+A database whose recorded version is newer than this code knows is refused, never touched.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import duckdb
+
+from storage.db import StoreError
+
+
+def m001_initial(con: duckdb.DuckDBPyConnection) -> None:
+    """The CONTRACTS.md tables plus the columns the trainer and the app need."""
+    con.execute("""
+        CREATE TABLE runs (
+            run_id VARCHAR PRIMARY KEY, name VARCHAR, created_at TIMESTAMP, status VARCHAR,
+            config JSON, updated_at TIMESTAMP, error VARCHAR, source VARCHAR DEFAULT 'trainer',
+            last_step INTEGER)""")
+    con.execute("""
+        CREATE TABLE metrics (run_id VARCHAR, step INTEGER, name VARCHAR, value DOUBLE)""")
+    con.execute("""
+        CREATE TABLE trajectories (
+            run_id VARCHAR, step INTEGER, traj_id VARCHAR, group_id VARCHAR, task_id VARCHAR,
+            reward DOUBLE, advantage DOUBLE, success BOOLEAN, num_turns INTEGER,
+            finish_reason VARCHAR,
+            split VARCHAR DEFAULT 'train',      -- train | eval | sft | expert | import
+            rank INTEGER DEFAULT 0,             -- torchrun rank that rolled it out
+            prompt VARCHAR,                     -- the task as the model was asked it
+            answer VARCHAR,                     -- the parsed final answer, if any
+            golds JSON,                         -- gold answers / expected result, if any
+            failure_class VARCHAR,              -- core/failures.py, computed when recorded
+            filtered BOOLEAN DEFAULT FALSE,     -- dropped from the update (StarPO-S, |A| small)
+            grad_norm DOUBLE,                   -- norm of this trajectory's gradient increment
+            response_tokens INTEGER,
+            info JSON)""")
+    con.execute("""
+        CREATE TABLE rewards (run_id VARCHAR, step INTEGER, traj_id VARCHAR, component VARCHAR,
+                              value DOUBLE)""")
+    con.execute("""
+        CREATE TABLE turns (
+            run_id VARCHAR, step INTEGER, traj_id VARCHAR, turn INTEGER, action VARCHAR,
+            observation VARCHAR, action_valid BOOLEAN,
+            action_type VARCHAR,                -- search | answer | tool | code | move | invalid
+            parsed JSON,                        -- the parsed action arguments
+            obs_truncated BOOLEAN DEFAULT FALSE,
+            action_truncated BOOLEAN DEFAULT FALSE,  -- cut by max new tokens
+            latency_s DOUBLE,
+            error VARCHAR,
+            state_diff JSON,                    -- rows a mutating action changed (apps)
+            advantage DOUBLE,                   -- turn-level advantage (GiGPO), else trajectory's
+            step_reward DOUBLE)""")
+    con.execute("""
+        CREATE TABLE tokens (
+            run_id VARCHAR, step INTEGER, traj_id VARCHAR, pos INTEGER, token_id INTEGER,
+            text VARCHAR, role VARCHAR, trained BOOLEAN, logprob DOUBLE, advantage DOUBLE,
+            turn INTEGER, entropy DOUBLE)""")
+    con.execute("""
+        CREATE TABLE grad_stats (run_id VARCHAR, step INTEGER, module VARCHAR, norm DOUBLE)""")
+    con.execute("""
+        CREATE TABLE test_results (run_id VARCHAR, step INTEGER, traj_id VARCHAR, name VARCHAR,
+                                   passed BOOLEAN, detail VARCHAR)""")
+    con.execute("""
+        CREATE TABLE tags (run_id VARCHAR, traj_id VARCHAR, tag VARCHAR, note VARCHAR,
+                           created_at TIMESTAMP)""")
+
+
+MIGRATIONS = [m001_initial]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def current_version(con: duckdb.DuckDBPyConnection) -> int:
+    exists = con.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = '_migrations'"
+    ).fetchone()[0]
+    if not exists:
+        return 0
+    return con.execute("SELECT coalesce(max(version), 0) FROM _migrations").fetchone()[0]
+
+
+def check_version(con: duckdb.DuckDBPyConnection, where: str = "database") -> int:
+    """The schema version, or StoreError if this code is too old to read it."""
+    version = current_version(con)
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"{where} has schema version {version}, newer than this code knows ({SCHEMA_VERSION}); "
+            "upgrade the project to read it. The file was not modified.")
+    return version
+
+
+def migrate(con: duckdb.DuckDBPyConnection, where: str = "database") -> list[str]:
+    """Apply every migration not yet recorded; return the names applied."""
+    if current_version(con) == 0:
+        tables = con.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'main'"
+        ).fetchone()[0]
+        if tables:
+            raise StoreError(f"{where} holds tables but no migration record: not a store of this "
+                             "project. The file was not modified.")
+    version = check_version(con, where)
+    con.execute("""CREATE TABLE IF NOT EXISTS _migrations (
+                       version INTEGER PRIMARY KEY, name VARCHAR, applied_at TIMESTAMP)""")
+    applied = []
+    for version_no, fn in enumerate(MIGRATIONS, start=1):
+        if version_no <= version:
+            continue
+        fn(con)
+        con.execute("INSERT INTO _migrations VALUES (?, ?, ?)",
+                    [version_no, fn.__name__, datetime.now(timezone.utc).replace(tzinfo=None)])
+        applied.append(fn.__name__)
+    return applied

@@ -1,0 +1,183 @@
+"""Writes a run into a DuckDB store: one transaction and one batched insert per table per step.
+
+    rec = Recorder("runs/store.duckdb")
+    run_id = rec.start_run(config={"env": "search", "model": "tiny", "algo": "grpo"})
+    rec.record_step(0, metrics={"reward/mean": 0.4}, trajectories=[...], tokens=df, ...)
+    rec.finish("finished")
+
+Rows are given without ``run_id``/``step`` (the recorder adds both) as a DataFrame, a list of
+dicts or a dict of columns. Columns a table has but the rows lack are stored as NULL / default;
+dict or list values in JSON columns are serialised. ``NullRecorder`` has the same methods and
+records nothing (``DummyWandb``-style: no ``if recorder:`` in the trainer).
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+from storage import db
+from storage.migrations import migrate
+
+STEP_TABLES = ("metrics", "trajectories", "rewards", "turns", "tokens", "grad_stats", "test_results")
+JSON_COLUMNS = {"trajectories": ("golds", "info"), "turns": ("parsed", "state_diff")}
+RUN_STATUSES = ("running", "finished", "failed", "stopped")
+
+Rows = pd.DataFrame | list[Mapping[str, Any]] | Mapping[str, Any] | None
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+def _to_json(value: Any) -> Any:
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, default=str)
+
+
+def to_frame(table: str, rows: Rows) -> pd.DataFrame:
+    """Normalise rows for ``table`` into a DataFrame (metrics may be a {name: value} dict)."""
+    if rows is None:
+        return pd.DataFrame()
+    if table == "metrics" and isinstance(rows, Mapping) and not any(
+            isinstance(v, (list, tuple)) for v in rows.values()):
+        rows = [{"name": k, "value": float(v)} for k, v in rows.items() if v is not None]
+    frame = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+    for col in JSON_COLUMNS.get(table, ()):
+        if col in frame.columns:
+            frame[col] = frame[col].map(_to_json)
+    return frame
+
+
+class Recorder:
+    """Records one run. Holds the database file only while writing (see storage/db.py)."""
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        self.run_id: str | None = None
+        self._memory = db.connect(None) if self.path == ":memory:" else None
+        with self._tx() as con:
+            migrate(con, where=self.path)
+
+    # -- connections ---------------------------------------------------------------------------
+    def _tx(self):
+        if self._memory is not None:
+            return _MemoryTx(self._memory)
+        return db.writing(self.path)
+
+    # -- run lifecycle -------------------------------------------------------------------------
+    def start_run(self, config: Mapping[str, Any], name: str | None = None,
+                  run_id: str | None = None, source: str = "trainer") -> str:
+        self.run_id = run_id or new_run_id()
+        with self._tx() as con:
+            con.execute(
+                "INSERT INTO runs (run_id, name, created_at, status, config, updated_at, source) "
+                "VALUES (?, ?, ?, 'running', ?, ?, ?)",
+                [self.run_id, name or self.run_id, now(), json.dumps(dict(config), default=str),
+                 now(), source])
+        return self.run_id
+
+    def resume_run(self, run_id: str) -> int | None:
+        """Reopen ``run_id`` for writing; return its last recorded step (None if none)."""
+        with self._tx() as con:
+            row = con.execute("SELECT last_step FROM runs WHERE run_id = ?", [run_id]).fetchone()
+            if row is None:
+                raise db.StoreError(f"no run {run_id!r} in {self.path}")
+            con.execute("UPDATE runs SET status = 'running', error = NULL, updated_at = ? "
+                        "WHERE run_id = ?", [now(), run_id])
+        self.run_id = run_id
+        return row[0]
+
+    def delete_steps_after(self, step: int) -> None:
+        """Remove every row of steps > ``step`` (used when resuming from a checkpoint)."""
+        with self._tx() as con:
+            for table in STEP_TABLES:
+                con.execute(f"DELETE FROM {table} WHERE run_id = ? AND step > ?", [self.run_id, step])
+            con.execute("UPDATE runs SET last_step = (SELECT max(step) FROM metrics WHERE run_id = ?) "
+                        "WHERE run_id = ?", [self.run_id, self.run_id])
+
+    def set_status(self, status: str, error: str | None = None) -> None:
+        if status not in RUN_STATUSES:
+            raise ValueError(f"status must be one of {RUN_STATUSES}, got {status!r}")
+        with self._tx() as con:
+            con.execute("UPDATE runs SET status = ?, error = ?, updated_at = ? WHERE run_id = ?",
+                        [status, error, now(), self.run_id])
+
+    def finish(self, status: str = "finished", error: str | None = None) -> None:
+        self.set_status(status, error)
+
+    # -- per-step writes -------------------------------------------------------------------------
+    def record_step(self, step: int, **tables: Rows) -> None:
+        """Write everything of one step in one transaction: all of it is visible, or none."""
+        unknown = set(tables) - set(STEP_TABLES)
+        if unknown:
+            raise ValueError(f"unknown tables {sorted(unknown)}; expected {STEP_TABLES}")
+        frames = {t: to_frame(t, rows) for t, rows in tables.items()}
+        with self._tx() as con:
+            for table, frame in frames.items():
+                if frame.empty:
+                    continue
+                frame["run_id"] = self.run_id
+                if "step" not in frame.columns:
+                    frame["step"] = step
+                con.register("_rows", frame)
+                con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _rows")
+                con.unregister("_rows")
+            con.execute("UPDATE runs SET last_step = greatest(coalesce(last_step, ?), ?), "
+                        "updated_at = ? WHERE run_id = ?", [step, step, now(), self.run_id])
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.record_step(step, metrics=metrics)
+
+    def close(self) -> None:
+        if self._memory is not None:
+            self._memory.close()
+            self._memory = None
+
+    def connection(self):
+        """The open in-memory connection (tests only); file stores are opened per write."""
+        return self._memory
+
+
+class NullRecorder:
+    """Same methods as Recorder; records nothing."""
+
+    path = None
+    run_id = "null"
+
+    def start_run(self, config, name=None, run_id=None, source="trainer") -> str:
+        return self.run_id
+
+    def resume_run(self, run_id: str) -> int | None:
+        return None
+
+    def delete_steps_after(self, step: int) -> None: ...
+    def set_status(self, status: str, error: str | None = None) -> None: ...
+    def finish(self, status: str = "finished", error: str | None = None) -> None: ...
+    def record_step(self, step: int, **tables: Rows) -> None: ...
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None: ...
+    def close(self) -> None: ...
+
+
+class _MemoryTx:
+    """Transaction on a long-lived in-memory connection (an in-memory store cannot be reopened)."""
+
+    def __init__(self, con):
+        self.con = con
+
+    def __enter__(self):
+        self.con.execute("BEGIN TRANSACTION")
+        return self.con
+
+    def __exit__(self, exc_type, exc, tb):
+        self.con.execute("ROLLBACK" if exc_type else "COMMIT")
+        return False
