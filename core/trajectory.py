@@ -1,0 +1,79 @@
+"""Plain records a rollout produces and every later stage reads. Torch-free.
+
+``Trajectory`` holds the exact token sequence the model saw (prompt, its own action tokens,
+observation tokens) with the loss mask, plus the turn-level view (action text, observation,
+validity). Rewards, failure classes and the recorder all read these; nothing re-tokenises.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.envs.base import Outcome, Task
+
+FINISH_REASONS = ("answered", "done", "max_turns", "invalid", "context_full", "env_error")
+
+
+@dataclass
+class Turn:
+    turn: int
+    action: str
+    """The model's action text exactly as sampled (cut right after the stop tag)."""
+    observation: str
+    """The env's reply as appended to the context (after truncation)."""
+    valid: bool
+    action_type: str = "invalid"
+    parsed: dict[str, Any] | None = None
+    error: str | None = None
+    state_diff: list[dict[str, Any]] | None = None
+    obs_truncated: bool = False
+    action_truncated: bool = False
+    """Generation hit max_new_tokens before a stop tag."""
+    latency_s: float = 0.0
+    """Wall time of env.step for this action."""
+    step_reward: float = 0.0
+    action_tokens: int = 0
+
+
+@dataclass
+class Trajectory:
+    traj_id: str
+    group_id: str
+    task: Task
+    split: str = "train"
+    turns: list[Turn] = field(default_factory=list)
+    finish_reason: str = "max_turns"
+    outcome: Outcome | None = None
+    # Token-level view, parallel lists over the whole context, in order.
+    token_ids: list[int] = field(default_factory=list)
+    token_text: list[str] = field(default_factory=list)
+    """Per-token text; ''.join(token_text) is exactly the decoded context."""
+    roles: list[str] = field(default_factory=list)
+    """prompt | action | observation"""
+    trained: list[bool] = field(default_factory=list)
+    """The loss mask: True exactly on the model's own action tokens."""
+    logprobs: list[float | None] = field(default_factory=list)
+    """Sampling policy's logprob of each action token; None elsewhere."""
+    token_turn: list[int] = field(default_factory=list)
+    """Turn index each token belongs to (-1 for the prompt)."""
+    # Filled by later stages.
+    rewards: dict[str, float] = field(default_factory=dict)
+    """Reward components: outcome, format, cost, process."""
+    reward: float = 0.0
+    """Weighted total used for training."""
+    advantage: float = 0.0
+    filtered: bool = False
+    failure_class: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+    @property
+    def response_tokens(self) -> int:
+        return sum(self.trained)
+
+    @property
+    def answer(self) -> str | None:
+        return self.outcome.answer if self.outcome else None
