@@ -56,7 +56,11 @@ def m001_initial(con: duckdb.DuckDBPyConnection) -> None:
         CREATE TABLE tokens (
             run_id VARCHAR, step INTEGER, traj_id VARCHAR, pos INTEGER, token_id INTEGER,
             text VARCHAR, role VARCHAR, trained BOOLEAN, logprob DOUBLE, advantage DOUBLE,
-            turn INTEGER, entropy DOUBLE)""")
+            turn INTEGER,                       -- turn index (-1 for the prompt)
+            entropy DOUBLE,                     -- sampling distribution's entropy at this token
+            new_logprob DOUBLE,                 -- the updated policy's logprob (last epoch)
+            ref_logprob DOUBLE,                 -- the reference (adapter-disabled) logprob
+            value DOUBLE)                       -- value-head estimate (ppo)""")
     con.execute("""
         CREATE TABLE grad_stats (run_id VARCHAR, step INTEGER, module VARCHAR, norm DOUBLE)""")
     con.execute("""
