@@ -6,9 +6,11 @@ A database whose recorded version is newer than this code knows is refused, neve
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from pathlib import Path
 
 import duckdb
 
+from storage import db
 from storage.db import StoreError
 
 
@@ -71,7 +73,17 @@ def m001_initial(con: duckdb.DuckDBPyConnection) -> None:
                            created_at TIMESTAMP)""")
 
 
-MIGRATIONS = [m001_initial]
+def m002_imports(con: duckdb.DuckDBPyConnection) -> None:
+    """Provenance of imported runs: one row per import of a file (storage/io.py)."""
+    con.execute("""
+        CREATE TABLE imports (
+            run_id VARCHAR, source VARCHAR,     -- the file's name (never a full path)
+            format VARCHAR, imported_at TIMESTAMP,
+            lines INTEGER, imported INTEGER, skipped INTEGER, failed INTEGER,
+            errors JSON)                        -- the first line-numbered errors""")
+
+
+MIGRATIONS = [m001_initial, m002_imports]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -94,8 +106,8 @@ def check_version(con: duckdb.DuckDBPyConnection, where: str = "database") -> in
     return version
 
 
-def migrate(con: duckdb.DuckDBPyConnection, where: str = "database") -> list[str]:
-    """Apply every migration not yet recorded; return the names applied."""
+def _store_version(con: duckdb.DuckDBPyConnection, where: str) -> int:
+    """The schema version; StoreError for a foreign database or one newer than this code."""
     if current_version(con) == 0:
         tables = con.execute(
             "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'main'"
@@ -103,7 +115,12 @@ def migrate(con: duckdb.DuckDBPyConnection, where: str = "database") -> list[str
         if tables:
             raise StoreError(f"{where} holds tables but no migration record: not a store of this "
                              "project. The file was not modified.")
-    version = check_version(con, where)
+    return check_version(con, where)
+
+
+def migrate(con: duckdb.DuckDBPyConnection, where: str = "database") -> list[str]:
+    """Apply every migration not yet recorded; return the names applied."""
+    version = _store_version(con, where)
     con.execute("""CREATE TABLE IF NOT EXISTS _migrations (
                        version INTEGER PRIMARY KEY, name VARCHAR, applied_at TIMESTAMP)""")
     applied = []
@@ -115,3 +132,20 @@ def migrate(con: duckdb.DuckDBPyConnection, where: str = "database") -> list[str
                     [version_no, fn.__name__, datetime.now(timezone.utc).replace(tzinfo=None)])
         applied.append(fn.__name__)
     return applied
+
+
+def prepare(path: str | Path, where: str | None = None) -> list[str]:
+    """Make the file at ``path`` a store of the current schema; return the migrations applied.
+
+    An existing file is first inspected read-only, so a file this code must refuse (not DuckDB,
+    not a store, a newer schema) is never opened for writing and stays byte-for-byte unchanged.
+    """
+    path = Path(path)
+    where = where or str(path)
+    if path.exists():
+        with db.reading(path) as con:
+            version = _store_version(con, where)
+        if version == SCHEMA_VERSION:
+            return []
+    with db.writing(path) as con:
+        return migrate(con, where)

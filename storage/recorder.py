@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from storage import db
-from storage.migrations import migrate
+from storage.migrations import migrate, prepare
 
 STEP_TABLES = ("metrics", "trajectories", "rewards", "turns", "tokens", "grad_stats", "test_results")
 JSON_COLUMNS = {"trajectories": ("golds", "info"), "turns": ("parsed", "state_diff")}
@@ -58,6 +58,20 @@ def to_frame(table: str, rows: Rows) -> pd.DataFrame:
     return frame
 
 
+def insert_frame(con, table: str, frame: pd.DataFrame, run_id: str, step: int | None) -> None:
+    """One batched ``INSERT ... BY NAME`` of ``frame`` (adds ``run_id``, and ``step`` if absent)."""
+    if frame.empty:
+        return
+    frame["run_id"] = run_id
+    if step is not None and "step" not in frame.columns:
+        frame["step"] = step
+    con.register("_rows", frame)
+    # Not in a ``finally``: after a failed insert the transaction is aborted and unregistering
+    # would raise over the real error; the next register replaces the stale view anyway.
+    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _rows")
+    con.unregister("_rows")
+
+
 class Recorder:
     """Records one run. Holds the database file only while writing (see storage/db.py)."""
 
@@ -65,8 +79,11 @@ class Recorder:
         self.path = str(path)
         self.run_id: str | None = None
         self._memory = db.connect(None) if self.path == ":memory:" else None
-        with self._tx() as con:
-            migrate(con, where=self.path)
+        if self._memory is not None:
+            with self._tx() as con:
+                migrate(con, where=self.path)
+        else:
+            prepare(self.path)  # refuses a foreign or newer file without touching it
 
     # -- connections ---------------------------------------------------------------------------
     def _tx(self):
@@ -124,14 +141,7 @@ class Recorder:
         frames = {t: to_frame(t, rows) for t, rows in tables.items()}
         with self._tx() as con:
             for table, frame in frames.items():
-                if frame.empty:
-                    continue
-                frame["run_id"] = self.run_id
-                if "step" not in frame.columns:
-                    frame["step"] = step
-                con.register("_rows", frame)
-                con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _rows")
-                con.unregister("_rows")
+                insert_frame(con, table, frame, self.run_id, step)
             con.execute("UPDATE runs SET last_step = greatest(coalesce(last_step, ?), ?), "
                         "updated_at = ? WHERE run_id = ?", [step, step, now(), self.run_id])
 
