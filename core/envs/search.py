@@ -1,0 +1,290 @@
+"""Search-R1's environment over a fictional world: BM25 search, single- and two-hop questions.
+Torch-free.
+
+Protocol (Search-R1, ``search_r1/llm_agent/generation.py``): in each turn the model may think in
+``<think>...</think>``, then either searches with ``<search>query</search>`` or answers with
+``<answer>...</answer>``. The action is the first match of ``<(search|answer)>(.*?)</\\1>``
+(DOTALL); text after its closing tag is not part of it. A search returns
+
+    \\n\\n<information>Doc 1(Title: T1) text1\\nDoc 2(Title: T2) text2</information>\\n\\n
+
+an answer ends the episode, and anything else gets Search-R1's fixed feedback message.
+
+Questions come from the seeded world in ``core/envs/world.py``. A task *template* is a chain of
+relations: ``capital`` ("What is the capital of Osk?") or ``capital>city_founded`` ("In what year
+was the capital of Osk founded?"). Two-hop questions need the first search's result (the bridge
+entity) to write the second query — the strategy outcome-only RL has to discover.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from functools import lru_cache
+from typing import Any, Sequence
+
+import bm25s
+
+from core.envs.base import Outcome, StepResult, Task, register
+from core.envs.world import RELATIONS, WORLD_SEED, Doc, World, cached_world
+from core.rewards import exact_match, normalize_answer, token_f1
+
+SPLITS = ("train", "heldout")
+ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+INVALID_FEEDBACK = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between "
+    "<search> and </search>. If I want to give the final answer, I should put the answer between "
+    "<answer> and </answer>. Let me try again.\n")
+"""Search-R1's observation for an action it cannot parse, word for word (the model reads it)."""
+MAX_QUERY_CHARS = 500
+"""Longer queries are cut before retrieval: model text is untrusted and BM25 cost grows with it."""
+
+SYSTEM_PROMPT = (
+    "Answer the question about a fictional world. Your own knowledge will not help: every fact "
+    "must come from the search engine. In each turn, first reason briefly inside <think> and "
+    "</think>. To look something up, write a short query between <search> and </search>; the "
+    "best matching documents are returned between <information> and </information>. Search as "
+    "often as you need: some questions take two searches, the second one using what the first "
+    "found. When you know the answer, give only the answer between <answer> and </answer>, "
+    "for example <answer>Paris</answer>.")
+METRICS = {"em": exact_match, "f1": token_f1}
+
+
+# ---- protocol ----------------------------------------------------------------------------------
+def parse_action(text: str | None) -> tuple[str, str] | None:
+    """(kind, content) of the first <search>/<answer> action in text, content stripped; None if
+    there is none. Never raises on arbitrary text."""
+    match = ACTION.search(text or "")
+    return (match.group(1), match.group(2).strip()) if match else None
+
+
+def format_information(docs: Sequence[Doc]) -> str:
+    """Search-R1's observation: 'Doc i(Title: t) text' lines inside <information>, blank lines
+    around it."""
+    body = "\n".join(f"Doc {i}(Title: {d.title}) {d.text}" for i, d in enumerate(docs, 1))
+    return f"\n\n<information>{body or 'No document matches the query.'}</information>\n\n"
+
+
+def contains_answer(text: str, golds: Sequence[str]) -> bool:
+    """True if some normalised gold occurs as whole words in the normalised text (Search-R1's
+    retrieval check, with word boundaries so '124' does not hit '1243')."""
+    haystack = f" {normalize_answer(text)} "
+    return any(g and f" {g} " in haystack for g in map(normalize_answer, golds))
+
+
+# ---- retrieval ---------------------------------------------------------------------------------
+class Retriever:
+    """BM25 (bm25s, Lucene variant, English stopwords) over 'title text' of each document."""
+
+    def __init__(self, docs: Sequence[Doc]):
+        self.docs = list(docs)
+        tokens = bm25s.tokenize([f"{d.title} {d.text}" for d in self.docs], stopwords="en",
+                                show_progress=False)
+        self.vocab = set(tokens.vocab)
+        self.bm25 = bm25s.BM25()
+        self.bm25.index(tokens, show_progress=False)
+
+    def search(self, query: str, k: int) -> list[Doc]:
+        """Up to k documents by BM25 score; only documents sharing a term with the query (a
+        query of unknown words returns nothing rather than k arbitrary documents)."""
+        words = bm25s.tokenize([query[:MAX_QUERY_CHARS]], stopwords="en", return_ids=False,
+                               show_progress=False)[0]
+        words = [w for w in words if w in self.vocab]
+        if not words:
+            return []
+        ids, scores = self.bm25.retrieve([words], k=min(k, len(self.docs)), show_progress=False)
+        return [self.docs[int(i)] for i, s in zip(ids[0], scores[0]) if s > 0]
+
+
+@lru_cache(maxsize=4)
+def cached_retriever(world_seed: int) -> Retriever:
+    """One index per world and process: envs for training and evaluation share it."""
+    return Retriever(cached_world(world_seed).docs)
+
+
+# ---- tasks -------------------------------------------------------------------------------------
+def all_templates() -> list[tuple[str, ...]]:
+    """Every single relation, and every chain r1>r2 where r1's object is r2's subject kind."""
+    single = [(name,) for name in RELATIONS]
+    double = [(a.name, b.name) for a in RELATIONS.values() for b in RELATIONS.values()
+              if a.obj == b.subject]
+    return single + double
+
+
+def build_task(world: World, relations: tuple[str, ...], subject: str) -> Task | None:
+    """The question asking relations[-1](...relations[0](subject)), or None when it would be
+    degenerate (the answer is the subject or is named in the question)."""
+    entity, chain = subject, []
+    for rel in relations:
+        obj = world.facts.get((rel, entity))
+        if obj is None:
+            return None
+        chain.append((rel, entity, obj))
+        entity = obj
+    phrase = subject
+    for rel in relations[:-1]:
+        phrase = RELATIONS[rel].descriptor.format(s=phrase)
+    question = RELATIONS[relations[-1]].question.format(s=phrase)
+    golds = world.golds(relations[-1], entity)
+    if entity == subject or contains_answer(question, golds):
+        return None
+    return Task(task_id=f"{'>'.join(relations)}:{subject}", prompt=f"Question: {question}",
+                golds=golds, split=world.split_of(subject),
+                meta={"hops": len(relations), "template": ">".join(relations), "subject": subject,
+                      "question": question, "chain": chain,
+                      "supporting_docs": [world.doc_of[s] for _, s, _ in chain]})
+
+
+def _rng(*parts: Any) -> random.Random:
+    return random.Random(hashlib.sha256("/".join(map(str, parts)).encode()).digest())
+
+
+# ---- environment -------------------------------------------------------------------------------
+@register("search")
+class SearchEnv:
+    """Search-R1 environment. Options: topk (documents per search), world_seed (the world; runs
+    share the default), two_hop_frac (share of two-hop tasks sampled), outcome_metric (em | f1),
+    templates (restrict to these template names, e.g. "capital,capital>city_founded").
+    ``seed`` is accepted for the common factory signature; this environment has no randomness of
+    its own (retrieval is deterministic), so it does not change the world."""
+
+    name = "search"
+    stop_tags = ("</search>", "</answer>")
+    system_prompt = SYSTEM_PROMPT
+
+    def __init__(self, seed: int = 0, topk: int = 3, world_seed: int = WORLD_SEED,
+                 two_hop_frac: float = 0.5, outcome_metric: str = "em",
+                 templates: str | Sequence[str] | None = None, **ignored: Any):
+        if not (isinstance(topk, int) and topk >= 1):
+            raise ValueError(f"topk must be an integer >= 1, got {topk!r}")
+        if not 0.0 <= two_hop_frac <= 1.0:
+            raise ValueError(f"two_hop_frac must be in [0, 1], got {two_hop_frac!r}")
+        if outcome_metric not in METRICS:
+            raise ValueError(f"outcome_metric must be one of {', '.join(METRICS)}, "
+                             f"got {outcome_metric!r}")
+        self.seed, self.topk, self.world_seed = seed, topk, world_seed
+        self.two_hop_frac, self.outcome_metric = two_hop_frac, outcome_metric
+        known = {">".join(t): t for t in all_templates()}
+        if isinstance(templates, str):
+            templates = [t.strip() for t in templates.split(",") if t.strip()]
+        unknown = sorted(set(templates or ()) - set(known))
+        if unknown:
+            raise ValueError(f"unknown search templates {unknown}; known: {', '.join(known)}")
+        self.templates = [known[t] for t in templates] if templates else list(known.values())
+        self.world = cached_world(world_seed)
+        self.retriever = cached_retriever(world_seed)
+        self._pools: dict[str, dict[tuple[str, ...], list[str]]] | None = None
+
+    def pools(self) -> dict[str, dict[tuple[str, ...], list[str]]]:
+        """split -> template -> subjects with a well-formed question (built once)."""
+        if self._pools is None:
+            self._pools = {s: {} for s in SPLITS}
+            for template in self.templates:
+                kind = RELATIONS[template[0]].subject
+                for subject in self.world.entities(kind):
+                    task = build_task(self.world, template, subject)
+                    if task is not None:
+                        self._pools[task.split].setdefault(template, []).append(subject)
+        return self._pools
+
+    def tasks(self, split: str, n: int, seed: int) -> list[Task]:
+        """n distinct tasks of split: round(n * two_hop_frac) two-hop, the rest single-hop; a
+        template is drawn uniformly within its hop count, then a subject uniformly."""
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        rng, pools = _rng("tasks", self.world_seed, split, seed), self.pools()[split]
+        n_two = round(n * self.two_hop_frac)
+        picked: list[Task] = []
+        for hops, count in ((1, n - n_two), (2, n_two)):
+            by_template = {t: s for t, s in pools.items() if len(t) == hops}
+            available = sum(len(s) for s in by_template.values())
+            if count > available:
+                raise ValueError(f"asked for {count} {hops}-hop {split} tasks; "
+                                 f"only {available} exist with templates {self.templates}")
+            keys, chosen = sorted(by_template), set()
+            while len(chosen) < count:
+                template = rng.choice(keys)
+                subject = rng.choice(by_template[template])
+                if (template, subject) not in chosen:
+                    chosen.add((template, subject))
+                    picked.append(build_task(self.world, template, subject))
+        rng.shuffle(picked)
+        return picked
+
+    def episode(self, task: Task, seed: int = 0) -> "SearchEpisode":
+        return SearchEpisode(self, task)
+
+
+class SearchEpisode:
+    def __init__(self, env: SearchEnv, task: Task):
+        self.env, self.task = env, task
+        self.reset()
+
+    def reset(self) -> str:
+        self.answer: str | None = None
+        self.done = False
+        self.queries: list[str] = []
+        self.evidence: list[str] = []
+        """Every <information> observation so far, in order."""
+        self.retrieved_gold = False
+        return self.task.prompt
+
+    def step(self, action_text: str) -> StepResult:
+        if self.done:
+            raise RuntimeError(f"episode of task {self.task.task_id} is over; reset() it first")
+        action = parse_action(action_text)
+        if action is None:
+            return StepResult(INVALID_FEEDBACK, done=False, valid=False, action_type="invalid",
+                              error="no <search>...</search> or <answer>...</answer> action")
+        kind, content = action
+        if kind == "answer":
+            self.answer, self.done = content, True
+            return StepResult("", done=True, valid=True, action_type="answer",
+                              parsed={"answer": content})
+        if not content:
+            return StepResult(INVALID_FEEDBACK, done=False, valid=False, action_type="search",
+                              parsed={"query": ""}, error="empty search query")
+        docs = self.env.retriever.search(content, self.env.topk)
+        observation = format_information(docs)
+        self.queries.append(content)
+        self.evidence.append(observation)
+        self.retrieved_gold |= contains_answer(observation, self.task.golds)
+        doc_ids = [d.doc_id for d in docs]
+        return StepResult(observation, done=False, valid=True, action_type="search",
+                          parsed={"query": content, "doc_ids": doc_ids}, info={"doc_ids": doc_ids})
+
+    def outcome(self) -> Outcome:
+        """score: EM (or F1) of the last answer; success: EM == 1; process: 1 if a gold answer
+        was in retrieved evidence before the answer."""
+        golds = list(self.task.golds)
+        metric = METRICS[self.env.outcome_metric]
+        return Outcome(score=metric(self.answer, golds), success=exact_match(self.answer, golds) == 1.0,
+                       answer=self.answer, process=1.0 if self.retrieved_gold else 0.0,
+                       info={"retrieved_gold": self.retrieved_gold, "searches": len(self.queries),
+                             "hops": self.task.meta.get("hops", 1)})
+
+    def expert_action(self) -> str:
+        """The scripted expert: one query per hop, in order; each hop's object (the bridge
+        entity, then the answer) is read off the evidence with the fact's sentence template and
+        names the next query. It searches every hop even when a fact happens to be visible
+        already, so demonstrations show the strategy that always works. It works from any state
+        (it can take over a model's partial trajectory). Should retrieval ever miss a fact its
+        query asked for (never seen with the default world), it falls back to the world's fact
+        rather than loop, so a demonstration never ends in a wrong answer."""
+        if self.done:
+            raise RuntimeError("the episode is over: the expert has nothing to do")
+        text = "".join(self.evidence)
+        entity, read = self.task.meta["subject"], []
+        for name in self.task.meta["template"].split(">"):
+            rel = RELATIONS[name]
+            query = rel.query.format(s=entity)
+            if query not in self.queries:
+                thought = " ".join(read + [f"I need to find {rel.need.format(s=entity)}."])
+                return f"<think>{thought}</think>\n<search>{query}</search>"
+            match = rel.pattern(entity).search(text)
+            obj = match.group(1) if match else self.env.world.facts[(name, entity)]
+            read.append(rel.sentence.format(s=entity, o=obj))
+            entity = obj
+        return f"<think>{' '.join(read)}</think>\n<answer>{entity}</answer>"
