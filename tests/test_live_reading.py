@@ -125,3 +125,30 @@ def test_a_reader_process_follows_a_writer_process_live(tmp_path):
     assert worst_read < worst_write + 0.3
     lag = max(r["first_seen"][str(s)] - w["committed_at"][str(s)] for s in range(STEPS))
     assert lag < MAX_WAIT_S + 0.1, f"a committed step took {lag:.2f} s to become visible"
+
+
+def test_a_queued_reader_goes_before_the_writers_next_write(tmp_path):
+    """The turnstile: a writer that comes straight back finds the waiting reader ahead of it."""
+    import threading
+
+    from storage import db
+    path = tmp_path / "s.duckdb"
+    Recorder(path)
+    order, queued = [], threading.Event()
+
+    def read():
+        queued.set()
+        with db.reading(path) as con:
+            con.execute("SELECT count(*) FROM runs").fetchall()
+            order.append("read")
+
+    with db.writing(path):
+        reader = threading.Thread(target=read)
+        reader.start()
+        queued.wait()
+        time.sleep(0.05)  # the reader is now queued behind this write
+        order.append("write 1")
+    with db.writing(path):
+        order.append("write 2")
+    reader.join()
+    assert order == ["write 1", "read", "write 2"]
