@@ -15,6 +15,7 @@ from core.envs.base import REGISTRY, Task, make_env
 from core.envs.grid import INVALID_PENALTY, chat_turn, parse_answer, split_of
 
 GRID_ACTIONS = ("Up", "Down", "Left", "Right")
+ENVS = ["frozenlake", "sokoban", "bandit"]
 
 
 # -- shared helpers ---------------------------------------------------------------------------------
@@ -76,7 +77,7 @@ def test_split_of_is_stable_and_about_one_fifth():
     assert [split_of(k) for k in keys[:50]] == [split_of(k) for k in keys[:50]]
 
 
-@pytest.mark.parametrize("name", ["frozenlake"])
+@pytest.mark.parametrize("name", ENVS)
 def test_env_protocol_and_registry(name):
     env = make_env(name, topk=3, seed=1)  # unknown options (topk) are accepted and ignored
     assert name in REGISTRY and env.name == name and env.stop_tags == ("</answer>",)
@@ -92,20 +93,24 @@ def test_env_protocol_and_registry(name):
         env.tasks("test", 3, 0)
 
 
-@pytest.mark.parametrize("name", ["frozenlake"])
+@pytest.mark.parametrize("name", ENVS)
 def test_invalid_action_feedback_and_penalty(name):
     env = make_env(name)
     episode = env.episode(env.tasks("train", 1, 0)[0], seed=0)
     episode.reset()
     result = episode.step("I will go up")
-    assert not result.valid and not result.done and result.action_type == "invalid"
+    assert not result.valid and result.action_type == "invalid"
     assert result.reward == INVALID_PENALTY == -0.1
     assert "Invalid action" in result.observation and "<answer>" in result.observation
     assert result.parsed == {"actions": [], "raw": None}
-    assert result.observation.endswith("<|im_start|>assistant\n")
+    if name == "bandit":  # one pull only: a bad answer ends the game
+        assert result.done and episode.outcome().score == 0.0 and not episode.outcome().success
+    else:  # grids keep the state and ask again
+        assert not result.done and result.observation.endswith("<|im_start|>assistant\n")
+        assert "Turn 2: State:" in result.observation
 
 
-@pytest.mark.parametrize("name", ["frozenlake"])
+@pytest.mark.parametrize("name", ENVS)
 def test_replay_is_deterministic(name):
     env = make_env(name)
     task = env.tasks("train", 3, 5)[2]
@@ -191,3 +196,129 @@ def test_frozenlake_levels_have_paths_and_expert_mostly_wins():
                     break
             wins += episode.outcome().success
     assert wins / 300 >= 0.75  # measured 0.84 here; no policy wins every slippery episode
+
+
+# -- sokoban ----------------------------------------------------------------------------------------
+
+def level_task(rows, task_id="hand-level"):
+    return Task(task_id=task_id, prompt="", meta={"rows": rows})
+
+
+def test_sokoban_rewards_are_ragens():
+    env = make_env("sokoban")
+    two_boxes = ["######", "#PXO_#", "#____#", "#_XO_#", "#____#", "######"]
+    episode = env.episode(level_task(two_boxes), seed=0)
+    assert "Turn 1: State:\n# # # # # #\n# P X O _ #" in episode.reset()
+    on = episode.step("<answer>Right</answer>")  # box onto a target: -0.1 + 1
+    assert on.reward == pytest.approx(0.9) and not on.done and on.action_type == "move"
+    assert "# _ P * _ #" in on.observation
+    off = episode.step("<answer>RIGHT</answer>")  # pushed off it again: -0.1 - 1
+    assert off.reward == pytest.approx(-1.1)
+    bump = episode.step("<answer>Up || Right</answer>")  # wall, then a box against the wall
+    assert bump.reward == pytest.approx(-0.2) and "# _ _ S X #" in bump.observation  # S: on a target
+    assert episode.outcome().process == 0.0 and episode.outcome().info["moves"] == 4
+
+    one_box = ["######", "#PXO_#", "#____#", "#____#", "#____#", "######"]
+    episode = env.episode(level_task(one_box), seed=0)
+    episode.reset()
+    solved = episode.step("<answer>Right || Right</answer>")  # solved on the first move
+    assert solved.done and solved.reward == pytest.approx(10.9) and "Solved" in solved.observation
+    assert solved.info["executed"] == [{"action": "Right", "reward": 10.9}]
+    outcome = episode.outcome()
+    assert (outcome.score, outcome.success, outcome.process) == (1.0, True, 1.0)
+    assert outcome.info["total_env_reward"] == 10.9
+
+
+def test_sokoban_rejects_malformed_levels():
+    env = make_env("sokoban")
+    for rows in (["#####", "#P_O#", "#####"], ["######", "#PXO_", "######"], ["###", "#Q#", "###"]):
+        with pytest.raises(ValueError):
+            env.episode(level_task(rows), seed=0)
+
+
+def test_sokoban_every_level_solvable_and_expert_solves_it_optimally():
+    from core.envs.sokoban import Level, solve
+    env = make_env("sokoban")
+    tasks = env.tasks("train", 150, 0) + env.tasks("heldout", 60, 3)
+    rows = [tuple(t.meta["rows"]) for t in tasks]
+    assert len(set(rows)) == len(rows)
+    assert not {tuple(t.meta["rows"]) for t in env.tasks("train", 300, 1)} & set(rows[150:])
+    for task in tasks:
+        level = Level.parse(task.meta["rows"])
+        assert len(solve(level, level.player, level.boxes)) == task.meta["optimal_moves"]
+        episode = env.episode(task, seed=0)
+        episode.reset()
+        for _ in range(5):
+            if episode.step(episode.expert_action()).done:
+                break
+        outcome = episode.outcome()
+        moves = task.meta["optimal_moves"]
+        assert outcome.success and outcome.info["moves"] == moves
+        assert outcome.info["total_env_reward"] == round(11 - 0.1 * moves, 6)
+
+
+# -- bandit -----------------------------------------------------------------------------------------
+
+def test_bandit_payouts_and_success():
+    env = make_env("bandit")
+    task = env.tasks("train", 1, 0)[0]
+    low, high = task.meta["low"], task.meta["high"]
+    assert (low, high) == ("Phoenix", "Dragon") and sorted(task.meta["shown"]) == ["Dragon", "Phoenix"]
+    n, wins = 4000, 0
+    for seed in range(n):
+        safe = env.episode(task, seed)
+        safe.reset()
+        assert safe.step(f"<answer>{low.lower()}</answer>").reward == 0.1
+        assert not safe.outcome().success and safe.outcome().score == 0.1
+        risky = env.episode(task, seed)
+        risky.reset()
+        result = risky.step(f"<think>EV 0.25 beats 0.1</think><answer> {high.upper()} </answer>")
+        assert result.valid and result.done and result.action_type == "pull"
+        assert result.reward in (0.0, 1.0) and risky.outcome().score == result.reward
+        assert risky.outcome().success and risky.outcome().answer == high
+        wins += result.reward == 1.0
+    assert abs(wins / n - 0.25) < 6 * math.sqrt(0.25 * 0.75 / n)  # 0.25 +- 0.041
+
+
+def test_bandit_expert_tasks_and_unknown_arm():
+    env = make_env("bandit")
+    tasks = env.tasks("train", 40, 0)
+    assert {tuple(t.meta["shown"]) for t in tasks} == {("Phoenix", "Dragon"), ("Dragon", "Phoenix")}
+    assert all(t.golds == ("Dragon",) for t in tasks)
+    episode = env.episode(tasks[0], seed=0)
+    assert episode.expert_action() == "<answer>Dragon</answer>"
+    assert "Phoenix" in episode.reset() and "Dragon" in episode.reset()
+    result = episode.step("<answer>Unicorn</answer>")
+    assert not result.valid and result.error and "Unicorn" in result.error
+
+
+def test_bandit_stated_arms_are_read_from_the_prompt():
+    env = make_env("bandit", arms="stated")
+    train, heldout = env.tasks("train", 50, 0), env.tasks("heldout", 50, 0)
+    names = lambda ts: {t.meta[k] for t in ts for k in ("low", "high")}  # noqa: E731
+    assert not names(train) & names(heldout)
+    assert len({t.meta["high"] for t in train}) > 3
+    for task in train[:10]:
+        assert f"{task.meta['high']} pays 1.0 with probability 0.25" in task.prompt
+        assert f"{task.meta['low']} pays 0.1 every time" in task.prompt
+        episode = env.episode(task, seed=1)
+        episode.reset()
+        episode.step(episode.expert_action())
+        assert episode.outcome().success
+    with pytest.raises(ValueError):
+        make_env("bandit", arms="both")
+
+
+def test_bandit_uniform_expert_teaches_format_not_choice():
+    env = make_env("bandit", expert="uniform")
+    picks = []
+    for task in env.tasks("train", 20, 0):
+        for seed in range(20):
+            episode = env.episode(task, seed)
+            episode.reset()
+            picks.append(episode.step(episode.expert_action()).parsed["actions"][0])
+            assert episode.expert_action() == env.episode(task, seed).expert_action()
+    assert set(picks) == {"Phoenix", "Dragon"}
+    assert abs(picks.count("Dragon") / 400 - 0.5) < 6 * math.sqrt(0.25 / 400)
+    with pytest.raises(ValueError):
+        make_env("bandit", expert="oracle")
