@@ -269,3 +269,14 @@ def test_registered_and_torch_free():
     assert "search" in REGISTRY and make_env("search", topk=2, seed=3).topk == 2
     code = "import sys, core.envs.search, core.rewards; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+def test_expert_refuses_a_task_from_elsewhere(env):
+    from core.envs.base import Task
+    ep = env.episode(Task(task_id="x", prompt="Question: What is 2+2?", golds=("4",)), 0)
+    ep.reset()
+    assert ep.step("<answer>4</answer>").done and ep.outcome().success
+    other = env.episode(Task(task_id="y", prompt="Question: ?", golds=("4",)), 0)
+    other.reset()
+    with pytest.raises(ValueError, match="not made by this world"):
+        other.expert_action()

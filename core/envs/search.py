@@ -277,6 +277,9 @@ class SearchEpisode:
         rather than loop, so a demonstration never ends in a wrong answer."""
         if self.done:
             raise RuntimeError("the episode is over: the expert has nothing to do")
+        if self.task.meta.get("subject") not in self.env.world.kind:
+            raise ValueError(f"task {self.task.task_id!r} was not made by this world's tasks(); "
+                             "the expert can only play those")
         text = "".join(self.evidence)
         entity, read = self.task.meta["subject"], []
         for name in self.task.meta["template"].split(">"):
