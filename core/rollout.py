@@ -1,0 +1,358 @@
+"""Batched multi-turn rollouts: G trajectories per task, all active ones generating together.
+
+One step's trajectories share a single KV cache for their whole life, across turns:
+
+    turn k:  feed each row's pending tokens (prompt, or last action token + observation)
+             -> sample token by token until every row hit a stop tag, EOS or its token budget
+             -> env.step(action text) -> observation tokens become the row's next pending tokens
+             -> rows whose episode ended leave the batch (and the cache)
+
+Rows have different lengths, so each fed chunk is left-padded; padding and the positions of rows
+that stopped early are holes in the attention mask, and position ids count real tokens only. The
+cache therefore always holds exactly the trajectory's token ids: what is trained is what the model
+conditioned on, with no re-tokenisation.
+
+Stop tags are cut exactly after the first closing tag (Search-R1). When a tag ends inside a token
+(``>`` + ``\\n`` sampled as one ``>\\n`` token) that token is replaced by the tokens of its part up
+to the cut; the replacement is what the next turn is conditioned on. Its first token's logprob
+comes from the same sampling distribution; any further ones are scored by a forward pass.
+
+Roles and the loss mask: prompt and observation tokens are untrained; the model's own tokens are
+trained and carry the logprob of the temperature-scaled distribution they were sampled from
+(the distribution the loss compares against; top-p truncation is not renormalised in).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from core.envs.base import Episode, Environment, Task
+from core.policy import Policy, token_logprobs, token_texts
+from core.trajectory import Trajectory, Turn
+
+
+@dataclass
+class Sampling:
+    max_turns: int = 4
+    max_new_tokens: int = 96
+    max_obs_tokens: int = 256
+    max_context: int = 1536
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+    @classmethod
+    def from_config(cls, cfg, eval: bool = False) -> "Sampling":
+        return cls(max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
+                   max_obs_tokens=cfg.max_obs_tokens, max_context=cfg.max_context,
+                   temperature=cfg.eval_temperature if eval else cfg.temperature,
+                   top_p=1.0 if eval else cfg.top_p)
+
+
+@dataclass
+class _Row:
+    traj: Trajectory
+    episode: Episode
+    pending: list[int]
+    """Token ids already in the trajectory but not yet fed to the cache."""
+    fed: int = 0
+    """Real tokens in the cache (the next position id)."""
+    done: bool = False
+    gen: list[int] = field(default_factory=list)
+    gen_lp: list[float | None] = field(default_factory=list)
+    gen_ent: list[float | None] = field(default_factory=list)
+    text: str = ""
+    prev_text: str = ""
+    budget: int = 0
+    stopped: str | None = None
+    """Why this turn's generation ended: tag | eos | max_new_tokens."""
+    cut_text: str | None = None
+
+
+def prompt_ids(tokenizer, system: str, user: str) -> list[int]:
+    """The chat-templated prompt ending with the assistant header (add_generation_prompt)."""
+    messages = ([{"role": "system", "content": system}] if system else []) + \
+        [{"role": "user", "content": user}]
+    if getattr(tokenizer, "chat_template", None):
+        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(out["input_ids"] if hasattr(out, "keys") else out)
+    text = "\n\n".join(m["content"] for m in messages) + "\n\n"
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sample one token per row from logits (B, V).
+
+    Returns (tokens (B,), logp (B, V) of the temperature-scaled distribution, entropy (B,)).
+    temperature 0 is greedy (logp then of the untempered distribution).
+    """
+    logits = logits.float()
+    logp = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)
+    probs = logp.exp()
+    entropy = -(probs * logp).sum(-1)
+    if temperature == 0:
+        return logits.argmax(-1), logp, entropy
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        outside = sorted_p.cumsum(-1) - sorted_p > top_p     # keep the smallest set reaching top_p
+        sorted_p = sorted_p.masked_fill(outside, 0.0)
+        pick = torch.multinomial(sorted_p, 1, generator=generator)
+        return order.gather(-1, pick).squeeze(-1), logp, entropy
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1), logp, entropy
+
+
+def _first_stop(text: str, tags: tuple[str, ...]) -> int | None:
+    """End index of the earliest complete stop tag in text, or None."""
+    ends = [text.find(t) + len(t) for t in tags if t in text]
+    return min(ends) if ends else None
+
+
+class _Batch:
+    """The shared KV cache of the rows still active, plus their attention-mask history."""
+
+    def __init__(self, policy: Policy, rows: list[_Row]):
+        self.policy, self.rows = policy, rows
+        self.cache = None
+        self.mask = torch.zeros(len(rows), 0, dtype=torch.long)
+
+    def feed(self, chunks: list[list[int]]) -> torch.Tensor:
+        """Append each row's chunk (left-padded); return the logits after each row's last token."""
+        width = max(len(c) for c in chunks)
+        pad = self.policy.pad_id
+        ids = torch.full((len(chunks), width), pad, dtype=torch.long)
+        new_mask = torch.zeros(len(chunks), width, dtype=torch.long)
+        pos = torch.zeros(len(chunks), width, dtype=torch.long)
+        for b, (row, chunk) in enumerate(zip(self.rows, chunks)):
+            n = len(chunk)
+            if n:
+                ids[b, width - n:] = torch.tensor(chunk)
+                new_mask[b, width - n:] = 1
+                pos[b, width - n:] = torch.arange(row.fed, row.fed + n)
+            pos[b, :width - n] = row.fed
+            row.fed += n
+        self.mask = torch.cat([self.mask, new_mask], dim=1)
+        out = self.policy.backbone(input_ids=ids, attention_mask=self.mask, position_ids=pos,
+                                   cache=self.cache, use_cache=True)
+        self.cache = out.cache
+        return self.policy.base.get_output_embeddings()(out.last_hidden_state[:, -1])
+
+    def keep(self, keep_idx: list[int]) -> None:
+        """Drop rows not in keep_idx from the batch and the cache."""
+        if len(keep_idx) == len(self.rows):
+            return
+        self.rows = [self.rows[i] for i in keep_idx]
+        self.mask = self.mask[keep_idx]
+        if self.cache is not None and keep_idx:
+            self.cache.batch_select_indices(torch.tensor(keep_idx))
+
+
+def rollout(policy: Policy, env: Environment, tasks: list[Task], *, group_size: int,
+            sampling: Sampling, seed: int, id_prefix: str = "s0",
+            split: str = "train") -> list[Trajectory]:
+    """Roll out ``group_size`` trajectories for each task, all in one batch.
+
+    Trajectory ids are ``{id_prefix}-g{task index}-r{rollout}``; a task's rollouts share
+    ``group_id = {id_prefix}-g{task index}``. Deterministic given ``seed``.
+    """
+    tok = policy.tokenizer
+    generator = torch.Generator().manual_seed(seed)
+    rows: list[_Row] = []
+    for g, task in enumerate(tasks):
+        for r in range(group_size):
+            ep_seed = (seed * 1_000_003 + g * 1_009 + r) % (2 ** 31)
+            episode = env.episode(task, seed=ep_seed)
+            traj = Trajectory(traj_id=f"{id_prefix}-g{g}-r{r}", group_id=f"{id_prefix}-g{g}",
+                              task=task, split=split, info={"episode_seed": ep_seed})
+            ids = prompt_ids(tok, env.system_prompt, episode.reset())
+            append_tokens(traj, ids, "prompt", turn=-1)
+            rows.append(_Row(traj=traj, episode=episode, pending=ids))
+    for row in rows:
+        if len(row.traj.token_ids) >= sampling.max_context:
+            _finish(row, "context_full")
+    was_training = policy.model.training
+    policy.model.eval()
+    try:
+        with torch.no_grad():
+            _run_turns(policy, env, [r for r in rows if not r.done], sampling, generator)
+    finally:
+        policy.model.train(was_training)
+    for row in rows:
+        if not row.done:
+            _finish(row, "max_turns")
+    trajs = [row.traj for row in rows]
+    _fill_missing_logprobs(policy, trajs, sampling.temperature)
+    for traj in trajs:
+        traj.token_text = token_texts(tok, traj.token_ids)
+    return trajs
+
+
+def _run_turns(policy: Policy, env: Environment, rows: list[_Row], sampling: Sampling,
+               generator: torch.Generator) -> None:
+    batch = _Batch(policy, rows)
+    eos = policy.eos_ids
+    for turn in range(sampling.max_turns):
+        if not batch.rows:
+            return
+        for row in batch.rows:
+            row.gen, row.gen_lp, row.gen_ent, row.text, row.prev_text = [], [], [], "", ""
+            row.stopped, row.cut_text = None, None
+            row.budget = min(sampling.max_new_tokens,
+                             sampling.max_context - len(row.traj.token_ids))
+        logits = batch.feed([row.pending for row in batch.rows])            # (B, V)
+        for row in batch.rows:
+            row.pending = []
+        while True:
+            tokens, logp, entropy = sample_next(logits, sampling.temperature, sampling.top_p,
+                                                generator)
+            for b, row in enumerate(batch.rows):
+                if row.stopped is None:
+                    _take(row, int(tokens[b]), logp[b], float(entropy[b]), env.stop_tags, eos,
+                          policy.tokenizer)
+            if all(row.stopped is not None for row in batch.rows):
+                break
+            # Rows still generating feed their new token; the others feed a masked hole.
+            logits = batch.feed([[row.gen[-1]] if row.stopped is None else []
+                                 for row in batch.rows])
+        for row in batch.rows:
+            _act(row, turn, sampling, policy.tokenizer)
+        batch.keep([i for i, row in enumerate(batch.rows) if not row.done])
+
+
+def _take(row: _Row, token: int, logp: torch.Tensor, entropy: float,
+          stop_tags: tuple[str, ...], eos: set[int], tokenizer) -> None:
+    """Add one sampled token to the row's action; decide whether its turn ends here."""
+    row.gen.append(token)
+    row.gen_lp.append(float(logp[token]))
+    row.gen_ent.append(entropy)
+    row.prev_text, row.text = row.text, tokenizer.decode(row.gen)
+    if token in eos:
+        row.stopped = "eos"
+        row.cut_text = row.prev_text
+        return
+    cut = _first_stop(row.text, stop_tags)
+    if cut is not None:
+        row.stopped = "tag"
+        row.cut_text = row.text[:cut]
+        if cut < len(row.text):
+            _cut_last_token(row, cut, logp, tokenizer)
+    elif len(row.gen) >= row.budget:
+        row.stopped = "max_new_tokens"
+        row.cut_text = row.text
+
+
+def _cut_last_token(row: _Row, cut: int, logp: torch.Tensor, tokenizer) -> None:
+    """The tag ended inside the last token: replace it by the tokens of its part before the cut."""
+    if not row.text.startswith(row.prev_text) or cut <= len(row.prev_text):
+        return  # a multi-byte character straddles the cut: keep the sampled token as it is
+    head = row.text[len(row.prev_text):cut]
+    repl = tokenizer.encode(head, add_special_tokens=False)
+    if not repl or tokenizer.decode(row.gen[:-1] + repl) != row.text[:cut]:
+        return
+    entropy = row.gen_ent[-1]
+    row.gen[-1:] = repl
+    row.gen_lp[-1:] = [float(logp[repl[0]])] + [None] * (len(repl) - 1)
+    row.gen_ent[-1:] = [entropy] + [None] * (len(repl) - 1)
+    row.text = row.text[:cut]
+
+
+def _act(row: _Row, turn: int, sampling: Sampling, tok) -> None:
+    """Append the action, step the env, append the (truncated) observation."""
+    traj, tok_start = row.traj, len(row.traj.token_ids)
+    ent = traj.info.setdefault("token_entropy", [])
+    ent.extend([None] * (tok_start - len(ent)))
+    ent.extend(row.gen_ent)
+    action = row.cut_text if row.cut_text is not None else row.text
+    truncated = row.stopped == "max_new_tokens"
+    t0 = time.perf_counter()
+    try:
+        result = row.episode.step(action)
+    except Exception as exc:  # an env bug ends this trajectory, not the run
+        append_tokens(traj, row.gen, "action", turn, logprobs=row.gen_lp)
+        traj.turns.append(Turn(turn=turn, action=action, observation="", valid=False,
+                               error=f"{type(exc).__name__}: {exc}", action_tokens=len(row.gen),
+                               action_truncated=truncated))
+        _finish(row, "env_error")
+        return
+    obs_ids, reason = record_turn(traj, tok, turn, action, row.gen, row.gen_lp, result, sampling,
+                                  latency=time.perf_counter() - t0, action_truncated=truncated)
+    row.pending = _unfed(row, obs_ids)
+    if reason is not None:
+        _finish(row, reason)
+
+
+def record_turn(traj: Trajectory, tok, turn: int, action: str, action_ids: list[int],
+                action_logprobs: list[float | None] | None, result, sampling: Sampling,
+                latency: float = 0.0, action_truncated: bool = False) -> tuple[list[int], str | None]:
+    """Append one turn (action tokens, observation tokens, Turn record) to ``traj``.
+
+    The observation is cut to ``max_obs_tokens`` and to the room left in ``max_context``.
+    Returns (observation token ids, finish reason or None while the episode goes on).
+    """
+    append_tokens(traj, action_ids, "action", turn, logprobs=action_logprobs)
+    obs_ids = tok.encode(result.observation, add_special_tokens=False) if result.observation else []
+    truncated = len(obs_ids) > sampling.max_obs_tokens
+    obs_ids = obs_ids[:sampling.max_obs_tokens]
+    room = sampling.max_context - len(traj.token_ids) - (0 if result.done else 1)
+    full = len(obs_ids) > room
+    if full:
+        obs_ids, truncated = obs_ids[:max(room, 0)], True
+    append_tokens(traj, obs_ids, "observation", turn)
+    traj.turns.append(Turn(
+        turn=turn, action=action, observation=tok.decode(obs_ids) if truncated else result.observation,
+        valid=result.valid, action_type=result.action_type, parsed=result.parsed,
+        error=result.error, state_diff=result.state_diff, obs_truncated=truncated,
+        action_truncated=action_truncated, latency_s=latency, step_reward=result.reward,
+        action_tokens=len(action_ids)))
+    if result.done:
+        if result.action_type == "answer":
+            return obs_ids, "answered"
+        return obs_ids, "done" if result.valid else "invalid"
+    if full or len(traj.token_ids) >= sampling.max_context:
+        return obs_ids, "context_full"
+    return obs_ids, None
+
+
+def _unfed(row: _Row, obs_ids: list[int]) -> list[int]:
+    """Tokens of this turn the cache has not seen: the action's tail after the last fed token."""
+    fed_in_turn = row.fed - (len(row.traj.token_ids) - len(obs_ids) - len(row.gen))
+    return row.gen[fed_in_turn:] + obs_ids
+
+
+def append_tokens(traj: Trajectory, ids: list[int], role: str, turn: int,
+            logprobs: list[float | None] | None = None) -> None:
+    traj.token_ids.extend(ids)
+    traj.roles.extend([role] * len(ids))
+    traj.trained.extend([role == "action"] * len(ids))
+    traj.logprobs.extend(logprobs if logprobs is not None else [None] * len(ids))
+    traj.token_turn.extend([turn] * len(ids))
+
+
+def _finish(row: _Row, reason: str) -> None:
+    row.done = True
+    row.traj.finish_reason = reason
+    try:
+        row.traj.outcome = row.episode.outcome()
+    except Exception as exc:  # grading failed: record it rather than lose the step
+        from core.envs.base import Outcome
+        row.traj.outcome = Outcome(score=0.0, success=False, info={"error": repr(exc)})
+
+
+def _fill_missing_logprobs(policy: Policy, trajs: list[Trajectory], temperature: float) -> None:
+    """Score trained tokens that were not sampled (a cut token's tail) with a forward pass."""
+    temp = temperature if temperature > 0 else 1.0
+    for traj in trajs:
+        ent = traj.info.setdefault("token_entropy", [])
+        ent.extend([None] * (len(traj.token_ids) - len(ent)))
+        missing = [i for i, (t, lp) in enumerate(zip(traj.trained, traj.logprobs)) if t and lp is None]
+        if not missing:
+            continue
+        ids = torch.tensor([traj.token_ids])
+        mask = torch.zeros_like(ids, dtype=torch.bool)
+        mask[0, missing] = True
+        with torch.no_grad():
+            out = token_logprobs(policy, ids, mask, temperature=temp)
+        for i in missing:
+            traj.logprobs[i] = float(out["logprobs"][0, i])
+            ent[i] = float(out["entropy"][0, i])

@@ -1,0 +1,48 @@
+"""SFT warm start: the environment's scripted expert demonstrates, LoRA learns to imitate.
+
+The seed's point: SFT teaches the format, RL teaches the strategy. A demonstration is built as a
+``Trajectory`` exactly like a rollout (same chat-templated prompt, same observation wrapping and
+truncation, same roles), with the expert's action text in place of sampled tokens, so the masks
+are the rollout's masks: only action tokens are trained, observations never are.
+
+Demonstrations come from train-split tasks only; the held-out tasks are never shown.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from core.envs.base import Environment, Task
+from core.policy import token_texts
+from core.rollout import Sampling, append_tokens, prompt_ids, record_turn
+from core.trajectory import Trajectory
+
+
+def demonstration(env: Environment, task: Task, tokenizer, sampling: Sampling, seed: int,
+                  traj_id: str, group_id: str) -> Trajectory:
+    """One expert episode of ``task`` as a trajectory with split 'sft'."""
+    if task.split != "train":
+        raise ValueError(f"demonstrations use train tasks only; {task.task_id} is {task.split}")
+    episode = env.episode(task, seed=seed)
+    traj = Trajectory(traj_id=traj_id, group_id=group_id, task=task, split="sft",
+                      info={"episode_seed": seed})
+    append_tokens(traj, prompt_ids(tokenizer, env.system_prompt, episode.reset()), "prompt", -1)
+    reason = None
+    for turn in range(sampling.max_turns):
+        action = episode.expert_action()
+        ids = tokenizer.encode(action, add_special_tokens=False)
+        ids = ids[:max(sampling.max_context - len(traj.token_ids), 0)]
+        _, reason = record_turn(traj, tokenizer, turn, action, ids, None, episode.step(action),
+                                sampling)
+        if reason is not None:
+            break
+    traj.finish_reason = reason or "max_turns"
+    traj.outcome = episode.outcome()
+    traj.token_text = token_texts(tokenizer, traj.token_ids)
+    return traj
+
+
+def demonstrations(env: Environment, tasks: Sequence[Task], tokenizer, sampling: Sampling,
+                   seed: int, id_prefix: str) -> list[Trajectory]:
+    return [demonstration(env, task, tokenizer, sampling, seed=seed * 1_000_003 + i,
+                          traj_id=f"{id_prefix}-d{i}", group_id=f"{id_prefix}-d{i}")
+            for i, task in enumerate(tasks)]

@@ -1,0 +1,292 @@
+"""train(cfg, recorder): the training loop, sole owner of the optimizer.
+
+A run is a sequence of steps numbered once: SFT warm-start steps 1..M (when ``sft_steps`` > 0),
+then RL steps M+1..M+N. Held-out evaluation runs before training when there is no SFT (step 0),
+right after SFT (carrying step M), every ``eval_every`` RL steps and at the end. One RL step:
+
+    rollout -> rewards -> advantages -> loss + optimizer step -> record
+
+Every stage adds its rows to the step's record; the recorder writes them in one transaction.
+Ctrl-C stops after the current step (status 'stopped'); a crash marks the run 'failed' with the
+error; ``max_bad_steps`` consecutive non-finite updates stop the run as 'failed'.
+"""
+from __future__ import annotations
+
+import contextlib
+import random
+import signal
+import time
+import traceback
+
+import torch
+from tqdm import tqdm
+
+from core import checkpoint
+from core.config import TrainConfig, validate
+from core.credit import assign
+from core.diagnostics import entropy_mean, rollout_metrics, success_of
+from core.envs.base import make_env
+from core.failures import classify_trajectory
+from core.policy import policy_from_config
+from core.records import step_tables
+from core.rewards import score
+from core.rollout import Sampling, rollout
+from core.sft import demonstrations
+from core.update import make_samples, policy_update, score_reference, score_values, sft_update
+
+POOL_SIZES = (256, 64, 16)
+"""Train tasks drawn once per run (the first size the env can make); steps cycle through them."""
+PROGRESS = {"reward/mean": "reward", "success/rate": "success", "sft/loss": "sft_loss",
+            "eval/success": "eval", "time/step_s": "step_s"}
+"""Metrics shown on the progress bar, with their short labels."""
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (e.g. too many consecutive non-finite updates)."""
+
+
+def train(cfg: TrainConfig, recorder, progress: bool = True) -> str:
+    """Train and record one run (or continue ``cfg.resume``); return its run id."""
+    validate(cfg)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    return _Run(cfg, recorder, progress).go()
+
+
+class _Run:
+    def __init__(self, cfg: TrainConfig, recorder, progress: bool):
+        self.cfg, self.recorder, self.progress = cfg, recorder, progress
+        self.env = make_env(cfg.env, seed=cfg.seed, topk=cfg.topk)
+        self.policy = policy_from_config(cfg)
+        params = self.policy.trainable_parameters()
+        self.sft_opt = torch.optim.AdamW(params, lr=cfg.sft_lr, weight_decay=0.0)
+        self.rl_opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+        self.sampling = Sampling.from_config(cfg)
+        self.eval_sampling = Sampling.from_config(cfg, eval=True)
+        self.pool = _task_pool(self.env, cfg.seed)
+        self.eval_tasks = self.env.tasks("heldout", cfg.eval_tasks, cfg.seed) if cfg.eval_tasks else []
+        self.bad_steps, self.last_write_s, self.stop_requested = 0, 0.0, False
+        self.run_id = ""
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> int:
+        """Start a new run or reopen cfg.resume; return the last completed step (-1 if none)."""
+        cfg = self.cfg
+        if not cfg.resume:
+            self.run_id = self.recorder.start_run(config=cfg.to_dict(), name=cfg.name or None)
+            return -1
+        self.run_id = cfg.resume
+        self.recorder.resume_run(self.run_id)
+        ckpt = checkpoint.load(checkpoint.checkpoint_dir(cfg, self.run_id))
+        done = -1
+        if ckpt is not None:
+            for key in ("env", "model", "algo", "lora_rank", "lora_targets"):
+                if ckpt.config.get(key) != getattr(cfg, key):
+                    raise TrainingError(f"cannot resume {self.run_id}: checkpoint has {key}="
+                                        f"{ckpt.config.get(key)!r}, config has {getattr(cfg, key)!r}")
+            checkpoint.restore(ckpt, self.policy, self.sft_opt if ckpt.phase == "sft" else self.rl_opt)
+            done = ckpt.step
+        self.recorder.delete_steps_after(done)
+        return done
+
+    def go(self) -> str:
+        cfg = self.cfg
+        done = self.start()
+        total = cfg.sft_steps + cfg.steps
+        status, error = "finished", None
+        bar = tqdm(total=total, initial=max(done, 0), disable=not self.progress, unit="step")
+        try:
+            with self._sigint():
+                if done < 0 and cfg.sft_steps == 0 and self._eval_on():
+                    self.evaluate(0)
+                for step in range(max(done + 1, 1), total + 1):
+                    metrics = self.sft_step(step) if step <= cfg.sft_steps else self.rl_step(step)
+                    if self._eval_due(step):
+                        metrics.update(self.evaluate(step))
+                    if step % cfg.checkpoint_every == 0 or step == total or self.stop_requested:
+                        self.save(step)
+                    bar.update(1)
+                    bar.set_postfix({label: f"{metrics[k]:.3g}" for k, label in PROGRESS.items()
+                                     if k in metrics})
+                    if self.stop_requested:
+                        status = "stopped"
+                        break
+        except KeyboardInterrupt:  # a second Ctrl-C: stop now, resume from the last checkpoint
+            status = "stopped"
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
+            self.recorder.finish("failed", error=error)
+            raise
+        finally:
+            bar.close()
+        self.recorder.finish(status)
+        return self.run_id
+
+    @contextlib.contextmanager
+    def _sigint(self):
+        """First Ctrl-C: finish the current step, then stop. Second: stop at once."""
+        def handler(signum, frame):
+            if self.stop_requested:
+                raise KeyboardInterrupt
+            self.stop_requested = True
+            tqdm.write("stopping after the current step (Ctrl-C again to stop now)")
+        try:
+            previous = signal.signal(signal.SIGINT, handler)
+        except ValueError:  # not the main thread: no handler, Ctrl-C behaves as usual
+            yield
+            return
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _eval_on(self) -> bool:
+        return self.cfg.eval_every > 0 and bool(self.eval_tasks)
+
+    def _eval_due(self, step: int) -> bool:
+        cfg = self.cfg
+        if not self._eval_on() or step < cfg.sft_steps:
+            return False
+        rl_index = step - cfg.sft_steps
+        return step == cfg.sft_steps or rl_index % cfg.eval_every == 0 or step == cfg.sft_steps + cfg.steps
+
+    def save(self, step: int) -> None:
+        phase = "sft" if step <= self.cfg.sft_steps and self.cfg.sft_steps else "rl"
+        checkpoint.save(checkpoint.checkpoint_dir(self.cfg, self.run_id), self.policy,
+                        self.sft_opt if phase == "sft" else self.rl_opt, step, phase,
+                        self.cfg.to_dict())
+
+    # -- tasks ------------------------------------------------------------------------------------
+    def tasks_for(self, index: int, count: int, salt: int) -> list:
+        """``count`` train tasks for the index-th batch of a phase, cycling through the pool."""
+        order = list(range(len(self.pool)))
+        random.Random(self.cfg.seed * 31 + salt).shuffle(order)
+        return [self.pool[order[(index * count + j) % len(order)]] for j in range(count)]
+
+    def _seed(self, step: int) -> int:
+        return (self.cfg.seed * 100_003 + step) % (2 ** 31)
+
+    # -- the steps --------------------------------------------------------------------------------
+    def rl_step(self, step: int) -> dict[str, float]:
+        cfg, policy = self.cfg, self.policy
+        t0 = time.perf_counter()
+        tasks = self.tasks_for(step - cfg.sft_steps - 1, cfg.tasks_per_step, salt=0)
+        trajs = rollout(policy, self.env, tasks, group_size=cfg.group_size,
+                        sampling=self.sampling, seed=self._seed(step), id_prefix=f"s{step}")
+        t1 = time.perf_counter()
+        for t in trajs:
+            t.rewards, t.reward = score(t, cfg)
+            t.failure_class = classify_trajectory(t)
+        t2 = time.perf_counter()
+        values = score_values(policy, trajs, cfg) if cfg.algo == "ppo" else None
+        samples = make_samples(trajs, assign(trajs, cfg, values))
+        score_reference(policy, [s for s in samples if not s.traj.filtered], cfg)
+        result = policy_update(policy, self.rl_opt, samples, cfg, seed=self._seed(step))
+        self._check_bad(result.bad, step)
+        t3 = time.perf_counter()
+        generated = sum(t.response_tokens for t in trajs)
+        metrics = {**rollout_metrics(trajs), **result.metrics,
+                   "policy/entropy": entropy_mean(trajs),
+                   "adv/mean": _mean([t.advantage for t in trajs]),
+                   "adv/abs_mean": _mean([abs(t.advantage) for t in trajs]),
+                   "adv/filtered_frac": _mean([float(t.filtered) for t in trajs]),
+                   "update/skipped": float(result.bad is not None or
+                                           "update/kl_aborted" in result.metrics),
+                   "time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/update_s": t3 - t2,
+                   "perf/tokens_per_s": generated / max(t1 - t0, 1e-9),
+                   "perf/generated_tokens": float(generated)}
+        return self.record(step, t0, metrics, trajs, samples, result.module_norms)
+
+    def sft_step(self, step: int) -> dict[str, float]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        tasks = self.tasks_for(step - 1, cfg.sft_batch_size, salt=1)
+        demos = demonstrations(self.env, tasks, self.policy.tokenizer, self.sampling,
+                               seed=self._seed(step), id_prefix=f"s{step}")
+        t1 = time.perf_counter()
+        for t in demos:
+            t.rewards, t.reward = score(t, cfg)
+            t.failure_class = classify_trajectory(t)
+        t2 = time.perf_counter()
+        samples = make_samples(demos)
+        result = sft_update(self.policy, self.sft_opt, samples, cfg)
+        self._check_bad(result.bad, step)
+        t3 = time.perf_counter()
+        metrics = {**result.metrics,
+                   "sft/demo_success": _mean([float(success_of(t)) for t in demos]),
+                   "sft/demo_reward": _mean([t.reward for t in demos]),
+                   "time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/update_s": t3 - t2}
+        return self.record(step, t0, metrics, demos, samples, result.module_norms)
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Held-out tasks, one rollout each at eval temperature, recorded with split 'eval'."""
+        t0 = time.perf_counter()
+        trajs = rollout(self.policy, self.env, self.eval_tasks, group_size=1,
+                        sampling=self.eval_sampling, seed=self.cfg.seed + 7, id_prefix=f"e{step}",
+                        split="eval")
+        for t in trajs:
+            t.rewards, t.reward = score(t, self.cfg)
+            t.failure_class = classify_trajectory(t)
+        roll = rollout_metrics(trajs)
+        metrics = {"eval/success": roll["success/rate"], "eval/reward_mean": roll["reward/mean"],
+                   "eval/turns_mean": roll["env/turns_mean"],
+                   "eval/valid_action_ratio": roll["env/valid_action_ratio"],
+                   "eval/tasks": float(len(trajs)), "time/eval_s": time.perf_counter() - t0}
+        tables = step_tables(trajs)
+        self.recorder.record_step(step, metrics=metrics, **tables)
+        if self.progress:
+            tqdm.write(f"step {step}: eval/success {metrics['eval/success']:.3f} "
+                       f"on {len(trajs)} held-out tasks")
+        return metrics
+
+    # -- recording --------------------------------------------------------------------------------
+    def record(self, step: int, t0: float, metrics: dict, trajs, samples, module_norms) -> dict:
+        """Write the step: metrics, trajectories, rewards, turns, tokens, grad and test rows."""
+        t_build = time.perf_counter()
+        tables = step_tables(trajs, token_values(samples))
+        grad_rows = {"module": list(module_norms), "norm": list(module_norms.values())}
+        # A write cannot time itself: time/record_s is this step's row building plus the
+        # previous step's database write.
+        metrics["time/record_s"] = time.perf_counter() - t_build + self.last_write_s
+        metrics["time/step_s"] = time.perf_counter() - t0 + self.last_write_s
+        t_write = time.perf_counter()
+        self.recorder.record_step(step, metrics=metrics, grad_stats=grad_rows, **tables)
+        self.last_write_s = time.perf_counter() - t_write
+        return metrics
+
+    def _check_bad(self, bad: str | None, step: int) -> None:
+        if bad is None:
+            self.bad_steps = 0
+            return
+        self.bad_steps += 1
+        tqdm.write(f"step {step}: update skipped ({bad})")
+        if self.bad_steps >= self.cfg.max_bad_steps:
+            raise TrainingError(f"{self.bad_steps} consecutive updates skipped; last: {bad}")
+
+
+def token_values(samples) -> dict[str, dict[str, list]]:
+    """Per-token advantage / new / reference logprob / value, None where the token is untrained."""
+    out = {}
+    for s in samples:
+        mask = s.mask[0].tolist()
+
+        def col(x):
+            return None if x is None else [float(v) if m else None for v, m in zip(x[0].tolist(), mask)]
+        out[s.traj.traj_id] = {"advantage": col(s.advantages), "new_logprob": col(s.new_logprobs),
+                               "ref_logprob": col(s.ref_logprobs), "value": col(s.values)}
+    return out
+
+
+def _task_pool(env, seed: int) -> list:
+    for n in POOL_SIZES:
+        try:
+            return env.tasks("train", n, seed)
+        except ValueError:
+            continue
+    raise TrainingError(f"environment {env.name!r} cannot make {POOL_SIZES[-1]} train tasks")
+
+
+def _mean(xs) -> float:
+    xs = list(xs)
+    return float(sum(xs) / len(xs)) if xs else 0.0
