@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -39,7 +41,8 @@ def render_chat(template: str, messages: list[dict], generation_prompt: bool) ->
 
 def unwrap(observation: str) -> str:
     """The user-message text inside a chat_turn-wrapped observation."""
-    head, tail, final_tail = "<|im_end|>\n<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>\n"
+    head, final_tail = "<|im_end|>\n<|im_start|>user\n", "<|im_end|>\n"
+    tail = final_tail + "<|im_start|>assistant\n"
     assert observation.startswith(head)
     body = observation[len(head):]
     return body[: -len(tail)] if body.endswith(tail) else body[: -len(final_tail)]
@@ -68,6 +71,14 @@ def test_chat_turn_matches_smollm2_template():
     follow = first + [{"role": "assistant", "content": action}, {"role": "user", "content": "Turn 2"}]
     assert context + chat_turn("Turn 2") == render_chat(template, follow, True)
     assert context + chat_turn("Turn 2", final=True) == render_chat(template, follow, False)
+
+
+def test_envs_do_not_import_torch():
+    code = ("import sys; import core.envs.frozenlake, core.envs.sokoban, core.envs.bandit; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.stdout.strip() == "False"
 
 
 def test_split_of_is_stable_and_about_one_fifth():
@@ -141,7 +152,8 @@ def test_frozenlake_rewards_goal_hole_and_observation_format():
     assert "Turn 1: State:\nP _ _ _\n_ O _ _\n_ _ _ _\n_ _ _ G\nYou have 10 actions left." in episode.reset()
     result = episode.step("<answer>Right || right</answer>")
     assert result.valid and result.action_type == "move" and result.reward == 0.0 and not result.done
-    assert unwrap(result.observation) == "Turn 2: State:\n_ _ P _\n_ O _ _\n_ _ _ _\n_ _ _ G\nYou have 8 actions left."
+    assert unwrap(result.observation) == (
+        "Turn 2: State:\n_ _ P _\n_ O _ _\n_ _ _ _\n_ _ _ G\nYou have 8 actions left.")
     assert result.parsed == {"actions": ["Right", "Right"], "dropped": 0}
     result = episode.step("<answer>Down || Down || Down</answer>")
     result = episode.step("<answer>Right</answer>")

@@ -83,8 +83,10 @@ class _Planner:
             (side, _neighbours(self.lake, pos, m)) for m in PERPENDICULAR[move]]
 
     def value(self, pos: tuple[int, int], left: int) -> float:
-        """V(pos, left) = P(reach the goal within ``left`` actions) acting optimally from pos:
-        V = 1 at the goal, 0 in a hole or with no actions left, else max_a sum_s' P(s'|pos,a) V(s', left-1)."""
+        """V(pos, left) = P(reach the goal within ``left`` actions) acting optimally from pos.
+
+        V = 1 at the goal; 0 in a hole or with no actions left;
+        else V(s, n) = max_a sum_s' P(s' | s, a) V(s', n - 1)."""
         key = (pos, left)
         if key not in self._values:
             cell = self.lake[pos[0]][pos[1]]

@@ -87,7 +87,7 @@ def format_help(names: Sequence[str], max_actions: int) -> str:
     first = names[0]
     if max_actions <= 1:
         return f"Answer with one action, e.g. <answer>{first}</answer>. Valid actions: {', '.join(names)}."
-    second = names[1 % len(names)]
+    second = names[min(2, len(names) - 1)]
     return (f"Answer with <answer>{first}</answer>, or up to {max_actions} actions joined by ||, "
             f"e.g. <answer>{first} || {second}</answer>. Valid actions: {', '.join(names)}.")
 
