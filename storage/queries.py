@@ -2,10 +2,18 @@
 explains why) and returns a pandas DataFrame (or a plain value).
 
 A *store* is one DuckDB file. The app shows every store under ``sample_runs/`` and the user's
-``runs/`` directory; a run is addressed by (store path, run_id).
+``runs/`` directory; a run is addressed by (store path, run_id). The environment variable
+``AGENTRL_STORE_DIRS`` (directories separated by ``os.pathsep``) replaces that default list, e.g.
+to point the app at a test fixture or at another machine's copied runs.
+
+Every query filters on ``run_id`` first (and ``traj_id`` / ``step`` where it can), so DuckDB's
+zone maps skip the row groups of other runs.
 """
 from __future__ import annotations
 
+import json
+import os
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
@@ -15,31 +23,56 @@ from storage.migrations import check_version
 
 STORE_DIRS = ("sample_runs", "runs")
 STORE_SUFFIXES = (".duckdb", ".db")
+STORE_DIRS_ENV = "AGENTRL_STORE_DIRS"
+STALE_AFTER_S = 120
+"""A 'running' run not updated for this long is shown as 'interrupted' (its trainer died)."""
 
 
-def discover_stores(dirs: tuple[str, ...] = STORE_DIRS, root: str | Path = ".") -> list[str]:
-    """DuckDB files directly under each of ``dirs`` (relative to ``root``), sorted."""
+def store_dirs() -> tuple[str, ...]:
+    """The directories searched for stores: ``$AGENTRL_STORE_DIRS`` if set, else STORE_DIRS."""
+    value = os.environ.get(STORE_DIRS_ENV, "").strip()
+    if not value:
+        return STORE_DIRS
+    return tuple(d for d in value.split(os.pathsep) if d)
+
+
+def discover_stores(dirs: tuple[str, ...] | None = None, root: str | Path = ".") -> list[str]:
+    """DuckDB files directly under each of ``dirs`` (default ``store_dirs()``), sorted per dir."""
     found = []
-    for d in dirs:
+    for d in dirs if dirs is not None else store_dirs():
         base = Path(root) / d
         if base.is_dir():
-            found += sorted(str(p) for p in base.iterdir() if p.suffix in STORE_SUFFIXES)
+            found += sorted(str(p) for p in base.iterdir()
+                            if p.suffix in STORE_SUFFIXES and p.is_file())
     return found
 
 
 def _read(path: str | Path, sql: str, params: list | None = None) -> pd.DataFrame:
     with db.reading(path) as con:
-        check_version(con, where=str(path))
+        if check_version(con, where=str(path)) == 0:
+            raise db.StoreError(f"{path} is not a store of this project (no schema recorded)")
         return con.execute(sql, params or []).df()
 
 
+def shown_status(status: str | None, updated_at, now: datetime | None = None,
+                 stale_after_s: float = STALE_AFTER_S) -> str:
+    """The status to show: a 'running' run whose trainer stopped writing long ago is 'interrupted'."""
+    if status != "running" or updated_at is None or pd.isna(updated_at):
+        return status or "unknown"
+    now = now or datetime.now(timezone.utc).replace(tzinfo=None)
+    age = (pd.Timestamp(now) - pd.Timestamp(updated_at)).total_seconds()
+    return "interrupted" if age > stale_after_s else "running"
+
+
+# -- runs and metrics ------------------------------------------------------------------------------
 def runs(path: str | Path) -> pd.DataFrame:
-    """One row per run in the store, newest first, with its store path."""
+    """One row per run in the store, newest first, with its store path and the status to show."""
     df = _read(path, """
         SELECT run_id, name, created_at, updated_at, status, error, source, last_step,
                config
         FROM runs ORDER BY created_at DESC""")
     df["store"] = str(path)
+    df["shown_status"] = [shown_status(s, u) for s, u in zip(df["status"], df["updated_at"])]
     return df
 
 
@@ -51,9 +84,20 @@ def all_runs(stores: list[str] | None = None) -> pd.DataFrame:
             frames.append(runs(path))
         except db.StoreError as exc:
             frames.append(pd.DataFrame([{"run_id": None, "store": path, "status": "unreadable",
-                                         "error": str(exc)}]))
+                                         "shown_status": "unreadable", "error": str(exc)}]))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
-        columns=["run_id", "name", "created_at", "status", "store"])
+        columns=["run_id", "name", "created_at", "status", "shown_status", "store"])
+
+
+def run_config(config_json) -> dict:
+    """A run's config column as a dict ({} when missing or not a JSON object)."""
+    if isinstance(config_json, dict):
+        return config_json
+    try:
+        value = json.loads(config_json) if config_json else {}
+    except (TypeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def metrics(path: str | Path, run_id: str, names: list[str] | None = None) -> pd.DataFrame:
@@ -64,3 +108,236 @@ def metrics(path: str | Path, run_id: str, names: list[str] | None = None) -> pd
         sql += " AND name IN (SELECT unnest(?))"
         params.append(names)
     return _read(path, sql + " ORDER BY step, name", params)
+
+
+def metric_series(path: str | Path, run_ids: list[str], names: list[str]) -> pd.DataFrame:
+    """Long table (run_id, step, name, value) for several runs of one store at once."""
+    return _read(path, """
+        SELECT run_id, step, name, value FROM metrics
+        WHERE run_id IN (SELECT unnest(?)) AND name IN (SELECT unnest(?))
+        ORDER BY run_id, step, name""", [list(run_ids), list(names)])
+
+
+def steps(path: str | Path, run_id: str) -> pd.DataFrame:
+    """Steps of a run that recorded trajectories: (step, trajectories, groups, splits)."""
+    return _read(path, """
+        SELECT step, count(*) AS trajectories, count(DISTINCT group_id) AS groups,
+               string_agg(DISTINCT split, ',') AS splits
+        FROM trajectories WHERE run_id = ? GROUP BY step ORDER BY step""", [run_id])
+
+
+# -- trajectories ----------------------------------------------------------------------------------
+TRAJ_COLUMNS = """step, traj_id, group_id, task_id, split, reward, advantage, success, num_turns,
+                  finish_reason, failure_class, filtered, grad_norm, response_tokens, prompt,
+                  answer, golds, info"""
+
+
+def trajectories(path: str | Path, run_id: str, step: int | None = None,
+                 group_id: str | None = None) -> pd.DataFrame:
+    """A run's trajectories, optionally of one step and/or one group, ordered by step, group."""
+    sql = f"SELECT {TRAJ_COLUMNS} FROM trajectories WHERE run_id = ?"
+    params: list = [run_id]
+    if step is not None:
+        sql += " AND step = ?"
+        params.append(int(step))
+    if group_id is not None:
+        sql += " AND group_id = ?"
+        params.append(group_id)
+    return _read(path, sql + " ORDER BY step, group_id, traj_id", params)
+
+
+def trajectory(path: str | Path, run_id: str, traj_id: str) -> dict | None:
+    """One trajectory's row as a dict, or None when the run has no such trajectory."""
+    df = _read(path, f"SELECT {TRAJ_COLUMNS} FROM trajectories WHERE run_id = ? AND traj_id = ?",
+               [run_id, traj_id])
+    return None if df.empty else df.iloc[0].to_dict()
+
+
+def turns(path: str | Path, run_id: str, traj_ids: list[str]) -> pd.DataFrame:
+    """Turns of the given trajectories, in order."""
+    return _read(path, """
+        SELECT traj_id, turn, action, observation, action_valid, action_type, parsed,
+               obs_truncated, action_truncated, latency_s, error, state_diff, advantage,
+               step_reward
+        FROM turns WHERE run_id = ? AND traj_id IN (SELECT unnest(?))
+        ORDER BY traj_id, turn""", [run_id, list(traj_ids)])
+
+
+def tokens(path: str | Path, run_id: str, traj_id: str) -> pd.DataFrame:
+    """Every token of one trajectory's context, by position."""
+    return _read(path, """
+        SELECT pos, token_id, text, role, trained, logprob, advantage, turn, entropy,
+               new_logprob, ref_logprob, value
+        FROM tokens WHERE run_id = ? AND traj_id = ? ORDER BY pos""", [run_id, traj_id])
+
+
+def rewards(path: str | Path, run_id: str, traj_ids: list[str]) -> pd.DataFrame:
+    """Long table (traj_id, component, value) of reward components."""
+    return _read(path, """
+        SELECT traj_id, component, value FROM rewards
+        WHERE run_id = ? AND traj_id IN (SELECT unnest(?)) ORDER BY traj_id, component""",
+                 [run_id, list(traj_ids)])
+
+
+def test_results(path: str | Path, run_id: str, traj_ids: list[str]) -> pd.DataFrame:
+    """Unit-test outcomes (apps-style environments) of the given trajectories."""
+    return _read(path, """
+        SELECT traj_id, name, passed, detail FROM test_results
+        WHERE run_id = ? AND traj_id IN (SELECT unnest(?)) ORDER BY traj_id, name""",
+                 [run_id, list(traj_ids)])
+
+
+def groups(path: str | Path, run_id: str, step: int) -> pd.DataFrame:
+    """One row per task group of a step: size, reward mean/std, successes, filtered."""
+    return _read(path, """
+        SELECT group_id, any_value(task_id) AS task_id, count(*) AS size,
+               avg(reward) AS reward_mean, coalesce(stddev_samp(reward), 0) AS reward_std,
+               sum(CASE WHEN success THEN 1 ELSE 0 END) AS successes,
+               bool_or(coalesce(filtered, false)) AS filtered
+        FROM trajectories WHERE run_id = ? AND step = ?
+        GROUP BY group_id ORDER BY group_id""", [run_id, int(step)])
+
+
+def grad_stats(path: str | Path, run_id: str, step: int | None = None) -> pd.DataFrame:
+    """Per-module gradient norms (step, module, norm)."""
+    sql = "SELECT step, module, norm FROM grad_stats WHERE run_id = ?"
+    params: list = [run_id]
+    if step is not None:
+        sql += " AND step = ?"
+        params.append(int(step))
+    return _read(path, sql + " ORDER BY step, module", params)
+
+
+def top_gradient_trajectories(path: str | Path, run_id: str, step: int,
+                              limit: int = 20) -> pd.DataFrame:
+    """A step's trajectories ranked by their gradient contribution (trajectories.grad_norm)."""
+    return _read(path, """
+        SELECT traj_id, group_id, task_id, reward, advantage, grad_norm, failure_class
+        FROM trajectories WHERE run_id = ? AND step = ? AND grad_norm IS NOT NULL
+        ORDER BY grad_norm DESC LIMIT ?""", [run_id, int(step), int(limit)])
+
+
+# -- failures, search, tasks, tags -----------------------------------------------------------------
+def failure_counts(path: str | Path, run_id: str) -> pd.DataFrame:
+    """Counts per (step, split, failure_class); failure_class 'success'/'unclassified' fill NULLs."""
+    return _read(path, """
+        SELECT step, split,
+               coalesce(failure_class, CASE WHEN success THEN 'success' ELSE 'unclassified' END)
+                   AS failure_class,
+               count(*) AS n
+        FROM trajectories WHERE run_id = ? GROUP BY ALL ORDER BY step, failure_class""", [run_id])
+
+
+def _like_pattern(text: str) -> str:
+    """``text`` as a literal ILIKE substring pattern (its own % and _ lose their meaning)."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def search_trajectories(path: str | Path, run_id: str, text: str = "",
+                        classes: list[str] | None = None, step_range: tuple[int, int] | None = None,
+                        splits: list[str] | None = None, success: bool | None = None,
+                        limit: int = 500) -> pd.DataFrame:
+    """Trajectories matching the facets; ``text`` is searched (case-insensitive substring, as a
+    parameter: never spliced into SQL) in every turn's action and observation and in the prompt."""
+    where = ["t.run_id = ?"]
+    params: list = [run_id]
+    if classes:
+        where.append("coalesce(t.failure_class, CASE WHEN t.success THEN 'success' "
+                     "ELSE 'unclassified' END) IN (SELECT unnest(?))")
+        params.append(list(classes))
+    if step_range is not None:
+        where.append("t.step BETWEEN ? AND ?")
+        params += [int(step_range[0]), int(step_range[1])]
+    if splits:
+        where.append("t.split IN (SELECT unnest(?))")
+        params.append(list(splits))
+    if success is not None:
+        where.append("coalesce(t.success, false) = ?")
+        params.append(bool(success))
+    if text:
+        pattern = _like_pattern(text)
+        where.append("""(t.prompt ILIKE ? ESCAPE '\\' OR EXISTS (
+            SELECT 1 FROM turns u WHERE u.run_id = t.run_id AND u.traj_id = t.traj_id
+              AND (u.action ILIKE ? ESCAPE '\\' OR u.observation ILIKE ? ESCAPE '\\')))""")
+        params += [pattern, pattern, pattern]
+    sql = f"""SELECT t.step, t.traj_id, t.group_id, t.task_id, t.split, t.reward, t.success,
+                     t.num_turns, t.finish_reason,
+                     coalesce(t.failure_class, CASE WHEN t.success THEN 'success'
+                              ELSE 'unclassified' END) AS failure_class
+              FROM trajectories t WHERE {' AND '.join(where)}
+              ORDER BY t.step, t.group_id, t.traj_id LIMIT ?"""
+    return _read(path, sql, params + [int(limit)])
+
+
+def task_history(path: str | Path, run_id: str, task_id: str) -> pd.DataFrame:
+    """One task followed across steps: (step, split, rollouts, successes, reward_mean, classes)."""
+    return _read(path, """
+        SELECT step, split, count(*) AS rollouts,
+               sum(CASE WHEN success THEN 1 ELSE 0 END) AS successes,
+               avg(reward) AS reward_mean,
+               string_agg(DISTINCT coalesce(failure_class, CASE WHEN success THEN 'success'
+                                            ELSE 'unclassified' END), ', ') AS classes
+        FROM trajectories WHERE run_id = ? AND task_id = ?
+        GROUP BY step, split ORDER BY step, split""", [run_id, task_id])
+
+
+def task_ids(path: str | Path, run_id: str) -> list[str]:
+    df = _read(path, "SELECT DISTINCT task_id FROM trajectories WHERE run_id = ? "
+                     "AND task_id IS NOT NULL ORDER BY task_id", [run_id])
+    return df["task_id"].tolist()
+
+
+def tags(path: str | Path, run_id: str, traj_ids: list[str] | None = None) -> pd.DataFrame:
+    """Tags and notes users saved on trajectories (storage/annotations.py writes them)."""
+    sql = "SELECT traj_id, tag, note, created_at FROM tags WHERE run_id = ?"
+    params: list = [run_id]
+    if traj_ids is not None:
+        sql += " AND traj_id IN (SELECT unnest(?))"
+        params.append(list(traj_ids))
+    return _read(path, sql + " ORDER BY created_at", params)
+
+
+# -- export ----------------------------------------------------------------------------------------
+def export_trajectories(path: str | Path, run_id: str, traj_ids: list[str],
+                        fmt: str = "jsonl") -> bytes:
+    """The given trajectories with their turns and reward components, as JSONL (one trajectory
+    per line, turns nested) or Parquet (one row per trajectory, turns as a JSON string)."""
+    if fmt not in ("jsonl", "parquet"):
+        raise ValueError(f"format must be jsonl or parquet, got {fmt!r}")
+    traj = _read(path, f"SELECT {TRAJ_COLUMNS} FROM trajectories WHERE run_id = ? "
+                       "AND traj_id IN (SELECT unnest(?)) ORDER BY step, traj_id",
+                 [run_id, list(traj_ids)])
+    turn_rows = turns(path, run_id, traj_ids)
+    comp = rewards(path, run_id, traj_ids)
+    records = []
+    for row in traj.to_dict("records"):
+        tid = row["traj_id"]
+        record = {k: _plain(v) for k, v in row.items()}
+        record["run_id"] = run_id
+        record["turns"] = [{k: _plain(v) for k, v in t.items() if k != "traj_id"}
+                           for t in turn_rows[turn_rows["traj_id"] == tid].to_dict("records")]
+        record["rewards"] = {c: _plain(v) for c, v in
+                             comp[comp["traj_id"] == tid][["component", "value"]].values}
+        records.append(record)
+    if fmt == "jsonl":
+        return "".join(json.dumps(r, default=str) + "\n" for r in records).encode("utf-8")
+    flat = pd.DataFrame([{**r, "turns": json.dumps(r["turns"], default=str),
+                          "rewards": json.dumps(r["rewards"])} for r in records])
+    import io
+    buf = io.BytesIO()
+    flat.to_parquet(buf, index=False)
+    return buf.getvalue()
+
+
+def _plain(value):
+    """A JSON-friendly Python value (NaN -> None, numpy scalars -> Python)."""
+    if value is None:
+        return None
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, (pd.Timestamp, datetime)):
+        return value.isoformat()
+    return value

@@ -1,0 +1,88 @@
+"""Streamlit entry point: page config, navigation, and the run/step picker every page shares.
+
+Deep links: ``/PAGE?store=STORE&run=RUN_ID&step=N`` opens that run at that step on that page;
+Replay also reads ``traj`` and ``turn``, Groups reads ``group``. The sidebar writes the run it
+shows back into the URL (``step``, ``traj``, ``turn`` and ``group`` are bound to their widgets),
+so the address bar always holds a link to exactly the current view.
+
+Stores are the DuckDB files under ``sample_runs/`` and ``runs/``; set ``AGENTRL_STORE_DIRS``
+(directories separated by ``os.pathsep``) to show others instead.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from pages import _common as c
+from storage import queries
+
+st.set_page_config(page_title="Agentic-RL inspector", layout="wide")
+
+PAGES = [
+    st.Page("pages/runs.py", title="Runs", url_path="runs", default=True),
+    st.Page("pages/replay.py", title="Replay", url_path="replay"),
+    st.Page("pages/groups.py", title="Groups", url_path="groups"),
+    st.Page("pages/dynamics.py", title="Dynamics", url_path="dynamics"),
+    st.Page("pages/failures.py", title="Failures", url_path="failures"),
+    st.Page("pages/train.py", title="Train", url_path="train"),
+]
+
+
+def _label(row) -> str:
+    return f"{row['name']} · {row['shown_status']}"
+
+
+def _adopt_run_from_url(options: list[tuple[str, str]]) -> None:
+    """If the URL names a run it did not name on the last rerun, pick that run."""
+    run, store = st.query_params.get("run"), st.query_params.get("store")
+    if run is None:
+        st.session_state.pop("_url_run", None)
+        return
+    if st.session_state.get("_url_run") == (store, run):
+        return
+    st.session_state["_url_run"] = (store, run)
+    match = [o for o in options if o[1] == run and (store is None or o[0] == store)]
+    if match:
+        st.session_state["pick_run"] = match[0]
+    else:
+        st.sidebar.warning("The run named in the link is not in any store; showing another.")
+
+
+def run_picker() -> None:
+    """Sidebar: which run (of which store) and which step every page shows."""
+    table = c.run_table()
+    readable = table[table["run_id"].notna()] if not table.empty else table
+    st.session_state["_picked_step"] = None
+    if readable.empty:
+        st.session_state.pop("pick_run", None)
+        st.sidebar.info("No runs yet in " + ", ".join(queries.store_dirs()) + ".")
+        return
+    options = list(zip(readable["store"], readable["run_id"]))
+    labels = {(r["store"], r["run_id"]): _label(r) for r in readable.to_dict("records")}
+    multi_store = readable["store"].nunique() > 1
+    _adopt_run_from_url(options)
+    if st.session_state.get("pick_run") not in options:
+        st.session_state["pick_run"] = options[0]
+    store, run_id = st.sidebar.selectbox(
+        "Run", options, key="pick_run",
+        format_func=lambda o: labels[o] + (f" · {o[0]}" if multi_store else ""))
+    st.query_params["store"], st.query_params["run"] = store, run_id
+    st.session_state["_url_run"] = (store, run_id)
+
+    last_step = readable[(readable["store"] == store) & (readable["run_id"] == run_id)]["last_step"]
+    last = int(last_step.iloc[0]) if not last_step.isna().all() else -1
+    steps = c.read_or_stop(c.load_steps, store, run_id, last)
+    if not steps:
+        st.sidebar.caption("This run recorded no trajectories (metrics only).")
+        return
+    if st.session_state.get("step") is not None and st.session_state["step"] not in steps:
+        st.session_state["step"] = steps[-1]
+    step = st.sidebar.selectbox("Step", steps, index=len(steps) - 1, key="step",
+                                bind="query-params", format_func=str)
+    st.session_state["_picked_step"] = step
+    st.sidebar.caption(f"{len(steps)} steps with trajectories · stores: "
+                       + ", ".join(queries.store_dirs()))
+
+
+nav = st.navigation(PAGES)
+run_picker()
+nav.run()

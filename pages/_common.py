@@ -1,0 +1,170 @@
+"""What every page shares: the run picked in the sidebar, cached reads, links, empty states.
+
+Cached reads are keyed on (store, run_id, last_step, ...): a live run's last_step moves on with
+every recorded step, so its pages refresh, while a finished run's data is read once. The run list
+itself is re-read every few seconds (its ``last_step`` column is what moves the keys).
+
+Untrusted text (model actions, observations, imported prompts, error messages from tools) is only
+ever shown through ``st.code``, ``st.text``, ``st.dataframe``, ``st.json`` or the escaped HTML of
+pages/_tokens.py -- never through markdown, whose links, images and HTML would be live.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pandas as pd
+import streamlit as st
+
+from storage import db, queries
+
+REPLAY = "pages/replay.py"
+RUN_TTL_S = 5      # the run list: status and last_step of live runs
+LIVE_TTL_S = 30    # data of one run at one last_step (a finished run never changes)
+
+
+def ensure_app() -> None:
+    """Run the page through app.py's navigation, never alone.
+
+    Streamlit treats an app with a ``pages/`` folder as an old-style multipage app until the first
+    ``st.navigation`` call of the server process, so the very first request of a deep link
+    (``/replay?...``) would run the page without app.py's sidebar picker. This switches that mode
+    off and reruns, and app.py then routes the same URL itself.
+    """
+    from streamlit.runtime.pages_manager import PagesManager
+    if PagesManager.uses_pages_directory:
+        PagesManager.uses_pages_directory = False
+        st.rerun()
+
+
+# -- the run picked in the sidebar ----------------------------------------------------------------
+@dataclass
+class Pick:
+    store: str
+    run_id: str
+    run: dict
+    step: int | None
+    """The step picked in the sidebar (None when the run recorded no trajectories)."""
+
+    @property
+    def last_step(self) -> int:
+        value = self.run.get("last_step")
+        return -1 if value is None or pd.isna(value) else int(value)
+
+    @property
+    def config(self) -> dict:
+        return queries.run_config(self.run.get("config"))
+
+
+def picked() -> Pick:
+    """The run (and step) chosen in the sidebar; an info box and stop when there is none."""
+    choice = st.session_state.get("pick_run")
+    table = run_table()
+    if not choice or table.empty:
+        stop("No run to show yet. Record one with `python -m core.train ...` or start one on the "
+             "Train page; every DuckDB file in the store directories is listed.")
+    store, run_id = choice
+    rows = table[(table["store"] == store) & (table["run_id"] == run_id)]
+    if rows.empty:
+        stop("The picked run is no longer in its store.")
+    return Pick(store, run_id, rows.iloc[0].to_dict(), st.session_state.get("_picked_step"))
+
+
+def stop(message: str) -> None:
+    st.info(message)
+    st.stop()
+
+
+def safe_label(text, limit: int = 60) -> str:
+    """Identifiers from a store (imported files choose them) reduced to inert characters, for
+    labels that Streamlit renders as markdown."""
+    return re.sub(r"[^A-Za-z0-9_.:@ -]", "_", str(text))[:limit]
+
+
+def replay_link(pick: Pick, step: int, traj_id: str, label: str | None = None, key=None) -> None:
+    """A link into Replay showing ``traj_id`` (the same URL a user can share)."""
+    st.page_link(REPLAY, label=safe_label(label or f"Replay {traj_id}", 80),
+                 query_params={"store": pick.store, "run": pick.run_id, "step": str(int(step)),
+                               "traj": str(traj_id)})
+
+
+def replay_url(pick: Pick, step: int, traj_id: str) -> str:
+    """Relative URL of a Replay view, for link columns of tables."""
+    from urllib.parse import urlencode
+    return "replay?" + urlencode({"store": pick.store, "run": pick.run_id, "step": int(step),
+                                  "traj": traj_id})
+
+
+# -- cached reads ---------------------------------------------------------------------------------
+@st.cache_data(ttl=RUN_TTL_S, show_spinner=False)
+def run_table() -> pd.DataFrame:
+    """Every run of every store (unreadable stores as rows with an error)."""
+    return queries.all_runs(queries.discover_stores())
+
+
+@st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
+def load_steps(store: str, run_id: str, last_step: int) -> list[int]:
+    return [int(s) for s in queries.steps(store, run_id)["step"]]
+
+
+@st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
+def load_metrics(store: str, run_id: str, last_step: int) -> pd.DataFrame:
+    """Metrics as a wide table: one row per step, one column per metric name."""
+    long = queries.metrics(store, run_id)
+    if long.empty:
+        return pd.DataFrame()
+    return long.pivot_table(index="step", columns="name", values="value", aggfunc="last").sort_index()
+
+
+@st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
+def load_trajectories(store: str, run_id: str, last_step: int, step: int | None = None,
+                      group_id: str | None = None) -> pd.DataFrame:
+    return queries.trajectories(store, run_id, step=step, group_id=group_id)
+
+
+@st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
+def load_groups(store: str, run_id: str, last_step: int, step: int) -> pd.DataFrame:
+    return queries.groups(store, run_id, step)
+
+
+@st.cache_data(ttl=600, show_spinner=False)
+def load_turns(store: str, run_id: str, traj_ids: tuple[str, ...]) -> pd.DataFrame:
+    return queries.turns(store, run_id, list(traj_ids))
+
+
+@st.cache_data(ttl=600, show_spinner=False)
+def load_tokens(store: str, run_id: str, traj_id: str) -> pd.DataFrame:
+    return queries.tokens(store, run_id, traj_id)
+
+
+@st.cache_data(ttl=600, show_spinner=False)
+def load_rewards(store: str, run_id: str, traj_ids: tuple[str, ...]) -> pd.DataFrame:
+    return queries.rewards(store, run_id, list(traj_ids))
+
+
+@st.cache_data(ttl=600, show_spinner=False)
+def load_tests(store: str, run_id: str, traj_ids: tuple[str, ...]) -> pd.DataFrame:
+    return queries.test_results(store, run_id, list(traj_ids))
+
+
+@st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
+def load_failure_counts(store: str, run_id: str, last_step: int) -> pd.DataFrame:
+    return queries.failure_counts(store, run_id)
+
+
+def reward_components(store: str, run_id: str, traj_ids: list[str]) -> pd.DataFrame:
+    """Reward components as a wide table: one row per trajectory, one column per component."""
+    long = load_rewards(store, run_id, tuple(traj_ids))
+    if long.empty:
+        return pd.DataFrame(index=pd.Index(traj_ids, name="traj_id"))
+    return long.pivot_table(index="traj_id", columns="component", values="value", aggfunc="last")
+
+
+def read_or_stop(fn, *args, **kwargs):
+    """Call a read; a store that cannot be read becomes a message, not a traceback."""
+    try:
+        return fn(*args, **kwargs)
+    except db.StoreError as exc:
+        st.error("The store could not be read:")
+        st.code(str(exc), language=None)
+        st.stop()

@@ -1,0 +1,109 @@
+"""Advantages the other estimators *would* have given one group, from its stored rewards.
+
+Pandas/numpy mirrors of core/advantages.py (which needs torch, so pages cannot import it); the
+formulas and edge cases are the same and tests/test_pages.py checks them on hand-computed values:
+
+    grpo     A_i = (r_i - mean) / (std + 1e-6), std unbiased         all-equal group -> 0
+    dr_grpo  A_i = r_i - mean                                         all-equal group -> 0
+    rloo     A_k = r_k - (sum_j r_j - r_k) / (K - 1)                  K < 2 or all equal -> 0
+    gigpo    step level: turns acting from an identical observation (the previous turn's
+             observation; the prompt for turn 0) form an anchor group; G_t = r_t + gamma G_{t+1};
+             A_step = (G_t - mean_anchor) / (std_anchor + 1e-6); singleton or all-equal -> 0.
+             A_turn = A_episode(GRPO) + w * A_step.
+
+Step rewards r_t are the turns' ``step_reward``; the trajectory's reward not accounted for by
+them (the outcome, for sparse-reward environments) is added to its last turn, so sum_t r_t is the
+trajectory's reward.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pandas as pd
+
+EPS = 1e-6
+
+
+def grpo(rewards) -> np.ndarray:
+    """(r - mean) / (std_unbiased + 1e-6); 0 for a group of one or with all rewards equal."""
+    r = np.asarray(rewards, dtype=float)
+    if len(r) < 2 or np.all(r == r[0]):
+        return np.zeros_like(r)
+    return (r - r.mean()) / (r.std(ddof=1) + EPS)
+
+
+def dr_grpo(rewards) -> np.ndarray:
+    """r - mean (no std division); 0 when all rewards are equal."""
+    r = np.asarray(rewards, dtype=float)
+    if len(r) < 2 or np.all(r == r[0]):
+        return np.zeros_like(r)
+    return r - r.mean()
+
+
+def rloo(rewards) -> np.ndarray:
+    """Leave-one-out: r_k - (sum - r_k) / (K - 1); 0 when K < 2 or all rewards are equal."""
+    r = np.asarray(rewards, dtype=float)
+    if len(r) < 2 or np.all(r == r[0]):
+        return np.zeros_like(r)
+    return r - (r.sum() - r) / (len(r) - 1)
+
+
+def outcome_table(trajs: pd.DataFrame) -> pd.DataFrame:
+    """One group's trajectories with the stored advantage and each estimator's, by traj_id."""
+    r = trajs["reward"].fillna(0.0).to_numpy()
+    return pd.DataFrame({"reward": r, "stored advantage": trajs["advantage"].to_numpy(),
+                         "GRPO": grpo(r), "Dr.GRPO": dr_grpo(r), "RLOO": rloo(r)},
+                        index=pd.Index(trajs["traj_id"], name="traj_id"))
+
+
+def _anchor(text) -> str:
+    return hashlib.sha1(str(text if text is not None else "").encode("utf-8")).hexdigest()
+
+
+def step_rewards(turns: pd.DataFrame, reward: float) -> list[float]:
+    """Per-turn rewards of one trajectory; the unaccounted part of ``reward`` goes to the last."""
+    rs = turns["step_reward"].fillna(0.0).astype(float).tolist() if "step_reward" in turns else [0.0] * len(turns)
+    if rs:
+        rs[-1] += float(reward) - sum(rs)
+    return rs
+
+
+def gigpo_steps(trajs: pd.DataFrame, turns: pd.DataFrame, gamma: float = 0.95,
+                weight: float = 1.0) -> pd.DataFrame:
+    """Per (traj_id, turn): anchor, return G_t, A_step and A_turn = A_episode + weight * A_step."""
+    episode = dict(zip(trajs["traj_id"], grpo(trajs["reward"].fillna(0.0))))
+    prompt = {tid: p for tid, p in zip(trajs["traj_id"], trajs.get("prompt", pd.Series(dtype=object)))}
+    rows = []
+    for tid, reward in zip(trajs["traj_id"], trajs["reward"].fillna(0.0)):
+        mine = turns[turns["traj_id"] == tid].sort_values("turn")
+        rs = step_rewards(mine, reward)
+        g, returns = 0.0, [0.0] * len(rs)
+        for t in range(len(rs) - 1, -1, -1):
+            g = rs[t] + gamma * g
+            returns[t] = g
+        seen = [prompt.get(tid)] + mine["observation"].tolist()[:-1]
+        for (t, obs_before), ret in zip(zip(mine["turn"], seen), returns):
+            rows.append({"traj_id": tid, "turn": int(t), "anchor": _anchor(obs_before)[:8],
+                         "return": ret})
+    out = pd.DataFrame(rows, columns=["traj_id", "turn", "anchor", "return"])
+    out["A_step"] = 0.0
+    for _, idx in out.groupby("anchor").groups.items():
+        values = out.loc[idx, "return"].to_numpy()
+        if len(values) >= 2 and not np.all(values == values[0]):
+            out.loc[idx, "A_step"] = (values - values.mean()) / (values.std(ddof=1) + EPS)
+    out["A_episode"] = out["traj_id"].map(episode)
+    out["A_turn"] = out["A_episode"] + weight * out["A_step"]
+    return out
+
+
+def divergence_turn(turns: pd.DataFrame, traj_ids: list[str]) -> int | None:
+    """First turn at which the rollouts' actions differ (or some rollout has ended); None when
+    every rollout took exactly the same actions."""
+    by = {tid: turns[turns["traj_id"] == tid].sort_values("turn")["action"].tolist() for tid in traj_ids}
+    longest = max((len(a) for a in by.values()), default=0)
+    for t in range(longest):
+        actions = {tuple(a[t:t + 1]) for a in by.values()}
+        if len(actions) > 1:
+            return t
+    return None

@@ -1,0 +1,126 @@
+"""The token view (one trajectory's whole context as the model saw it) and the mask lint.
+
+The view is HTML built here and nowhere else: every token's text and every hover title goes
+through ``html.escape`` -- the text comes from a model or an imported file and may hold markup
+(``<script>``, ``<img onerror=...>``) that must show as text.
+"""
+from __future__ import annotations
+
+import html
+import math
+
+import pandas as pd
+
+MODES = {
+    "loss mask": None,
+    "sampling logprob": "logprob",
+    "entropy": "entropy",
+    "advantage": "advantage",
+}
+"""Colouring choices of the token view -> the tokens column each one reads."""
+
+_ROLE_BG = {"prompt": "rgba(80,120,220,0.12)", "observation": "rgba(130,130,130,0.18)"}
+_TRAINED_BG = "rgba(46,160,67,0.38)"
+_WRONG_BG = "rgba(220,40,40,0.55)"
+
+
+def _num(value) -> float | None:
+    if value is None:
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else value
+
+
+def _title(row: dict) -> str:
+    parts = [f"pos {row['pos']}", str(row.get("role")), f"turn {row.get('turn')}",
+             "trained" if row.get("trained") else "not trained", f"token_id {row.get('token_id')}"]
+    lp = _num(row.get("logprob"))
+    if lp is not None:
+        parts.append(f"logprob {lp:.4f} (p={math.exp(lp):.3f})")
+    for name in ("entropy", "advantage", "new_logprob", "ref_logprob", "value"):
+        v = _num(row.get(name))
+        if v is not None:
+            parts.append(f"{name} {v:.4f}")
+    return " | ".join(parts)
+
+
+def _background(row: dict, mode: str, scale: float) -> str:
+    """CSS background of one token under ``mode`` (scale: the largest |value| of the trajectory)."""
+    role, trained = row.get("role"), bool(row.get("trained"))
+    if mode == "loss mask":
+        if trained != (role == "action"):
+            return _WRONG_BG  # an observation/prompt token trained, or a model token masked
+        return _TRAINED_BG if trained else _ROLE_BG.get(role, "transparent")
+    value = _num(row.get(MODES[mode]))
+    if value is None:
+        return _ROLE_BG.get(role, "transparent")
+    if mode == "sampling logprob":  # red where the sampled token was unlikely
+        return f"rgba(220,40,40,{0.85 * (1 - math.exp(min(value, 0.0))):.3f})"
+    strength = min(abs(value) / scale, 1.0) if scale > 0 else 0.0
+    if mode == "entropy":
+        return f"rgba(255,150,0,{0.8 * strength:.3f})"
+    colour = "46,160,67" if value >= 0 else "220,40,40"  # advantage: green helps, red hurts
+    return f"rgba({colour},{0.75 * strength:.3f})"
+
+
+def token_html(tokens: pd.DataFrame, mode: str) -> str:
+    """The context as escaped, coloured spans with the exact values in each span's title."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    column = MODES[mode]
+    scale = 0.0
+    if column and column in tokens:
+        values = pd.to_numeric(tokens[column], errors="coerce").abs()
+        scale = float(values.max()) if values.notna().any() else 0.0
+    spans = []
+    for row in tokens.to_dict("records"):
+        text = html.escape(str(row.get("text") or ""), quote=True)
+        title = html.escape(_title(row), quote=True)
+        bg = _background(row, mode, scale)
+        edge = "border-bottom:2px solid rgba(46,160,67,0.9);" if row.get("trained") else ""
+        spans.append(f'<span title="{title}" style="background:{bg};{edge}'
+                     f'box-shadow:inset -1px 0 0 rgba(0,0,0,0.12)">{text}</span>')
+    return ('<div class="token-view" style="font-family:monospace;font-size:0.82rem;'
+            'white-space:pre-wrap;word-break:break-word;line-height:1.7;padding:0.5rem;'
+            'border:1px solid rgba(128,128,128,0.3);border-radius:0.4rem;max-height:32rem;'
+            'overflow-y:auto">' + "".join(spans) + "</div>")
+
+
+LEGEND = {
+    "loss mask": "green underline/background: trained (the model's own tokens); blue: prompt; "
+                 "grey: observation; red: mask error (observation trained or action masked)",
+    "sampling logprob": "redder = less likely under the sampling policy; uncoloured: no logprob",
+    "entropy": "more orange = higher entropy of the sampling distribution at that token",
+    "advantage": "green = positive advantage, red = negative; strength relative to the largest",
+}
+
+
+def mask_lint(tokens: pd.DataFrame, turns: pd.DataFrame) -> pd.DataFrame:
+    """Problems with the loss mask or the lengths, one row per (issue, turn).
+
+    * an observation or prompt token that was trained (the model would learn to imitate the
+      environment);
+    * a model action token that was masked (its credit silently dropped);
+    * a turn whose action was cut by the token limit or whose observation was truncated.
+    """
+    rows = []
+    if not tokens.empty:
+        trained = tokens["trained"].fillna(False).astype(bool)
+        checks = (("observation/prompt token trained", tokens["role"].isin(["observation", "prompt"]) & trained),
+                  ("action token not trained", (tokens["role"] == "action") & ~trained))
+        for issue, mask in checks:
+            for turn, part in tokens[mask].groupby("turn", dropna=False):
+                pos = part["pos"].tolist()
+                rows.append({"issue": issue, "turn": turn, "tokens": len(pos),
+                             "positions": ", ".join(map(str, pos[:12])) + (" ..." if len(pos) > 12 else "")})
+    for t in turns.to_dict("records") if not turns.empty else []:
+        if t.get("action_truncated"):
+            rows.append({"issue": "action cut by the token limit", "turn": t["turn"],
+                         "tokens": None, "positions": ""})
+        if t.get("obs_truncated"):
+            rows.append({"issue": "observation truncated", "turn": t["turn"], "tokens": None,
+                         "positions": ""})
+    return pd.DataFrame(rows, columns=["issue", "turn", "tokens", "positions"])

@@ -1,0 +1,107 @@
+"""Dynamics: the run's curves, gradient spikes linked to their trajectories, collapse alarms."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from pages import _common as c
+from pages import _signals
+from storage import queries
+
+c.ensure_app()
+pick = c.picked()
+st.title("Dynamics")
+wide = c.read_or_stop(c.load_metrics, pick.store, pick.run_id, pick.last_step)
+if wide.empty:
+    c.stop("This run recorded no metrics yet.")
+alarms = _signals.collapse_alarms(wide)
+for a in alarms:
+    st.warning(f"Collapse alarm at step {a['step']}: {a['message']}.")
+
+
+def chart(names: list[str], title: str, key: str, band: tuple[str, str] | None = None) -> None:
+    """Lines for the ``names`` this run recorded; alarms drawn as vertical lines."""
+    present = [n for n in names if n in wide.columns]
+    if not present:
+        st.caption(f"{title}: not recorded in this run ({', '.join(names)}).")
+        return
+    fig = go.Figure()
+    if band and set(band) <= set(wide.columns):
+        mean, std = wide[band[0]], wide[band[1]]
+        fig.add_trace(go.Scatter(x=list(wide.index) + list(wide.index[::-1]),
+                                 y=list(mean + std) + list((mean - std)[::-1]), fill="toself",
+                                 line={"width": 0}, opacity=0.2, name=f"{band[0]} ± {band[1]}"))
+    for n in present:
+        s = wide[n].dropna()
+        fig.add_trace(go.Scatter(x=s.index, y=s.values, mode="lines+markers", name=n))
+    for a in alarms:
+        fig.add_vline(x=a["step"], line_dash="dot", line_color="red")
+    fig.update_layout(title=title, xaxis_title="step", height=300, margin={"t": 40, "b": 30})
+    st.plotly_chart(fig, key=key)
+
+
+left, right = st.columns(2)
+with left:
+    chart(["reward/mean"], "Reward (mean ± std)", "dyn_reward", band=("reward/mean", "reward/std"))
+    chart(["success/rate", "eval/success", "success/pass@g", "pass@G"], "Success", "dyn_success")
+    chart(["policy/entropy"], "Entropy", "dyn_entropy")
+    chart(["policy/clipfrac", "policy/clipfrac_low", "policy/clipfrac_high"], "Clip fraction", "dyn_clip")
+    chart(["env/turns_mean", "env/valid_action_ratio"], "Turns and valid actions", "dyn_turns")
+with right:
+    chart(["reward/group_std_mean", "reward/frac_zero_std"], "In-group reward std, zero-std groups",
+          "dyn_groupstd")
+    chart(["policy/kl"], "KL to the reference", "dyn_kl")
+    chart(["response/length_mean"], "Response length (tokens)", "dyn_length")
+    chart(["collapse/repeat_frac"], "Repeated action sequences", "dyn_repeat")
+    chart(["sft/loss", "value/loss"], "SFT and value loss", "dyn_losses")
+timings = [n for n in wide.columns if n.startswith("time/") and n != "time/step_s"]
+if timings:
+    fig = go.Figure([go.Bar(x=wide.index, y=wide[n], name=n) for n in timings])
+    fig.update_layout(barmode="stack", title="Phase timings (s)", xaxis_title="step", height=300)
+    st.plotly_chart(fig, key="dyn_timings")
+
+# -- gradient spikes --------------------------------------------------------------------------------
+st.subheader("Gradient norm and spikes")
+if "grad/norm" not in wide.columns:
+    c.stop("No gradient norms recorded in this run (imported runs carry none).")
+sp = _signals.spike_threshold(wide["grad/norm"])
+fig = go.Figure([go.Scatter(x=sp.index, y=sp["value"], mode="lines+markers", name="grad/norm"),
+                 go.Scatter(x=sp.index, y=sp["median"], mode="lines", name="rolling median",
+                            line={"dash": "dash"}),
+                 go.Scatter(x=sp.index, y=sp["threshold"], mode="lines", name="spike threshold",
+                            line={"dash": "dot"})])
+spikes = [int(s) for s in sp.index[sp["spike"]]]
+fig.add_trace(go.Scatter(x=spikes, y=sp.loc[spikes, "value"], mode="markers", name="spike",
+                         marker={"size": 14, "color": "red", "symbol": "x"}))
+fig.update_layout(xaxis_title="step", height=320, margin={"t": 20, "b": 30})
+event = st.plotly_chart(fig, key="dyn_grad", on_select="rerun", selection_mode="points")
+st.caption(f"Spike: norm above the median of the previous {_signals.SPIKE_WINDOW} steps + "
+           f"{_signals.SPIKE_K:g} × 1.4826 × MAD (a robust five-sigma). Click a point to inspect it.")
+
+points = (event.selection or {}).get("points", []) if event else []
+clicked = int(points[0]["x"]) if points else None
+if clicked is not None and clicked != st.session_state.get("_dyn_clicked"):
+    st.session_state["_dyn_clicked"] = clicked
+    st.session_state["spike"] = clicked
+options = spikes + [int(s) for s in sp.index if int(s) not in spikes]
+if st.session_state.get("spike") not in options:
+    st.session_state.pop("spike", None)
+chosen = st.selectbox("Step to inspect", options, key="spike", bind="query-params",
+                      format_func=str)
+st.caption(f"{'Spike' if chosen in spikes else 'Step'} {chosen}: grad/norm "
+           f"{sp.loc[chosen, 'value']:.3g}" + (f", threshold {sp.loc[chosen, 'threshold']:.3g}"
+                                               if sp.loc[chosen, 'threshold'] == sp.loc[chosen, 'threshold'] else ""))
+ranked = queries.top_gradient_trajectories(pick.store, pick.run_id, chosen)
+if ranked.empty:
+    st.info(f"Step {chosen} recorded no per-trajectory gradient norms.")
+else:
+    ranked["replay"] = [c.replay_url(pick, chosen, t) for t in ranked["traj_id"]]
+    st.dataframe(ranked, key="dyn_ranked", hide_index=True, column_config={
+        "replay": st.column_config.LinkColumn("replay", display_text="open")})
+    for r in ranked.head(5).to_dict("records"):
+        c.replay_link(pick, chosen, r["traj_id"],
+                      label=f"Replay {r['traj_id']} (grad norm {r['grad_norm']:.3g})")
+modules = queries.grad_stats(pick.store, pick.run_id, chosen)
+if not modules.empty:
+    with st.expander(f"Per-module gradient norms at step {chosen}"):
+        st.dataframe(modules.sort_values("norm", ascending=False), key="dyn_modules", hide_index=True)

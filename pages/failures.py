@@ -1,0 +1,79 @@
+"""Failures: why trajectories failed, searched and filtered; tags, one task over time, export, SQL."""
+from __future__ import annotations
+
+import plotly.express as px
+import streamlit as st
+
+from pages import _common as c
+from pages import _panels
+from storage import queries
+
+c.ensure_app()
+pick = c.picked()
+st.title("Failures")
+counts = c.read_or_stop(c.load_failure_counts, pick.store, pick.run_id, pick.last_step)
+if counts.empty:
+    c.stop("This run recorded no trajectories (metrics only): nothing to classify.")
+
+# -- counts -----------------------------------------------------------------------------------------
+left, right = st.columns(2)
+per_class = counts.groupby("failure_class", as_index=False)["n"].sum().sort_values("n")
+left.plotly_chart(px.bar(per_class, x="n", y="failure_class", orientation="h", height=320,
+                         title="Trajectories per failure class"), key="fail_per_class")
+per_step = counts.groupby(["step", "failure_class"], as_index=False)["n"].sum()
+right.plotly_chart(px.bar(per_step, x="step", y="n", color="failure_class", height=320,
+                          title="Failure classes per step"), key="fail_per_step")
+
+# -- facets and search ----------------------------------------------------------------------------
+classes = sorted(counts["failure_class"].unique())
+splits = sorted(counts["split"].dropna().unique())
+f1, f2, f3 = st.columns(3)
+chosen = f1.multiselect("Failure class", classes, key="fail_classes",
+                        default=[k for k in classes if k != "success"])
+chosen_splits = f2.multiselect("Split", splits, key="fail_splits", default=splits)
+outcome = f3.radio("Outcome", ["any", "solved", "failed"], key="fail_outcome", horizontal=True)
+lo, hi = int(counts["step"].min()), int(counts["step"].max())
+step_range = st.slider("Steps", lo, hi, (lo, hi), key="fail_steps") if hi > lo else (lo, hi)
+text = st.text_input("Search actions, observations and prompts", key="fail_search",
+                     placeholder="e.g. capital of")
+found = queries.search_trajectories(
+    pick.store, pick.run_id, text=text.strip(), classes=chosen or None, step_range=step_range,
+    splits=chosen_splits or None, success={"any": None, "solved": True, "failed": False}[outcome])
+st.caption(f"{len(found)} trajectories match" + (" (first 500 shown)" if len(found) >= 500 else "")
+           + ". Select a row to read it and tag it.")
+found["replay"] = [c.replay_url(pick, s, t) for s, t in zip(found["step"], found["traj_id"])]
+event = st.dataframe(found, key="fail_results", hide_index=True, on_select="rerun",
+                     selection_mode="single-row",
+                     column_config={"replay": st.column_config.LinkColumn("replay", display_text="open")})
+rows = event.selection.rows if event else []
+if rows:
+    sel = found.iloc[rows[0]]
+    st.subheader(f"Trajectory {c.safe_label(sel['traj_id'])}")
+    c.replay_link(pick, int(sel["step"]), sel["traj_id"])
+    _panels.trajectory_panel(pick, sel["traj_id"], int(sel["step"]))
+
+ids = found["traj_id"].tolist()
+d1, d2 = st.columns(2)
+d1.download_button("Export matches as JSONL", key="fail_export_jsonl", disabled=not ids,
+                   data=lambda: queries.export_trajectories(pick.store, pick.run_id, ids, "jsonl"),
+                   file_name=f"{c.safe_label(pick.run_id)}-trajectories.jsonl",
+                   mime="application/jsonl")
+d2.download_button("Export matches as Parquet", key="fail_export_parquet", disabled=not ids,
+                   data=lambda: queries.export_trajectories(pick.store, pick.run_id, ids, "parquet"),
+                   file_name=f"{c.safe_label(pick.run_id)}-trajectories.parquet",
+                   mime="application/vnd.apache.parquet")
+
+# -- one task across steps -------------------------------------------------------------------------
+st.subheader("One task across steps")
+tasks = queries.task_ids(pick.store, pick.run_id)
+if tasks:
+    task = st.selectbox("Task", tasks, key="fail_task", format_func=str)
+    history = queries.task_history(pick.store, pick.run_id, task)
+    solved = history[history["successes"] > 0]
+    st.caption("First solved at step " + str(int(solved["step"].iloc[0])) if not solved.empty
+               else "Never solved in this run.")
+    st.dataframe(history, key="fail_task_history", hide_index=True)
+
+# -- SQL --------------------------------------------------------------------------------------------
+st.subheader("SQL (read-only)")
+_panels.sql_box(pick)

@@ -1,0 +1,81 @@
+"""Groups: all rollouts of one task at one step side by side, with the credit each one got."""
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from pages import _common as c
+from pages import _credit
+
+c.ensure_app()
+pick = c.picked()
+st.title("Groups")
+if pick.step is None:
+    c.stop("This run recorded no trajectories (metrics only): no groups to compare.")
+groups = c.read_or_stop(c.load_groups, pick.store, pick.run_id, pick.last_step, pick.step)
+if groups.empty:
+    c.stop(f"Step {pick.step} recorded no groups.")
+
+info = groups.set_index("group_id")
+group_id = st.selectbox("Group (one task, its G rollouts)", groups["group_id"].tolist(),
+                        key="group", bind="query-params", format_func=str)
+g = info.loc[group_id]
+st.caption(f"task {c.safe_label(g['task_id'])} · {int(g['size'])} rollouts · "
+           f"{int(g['successes'])} solved · reward mean {g['reward_mean']:.3f}, std {g['reward_std']:.3f}")
+summary = groups.assign(zero_variance=groups["reward_std"] == 0)
+with st.expander(f"All {len(groups)} groups of step {pick.step}"):
+    st.dataframe(summary, key="groups_all", hide_index=True)
+if g["reward_std"] == 0:
+    st.warning("Zero reward variance: every rollout got the same reward, so GRPO, Dr.GRPO and RLOO "
+               "give all of them advantage 0 and this group teaches the policy nothing.")
+if g["filtered"]:
+    st.info("Filtered out by StarPO-S (or |A| too small): recorded, but dropped from the update.")
+
+trajs = c.load_trajectories(pick.store, pick.run_id, pick.last_step, pick.step, group_id)
+ids = trajs["traj_id"].tolist()
+turns = c.load_turns(pick.store, pick.run_id, tuple(ids))
+
+# -- actions per turn, aligned --------------------------------------------------------------------
+st.subheader("Actions per turn")
+diverge = _credit.divergence_turn(turns, ids)
+st.caption("Rollouts first diverge at turn " + (str(diverge) if diverge is not None else
+                                                  "- (never: all took the same actions)"))
+if turns.empty:
+    st.info("These trajectories recorded no turns.")
+else:
+    field = st.radio("Show", ["action", "observation"], key="groups_field", horizontal=True)
+    grid = turns.pivot_table(index="turn", columns="traj_id", values=field, aggfunc="first")
+    grid = grid.reindex(columns=ids).fillna("").map(lambda s: s if len(s) < 400 else s[:400] + " ...")
+
+    def mark(row):
+        return ["background-color: rgba(255,190,0,0.3)" if row.name == diverge else "" for _ in row]
+
+    st.dataframe(grid.style.apply(mark, axis=1), key="groups_grid")
+
+# -- credit -----------------------------------------------------------------------------------------
+st.subheader("Credit: stored advantage vs. what each estimator would give")
+table = _credit.outcome_table(trajs)
+comps = c.reward_components(pick.store, pick.run_id, ids)
+table = table.join(comps, how="left")
+table["success"] = trajs.set_index("traj_id")["success"]
+table["filtered"] = trajs.set_index("traj_id")["filtered"]
+table["replay"] = [c.replay_url(pick, pick.step, t) for t in table.index]
+st.dataframe(table, key="groups_credit", column_config={
+    "replay": st.column_config.LinkColumn("replay", display_text="open")})
+st.caption("GRPO: (r - mean)/(std + 1e-6) · Dr.GRPO: r - mean · RLOO: r - mean of the others. "
+           "An all-equal group gets 0 from each.")
+
+if not turns.empty:
+    cfg = pick.config
+    gamma, weight = float(cfg.get("gigpo_gamma", 0.95)), float(cfg.get("gigpo_weight", 1.0))
+    steps = _credit.gigpo_steps(trajs, turns, gamma=gamma, weight=weight)
+    st.markdown(f"**GiGPO step level** (γ = {gamma:g}, w = {weight:g}): turns that acted from an "
+                "identical observation share an anchor and are compared with each other.")
+    stored = turns[["traj_id", "turn", "advantage"]].rename(columns={"advantage": "stored turn advantage"})
+    steps = steps.merge(stored, on=["traj_id", "turn"], how="left")
+    shared = steps.groupby("anchor")["traj_id"].transform("size")
+    st.dataframe(steps.assign(anchor_size=shared), key="groups_gigpo", hide_index=True)
+
+with st.expander("Open a rollout in Replay"):
+    for tid in ids:
+        c.replay_link(pick, pick.step, tid)

@@ -1,0 +1,128 @@
+"""Replay: one trajectory turn by turn, its outcome, and every token of its context."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import streamlit as st
+
+from pages import _common as c
+from pages import _tokens
+
+c.ensure_app()
+pick = c.picked()
+st.title("Replay")
+if pick.step is None:
+    c.stop("This run recorded no trajectories (metrics only): nothing to replay.")
+trajs = c.read_or_stop(c.load_trajectories, pick.store, pick.run_id, pick.last_step, pick.step)
+if trajs.empty:
+    c.stop(f"Step {pick.step} recorded no trajectories.")
+
+traj_id = st.selectbox("Trajectory", trajs["traj_id"].tolist(), key="traj",
+                       bind="query-params", format_func=str)
+row = trajs.set_index("traj_id").loc[traj_id].to_dict()
+cols = st.columns(5)
+cols[0].metric("Reward", f"{row['reward']:.3f}" if pd.notna(row["reward"]) else "-")
+cols[1].metric("Advantage", f"{row['advantage']:.3f}" if pd.notna(row["advantage"]) else "-")
+cols[2].metric("Success", "yes" if row["success"] else "no")
+cols[3].metric("Turns", int(row["num_turns"]) if pd.notna(row["num_turns"]) else 0)
+cols[4].metric("Failure class", c.safe_label(row["failure_class"] or ("-" if row["success"] else "unclassified")))
+st.caption(f"group {c.safe_label(row['group_id'])} · task {c.safe_label(row['task_id'])} · "
+           f"split {c.safe_label(row['split'])} · finish {c.safe_label(row['finish_reason'])}"
+           + (" · filtered out of the update (StarPO-S)" if row["filtered"] else ""))
+if row.get("prompt"):
+    with st.expander("Prompt (the task as the model was asked it)"):
+        st.code(row["prompt"], language=None, wrap_lines=True)
+
+# -- turn by turn -----------------------------------------------------------------------------------
+turns = c.load_turns(pick.store, pick.run_id, (traj_id,))
+n = len(turns)
+
+
+def move(delta: int) -> None:
+    st.session_state["turn"] = min(max(int(st.session_state.get("turn") or 0) + delta, 0), n - 1)
+
+
+def show_turn(t: dict) -> None:
+    left, right = st.columns(2)
+    with left:
+        st.markdown(f"**Action** · {c.safe_label(t['action_type'])}"
+                    + (" · invalid" if t["action_valid"] is False else "")
+                    + (" · cut by the token limit" if t["action_truncated"] else ""))
+        st.code(t["action"] or "", language=None, wrap_lines=True)
+    with right:
+        st.markdown("**Observation**" + (" · truncated" if t["obs_truncated"] else ""))
+        st.code(t["observation"] or "(none)", language=None, wrap_lines=True)
+    if t["error"]:
+        st.error("The environment reported an error on this turn:")
+        st.code(t["error"], language=None, wrap_lines=True)
+    if t["state_diff"]:
+        st.markdown("**State diff** (rows the action changed)")
+        try:
+            st.json(json.loads(t["state_diff"]), expanded=True)
+        except ValueError:
+            st.code(t["state_diff"], language=None)
+
+
+def turn_player() -> None:
+    if st.session_state.get("replay_play") and int(st.session_state.get("turn") or 0) < n - 1:
+        move(+1)
+    if n > 1:
+        if st.session_state.get("turn") is not None and st.session_state["turn"] > n - 1:
+            st.session_state["turn"] = n - 1
+        b1, b2, b3 = st.columns([1, 1, 6])
+        b1.button("◀ Prev", key="replay_prev", on_click=move, args=(-1,))
+        b2.button("Next ▶", key="replay_next", on_click=move, args=(+1,))
+        turn = b3.slider("Turn", 0, n - 1, key="turn", bind="query-params")
+    else:
+        turn = 0
+    st.caption(f"Turn {turn + 1} of {n}")
+    show_turn(turns.iloc[turn].to_dict())
+
+
+st.subheader("Turns")
+if n == 0:
+    st.info("This trajectory recorded no turns.")
+else:
+    playing = st.toggle("Play (advance one turn per second)", key="replay_play")
+    st.fragment(turn_player, run_every=1.0 if playing else None)()
+
+# -- outcome ----------------------------------------------------------------------------------------
+st.subheader("Outcome")
+left, right = st.columns(2)
+with left:
+    comps = c.reward_components(pick.store, pick.run_id, [traj_id])
+    if comps.empty or comps.shape[1] == 0:
+        st.info("No reward components recorded for this trajectory.")
+    else:
+        st.dataframe(comps.T.rename(columns={traj_id: "value"}), key="replay_rewards")
+with right:
+    st.markdown("**Answer**")
+    st.code(str(row["answer"]) if row.get("answer") is not None else "(no answer)", language=None)
+    if row.get("golds"):
+        st.markdown("**Gold**")
+        st.code(str(row["golds"]), language=None)
+tests = c.load_tests(pick.store, pick.run_id, (traj_id,))
+if not tests.empty:
+    st.markdown(f"**Tests** · {int(tests['passed'].sum())} of {len(tests)} passed")
+    st.dataframe(tests.drop(columns="traj_id"), key="replay_tests", hide_index=True)
+
+# -- tokens -----------------------------------------------------------------------------------------
+st.subheader("Tokens")
+tokens = c.load_tokens(pick.store, pick.run_id, traj_id)
+if tokens.empty:
+    st.info("No token records for this trajectory (imported runs carry text only).")
+else:
+    mode = st.selectbox("Colour by", list(_tokens.MODES), key="replay_colour")
+    column = _tokens.MODES[mode]
+    if column and tokens[column].isna().all():
+        st.info(f"This run recorded no {column} values; showing the tokens uncoloured.")
+    st.caption(_tokens.LEGEND[mode] + ". Hover a token for its exact values.")
+    st.html(_tokens.token_html(tokens, mode))
+    lint = _tokens.mask_lint(tokens, turns)
+    st.markdown("**Mask lint**")
+    if lint.empty:
+        st.success("Loss mask consistent: only the model's own tokens were trained; no turn was cut.")
+    else:
+        st.warning(f"{len(lint)} mask or length issue(s) in this trajectory.")
+        st.dataframe(lint, key="replay_lint", hide_index=True)

@@ -1,0 +1,100 @@
+"""Runs: every run of every store with status, key metrics and sparklines; overlay and diff runs."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from pages import _common as c
+from storage import queries
+
+c.ensure_app()
+SPARK_METRICS = ("reward/mean", "success/rate")
+
+
+@st.cache_data(ttl=c.RUN_TTL_S, show_spinner=False)
+def series(store: str, run_ids: tuple[str, ...], last_steps: tuple[int, ...],
+           names: tuple[str, ...]) -> pd.DataFrame:
+    return queries.metric_series(store, list(run_ids), list(names))
+
+
+@st.cache_data(ttl=c.RUN_TTL_S, show_spinner=False)
+def metric_names(store: str, run_id: str, last_step: int) -> list[str]:
+    return sorted(queries.metrics(store, run_id)["name"].unique())
+
+
+def run_frame(table: pd.DataFrame) -> pd.DataFrame:
+    """The runs table with config columns, last metric values and sparkline lists."""
+    rows = []
+    for store, part in table.groupby("store", sort=False):
+        last = tuple(int(x) if pd.notna(x) else -1 for x in part["last_step"])
+        long = series(store, tuple(part["run_id"]), last, SPARK_METRICS)
+        for run in part.to_dict("records"):
+            cfg = queries.run_config(run["config"])
+            row = {"run": f"{run['name']}", "status": run["shown_status"],
+                   "env": cfg.get("env"), "model": cfg.get("model"), "algo": cfg.get("algo"),
+                   "source": run.get("source"), "last step": run["last_step"],
+                   "created": run["created_at"], "store": store, "run_id": run["run_id"]}
+            for name in SPARK_METRICS:
+                vals = long[(long["run_id"] == run["run_id"]) & (long["name"] == name)]["value"]
+                row[name] = vals.tolist()
+                row[f"last {name}"] = vals.iloc[-1] if len(vals) else None
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+st.title("Runs")
+table = c.run_table()
+for bad in table[table["run_id"].isna()].to_dict("records") if not table.empty else []:
+    st.warning("A store could not be read:")
+    st.code(str(bad.get("error")), language=None)
+table = table[table["run_id"].notna()] if not table.empty else table
+if table.empty:
+    c.stop("No runs yet. Every DuckDB store under " + ", ".join(queries.store_dirs())
+           + " is listed here; start a run on the Train page or with `python -m core.train`.")
+
+frame = run_frame(table)
+st.dataframe(frame, key="runs_table", hide_index=True, column_config={
+    name: st.column_config.LineChartColumn(name, width="small") for name in SPARK_METRICS
+} | {"run_id": st.column_config.TextColumn("run_id", width="small")})
+st.caption("A 'running' run whose trainer has not written for "
+           f"{queries.STALE_AFTER_S // 60} minutes is shown as 'interrupted'.")
+
+st.subheader("Compare runs")
+labels = {i: f"{r['run']} ({r['run_id']})" for i, r in frame.iterrows()}
+chosen = st.multiselect("Runs to overlay", list(labels), format_func=labels.get,
+                        key="runs_compare", default=list(labels)[:1])
+if not chosen:
+    c.stop("Pick one or more runs to overlay their curves and compare their configs.")
+picked = frame.loc[chosen]
+last_of = {i: int(v) if pd.notna(v) else -1 for i, v in picked["last step"].items()}
+names = sorted({n for i, r in picked.iterrows() for n in metric_names(r.store, r.run_id, last_of[i])})
+if names:
+    metric = st.selectbox("Metric", names, key="runs_metric",
+                          index=names.index("reward/mean") if "reward/mean" in names else 0)
+    fig = go.Figure()
+    for i, r in picked.iterrows():
+        long = series(r.store, (r.run_id,), (last_of[i],), (metric,))
+        fig.add_trace(go.Scatter(x=long["step"], y=long["value"], mode="lines+markers",
+                                 name=labels[i]))
+    fig.update_layout(title=metric, xaxis_title="step", yaxis_title=metric, height=360)
+    st.plotly_chart(fig, key="runs_overlay")
+else:
+    st.info("The chosen runs recorded no metrics.")
+
+configs = {labels[i]: queries.run_config(table.set_index(["store", "run_id"]).loc[
+    (frame.at[i, "store"], frame.at[i, "run_id"]), "config"]) for i in chosen}
+if len(configs) == 1:
+    st.json(next(iter(configs.values())), expanded=False)
+else:
+    keys = sorted(set().union(*configs.values()))
+    diff = pd.DataFrame({name: [json.dumps(cfg.get(k), default=str) for k in keys]
+                         for name, cfg in configs.items()}, index=keys)
+    differing = diff[diff.nunique(axis=1) > 1]
+    st.markdown("**Config keys that differ**")
+    if differing.empty:
+        st.success("The chosen runs have identical configs.")
+    else:
+        st.dataframe(differing, key="runs_diff")

@@ -1,0 +1,107 @@
+"""Train: a form with presets that starts `python -m core.train` as its own process, then
+follows it: progress, live curves, log tail, and a stop button."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from core.config import ALGOS, ENVS, MODELS, PRESETS, ConfigError, TrainConfig
+from pages import _common as c
+from pages import _jobs
+from storage import db, queries
+
+c.ensure_app()
+st.title("Train")
+FIELDS = {  # form field -> (label, kind)
+    "env": ("Environment", ENVS), "model": ("Model", MODELS), "algo": ("Algorithm", ALGOS),
+    "group_size": ("Group size G", int), "tasks_per_step": ("Tasks per step", int),
+    "max_turns": ("Max turns", int), "temperature": ("Temperature", float),
+    "lr": ("Learning rate", float), "lora_rank": ("LoRA rank", int), "steps": ("RL steps", int),
+    "sft_steps": ("SFT steps", int), "seed": ("Seed", int),
+}
+
+
+def apply_preset() -> None:
+    values = {**TrainConfig().to_dict(), **PRESETS.get(st.session_state["train_preset"], {})}
+    for name in FIELDS:
+        st.session_state[f"train_{name}"] = values[name]
+
+
+presets = ["workshop-demo"] + [p for p in PRESETS if p != "workshop-demo"] + ["(defaults)"]
+preset = st.selectbox("Preset", presets, key="train_preset", on_change=apply_preset)
+if "train_env" not in st.session_state:
+    apply_preset()
+st.caption("workshop-demo: the bandit task on the tiny model, small enough to finish in minutes "
+           "on a laptop CPU. Runs are recorded in " + str(_jobs.store_path()) + ".")
+
+with st.form("train_form"):
+    cols = st.columns(3)
+    values = {}
+    for i, (name, (label, kind)) in enumerate(FIELDS.items()):
+        box = cols[i % 3]
+        if isinstance(kind, tuple):
+            values[name] = box.selectbox(label, kind, key=f"train_{name}")
+        elif kind is int:
+            values[name] = box.number_input(label, step=1, key=f"train_{name}")
+        else:
+            values[name] = box.number_input(label, format="%g", step=None, key=f"train_{name}")
+    run_name = st.text_input("Run name", key="train_name", value="demo",
+                             help="letters, digits, '.', '_' and '-'")
+    submitted = st.form_submit_button("Launch training", key="train_launch")
+
+if submitted:
+    try:
+        cfg = TrainConfig.from_dict({**PRESETS.get(preset, {}), **values})
+        job = _jobs.launch(cfg, run_name)
+    except (ConfigError, _jobs.JobError) as exc:
+        st.error("Not launched:")
+        st.code(str(exc), language=None)
+    else:
+        st.success(f"Started job {job['pid']}.")
+
+
+def run_row(job: dict) -> dict | None:
+    """The job's run in its store (the newest one with its name), if recorded yet."""
+    try:
+        runs = queries.runs(job["db"])
+    except db.StoreError:
+        return None
+    runs = runs[runs["name"] == job["name"]]
+    return None if runs.empty else runs.iloc[0].to_dict()
+
+
+def job_panel() -> None:
+    job = _jobs.current()
+    if job is None:
+        st.info("No training job started yet.")
+        return
+    state = "running" if job["alive"] else "ended"
+    code = _jobs.exit_code(job)
+    st.markdown(f"**Job** `{c.safe_label(job['name'])}` · pid {job['pid']} · {state}"
+                + (f" · exit code {code}" if code is not None else ""))
+    run = run_row(job)
+    total = max(int(job.get("total_steps") or 1), 1)
+    done = int(run["last_step"]) if run and run["last_step"] is not None and run["last_step"] == run["last_step"] else 0
+    st.progress(min(done / total, 1.0), text=f"step {done} of {total}"
+                + (f" · run {run['shown_status']}" if run else " · starting (loading the model)"))
+    if run:
+        wide = queries.metrics(job["db"], run["run_id"], ["reward/mean", "success/rate", "sft/loss"])
+        if not wide.empty:
+            fig = go.Figure([go.Scatter(x=part["step"], y=part["value"], mode="lines+markers", name=n)
+                             for n, part in wide.groupby("name")])
+            fig.update_layout(height=280, xaxis_title="step", margin={"t": 10, "b": 30})
+            st.plotly_chart(fig, key="train_live")
+    if job["alive"] and st.button("Stop after the current step", key="train_stop"):
+        _jobs.stop(job)
+        st.info("Stop requested: the trainer records the current step, then exits.")
+    st.markdown("**Log**")
+    st.code(_jobs.log_tail(job) or "(empty)", language=None)
+    if not job["alive"] and st.session_state.get("_train_was_alive"):
+        st.session_state["_train_was_alive"] = False
+        st.rerun()  # the job ended: redraw once without the auto-refresh
+    st.session_state["_train_was_alive"] = job["alive"]
+
+
+st.subheader("Current job")
+current = _jobs.current()
+st.fragment(job_panel, run_every=2.0 if current and current["alive"] else None)()
