@@ -71,7 +71,8 @@ def _shorten(payload: Any) -> str:
 
 
 def tool_text(name: str, arguments: dict[str, Any]) -> str:
-    return "<tool>" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "</tool>"
+    call = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"<tool>{call}</tool>"
 
 
 def user_message(world, instruction: str) -> str:
@@ -239,8 +240,8 @@ class AppsEpisode:
         return Outcome(score=passed / len(tests), success=passed == len(tests), answer=self.answer,
                        process=sum(own) / len(own) if own else 0.0, tests=tests,
                        info={"collateral": collateral, "num_tests": len(tests),
-                             "calls": self.counts["calls"], "doc_lookups": self.counts["doc_lookups"],
-                             "errors": self.counts["errors"], "template": self.template.name})
+                             **{k: self.counts[k] for k in ("calls", "doc_lookups", "errors")},
+                             "template": self.template.name})
 
     def expert_action(self) -> str:
         """The scripted expert: the template's plan of API calls, each preceded by a docs lookup

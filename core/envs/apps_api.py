@@ -6,7 +6,7 @@ description and typed parameters; ``call_api`` is the single entry point used by
 Bad calls raise ``ApiError`` with a message meant for the agent (which endpoint, which
 argument, what was expected): the environment turns it into an error observation.
 
-The endpoints themselves live in ``apps_endpoints.py``; importing it fills ``ENDPOINTS``.
+The endpoints live in ``apps_endpoints*.py``; importing ``apps_endpoints`` fills ``ENDPOINTS``.
 """
 from __future__ import annotations
 
@@ -105,7 +105,8 @@ def _type_ok(value: Any, type_: str) -> bool:
 def check_arguments(ep: Endpoint, arguments: Any) -> dict[str, Any]:
     """The arguments with defaults filled in, or ApiError naming the first problem."""
     if not isinstance(arguments, dict):
-        raise ApiError(f"{ep.name}: 'arguments' must be a JSON object, got {type(arguments).__name__}")
+        raise ApiError(f"{ep.name}: 'arguments' must be a JSON object, "
+                       f"got {type(arguments).__name__}")
     known = {p.name: p for p in ep.params}
     unknown = sorted(set(arguments) - set(known))
     if unknown:
@@ -164,6 +165,11 @@ def limit_of(value: int, most: int = 20) -> int:
     if value < 1:
         raise ApiError("argument 'limit' must be at least 1")
     return min(value, most)
+
+
+def like(text: str | None) -> str:
+    """A case-insensitive SQL LIKE pattern for 'contains text' (compare against lower(...))."""
+    return f"%{(text or '').strip().lower()}%"
 
 
 def found(row: dict | None, what: str, key: int) -> dict:

@@ -108,12 +108,14 @@ def _ended_message(rc: int | None, stderr: bytes, cpu_s: int) -> str:
 
 def run_code(code: str, handle_call: CallHandler, *, cpu_s: int = 2, wall_s: float = 6.0,
              mem_mb: int = 256, max_calls: int = 100, max_output: int = 4000,
-             guard: bool = True, preload: tuple[str, ...] = ()) -> SandboxResult:
+             guard: bool = True, preload: tuple[str, ...] = (),
+             nofile: int = 3) -> SandboxResult:
     """Run ``code`` in the sandbox; its ``apis.app.endpoint(**kw)`` calls go to handle_call.
 
     ``guard=False`` skips layers 1 and 4 so tests can probe the kernel layers on their own with
     raw Python; ``preload`` names modules imported before isolation (the chroot hides the
-    standard library afterwards). The environment always uses the defaults.
+    standard library afterwards); ``nofile`` > 3 lets such a test open sockets and files so
+    the layers behind the descriptor limit are probed too. The environment uses the defaults.
     """
     start = time.monotonic()
     if guard:
@@ -122,7 +124,8 @@ def run_code(code: str, handle_call: CallHandler, *, cpu_s: int = 2, wall_s: flo
             return SandboxResult("", refused)
     root = tempfile.mkdtemp(prefix="apps-code-")
     job = {"code": code, "guard": guard, "cpu_s": cpu_s, "mem_mb": mem_mb, "root": root,
-           "max_calls": max_calls, "max_output": max_output, "preload": list(preload)}
+           "max_calls": max_calls, "max_output": max_output, "preload": list(preload),
+           "nofile": nofile}
     proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", CHILD], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root, env={},
                             start_new_session=True, close_fds=True)
@@ -136,7 +139,8 @@ def run_code(code: str, handle_call: CallHandler, *, cpu_s: int = 2, wall_s: flo
             result.error = (f"TimeoutError: wall time limit of {wall_s:g} s exceeded" if timed_out
                             else _ended_message(proc.returncode, _stderr_tail(proc), cpu_s))
         else:
-            result.output, result.error = str(done.get("output", ""))[:max_output + 40], done.get("error")
+            result.output = str(done.get("output", ""))[:max_output + 40]
+            result.error = done.get("error")
             result.layers = [str(x) for x in done.get("layers", [])][:20]
     finally:
         _kill(proc)
@@ -171,8 +175,10 @@ def _converse(proc, job, handle_call, deadline, max_calls, result) -> dict | Non
                 if msg.get("done"):
                     return msg
                 result.calls += 1
-                ok, value = (False, f"more than {max_calls} API calls") if result.calls > max_calls \
-                    else handle_call(msg.get("call"), msg.get("args"))
+                if result.calls > max_calls:  # the child counts too; this holds if it lies
+                    ok, value = False, f"more than {max_calls} API calls"
+                else:
+                    ok, value = handle_call(msg.get("call"), msg.get("args"))
                 reply = {"ok": value} if ok else {"error": str(value)}
                 if not _write_all(stdin_fd, (json.dumps(reply) + "\n").encode(), deadline):
                     return None

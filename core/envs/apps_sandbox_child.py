@@ -2,9 +2,9 @@
 
     python -I -S apps_sandbox_child.py          (stdin/stdout are pipes to the parent)
 
-It imports the project nothing. Protocol, one JSON object per line: the parent writes the job
-``{"code", "guard", "cpu_s", "mem_mb", "max_calls", "max_output", "preload"}`` then one
-``{"ok": result}`` or ``{"error": message}`` per API request; the child writes
+It imports nothing from the project. Protocol, one JSON object per line: the parent writes the job
+``{"code", "guard", "cpu_s", "mem_mb", "max_calls", "max_output", "preload", "nofile", "root"}``
+then one ``{"ok": result}`` or ``{"error": message}`` per API request; the child writes
 ``{"call": name, "args": {...}}`` per API call and finally
 ``{"done": true, "output": printed text, "error": message or null, "layers": [...]}``.
 
@@ -114,10 +114,12 @@ def isolate(job: dict, root: str) -> list:
     if libc is not None and libc.prctl(38, 1, 0, 0, 0) == 0:  # PR_SET_NO_NEW_PRIVS
         layers.append("no_new_privs")
     cpu = int(job["cpu_s"])
-    mem = int(job["mem_mb"]) << 20
-    limits = {"cpu": (resource.RLIMIT_CPU, (cpu, cpu + 1)), "core": (resource.RLIMIT_CORE, (0, 0)),
-              "as": (resource.RLIMIT_AS, (mem, mem)), "fsize": (resource.RLIMIT_FSIZE, (0, 0)),
-              "nofile": (resource.RLIMIT_NOFILE, (3, 3)), "nproc": (resource.RLIMIT_NPROC, (0, 0))}
+    mem, nofile = int(job["mem_mb"]) << 20, int(job.get("nofile", 3))
+    limits = {"cpu": (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+              "core": (resource.RLIMIT_CORE, (0, 0)), "as": (resource.RLIMIT_AS, (mem, mem)),
+              "fsize": (resource.RLIMIT_FSIZE, (0, 0)),
+              "nofile": (resource.RLIMIT_NOFILE, (nofile, nofile)),
+              "nproc": (resource.RLIMIT_NPROC, (0, 0))}
     for name, (kind, value) in limits.items():
         try:
             resource.setrlimit(kind, value)

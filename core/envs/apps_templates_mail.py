@@ -162,7 +162,8 @@ class ReplyLatest(Template):
         subject = rng.choice(("Plans for Friday", "The report draft", "Dinner next week?"))
         key = _inbox(world, c["email"], subject, "What do you think?", rng.randrange(10, 25),
                      rng.random() < 0.5)
-        return {**person_params(c), "email_id": key, "subject": subject, "text": rng.choice(REPLIES)}
+        return {**person_params(c), "email_id": key, "subject": subject,
+                "text": rng.choice(REPLIES)}
 
     def instruction(self, p):
         return (f"Reply to the most recent email from {p['first']} {p['last']} with exactly this "
@@ -180,7 +181,8 @@ class ReplyLatest(Template):
     def plan(self, p):
         return [Call("contacts.search_contacts", {"query": f"{p['first']} {p['last']}"}),
                 Call("email.search_emails", {"sender": p["email"]}),
-                Call("email.reply_to_email", {"email_id": p["email_id"], "body": p["text"]})], "done"
+                Call("email.reply_to_email", {"email_id": p["email_id"],
+                                              "body": p["text"]})], "done"
 
 
 @template

@@ -113,7 +113,8 @@ class RequestDecision(Template):
 
     def plan(self, p):
         decide = "wallet.pay_request" if p["pay"] else "wallet.decline_request"
-        return [Call("wallet.list_payment_requests", {"direction": "received", "status": "pending"}),
+        return [Call("wallet.list_payment_requests", {"direction": "received",
+                                                      "status": "pending"}),
                 Call(decide, {"request_id": p["request_id"]})], "done"
 
 

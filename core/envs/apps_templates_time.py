@@ -31,7 +31,8 @@ class DinnerCheck(Template):
         c = pick_contacts(world, rng)[0]
         date = day(world.now, 1)
         lo, hi = at(date, "12:00"), at(date, "18:00")
-        for row in world.store.rows("SELECT id FROM events WHERE start >= ? AND start < ?", (lo, hi)):
+        busy = world.store.rows("SELECT id FROM events WHERE start >= ? AND start < ?", (lo, hi))
+        for row in busy:
             world.store.delete("events", row["id"])
         count = rng.choice((0, 0, 1, 2, 3))
         for start in sorted(rng.sample(range(12 * 60, 18 * 60, 30), count)):

@@ -62,7 +62,8 @@ class Store:
         self.conn = sqlite3.connect(":memory:")
         self.conn.row_factory = sqlite3.Row
         for table, cols in SCHEMA.items():
-            self.conn.execute(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY AUTOINCREMENT, {cols})")
+            self.conn.execute(f"CREATE TABLE {table} "
+                              f"(id INTEGER PRIMARY KEY AUTOINCREMENT, {cols})")
         self.log: list[dict[str, Any]] = []
 
     @staticmethod
@@ -87,7 +88,8 @@ class Store:
         enc = self._encode(values)
         cols = ", ".join(enc)
         marks = ", ".join("?" for _ in enc)
-        cur = self.conn.execute(f"INSERT INTO {table} ({cols}) VALUES ({marks})", tuple(enc.values()))
+        cur = self.conn.execute(f"INSERT INTO {table} ({cols}) VALUES ({marks})",
+                                tuple(enc.values()))
         key = int(cur.lastrowid)
         self.log.append({"table": table, "op": "insert", "key": key, "before": None,
                          "after": self.get(table, key)})
@@ -251,7 +253,8 @@ def generate_world(seed: int) -> World:
         store.insert("todos", {"title": title, "list_name": rng.choice(TODO_LISTS),
                                "due": fmt_time(due), "priority": rng.randrange(1, 4),
                                "completed": int(done),
-                               "completed_at": fmt_time(now - timedelta(hours=3)) if done else None})
+                               "completed_at": fmt_time(now - timedelta(hours=3)) if done
+                               else None})
     store.insert("wallet", {"balance_cents": rng.randrange(800_00, 3000_00)})
     for _ in range(rng.randrange(25, 41)):
         p = rng.choice(people)
