@@ -142,6 +142,9 @@ def prepare(path: str | Path, where: str | None = None) -> list[str]:
     """
     path = Path(path)
     where = where or str(path)
+    if path.is_dir():
+        raise StoreError(f"{where} is a directory, not a store file (a Parquet export is "
+                         "read-only)")
     if path.exists():
         with db.reading(path) as con:
             version = _store_version(con, where)

@@ -13,6 +13,7 @@ records nothing (``DummyWandb``-style: no ``if recorder:`` in the trainer).
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,6 +28,8 @@ STEP_TABLES = ("metrics", "trajectories", "rewards", "turns", "tokens", "grad_st
 JSON_COLUMNS = {"trajectories": ("golds", "info"), "turns": ("parsed", "state_diff")}
 RUN_STATUSES = ("running", "finished", "failed", "stopped")
 
+RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
 Rows = pd.DataFrame | list[Mapping[str, Any]] | Mapping[str, Any] | None
 
 
@@ -36,6 +39,14 @@ def now() -> datetime:
 
 def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` if it is safe as one path component (exports derive directories from it)."""
+    if not isinstance(run_id, str) or not RUN_ID_RE.fullmatch(run_id):
+        raise ValueError(f"run id {run_id!r} must be 1-128 letters, digits, '.', '_' or '-', "
+                         "starting with a letter or digit")
+    return run_id
 
 
 def _to_json(value: Any) -> Any:
@@ -94,7 +105,7 @@ class Recorder:
     # -- run lifecycle -------------------------------------------------------------------------
     def start_run(self, config: Mapping[str, Any], name: str | None = None,
                   run_id: str | None = None, source: str = "trainer") -> str:
-        self.run_id = run_id or new_run_id()
+        self.run_id = check_run_id(run_id) if run_id else new_run_id()
         with self._tx() as con:
             con.execute(
                 "INSERT INTO runs (run_id, name, created_at, status, config, updated_at, source) "

@@ -1,0 +1,268 @@
+"""Readers for other trainers' rollout dumps, turning each sample into a generic record
+(storage/interchange.py), so their runs can be debugged here.
+
+* ``verl``: the files of ``trainer.rollout_data_dir`` — ``{step}.jsonl``, one sample per line,
+  ``{"input", "output", "gts", "score", "step", ...extra reward fields}`` — a directory of them
+  or one file. Search-R1 and RAGEN runs are verl runs.
+* ``trl``: TRL's completion logs ``completions_{step:05d}.parquet`` (columns ``step``, ``prompt``,
+  ``completion``, one column per reward function, ``advantage``, sometimes ``mode``) — a
+  directory (searched recursively) or one file.
+
+What is reconstructed, and how:
+* Turns: text inside ``<information>...</information>`` (Search-R1's retrieval results) is an
+  observation, the text between is the model's action; without such blocks the whole output is one
+  action. An action's type is its first ``<search>``/``<answer>`` element (Search-R1's rule); in an
+  output that uses these tags, an action with neither is invalid. Chat-message completions
+  (TRL, conversational) give one turn per assistant message, tool/user messages being observations.
+* Groups: identical prompts at the same step form a group (``task_id`` is a hash of the prompt).
+* Rewards: ``score`` (verl) or ``reward`` (TRL; else the sum of the reward-function columns, NaN
+  skipped as TRL does) is the trajectory's reward. Numeric extra fields are components, named
+  ``outcome``/``format``/``cost``/``process`` when their name says so (``format_reward`` ->
+  ``format``, ``accuracy``/``acc``/``correctness``/``em`` -> ``outcome``), else kept as named.
+* Success: a ``success``/``acc``/``correct`` field if present (> 0), else reward >= 1 (exact-match
+  style rewards); the trajectory's ``info.import_notes`` says which.
+* ``traj_id`` is ``{file}:{line or row}``: importing the same dump again finds the same ids.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+from storage.interchange import MAX_LINE_BYTES, LineError, read_json_lines
+
+INFO_RE = re.compile(r"<information>.*?</information>", re.DOTALL)
+ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+TAG_RE = re.compile(r"</?(search|answer|information|think)>")
+ALIASES = {"outcome": ("outcome", "accuracy", "acc", "correctness", "correct", "exact_match", "em"),
+           "format": ("format", "formatting"), "cost": ("cost",), "process": ("process", "prm")}
+SUCCESS_FIELDS = ("success", "acc", "accuracy", "correct")
+
+
+# -- shared helpers ------------------------------------------------------------------------------------
+def standard_component(name: str) -> str | None:
+    """The standard component a reward field's name denotes, if any (``format_reward`` -> format)."""
+    base = name.lower().rsplit("/", 1)[-1]
+    base = re.sub(r"_(reward|rewards|score|func|fn)$", "", base)
+    return next((std for std, names in ALIASES.items() if base in names), None)
+
+
+def task_id_of(prompt: str) -> str:
+    return "p" + hashlib.sha1(prompt.encode("utf-8", "replace")).hexdigest()[:12]
+
+
+def split_tagged(output: str) -> tuple[list[dict], str | None]:
+    """Turns of a Search-R1/RAGEN-style output, and its final answer (last <answer> element)."""
+    tagged = bool(TAG_RE.search(output))
+    turns, start = [], 0
+    for block in INFO_RE.finditer(output):
+        turns.append({"action": output[start:block.start()], "observation": block.group(0)})
+        start = block.end()
+    if start < len(output) or not turns:
+        turns.append({"action": output[start:], "observation": ""})
+    for turn in turns:
+        if tagged:
+            match = ACTION_RE.search(turn["action"])
+            turn["action_type"] = match.group(1) if match else "invalid"
+            turn["action_valid"] = match is not None
+    answers = ANSWER_RE.findall(output)
+    return turns, answers[-1].strip() if answers else None
+
+
+def components_and_info(extra: dict[str, Any], notes: list[str]) -> tuple[dict, dict, bool | None]:
+    """Split extra fields into reward components, info, and an explicit success flag."""
+    components, info, success = {}, {}, None
+    for key, value in extra.items():
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if key.lower() in SUCCESS_FIELDS and isinstance(value, (bool, int, float)) and success is None:
+            if not (isinstance(value, float) and math.isnan(value)):
+                success = bool(value > 0)
+        if numeric:
+            if isinstance(value, float) and not math.isfinite(value):
+                continue  # TRL logs NaN for "not applicable"
+            std = standard_component(key)
+            name = std if std and std not in components else key
+            if name != key:
+                notes.append(f"reward field {key!r} recorded as component {name!r}")
+            components[name] = float(value)
+        else:
+            info[key] = value
+    return components, info, success
+
+
+def _finish(rec: dict, components: dict, info: dict, success: bool | None, notes: list[str]) -> dict:
+    if components:
+        rec["rewards"] = components
+    if success is None:
+        success = rec["reward"] >= 1.0
+        notes.append("success inferred as reward >= 1")
+    rec["success"] = success
+    if notes:
+        info["import_notes"] = notes
+    if info:
+        rec["info"] = info
+    return rec
+
+
+def _files(path: Path, pattern: str) -> list[Path]:
+    if path.is_dir():
+        return sorted(path.rglob(pattern), key=lambda p: (len(p.parts), str(p)))
+    return [path]
+
+
+def _name(path: Path, root: Path) -> str:
+    rel = path.relative_to(root) if root.is_dir() else Path(path.name)
+    return rel.with_suffix("").as_posix()
+
+
+def _step_from_name(path: Path) -> int:
+    digits = re.findall(r"\d+", path.stem)
+    return int(digits[-1]) if digits else 0
+
+
+# -- verl ------------------------------------------------------------------------------------------------
+def verl_record(obj: Any, traj_id: str, default_step: int) -> dict:
+    if not isinstance(obj, dict):
+        raise LineError("line must be a JSON object")
+    for key, kinds in (("input", str), ("output", str)):
+        if not isinstance(obj.get(key), kinds):
+            raise LineError(f"field '{key}' must be a string, got "
+                            f"{'null' if obj.get(key) is None else type(obj.get(key)).__name__}")
+    score = obj.get("score")
+    if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+        raise LineError(f"field 'score' must be a finite number, got {score!r:.40}")
+    step = obj.get("step", default_step)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise LineError(f"field 'step' must be a non-negative integer, got {step!r:.40}")
+    notes: list[str] = []
+    extra = {k: v for k, v in obj.items() if k not in ("input", "output", "gts", "score", "step")}
+    components, info, success = components_and_info(extra, notes)
+    turns, answer = split_tagged(obj["output"])
+    rec = {"traj_id": traj_id, "task_id": task_id_of(obj["input"]), "step": step,
+           "prompt": obj["input"], "turns": turns, "reward": float(score),
+           "finish_reason": "answered" if answer is not None else None}
+    if answer is not None:
+        rec["answer"] = answer
+    if obj.get("gts") is not None:
+        rec["golds"] = obj["gts"]
+    return _finish(rec, components, info, success, notes)
+
+
+def read_verl(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[str, Any]]:
+    """(where, generic record or LineError) for every sample of a verl rollout dump."""
+    root = Path(path)
+    for file in _files(root, "*.jsonl"):
+        name = _name(file, root)
+        for lineno, obj in read_json_lines(file, max_line_bytes):
+            where = f"{file.name}:{lineno}"
+            if isinstance(obj, LineError):
+                yield where, obj
+                continue
+            try:
+                yield where, verl_record(obj, f"{name}:{lineno}", _step_from_name(file))
+            except LineError as exc:
+                yield where, exc
+
+
+# -- TRL -------------------------------------------------------------------------------------------------
+def _message_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # multimodal parts
+        return "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)
+
+
+def _messages(value: Any) -> list[dict] | None:
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value):
+        return value
+    return None
+
+
+def chat_turns(messages: list[dict]) -> list[dict]:
+    """One turn per assistant message; the messages after it (tool, user) are its observation."""
+    turns: list[dict] = []
+    for m in messages:
+        text = _message_text(m.get("content"))
+        if m.get("role") == "assistant":
+            turns.append({"action": text, "observation": ""})
+        elif turns:
+            turns[-1]["observation"] += f"{m.get('role')}: {text}\n"
+    return turns or [{"action": "", "observation": ""}]
+
+
+def trl_record(row: dict, traj_id: str, default_step: int, reward_cols: list[str]) -> dict:
+    prompt, completion = row.get("prompt"), row.get("completion")
+    prompt_msgs, completion_msgs = _messages(prompt), _messages(completion)
+    if prompt_msgs is not None:
+        prompt = "".join(f"{m['role']}: {_message_text(m.get('content'))}\n" for m in prompt_msgs)
+    if not isinstance(prompt, str):
+        raise LineError(f"column 'prompt' must be text or chat messages, got {type(prompt).__name__}")
+    if completion_msgs is None and not isinstance(completion, str):
+        raise LineError(f"column 'completion' must be text or chat messages, got "
+                        f"{type(completion).__name__}")
+    notes: list[str] = []
+    extra = {k: v for k, v in row.items() if k not in ("prompt", "completion", "step", "advantage",
+                                                        "mode", "reward")}
+    extra = {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in extra.items()}
+    components, info, success = components_and_info(extra, notes)
+    total = row.get("reward")
+    if not isinstance(total, (int, float)) or isinstance(total, bool) or not math.isfinite(total):
+        total = sum(v for c in reward_cols if isinstance(v := row.get(c), (int, float))
+                    and math.isfinite(v))
+        notes.append("reward = sum of the reward-function columns")
+    if completion_msgs is not None:
+        turns, answer = chat_turns(completion_msgs), None
+    else:
+        turns, answer = split_tagged(completion)
+    step = row.get("step", default_step)
+    try:
+        step = int(step)
+    except (TypeError, ValueError):
+        raise LineError(f"column 'step' must be an integer, got {step!r:.40}") from None
+    rec = {"traj_id": traj_id, "task_id": task_id_of(prompt), "step": step, "prompt": prompt,
+           "turns": turns, "reward": float(total),
+           "split": "eval" if row.get("mode") == "eval" else "train"}
+    advantage = row.get("advantage")
+    if isinstance(advantage, (int, float)) and math.isfinite(advantage):
+        rec["advantage"] = float(advantage)
+    if answer is not None:
+        rec["answer"], rec["finish_reason"] = answer, "answered"
+    return _finish(rec, components, info, success, notes)
+
+
+def read_trl(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[str, Any]]:
+    """(where, generic record or LineError) for every logged completion of a TRL run."""
+    import pyarrow.parquet as pq
+    root = Path(path)
+    for file in _files(root, "completions_*.parquet"):
+        name = _name(file, root)
+        try:
+            frame = pq.read_table(file).to_pandas()
+        except Exception as exc:
+            yield file.name, LineError(f"not a readable Parquet file: {exc}")
+            continue
+        missing = [c for c in ("prompt", "completion") if c not in frame.columns]
+        if missing:
+            yield file.name, LineError(f"missing column(s) {missing}; found {list(frame.columns)}")
+            continue
+        reward_cols = [c for c in frame.columns if c not in ("step", "advantage", "reward")
+                       and frame[c].dtype.kind in "fiu"]
+        if "reward" not in frame.columns and not reward_cols:
+            yield file.name, LineError("no reward column (neither 'reward' nor a numeric "
+                                       "reward-function column)")
+            continue
+        for i, row in enumerate(frame.to_dict("records")):
+            where = f"{file.name}:row {i}"
+            try:
+                yield where, trl_record(row, f"{name}:{i}", _step_from_name(file), reward_cols)
+            except LineError as exc:
+                yield where, exc
+
+
+READERS = {"verl": read_verl, "trl": read_trl}

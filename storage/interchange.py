@@ -1,0 +1,306 @@
+"""The generic trajectory format: one JSON object per line, any agent's trajectories.
+
+A line (only ``traj_id``, ``task_id``, ``turns`` and ``reward`` are required)::
+
+    {"traj_id": "q17-a", "task_id": "q17", "group_id": "q17@step3", "step": 3, "split": "train",
+     "prompt": "Who wrote Dune?",
+     "turns": [{"action": "<search>Dune author</search>",
+                "observation": "<information>Doc 1(Title: Dune) ... Frank Herbert ...</information>",
+                "action_valid": true, "action_type": "search"},
+               {"action": "<answer>Frank Herbert</answer>", "observation": ""}],
+     "reward": 1.0, "rewards": {"outcome": 1.0, "format": 0.0, "cost": 0.0, "process": 0.0},
+     "advantage": 0.71, "success": true, "finish_reason": "answered",
+     "answer": "Frank Herbert", "golds": ["Frank Herbert"],
+     "tokens": [{"text": "Who", "role": "prompt"}, {"text": " wrote", "role": "prompt"}, ...,
+                {"text": "<search>", "role": "action", "trained": true, "logprob": -0.12,
+                 "token_id": 27, "turn": 0}, ...],
+     "info": {"any": "JSON"}, "run": {"env": "search", "model": "...", "algo": "grpo"}}
+
+Rules, so every page can show an imported run:
+
+* ``rewards`` holds named components. ``outcome``, ``format``, ``cost`` and ``process`` are
+  recorded for every trajectory: without ``rewards`` the whole ``reward`` is the outcome and the
+  other three are 0.0; a listed-but-missing one of the four is recorded as 0.0. Either way the
+  trajectory's ``info.import_notes`` says so. Other component names are recorded as they are.
+* ``tokens`` is optional. Without it the context is rebuilt from the text — prompt, then each
+  turn's action and observation — split into whitespace-led pieces (``" word"``), with role
+  ``prompt``/``action``/``observation``, ``trained`` = (role is ``action``), ``token_id`` and
+  ``logprob`` NULL. Concatenating ``text`` by ``pos`` gives the full context either way; the
+  pieces are not the model's tokens, and pages that need logprobs say they are missing.
+* ``group_id`` defaults to ``"{step}:{task_id}"`` (same task at the same step = one group);
+  ``step`` to 0, ``split`` to ``train``, ``observation`` to ``""``.
+* ``run`` (the run's configuration) is read from the first line that has it.
+* Unknown top-level keys are kept under ``info.extra``. NaN/Infinity are refused.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any, Callable, Iterator
+
+ROLES = ("prompt", "action", "observation")
+STANDARD_COMPONENTS = ("outcome", "format", "cost", "process")
+MAX_ID_CHARS = 256
+MAX_LINE_BYTES = 16 * 1024 * 1024
+
+
+class LineError(ValueError):
+    """What is wrong with one input line (the caller adds where it was)."""
+
+
+# -- reading lines ---------------------------------------------------------------------------------
+def read_json_lines(path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed object or LineError) for each non-blank line; never loads a huge line."""
+    with open(path, "rb") as f:
+        lineno = 0
+        while True:
+            line = f.readline(max_line_bytes + 1)
+            if not line:
+                return
+            lineno += 1
+            if len(line) > max_line_bytes and not line.endswith(b"\n"):
+                while (more := f.readline(1 << 20)) and not more.endswith(b"\n"):
+                    pass  # skip the rest of the oversized line
+                yield lineno, LineError(f"line longer than the limit of {max_line_bytes} bytes")
+                continue
+            if line.strip():
+                yield lineno, parse_json(line)
+
+
+def _refuse_constant(name: str):
+    raise LineError(f"{name} is not a JSON number")
+
+
+def parse_json(line: bytes) -> Any:
+    try:
+        text = line.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as exc:
+        return LineError(f"not UTF-8 text (bad byte at offset {exc.start})")
+    try:
+        obj = json.loads(text, parse_constant=_refuse_constant)
+        if "\\u" in text:  # escapes can smuggle lone surrogates, which are not UTF-8 text
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        return obj
+    except UnicodeEncodeError:
+        return LineError("a string holds a lone UTF-16 surrogate (not valid Unicode text)")
+    except json.JSONDecodeError as exc:
+        return LineError(f"not valid JSON: {exc.msg} at character {exc.pos + 1}")
+    except LineError as exc:
+        return exc
+    except RecursionError:
+        return LineError("JSON nested too deeply")
+
+
+# -- validation -----------------------------------------------------------------------------------
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _check(value: Any, kind: str, where: str) -> Any:
+    """``value`` if it is of ``kind``, else LineError naming the field."""
+    ok = {
+        "str": isinstance(value, str),
+        "id": isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS,
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "sint": isinstance(value, int) and not isinstance(value, bool),
+        "num": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "bool": isinstance(value, bool),
+        "dict": isinstance(value, dict),
+        "list": isinstance(value, list),
+        "json": True,
+    }[kind]
+    if not ok:
+        wanted = {"id": f"a non-empty string of at most {MAX_ID_CHARS} characters",
+                  "str": "a string", "int": "an integer", "sint": "an integer", "num": "a number", "bool": "true/false",
+                  "dict": "an object", "list": "a list"}[kind]
+        raise LineError(f"field '{where}' must be {wanted}, got {_type_name(value)}")
+    if kind == "num":
+        value = float(value)
+        if not math.isfinite(value):
+            raise LineError(f"field '{where}' must be a finite number")
+    if kind == "int" and not 0 <= value < 2**31:
+        raise LineError(f"field '{where}' must be between 0 and 2^31-1, got {value}")
+    if kind == "sint" and not -2**31 <= value < 2**31:
+        raise LineError(f"field '{where}' must be a 32-bit integer, got {value}")
+    return value
+
+
+# field -> (kind, required); a None value of an optional field means "absent"
+TOP_FIELDS = {
+    "traj_id": ("id", True), "task_id": ("id", True), "turns": ("list", True),
+    "reward": ("num", True), "group_id": ("id", False), "step": ("int", False),
+    "split": ("id", False), "prompt": ("str", False), "rewards": ("dict", False),
+    "advantage": ("num", False), "success": ("bool", False), "finish_reason": ("str", False),
+    "answer": ("str", False), "golds": ("json", False), "info": ("dict", False),
+    "tokens": ("list", False), "run": ("dict", False), "failure_class": ("str", False),
+    "filtered": ("bool", False), "grad_norm": ("num", False), "response_tokens": ("int", False),
+    "rank": ("int", False),
+}
+TURN_FIELDS = {
+    "action": ("str", True), "observation": ("str", False), "action_valid": ("bool", False),
+    "action_type": ("str", False), "error": ("str", False), "parsed": ("json", False),
+    "state_diff": ("json", False), "obs_truncated": ("bool", False),
+    "action_truncated": ("bool", False), "latency_s": ("num", False),
+    "advantage": ("num", False), "step_reward": ("num", False),
+}
+TOKEN_FIELDS = {
+    "text": ("str", True), "role": ("str", True), "trained": ("bool", False),
+    "logprob": ("num", False), "token_id": ("int", False), "turn": ("sint", False),
+    "advantage": ("num", False), "entropy": ("num", False), "new_logprob": ("num", False),
+    "ref_logprob": ("num", False), "value": ("num", False),
+}
+
+
+def _fields(obj: Any, spec: dict, where: str, keep_extra: bool) -> dict:
+    if not isinstance(obj, dict):
+        raise LineError(f"{where or 'line'} must be a JSON object, got {_type_name(obj)}")
+    out = {}
+    for name, (kind, required) in spec.items():
+        value = obj.get(name)
+        if value is None:
+            if required:
+                raise LineError(f"missing field '{where}{name}'")
+            continue
+        out[name] = _check(value, kind, where + name)
+    if keep_extra:
+        extra = {k: v for k, v in obj.items() if k not in spec}
+        if extra:
+            out["extra"] = extra
+    return out
+
+
+def validate(obj: Any) -> dict:
+    """A normalised trajectory record, or LineError saying which field is wrong and how."""
+    rec = _fields(obj, TOP_FIELDS, "", keep_extra=True)
+    rec["turns"] = [_fields(t, TURN_FIELDS, f"turns[{i}].", False) for i, t in enumerate(rec["turns"])]
+    if "tokens" in rec:
+        rec["tokens"] = [_fields(t, TOKEN_FIELDS, f"tokens[{i}].", False)
+                         for i, t in enumerate(rec["tokens"])]
+        for i, tok in enumerate(rec["tokens"]):
+            if tok["role"] not in ROLES:
+                raise LineError(f"field 'tokens[{i}].role' must be one of {ROLES}, "
+                                f"got {tok['role']!r}")
+    for name, value in rec.get("rewards", {}).items():
+        _check(name, "id", "rewards (a component name)")
+        rec["rewards"][name] = _check(value, "num", f"rewards.{name}")
+    return rec
+
+
+# -- to table rows ------------------------------------------------------------------------------------
+def pieces(text: str) -> list[str]:
+    """Whitespace-led pieces whose concatenation is exactly ``text``."""
+    return re.findall(r"\s*\S+|\s+", text)
+
+
+def reward_components(rec: dict, notes: list[str]) -> dict[str, float]:
+    given = rec.get("rewards")
+    if not given:
+        notes.append("no reward components given: outcome = reward, format = cost = process = 0")
+        return {"outcome": rec["reward"], "format": 0.0, "cost": 0.0, "process": 0.0}
+    out = dict(given)
+    missing = [c for c in STANDARD_COMPONENTS if c not in out]
+    if missing:
+        notes.append(f"missing reward components recorded as 0.0: {', '.join(missing)}")
+        out.update({c: 0.0 for c in missing})
+    return out
+
+
+def _derived_tokens(rec: dict) -> list[dict]:
+    toks = [{"text": p, "role": "prompt", "turn": -1} for p in pieces(rec.get("prompt") or "")]
+    for i, turn in enumerate(rec["turns"]):
+        toks += [{"text": p, "role": "action", "turn": i} for p in pieces(turn["action"])]
+        toks += [{"text": p, "role": "observation", "turn": i}
+                 for p in pieces(turn.get("observation") or "")]
+    return toks
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, ensure_ascii=False)
+
+
+def to_rows(rec: dict, classify: Callable | None = None) -> dict[str, list[dict]]:
+    """Rows for trajectories, rewards, turns and tokens (without run_id) of one valid record."""
+    step, tid = rec.get("step", 0), rec["traj_id"]
+    notes: list[str] = []
+    info = dict(rec.get("info") or {})
+    if rec.get("extra"):
+        info["extra"] = rec["extra"]
+    components = reward_components(rec, notes)
+    tokens, derived = rec.get("tokens"), "tokens" not in rec
+    if derived:
+        tokens = _derived_tokens(rec)
+        notes.append("tokens rebuilt from text (whitespace pieces; no token ids or logprobs)")
+    turns = [{"traj_id": tid, "step": step, "turn": i, "observation": "", **t}
+             for i, t in enumerate(rec["turns"])]
+    for t in turns:
+        t["parsed"], t["state_diff"] = _json(t.get("parsed")), _json(t.get("state_diff"))
+    advantage = rec.get("advantage")
+    token_rows = []
+    for pos, tok in enumerate(tokens):
+        trained = tok.get("trained", tok["role"] == "action")
+        row = {"traj_id": tid, "step": step, "pos": pos, **tok, "trained": trained}
+        if derived and trained:
+            row["advantage"] = advantage  # given tokens carry their own advantages, or none
+        token_rows.append(row)
+    failure_class = rec.get("failure_class")
+    if failure_class is None and classify is not None:
+        failure_class = _classify(classify, rec, turns, info, notes)
+    if notes:
+        info["import_notes"] = list(info.get("import_notes", [])) + [
+            n for n in notes if n not in info.get("import_notes", [])]
+    traj = {"traj_id": tid, "step": step, "group_id": rec.get("group_id", f"{step}:{rec['task_id']}"),
+            "task_id": rec["task_id"], "reward": rec["reward"], "advantage": advantage,
+            "success": rec.get("success"), "num_turns": len(turns),
+            "finish_reason": rec.get("finish_reason"), "split": rec.get("split", "train"),
+            "rank": rec.get("rank", 0), "prompt": rec.get("prompt"), "answer": rec.get("answer"),
+            "golds": _json(rec.get("golds")), "failure_class": failure_class,
+            "filtered": rec.get("filtered", False), "grad_norm": rec.get("grad_norm"),
+            "response_tokens": rec.get("response_tokens",
+                                       sum(1 for t in token_rows if t["trained"])),
+            "info": _json(info or None)}
+    rewards = [{"traj_id": tid, "step": step, "component": c, "value": v}
+               for c, v in components.items()]
+    return {"trajectories": [traj], "rewards": rewards, "turns": turns, "tokens": token_rows}
+
+
+def _classify(classify: Callable, rec: dict, turns: list[dict], info: dict, notes: list[str]):
+    try:
+        return classify(turns, success=rec.get("success"), finish_reason=rec.get("finish_reason"),
+                        answer=rec.get("answer"), info=info)
+    except Exception as exc:  # a rule tripping on foreign data must not lose the trajectory
+        notes.append(f"failure classification failed: {type(exc).__name__}: {exc}")
+        return None
+
+
+# -- from table rows (export) ---------------------------------------------------------------------------
+TRAJ_OPTIONAL = ("group_id", "step", "split", "prompt", "advantage", "success", "finish_reason",
+                 "answer", "golds", "info", "failure_class", "filtered", "grad_norm",
+                 "response_tokens", "rank")
+
+
+def _clean(row: dict, drop: tuple[str, ...]) -> dict:
+    out = {}
+    for key, value in row.items():
+        if key in drop or value is None or (isinstance(value, float) and math.isnan(value)):
+            continue
+        out[key] = value
+    return out
+
+
+def from_rows(traj: dict, turns: list[dict], rewards: list[dict], tokens: list[dict]) -> dict:
+    """The generic record of one stored trajectory (the inverse of ``to_rows``)."""
+    rec = {"traj_id": traj["traj_id"], "task_id": traj["task_id"]}
+    for key in TRAJ_OPTIONAL:
+        value = traj.get(key)
+        if key in ("golds", "info") and value is not None:
+            value = json.loads(value)
+        rec[key] = value
+    rec["turns"] = [_clean(dict(t, parsed=json.loads(t["parsed"]) if t.get("parsed") else None,
+                                state_diff=json.loads(t["state_diff"]) if t.get("state_diff")
+                                else None), ("run_id", "step", "traj_id", "turn"))
+                    for t in turns]
+    rec["reward"] = traj["reward"]
+    rec["rewards"] = {r["component"]: r["value"] for r in rewards}
+    rec["tokens"] = [_clean(t, ("run_id", "step", "traj_id", "pos")) for t in tokens]
+    return _clean(rec, ())

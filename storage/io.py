@@ -1,0 +1,340 @@
+"""Import trajectories into a store, and export runs out of it.
+
+    python -m storage.io import FILE --db PATH [--format jsonl|verl|trl] [--run-name NAME]
+                                    [--run-id ID] [--replace]
+    python -m storage.io export --db PATH --run RUN_ID --out FILE [--format jsonl|parquet]
+                                [--partitioned] [--split S] [--success true|false]
+                                [--failure-class C] [--step-min N] [--step-max N]
+
+Import (formats: storage/interchange.py for the generic JSONL, storage/dumps.py for verl and TRL)
+reads the input once, validating each line; every bad line is reported with where it is and what
+is wrong, and good lines still import. Valid trajectories are written in batches, each batch one
+transaction holding all their rows (trajectories, rewards, turns, tokens), so no trajectory is
+ever half-written. The run id is derived from the file's path unless ``--run-id`` is given, so a
+rerun imports into the same run; trajectories already there (same ``traj_id``) are skipped, or
+replaced with ``--replace``. Exit status 1 if any line failed, 2 if nothing could be read.
+
+Export (storage/export.py) writes one run, or a filtered selection of its trajectories, as
+generic JSONL (export -> import round trips), as one flattened Parquet file, or with
+``--partitioned`` as a hive-style Parquet directory partitioned by run and step.
+
+Paths given on the command line are the user's own and are used as given; run ids are checked
+(storage.recorder.check_run_id) before any directory is derived from them, and a run *name* is
+only ever displayed.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import duckdb
+import pyarrow as pa
+
+from storage import db
+from storage.dumps import READERS
+from storage.interchange import MAX_LINE_BYTES, LineError, read_json_lines, to_rows, validate
+from storage.migrations import prepare
+from storage.recorder import check_run_id, now
+
+FORMATS = ("jsonl", "verl", "trl")
+TRAJ_TABLES = ("trajectories", "rewards", "turns", "tokens")
+MAX_REPORTED_ERRORS = 1000
+ARROW_TYPES = {"VARCHAR": pa.string(), "JSON": pa.string(), "INTEGER": pa.int32(),
+               "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(), "TIMESTAMP": pa.timestamp("us")}
+
+
+# == import ======================================================================================
+@dataclass
+class ImportReport:
+    run_id: str
+    source: str
+    format: str
+    lines: int = 0
+    imported: int = 0
+    skipped: int = 0
+    replaced: int = 0
+    failed: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def fail(self, where: str, message: str) -> None:
+        self.failed += 1
+        if len(self.errors) < MAX_REPORTED_ERRORS:
+            self.errors.append(f"{where}: {message}")
+
+    def summary(self) -> str:
+        return (f"{self.source}: {self.lines} records read, {self.imported} imported, "
+                f"{self.skipped} already present (skipped), {self.replaced} replaced, "
+                f"{self.failed} failed -> run {self.run_id}")
+
+
+def default_run_id(source: Path) -> str:
+    """``import-{name}-{hash of the resolved path}``: the same file imports into the same run."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", source.stem).strip("-._")[:40] or "file"
+    digest = hashlib.sha1(str(source.resolve()).encode("utf-8", "replace")).hexdigest()[:8]
+    return f"import-{slug}-{digest}"
+
+
+def guess_format(source: Path) -> str:
+    if source.is_dir():
+        if any(source.rglob("completions_*.parquet")):
+            return "trl"
+        return "verl"
+    if source.suffix == ".parquet":
+        return "trl"
+    for _, obj in read_json_lines(source):  # sniff the first line
+        if isinstance(obj, dict) and {"input", "output", "score"} <= obj.keys() \
+                and "traj_id" not in obj:
+            return "verl"
+        break
+    return "jsonl"
+
+
+def _read_generic(path: Path, max_line_bytes: int) -> Iterator[tuple[str, Any]]:
+    for lineno, obj in read_json_lines(path, max_line_bytes):
+        yield f"line {lineno}", obj
+
+
+def _classifier():
+    try:  # written elsewhere; optional so imports work before/without it
+        from core.failures import classify
+    except ImportError:
+        return None
+    return classify
+
+
+def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
+                run_name: str | None = None, run_id: str | None = None, replace: bool = False,
+                batch_size: int = 200, max_line_bytes: int = MAX_LINE_BYTES) -> ImportReport:
+    """Import ``source`` into the store at ``db_path``; see the module docstring."""
+    source = Path(source)
+    if not source.exists():
+        raise FileNotFoundError(f"no such file or directory: {source}")
+    fmt = fmt or guess_format(source)
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
+    run_id = check_run_id(run_id) if run_id else default_run_id(source)
+    prepare(db_path)
+    report = ImportReport(run_id, source.name, fmt)
+    reader = READERS.get(fmt, _read_generic)
+    classify, first_seen, batch = _classifier(), {}, []
+    run = {"name": run_name or source.stem, "config": None, "created": False}
+    for where, obj in reader(source, max_line_bytes):
+        report.lines += 1
+        try:
+            if isinstance(obj, LineError):
+                raise obj
+            rec = validate(obj)
+            if rec["traj_id"] in first_seen:
+                raise LineError(f"duplicate traj_id {rec['traj_id']!r} "
+                                f"(first at {first_seen[rec['traj_id']]})")
+            first_seen[rec["traj_id"]] = where
+            if run["config"] is None and "run" in rec:
+                run["config"] = rec["run"]
+            batch.append((where, to_rows(rec, classify)))
+        except LineError as exc:
+            report.fail(where, str(exc))
+        if len(batch) >= batch_size:
+            _write(db_path, run_id, fmt, run, batch, replace, report)
+            batch = []
+    if batch:
+        _write(db_path, run_id, fmt, run, batch, replace, report)
+    _finish_import(db_path, run_id, fmt, run, report)
+    return report
+
+
+def _insert(con, table: str, rows: list[dict], run_id: str) -> None:
+    """One batched insert with types taken from the table (no guessing from the values)."""
+    if not rows:
+        return
+    types = dict(con.execute("SELECT column_name, data_type FROM information_schema.columns "
+                             "WHERE table_name = ?", [table]).fetchall())
+    names = list(dict.fromkeys(k for r in rows for k in r))
+    schema = pa.schema([(n, ARROW_TYPES[types[n]]) for n in names])
+    arrow = pa.Table.from_pylist(rows, schema=schema)
+    arrow = arrow.append_column("run_id", pa.array([run_id] * len(rows), pa.string()))
+    con.register("_import_rows", arrow)
+    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _import_rows")
+    con.unregister("_import_rows")
+
+
+def _ensure_run(con, run_id: str, fmt: str, run: dict) -> None:
+    if con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone():
+        return
+    config = {"env": "unknown", "model": "unknown", "algo": "unknown", **(run["config"] or {})}
+    con.execute("INSERT INTO runs (run_id, name, created_at, status, config, updated_at, source) "
+                "VALUES (?, ?, ?, 'running', ?, ?, ?)",
+                [run_id, run["name"], now(), json.dumps(config, default=str), now(),
+                 f"import:{fmt}"])
+    run["created"] = True
+
+
+WRITE_ERRORS = (duckdb.Error, pa.ArrowException, ValueError, TypeError, KeyError)
+
+
+def _write(db_path, run_id, fmt, run, batch, replace, report) -> None:
+    """Write a batch in one transaction; if it fails, each trajectory alone, reporting the bad."""
+    try:
+        with db.writing(db_path) as con:
+            counts = _write_rows(con, run_id, fmt, run, batch, replace)
+        _count(report, counts)
+        return
+    except WRITE_ERRORS:
+        pass  # find the culprit(s) below; the batch's transaction was rolled back whole
+    for item in batch:
+        try:
+            with db.writing(db_path) as con:
+                counts = _write_rows(con, run_id, fmt, run, [item], replace)
+            _count(report, counts)
+        except WRITE_ERRORS as exc:
+            report.fail(item[0], f"could not be stored: {type(exc).__name__}: {exc}")
+
+
+def _count(report: ImportReport, counts: tuple[int, int, int]) -> None:
+    report.imported += counts[0]
+    report.replaced += counts[1]
+    report.skipped += counts[2]
+
+
+def _write_rows(con, run_id, fmt, run, batch, replace) -> tuple[int, int, int]:
+    """Insert a batch's rows; (new, replaced, skipped) trajectories."""
+    _ensure_run(con, run_id, fmt, run)
+    ids = [rows["trajectories"][0]["traj_id"] for _, rows in batch]
+    present = {r[0] for r in con.execute(
+        "SELECT traj_id FROM trajectories WHERE run_id = ? AND traj_id IN (SELECT unnest(?))",
+        [run_id, ids]).fetchall()}
+    if present and replace:
+        for table in (*TRAJ_TABLES, "test_results"):
+            con.execute(f"DELETE FROM {table} WHERE run_id = ? AND traj_id IN (SELECT unnest(?))",
+                        [run_id, list(present)])
+    elif present:
+        batch = [(w, rows) for w, rows in batch if rows["trajectories"][0]["traj_id"] not in present]
+    for table in TRAJ_TABLES:
+        _insert(con, table, [r for _, rows in batch for r in rows[table]], run_id)
+    if replace:
+        return len(batch) - len(present), len(present), 0
+    return len(batch), 0, len(present)
+
+
+DERIVED_METRICS_SQL = """
+WITH t AS (SELECT * FROM trajectories WHERE run_id = $run AND split <> 'eval'),
+g AS (SELECT step, stddev_samp(reward) AS sd FROM t GROUP BY step, group_id HAVING count(*) > 1),
+s AS (SELECT step, avg(reward) AS "reward/mean", stddev_samp(reward) AS "reward/std",
+             avg(success::DOUBLE) AS "success/rate", avg(num_turns) AS "env/turns_mean",
+             avg(response_tokens) AS "response/length_mean" FROM t GROUP BY step),
+gs AS (SELECT step, avg(sd) AS "reward/group_std_mean",
+              avg((sd = 0)::DOUBLE) AS "reward/frac_zero_std" FROM g GROUP BY step),
+wide AS (SELECT * FROM s LEFT JOIN gs USING (step))
+SELECT $run AS run_id, step, name, value FROM (UNPIVOT wide ON COLUMNS(* EXCLUDE step)
+                                               INTO NAME name VALUE value)
+UNION ALL
+SELECT $run, step, 'eval/success', avg(success::DOUBLE) FROM trajectories
+WHERE run_id = $run AND split = 'eval' AND success IS NOT NULL GROUP BY step
+"""
+
+
+def _finish_import(db_path, run_id, fmt, run, report) -> None:
+    """Provenance row; for a run that imports created: its config, metrics and final status."""
+    with db.writing(db_path) as con:
+        row = con.execute("SELECT source FROM runs WHERE run_id = ?", [run_id]).fetchone()
+        if row is None:
+            return  # nothing could be imported: no run to attach the report to
+        if row[0].startswith("import"):
+            if run["created"] and run["config"]:
+                config = {"env": "unknown", "model": "unknown", "algo": "unknown", **run["config"]}
+                con.execute("UPDATE runs SET config = ? WHERE run_id = ?",
+                            [json.dumps(config, default=str), run_id])
+            con.execute("DELETE FROM metrics WHERE run_id = ?", [run_id])
+            con.execute("INSERT INTO metrics BY NAME " + DERIVED_METRICS_SQL, {"run": run_id})
+            con.execute("UPDATE runs SET status = 'finished', updated_at = ?, "
+                        "last_step = (SELECT max(step) FROM trajectories WHERE run_id = ?) "
+                        "WHERE run_id = ?", [now(), run_id, run_id])
+        con.execute("INSERT INTO imports VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [run_id, report.source, fmt, now(), report.lines, report.imported,
+                     report.skipped, report.failed, json.dumps(report.errors[:100])])
+
+
+
+
+# == command line ================================================================================
+def _bool(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m storage.io",
+                                     description="Import trajectories into a store; export runs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    imp = sub.add_parser("import", help="import a JSONL file, a verl dump or TRL completions")
+    imp.add_argument("file", help="file, or directory (verl {step}.jsonl / TRL completions)")
+    imp.add_argument("--db", required=True, help="the DuckDB store (created if missing)")
+    imp.add_argument("--format", choices=FORMATS, help="default: guessed from the input")
+    imp.add_argument("--run-name", help="name shown in the app (default: the file's name)")
+    imp.add_argument("--run-id", help="run to import into (default: derived from the file path)")
+    imp.add_argument("--replace", action="store_true",
+                     help="replace trajectories already in the run (default: skip them)")
+    imp.add_argument("--max-line-bytes", type=int, default=MAX_LINE_BYTES)
+    exp = sub.add_parser("export", help="export a run (or a filtered selection) to JSONL/Parquet")
+    exp.add_argument("--db", required=True)
+    exp.add_argument("--run", help="run id (with --partitioned, default: every run)")
+    exp.add_argument("--out", required=True, help="output file (directory with --partitioned)")
+    exp.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
+    exp.add_argument("--partitioned", action="store_true",
+                     help="Parquet directory partitioned by run and step (hive style)")
+    exp.add_argument("--split", help="only trajectories of this split (train, eval, sft, ...)")
+    exp.add_argument("--success", type=_bool, help="only successful (true) or failed (false)")
+    exp.add_argument("--failure-class", help="only trajectories of this failure class")
+    exp.add_argument("--step-min", type=int)
+    exp.add_argument("--step-max", type=int)
+    return parser
+
+
+def _import(args) -> int:
+    report = import_file(args.file, args.db, args.format, args.run_name, args.run_id,
+                         args.replace, max_line_bytes=args.max_line_bytes)
+    for line in report.errors[:50]:
+        print(f"error: {line}", file=sys.stderr)
+    if report.failed > 50:
+        print(f"error: ... and {report.failed - 50} more", file=sys.stderr)
+    print(report.summary())
+    return 1 if report.failed else 0
+
+
+def _export(args) -> int:
+    from storage import export
+    filters = export.Filters(args.split, args.success, args.failure_class, args.step_min,
+                             args.step_max)
+    if args.partitioned:
+        counts = export.export_partitioned(args.db, args.out, [args.run] if args.run else None,
+                                           filters)
+        print(f"wrote {counts.get('trajectories', 0)} trajectories "
+              f"({sum(counts.values())} rows in all) to {args.out}")
+        return 0
+    if not args.run:
+        raise ValueError("--run is required (except with --partitioned)")
+    check_run_id(args.run)
+    write = export.export_jsonl if args.format == "jsonl" else export.export_parquet
+    print(f"wrote {write(args.db, args.run, args.out, filters)} trajectories to {args.out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _import(args) if args.command == "import" else _export(args)
+    except (db.StoreError, OSError, ValueError, duckdb.Error) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
