@@ -40,6 +40,8 @@ SPLITS = ("train", "heldout")
 ACTION = re.compile(r"<(tool|code|answer)>(.*?)</\1>", re.DOTALL)
 MAX_OBS_CHARS = 1500
 """Observations longer than this are shortened (lists lose their last items first)."""
+MAX_CODE_OUTPUT = 1000
+"""Printed output kept from one <code> action, so its observation stays whole JSON."""
 
 SYSTEM_PROMPT = (
     "You act for a user inside a world of apps (contacts, calendar, email, notes, todo, wallet). "
@@ -220,7 +222,8 @@ class AppsEpisode:
         self.counts["code_runs"] += 1
         limits = self.env.limits
         run: SandboxResult = run_code(body, self._call, cpu_s=limits["cpu_s"],
-                                      wall_s=limits["wall_s"], mem_mb=limits["mem_mb"])
+                                      wall_s=limits["wall_s"], mem_mb=limits["mem_mb"],
+                                      max_output=MAX_CODE_OUTPUT)
         payload = {"output": run.output}
         if run.error:
             payload["error"] = run.error

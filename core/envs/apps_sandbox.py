@@ -133,11 +133,16 @@ def run_code(code: str, handle_call: CallHandler, *, cpu_s: int = 2, wall_s: flo
     result = SandboxResult("", None)
     try:
         done = _converse(proc, job, handle_call, deadline, max_calls, result)
-        if done is None:
-            timed_out = time.monotonic() >= deadline
-            _kill(proc)
-            result.error = (f"TimeoutError: wall time limit of {wall_s:g} s exceeded" if timed_out
-                            else _ended_message(proc.returncode, _stderr_tail(proc), cpu_s))
+        if done == "wall":
+            result.error = f"TimeoutError: wall time limit of {wall_s:g} s exceeded"
+        elif done == "protocol":
+            result.error = "the code's process wrote something other than API calls to its pipe"
+        elif done == "died":
+            try:  # it closed its pipe: it is exiting; its exit status says why
+                proc.wait(timeout=max(0.05, min(1.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                pass
+            result.error = _ended_message(proc.returncode, _stderr_tail(proc), cpu_s)
         else:
             result.output = str(done.get("output", ""))[:max_output + 40]
             result.error = done.get("error")
@@ -149,22 +154,23 @@ def run_code(code: str, handle_call: CallHandler, *, cpu_s: int = 2, wall_s: flo
     return result
 
 
-def _converse(proc, job, handle_call, deadline, max_calls, result) -> dict | None:
-    """Serve the child's API calls until its 'done' line; None if it died, lied or ran late."""
+def _converse(proc, job, handle_call, deadline, max_calls, result) -> dict | str:
+    """Serve the child's API calls until its 'done' line (returned); else why it stopped:
+    'wall' (deadline passed), 'died' (pipe closed first), 'protocol' (garbage on the pipe)."""
     stdin_fd, stdout_fd = proc.stdin.fileno(), proc.stdout.fileno()
     os.set_blocking(stdin_fd, False)
     if not _write_all(stdin_fd, (json.dumps(job) + "\n").encode(), deadline):
-        return None
+        return "wall" if time.monotonic() >= deadline else "died"
     buf = bytearray()
     sel = selectors.DefaultSelector()
     sel.register(stdout_fd, selectors.EVENT_READ)
     try:
         while True:
             if not sel.select(max(0.0, deadline - time.monotonic())):
-                return None  # wall deadline
+                return "wall"
             chunk = os.read(stdout_fd, 65536)
             if not chunk:
-                return None  # the child died before saying it was done
+                return "died"
             buf.extend(chunk)
             while b"\n" in buf:
                 line, _, rest = bytes(buf).partition(b"\n")
@@ -181,11 +187,11 @@ def _converse(proc, job, handle_call, deadline, max_calls, result) -> dict | Non
                     ok, value = handle_call(msg.get("call"), msg.get("args"))
                 reply = {"ok": value} if ok else {"error": str(value)}
                 if not _write_all(stdin_fd, (json.dumps(reply) + "\n").encode(), deadline):
-                    return None
+                    return "wall" if time.monotonic() >= deadline else "died"
             if len(buf) > MAX_LINE_BYTES:
-                return None
-    except (ValueError, UnicodeDecodeError):  # garbage on the pipe: treat as a dead child
-        return None
+                return "protocol"
+    except (ValueError, UnicodeDecodeError, TypeError):  # not our JSON: stop listening to it
+        return "protocol"
     finally:
         sel.close()
 
