@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from core.envs.apps import MAX_OBS_CHARS, AppsEnv, tool_text
 from core.envs.apps_api import ENDPOINTS, TYPES
@@ -331,3 +332,45 @@ def test_code_with_a_syntax_error_is_invalid(episode):
 def test_environments_do_not_import_torch():
     code = "import sys, core.envs.apps; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+# ---- property: no text and no arguments crash the environment -------------------------------------
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**12) | st.floats(allow_nan=False)
+    | st.text(max_size=30), lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.text(max_size=10), inner, max_size=3), max_leaves=8)
+
+
+@settings(max_examples=80, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(sorted(ENDPOINTS)), arguments=st.dictionaries(
+    st.sampled_from(["query", "limit", "email_id", "contact_id", "to", "amount", "start", "end",
+                     "title", "body", "subject", "event_id", "todo_id", "x"]), json_values,
+    max_size=4))
+def test_any_json_arguments_give_a_result_or_a_clear_error(episode, name, arguments):
+    if episode.done:
+        episode.reset()
+    before = len(episode.world.store.log)
+    r = tool(episode, name, **arguments)
+    assert r.valid and not r.done
+    assert r.error is None or "internal error" not in r.error, r.error
+    if r.error is not None:  # a failed call changes nothing
+        assert len(episode.world.store.log) == before
+
+
+@settings(max_examples=80, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(alphabet=st.sampled_from(list('<>/{}":, toolanswercde') + ["\ud800", "é"]),
+                    max_size=60))
+def test_any_action_text_gives_a_step_result(episode, text):
+    if episode.done:
+        episode.reset()
+    r = episode.step(text)
+    assert isinstance(r.observation, str) and isinstance(r.valid, bool)
+
+
+def test_text_that_is_not_valid_unicode_is_a_clear_error(episode):
+    r = episode.step('<tool>{"name": "email.send_email", "arguments": {"to": ["a@b.test"], '
+                     '"subject": "\\ud800", "body": "x"}}</tool>')
+    assert r.valid and "not valid Unicode" in r.error
+    r.observation.encode("utf-8")  # the observation itself is valid UTF-8

@@ -56,7 +56,9 @@ SYSTEM_PROMPT = (
 
 
 def observation(payload: Any) -> str:
-    return f"\n<observation>{_shorten(payload)}</observation>\n"
+    # Echoed model text may hold lone surrogates; the context and the store need valid UTF-8.
+    text = _shorten(payload).encode("utf-8", "replace").decode("utf-8")
+    return f"\n<observation>{text}</observation>\n"
 
 
 def _shorten(payload: Any) -> str:

@@ -102,6 +102,17 @@ def _type_ok(value: Any, type_: str) -> bool:
     return isinstance(value, TYPES[type_])
 
 
+def _encodable(value: Any) -> bool:
+    """False for text with lone surrogates (JSON allows "\\ud800"; UTF-8 and SQLite do not)."""
+    try:
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str):
+                text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 def check_arguments(ep: Endpoint, arguments: Any) -> dict[str, Any]:
     """The arguments with defaults filled in, or ApiError naming the first problem."""
     if not isinstance(arguments, dict):
@@ -120,6 +131,9 @@ def check_arguments(ep: Endpoint, arguments: Any) -> dict[str, Any]:
             out[p.name] = p.default
             continue
         value = arguments[p.name]
+        if p.type in ("string", "array") and not _encodable(value):
+            raise ApiError(f"{ep.name}: argument {p.name!r} contains characters that are not "
+                           "valid Unicode (lone surrogates)")
         if not _type_ok(value, p.type):
             want = "array of strings" if p.type == "array" else p.type
             raise ApiError(f"{ep.name}: argument {p.name!r} must be {want}, "

@@ -126,9 +126,13 @@ def run_code(code: str, handle_call: CallHandler, *, cpu_s: int = 2, wall_s: flo
     job = {"code": code, "guard": guard, "cpu_s": cpu_s, "mem_mb": mem_mb, "root": root,
            "max_calls": max_calls, "max_output": max_output, "preload": list(preload),
            "nofile": nofile}
-    proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", CHILD], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root, env={},
-                            start_new_session=True, close_fds=True)
+    try:
+        proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", CHILD], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root, env={},
+                                start_new_session=True, close_fds=True)
+    except OSError as exc:  # out of processes or memory on the host: this action fails, not the run
+        shutil.rmtree(root, ignore_errors=True)
+        return SandboxResult("", f"the sandbox could not start: {exc}")
     deadline = start + wall_s
     result = SandboxResult("", None)
     try:
