@@ -62,24 +62,27 @@ def to_frame(table: str, rows: Rows) -> pd.DataFrame:
     if table == "metrics" and isinstance(rows, Mapping) and not any(
             isinstance(v, (list, tuple)) for v in rows.values()):
         rows = [{"name": k, "value": float(v)} for k, v in rows.items() if v is not None]
-    frame = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
-    for col in JSON_COLUMNS.get(table, ()):
-        if col in frame.columns:
-            frame[col] = frame[col].map(_to_json)
-    return frame
+    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+    json_cols = {c: frame[c].map(_to_json) for c in JSON_COLUMNS.get(table, ()) if c in frame}
+    return frame.assign(**json_cols) if json_cols else frame  # the caller's frame stays as it was
 
 
 def insert_frame(con, table: str, frame: pd.DataFrame, run_id: str, step: int | None) -> None:
-    """One batched ``INSERT ... BY NAME`` of ``frame`` (adds ``run_id``, and ``step`` if absent)."""
+    """One batched ``INSERT ... BY NAME`` of ``frame`` (sets ``run_id``, and ``step`` if absent).
+
+    The constants are added by DuckDB, not as pandas columns: copying a step's 30k-row frame to
+    add them cost more than the insert itself (bench/storage.py).
+    """
     if frame.empty:
         return
-    frame["run_id"] = run_id
+    select = "* EXCLUDE (run_id)" if "run_id" in frame.columns else "*"
+    select, params = f"{select}, ?::VARCHAR AS run_id", [run_id]
     if step is not None and "step" not in frame.columns:
-        frame["step"] = step
+        select, params = f"{select}, ?::INTEGER AS step", [run_id, step]
     con.register("_rows", frame)
     # Not in a ``finally``: after a failed insert the transaction is aborted and unregistering
     # would raise over the real error; the next register replaces the stale view anyway.
-    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _rows")
+    con.execute(f"INSERT INTO {table} BY NAME SELECT {select} FROM _rows", params)
     con.unregister("_rows")
 
 
