@@ -28,7 +28,8 @@ def _contact(world: World, key: int) -> dict:
     return found(world.store.get("contacts", key), "contact", key)
 
 
-@endpoint("contacts.search_contacts", "Find contacts whose name or email contains query.",
+@endpoint("contacts.search_contacts", "Find contacts whose name or email contains query "
+          "(show_contact has phone and birthday).",
           opt("query", "string", "Text in first name, last name, full name or email."),
           opt("relationship", "string", "Only this relationship, e.g. 'friend'."),
           opt("limit", "integer", "Most results (max 20).", 5), returns="list of contacts")
@@ -39,7 +40,9 @@ def search_contacts(world, query, relationship, limit):
     if relationship is not None:
         sql += " AND relationship = ?"
         params.append(relationship.strip().lower())
-    return world.store.rows(sql + " ORDER BY id LIMIT ?", (*params, limit_of(limit)))
+    rows = world.store.rows(sql + " ORDER BY id LIMIT ?", (*params, limit_of(limit)))
+    keep = ("id", "first_name", "last_name", "email", "relationship")
+    return [{k: r[k] for k in keep} for r in rows]
 
 
 @endpoint("contacts.show_contact", "One contact by id.",
@@ -100,9 +103,10 @@ def _mail(world: World, key: int) -> dict:
 
 
 def _summary(mail: dict) -> dict:
+    """A search hit: enough to pick the mail (show_email has recipients and the whole body)."""
     body = mail["body"]
-    keep = ("id", "folder", "sender", "recipients", "subject", "sent_at", "is_read")
-    return {**{k: mail[k] for k in keep}, "preview": body[:40] + ("..." if len(body) > 40 else "")}
+    keep = ("id", "folder", "sender", "subject", "sent_at", "is_read")
+    return {**{k: mail[k] for k in keep}, "preview": body[:30] + ("..." if len(body) > 30 else "")}
 
 
 @endpoint("email.search_emails", "Mails by text, sender and folder, newest first; bodies are "

@@ -88,7 +88,7 @@ def request_money(world, from_email, amount, description):
 @endpoint("wallet.list_payment_requests", "Payment requests, newest first.",
           opt("direction", "string", "sent (you asked) | received (asked of you)."),
           opt("status", "string", "pending | paid | declined."),
-          opt("limit", "integer", "Most results (max 20).", 10), returns="list of requests")
+          opt("limit", "integer", "Most results (max 20).", 5), returns="list of requests")
 def list_payment_requests(world, direction, status, limit):
     sql, params = "SELECT * FROM payment_requests WHERE 1 = 1", []
     if direction is not None:

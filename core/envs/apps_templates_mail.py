@@ -216,5 +216,5 @@ class ArchiveReadNewsletters(Template):
 
     def plan(self, p):
         calls = [Call("email.search_emails", {"sender": p["sender"], "folder": "inbox",
-                                              "limit": 20})]
+                                              "limit": 10})]
         return calls + [Call("email.archive_email", {"email_id": k}) for k in p["targets"]], "done"

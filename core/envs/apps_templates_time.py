@@ -172,8 +172,7 @@ class RescheduleEvent(Template):
                                                "end": at(date, p["new_end"])}),
                 Call("email.send_email", {
                     "to": [a["email"] for a in p["attendees"]], "subject": f"New time: {title}",
-                    "body": f"Hi all, '{title}' on {date} now starts at {p['new_start']} "
-                            f"(until {p['new_end']})."})], "done"
+                    "body": f"'{title}' on {date} now starts at {p['new_start']}."})], "done"
 
 
 RECURRING = ("Pottery class", "Chess club", "Swim practice", "French lesson", "Board game night")
