@@ -10,6 +10,7 @@ pages/_tokens.py -- never through markdown, whose links, images and HTML would b
 """
 from __future__ import annotations
 
+import html
 import re
 from dataclasses import dataclass
 
@@ -79,6 +80,25 @@ def safe_label(text, limit: int = 60) -> str:
     """Identifiers from a store (imported files choose them) reduced to inert characters, for
     labels that Streamlit renders as markdown."""
     return re.sub(r"[^A-Za-z0-9_.:@ -]", "_", str(text))[:limit]
+
+
+def text_of(value) -> str | None:
+    """A stored text value, or None for NULL / NaN / empty (pandas turns NULLs into either)."""
+    if value is None or (isinstance(value, float) and value != value):
+        return None
+    value = str(value)
+    return value if value else None
+
+
+def flag(value) -> bool:
+    """A stored boolean; NULL / NaN count as False (bool(NaN) would be True)."""
+    return value is not None and value == value and bool(value)
+
+
+def plot_text(text) -> str:
+    """Text for plotly labels: plotly renders a subset of HTML (links, <b>, <span style>) in
+    names and ticks, so data-chosen strings are escaped (plotly shows the entities as text)."""
+    return html.escape(str(text))
 
 
 def replay_link(pick: Pick, step: int, traj_id: str, label: str | None = None, key=None) -> None:

@@ -33,7 +33,7 @@ def chart(names: list[str], title: str, key: str, band: tuple[str, str] | None =
                                  line={"width": 0}, opacity=0.2, name=f"{band[0]} ± {band[1]}"))
     for n in present:
         s = wide[n].dropna()
-        fig.add_trace(go.Scatter(x=s.index, y=s.values, mode="lines+markers", name=n))
+        fig.add_trace(go.Scatter(x=s.index, y=s.values, mode="lines+markers", name=c.plot_text(n)))
     for a in alarms:
         fig.add_vline(x=a["step"], line_dash="dot", line_color="red")
     fig.update_layout(title=title, xaxis_title="step", height=300, margin={"t": 40, "b": 30})
@@ -56,7 +56,7 @@ with right:
     chart(["sft/loss", "value/loss"], "SFT and value loss", "dyn_losses")
 timings = [n for n in wide.columns if n.startswith("time/") and n != "time/step_s"]
 if timings:
-    fig = go.Figure([go.Bar(x=wide.index, y=wide[n], name=n) for n in timings])
+    fig = go.Figure([go.Bar(x=wide.index, y=wide[n], name=c.plot_text(n)) for n in timings])
     fig.update_layout(barmode="stack", title="Phase timings (s)", xaxis_title="step", height=300)
     st.plotly_chart(fig, key="dyn_timings")
 

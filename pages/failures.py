@@ -17,10 +17,11 @@ if counts.empty:
 
 # -- counts -----------------------------------------------------------------------------------------
 left, right = st.columns(2)
-per_class = counts.groupby("failure_class", as_index=False)["n"].sum().sort_values("n")
+shown = counts.assign(failure_class=counts["failure_class"].map(c.plot_text))
+per_class = shown.groupby("failure_class", as_index=False)["n"].sum().sort_values("n")
 left.plotly_chart(px.bar(per_class, x="n", y="failure_class", orientation="h", height=320,
                          title="Trajectories per failure class"), key="fail_per_class")
-per_step = counts.groupby(["step", "failure_class"], as_index=False)["n"].sum()
+per_step = shown.groupby(["step", "failure_class"], as_index=False)["n"].sum()
 right.plotly_chart(px.bar(per_step, x="step", y="n", color="failure_class", height=320,
                           title="Failure classes per step"), key="fail_per_step")
 

@@ -24,13 +24,13 @@ row = trajs.set_index("traj_id").loc[traj_id].to_dict()
 cols = st.columns(5)
 cols[0].metric("Reward", f"{row['reward']:.3f}" if pd.notna(row["reward"]) else "-")
 cols[1].metric("Advantage", f"{row['advantage']:.3f}" if pd.notna(row["advantage"]) else "-")
-cols[2].metric("Success", "yes" if row["success"] else "no")
+cols[2].metric("Success", "yes" if c.flag(row["success"]) else "no")
 cols[3].metric("Turns", int(row["num_turns"]) if pd.notna(row["num_turns"]) else 0)
-cols[4].metric("Failure class", c.safe_label(row["failure_class"] or ("-" if row["success"] else "unclassified")))
+cols[4].metric("Failure class", c.safe_label(c.text_of(row["failure_class"]) or "unclassified"))
 st.caption(f"group {c.safe_label(row['group_id'])} · task {c.safe_label(row['task_id'])} · "
            f"split {c.safe_label(row['split'])} · finish {c.safe_label(row['finish_reason'])}"
-           + (" · filtered out of the update (StarPO-S)" if row["filtered"] else ""))
-if row.get("prompt"):
+           + (" · filtered out of the update (StarPO-S)" if c.flag(row["filtered"]) else ""))
+if c.text_of(row.get("prompt")):
     with st.expander("Prompt (the task as the model was asked it)"):
         st.code(row["prompt"], language=None, wrap_lines=True)
 
@@ -49,14 +49,14 @@ def show_turn(t: dict) -> None:
         st.markdown(f"**Action** · {c.safe_label(t['action_type'])}"
                     + (" · invalid" if t["action_valid"] is False else "")
                     + (" · cut by the token limit" if t["action_truncated"] else ""))
-        st.code(t["action"] or "", language=None, wrap_lines=True)
+        st.code(c.text_of(t["action"]) or "", language=None, wrap_lines=True)
     with right:
         st.markdown("**Observation**" + (" · truncated" if t["obs_truncated"] else ""))
-        st.code(t["observation"] or "(none)", language=None, wrap_lines=True)
-    if t["error"]:
+        st.code(c.text_of(t["observation"]) or "(none)", language=None, wrap_lines=True)
+    if c.text_of(t["error"]):
         st.error("The environment reported an error on this turn:")
         st.code(t["error"], language=None, wrap_lines=True)
-    if t["state_diff"]:
+    if c.text_of(t["state_diff"]):
         st.markdown("**State diff** (rows the action changed)")
         try:
             st.json(json.loads(t["state_diff"]), expanded=True)
@@ -98,10 +98,10 @@ with left:
         st.dataframe(comps.T.rename(columns={traj_id: "value"}), key="replay_rewards")
 with right:
     st.markdown("**Answer**")
-    st.code(str(row["answer"]) if row.get("answer") is not None else "(no answer)", language=None)
-    if row.get("golds"):
+    st.code(c.text_of(row.get("answer")) or "(no answer)", language=None)
+    if c.text_of(row.get("golds")):
         st.markdown("**Gold**")
-        st.code(str(row["golds"]), language=None)
+        st.code(c.text_of(row["golds"]), language=None)
 tests = c.load_tests(pick.store, pick.run_id, (traj_id,))
 if not tests.empty:
     st.markdown(f"**Tests** · {int(tests['passed'].sum())} of {len(tests)} passed")

@@ -64,8 +64,10 @@ st.caption("A 'running' run whose trainer has not written for "
 
 st.subheader("Compare runs")
 labels = {i: f"{r['run']} ({r['run_id']})" for i, r in frame.iterrows()}
+in_sidebar = [i for i, r in frame.iterrows()
+              if (r["store"], r["run_id"]) == st.session_state.get("pick_run")]
 chosen = st.multiselect("Runs to overlay", list(labels), format_func=labels.get,
-                        key="runs_compare", default=list(labels)[:1])
+                        key="runs_compare", default=in_sidebar or list(labels)[:1])
 if not chosen:
     c.stop("Pick one or more runs to overlay their curves and compare their configs.")
 picked = frame.loc[chosen]
@@ -78,8 +80,8 @@ if names:
     for i, r in picked.iterrows():
         long = series(r.store, (r.run_id,), (last_of[i],), (metric,))
         fig.add_trace(go.Scatter(x=long["step"], y=long["value"], mode="lines+markers",
-                                 name=labels[i]))
-    fig.update_layout(title=metric, xaxis_title="step", yaxis_title=metric, height=360)
+                                 name=c.plot_text(labels[i])))
+    fig.update_layout(title=c.plot_text(metric), xaxis_title="step", height=360)
     st.plotly_chart(fig, key="runs_overlay")
 else:
     st.info("The chosen runs recorded no metrics.")

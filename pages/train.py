@@ -87,7 +87,7 @@ def job_panel() -> None:
     if run:
         wide = queries.metrics(job["db"], run["run_id"], ["reward/mean", "success/rate", "sft/loss"])
         if not wide.empty:
-            fig = go.Figure([go.Scatter(x=part["step"], y=part["value"], mode="lines+markers", name=n)
+            fig = go.Figure([go.Scatter(x=part["step"], y=part["value"], mode="lines+markers", name=c.plot_text(n))
                              for n, part in wide.groupby("name")])
             fig.update_layout(height=280, xaxis_title="step", margin={"t": 10, "b": 30})
             st.plotly_chart(fig, key="train_live")
