@@ -22,6 +22,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -196,7 +197,10 @@ def load_policy(model: str = "tiny", *, lora_rank: int = 16, lora_alpha: int = 3
         raise ValueError(f"lora_targets: modules {missing} not found in model {model!r}")
     lora = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
                       target_modules=targets, bias="none", task_type="CAUSAL_LM")
-    with _fixed_seed(seed):
+    with _fixed_seed(seed), warnings.catch_warnings():
+        # peft still calls a transformers property deprecated in favour of a new name
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*",
+                                category=FutureWarning)
         peft_model = get_peft_model(base, lora)
         head = nn.Linear(base.config.hidden_size, 1) if value_head else None
     if head is not None:

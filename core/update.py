@@ -219,7 +219,7 @@ def sft_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg) -> Upd
         lp = token_logprobs(policy, s.ids, s.mask)["logprobs"]
         s.new_logprobs = lp.detach()
         nll = -(lp * s.mask).sum() / max(total, 1)
-        losses.append(float(nll))
+        losses.append(float(nll.detach()))
         return nll, {}
 
     sft_cfg = _SftView(cfg)

@@ -1,0 +1,255 @@
+"""Trainer stages: credit assignment, the LoRA update (base frozen, adapter changed, the gradient
+pointing where the advantages say), per-trajectory gradient norms, SFT demonstrations, skipped
+updates, checkpoints, and the rollout statistics."""
+import math
+
+import pytest
+import torch
+
+from core import checkpoint
+from core.config import TrainConfig
+from core.credit import CREDIT, anchor_keys, assign, step_rewards
+from core.diagnostics import repeat_frac, rollout_metrics
+from core.envs.base import Outcome, Task, make_env
+from core.policy import load_policy, token_logprobs
+from core.rewards import score
+from core.rollout import Sampling, rollout
+from core.sft import demonstrations
+from core.trajectory import Trajectory, Turn
+from core.update import make_samples, policy_update, score_reference, sft_update
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread: on a shared 2-core machine, oversubscribed threads run many times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def env():
+    return make_env("search", seed=0, topk=2)
+
+
+def _cfg(**kw):
+    base = dict(env="search", model="tiny", algo="grpo", max_turns=1, max_new_tokens=8, lr=1e-2,
+                kl_coef=0.0)
+    return TrainConfig(**{**base, **kw})
+
+
+def _rollouts(pol, env, group_size=4, seed=0):
+    tasks = env.tasks("train", 1, 0)
+    return rollout(pol, env, tasks, group_size=group_size, seed=seed, id_prefix="s1",
+                   sampling=Sampling(max_turns=1, max_new_tokens=8, temperature=1.0))
+
+
+def _mean_action_logprob(pol, traj):
+    with torch.no_grad():
+        lp = token_logprobs(pol, torch.tensor([traj.token_ids]), torch.tensor([traj.trained]))
+    return float(lp["logprobs"][0][torch.tensor(traj.trained)].mean())
+
+
+# -- the update -----------------------------------------------------------------------------------
+def test_one_lora_step_changes_adapter_keeps_base_and_follows_advantages(env):
+    pol = load_policy("tiny", seed=0)
+    cfg = _cfg()
+    trajs = _rollouts(pol, env)
+    for t, r in zip(trajs, [1.0, 0.0, 0.0, 1.0]):  # a random model never succeeds: grade by hand
+        t.reward = r
+    before_lp = [_mean_action_logprob(pol, t) for t in trajs]
+    base = {n: p.detach().clone() for n, p in pol.model.named_parameters() if "lora_" not in n}
+    lora = {n: p.detach().clone() for n, p in pol.model.named_parameters() if "lora_" in n}
+    samples = make_samples(trajs, assign(trajs, cfg))
+    assert [t.advantage > 0 for t in trajs] == [True, False, False, True]
+    score_reference(pol, samples, cfg)
+    opt = torch.optim.AdamW(pol.trainable_parameters(), lr=cfg.lr)
+    result = policy_update(pol, opt, samples, cfg)
+
+    assert result.bad is None and result.metrics["update/steps"] == 1
+    for n, p in pol.model.named_parameters():
+        if "lora_" in n:
+            if "lora_B" in n:  # B starts at zero, A receives no gradient until B moves
+                assert not torch.equal(p, lora[n]), f"adapter {n} did not change"
+        else:
+            assert torch.equal(p, base[n]), f"base weight {n} changed"
+    after_lp = [_mean_action_logprob(pol, t) for t in trajs]
+    for t, b, a in zip(trajs, before_lp, after_lp):
+        assert (a > b) == (t.advantage > 0), "the step moves logprobs in the advantage's direction"
+    assert result.metrics["grad/norm"] > 0
+    assert math.isclose(result.metrics["policy/ratio_min"], 1.0, abs_tol=1e-3)
+    assert set(result.module_norms) == set(pol.lora_modules())
+    assert all(t.info["grad_norm"] > 0 for t in trajs)
+
+
+def test_per_trajectory_grad_norm_is_its_share_of_the_gradient(env):
+    pol = load_policy("tiny", seed=0)
+    cfg = _cfg(max_grad_norm=1e9)
+    trajs = _rollouts(pol, env, group_size=3, seed=1)
+    for t, r in zip(trajs, [1.0, 0.0, 0.0]):
+        t.reward = r
+    samples = make_samples(trajs, assign(trajs, cfg))
+    opt = torch.optim.SGD(pol.trainable_parameters(), lr=0.0)
+    result = policy_update(pol, opt, samples, cfg)
+    norms = [t.info["grad_norm"] for t in trajs]
+    assert all(n > 0 for n in norms)
+    # increments add up to the total: the global norm is at most their sum, at least the largest
+    assert max(norms) - 1e-6 <= result.metrics["grad/norm"] <= sum(norms) + 1e-6
+    # a trajectory alone: its increment is the whole gradient
+    single = make_samples(trajs[:1], assign(trajs[:1] + trajs[1:2], cfg)[:1])
+    alone = policy_update(pol, opt, single, cfg)
+    assert math.isclose(trajs[0].info["grad_norm"], alone.metrics["grad/norm"], rel_tol=1e-4)
+
+
+def test_zero_advantage_trajectories_contribute_no_gradient(env):
+    pol = load_policy("tiny", seed=0)
+    cfg = _cfg()
+    trajs = _rollouts(pol, env, group_size=2, seed=2)
+    for t in trajs:
+        t.reward = 0.5
+    samples = make_samples(trajs, assign(trajs, cfg))
+    result = policy_update(pol, torch.optim.SGD(pol.trainable_parameters(), lr=0.1), samples, cfg)
+    assert [t.info["grad_norm"] for t in trajs] == [0.0, 0.0]
+    assert result.metrics["grad/norm"] == 0.0
+
+
+def test_nonfinite_loss_skips_the_step_and_keeps_weights(env):
+    pol = load_policy("tiny", seed=0)
+    trajs = _rollouts(pol, env, group_size=2, seed=3)
+    samples = make_samples(trajs, [torch.full((len(t.token_ids),), float("nan")) for t in trajs])
+    before = [p.detach().clone() for p in pol.trainable_parameters()]
+    result = policy_update(pol, torch.optim.AdamW(pol.trainable_parameters(), lr=0.1), samples, _cfg())
+    assert result.bad and "non-finite" in result.bad
+    assert result.metrics["update/steps"] == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, pol.trainable_parameters()))
+
+
+def test_kl_to_sampling_policy_above_limit_aborts_the_update(env):
+    pol = load_policy("tiny", seed=0)
+    cfg = _cfg(ppo_epochs=3, kl_abort=1e-9, lr=5e-2)
+    trajs = _rollouts(pol, env, group_size=2, seed=4)
+    for t, r in zip(trajs, [1.0, 0.0]):
+        t.reward = r
+    samples = make_samples(trajs, assign(trajs, cfg))
+    result = policy_update(pol, torch.optim.AdamW(pol.trainable_parameters(), lr=cfg.lr), samples, cfg)
+    assert result.metrics["update/kl_aborted"] == 1.0
+    assert result.metrics["update/steps"] == 1  # the first epoch ran at ratio 1, the second aborted
+
+
+# -- SFT ------------------------------------------------------------------------------------------
+def test_sft_demonstrations_train_only_expert_actions_and_lower_the_loss(env):
+    pol = load_policy("tiny", seed=0)
+    cfg = _cfg(max_turns=3)
+    tasks = env.tasks("train", 2, 0)
+    demos = demonstrations(env, tasks, pol.tokenizer, Sampling(max_turns=3, max_obs_tokens=64),
+                           seed=0, id_prefix="s1")
+    for d in demos:
+        assert d.split == "sft" and d.outcome.success and d.finish_reason == "answered"
+        assert "".join(d.token_text) == pol.tokenizer.decode(d.token_ids)
+        assert all(tr == (role == "action") for tr, role in zip(d.trained, d.roles))
+        assert any(role == "observation" and "<information>" in text
+                   for role, text in zip(d.roles, d.token_text)) or any(
+            "<information>" in t.observation for t in d.turns)
+    with pytest.raises(ValueError, match="train tasks only"):
+        demonstrations(env, env.tasks("heldout", 1, 0), pol.tokenizer, Sampling(), 0, "x")
+    opt = torch.optim.AdamW(pol.trainable_parameters(), lr=3e-3)
+    losses = [sft_update(pol, opt, make_samples(demos), cfg).metrics["sft/loss"] for _ in range(6)]
+    assert losses[-1] < losses[0] - 0.5
+
+
+# -- credit assignment ----------------------------------------------------------------------------
+def _fake(traj_id, group, reward, turns, obs=None, task="t"):
+    """A hand-made trajectory: prompt of 2 tokens, then per turn 2 action + 1 observation tokens."""
+    t = Trajectory(traj_id=traj_id, group_id=group, task=Task(task, "q"))
+    t.token_ids, t.roles, t.trained, t.token_turn = [0, 0], ["prompt"] * 2, [False] * 2, [-1, -1]
+    for k in range(turns):
+        t.token_ids += [1, 1, 2]
+        t.roles += ["action", "action", "observation"]
+        t.trained += [True, True, False]
+        t.token_turn += [k, k, k]
+        t.turns.append(Turn(turn=k, action="a", observation=(obs or [f"o{k}"] * turns)[k],
+                            valid=True, step_reward=0.0))
+    t.logprobs = [-1.0 if m else None for m in t.trained]
+    t.reward = reward
+    t.outcome = Outcome(score=reward, success=reward > 0)
+    return t
+
+
+def test_gigpo_turn_advantages_land_on_their_turns_tokens():
+    cfg = _cfg(algo="gigpo", gigpo_weight=1.0, gigpo_gamma=1.0)
+    # both rollouts act from the task's first state; the replies to their first actions differ
+    a = _fake("a", "g", 1.0, 2, obs=["x", "end"])
+    b = _fake("b", "g", 0.0, 2, obs=["y", "end"])
+    per_token = CREDIT["gigpo"]([a, b], cfg)
+    assert step_rewards(a) == [0.0, 1.0]
+    assert anchor_keys(a)[0] == anchor_keys(b)[0] and anchor_keys(a)[1] != anchor_keys(b)[1]
+    ta, tb = a.info["turn_advantages"], b.info["turn_advantages"]
+    assert ta[0] > a.advantage > 0 and tb[0] < b.advantage < 0  # the shared state adds step credit
+    assert ta[1] == a.advantage and tb[1] == b.advantage  # turn 1 states differ: singletons
+    assert torch.allclose(per_token[0][2:4], torch.tensor([ta[0]] * 2))
+    assert torch.allclose(per_token[0][5:7], torch.tensor([ta[1]] * 2))
+    assert per_token[0][4] == 0 and per_token[0][:2].tolist() == [0, 0]
+
+
+def test_starpo_keeps_whole_groups_by_reward_std():
+    cfg = _cfg(algo="starpo_s", starpo_keep=0.5)
+    trajs = [_fake(f"{g}{i}", g, r, 1) for g, rs in (("lo", [0.0, 0.1]), ("hi", [0.0, 1.0]))
+             for i, r in enumerate(rs)]
+    assign(trajs, cfg)
+    assert [t.filtered for t in trajs] == [True, True, False, False]
+
+
+def test_min_abs_advantage_filter_and_ppo_returns():
+    cfg = _cfg(algo="rloo", min_abs_advantage=0.01)
+    trajs = [_fake("a", "g", 1.0, 1), _fake("b", "g", 1.0, 1), _fake("c", "h", 0.0, 1),
+             _fake("d", "h", 1.0, 1)]
+    assign(trajs, cfg)
+    assert [t.filtered for t in trajs] == [True, True, False, False]
+    ppo_cfg = _cfg(algo="ppo", gamma=1.0, lam=1.0)
+    trajs = [_fake("a", "g", 1.0, 2), _fake("b", "g", 0.0, 2)]
+    values = [torch.zeros(len(t.token_ids)) for t in trajs]
+    adv = assign(trajs, ppo_cfg, values)
+    assert trajs[0].info["returns"][torch.tensor(trajs[0].trained)].tolist() == [1.0] * 4
+    assert all(float(a[~torch.tensor(t.trained)].abs().sum()) == 0 for a, t in zip(adv, trajs))
+    assert trajs[0].advantage > 0 > trajs[1].advantage
+
+
+# -- statistics and checkpoints -------------------------------------------------------------------
+def test_rollout_metrics_by_hand():
+    trajs = [_fake("a", "g", 1.0, 1), _fake("b", "g", 0.0, 1), _fake("c", "h", 0.0, 2),
+             _fake("d", "h", 0.0, 2)]
+    trajs[2].turns[0].action = "other"
+    m = rollout_metrics(trajs)
+    assert m["reward/mean"] == 0.25 and m["success/rate"] == 0.25
+    assert m["success/pass@G"] == 0.5 and m["reward/frac_zero_std"] == 0.5
+    assert math.isclose(m["reward/group_std_mean"], math.sqrt(0.5) / 2)
+    assert m["env/turns_mean"] == 1.5 and m["response/length_mean"] == 3.0
+    # group g: both "a" -> repeat; group h: ("other","a") vs ("a","a") -> distinct
+    assert repeat_frac(trajs) == 0.5
+
+
+def test_checkpoint_round_trip(tmp_path, env):
+    pol = load_policy("tiny", seed=0)
+    cfg = _cfg()
+    opt = torch.optim.AdamW(pol.trainable_parameters(), lr=1e-2)
+    demos = demonstrations(env, env.tasks("train", 1, 0), pol.tokenizer, Sampling(max_turns=2), 0, "d")
+    sft_update(pol, opt, make_samples(demos), cfg)
+    checkpoint.save(tmp_path, pol, opt, step=3, phase="sft", config=cfg.to_dict())
+    fresh = load_policy("tiny", seed=9)
+    fresh_opt = torch.optim.AdamW(fresh.trainable_parameters(), lr=1e-2)
+    ckpt = checkpoint.load(tmp_path)
+    assert ckpt.step == 3 and ckpt.phase == "sft" and ckpt.config["algo"] == "grpo"
+    checkpoint.restore(ckpt, fresh, fresh_opt)
+    for a, b in zip(pol.trainable_parameters(), fresh.trainable_parameters()):
+        assert torch.equal(a, b)
+    assert fresh_opt.state_dict()["state"].keys() == opt.state_dict()["state"].keys()
+    assert checkpoint.load(tmp_path / "missing") is None
+
+
+def test_rewards_component_rows_for_every_trajectory(env):
+    pol = load_policy("tiny", seed=0)
+    trajs = _rollouts(pol, env, group_size=2, seed=5)
+    for t in trajs:
+        t.rewards, t.reward = score(t, _cfg())
+        assert set(t.rewards) == {"outcome", "format", "cost", "process"}
