@@ -6,8 +6,14 @@
                                 [--partitioned] [--split S] [--success true|false]
                                 [--failure-class C] [--step-min N] [--step-max N]
 
-Import (formats: storage/interchange.py for the generic JSONL, storage/dumps.py for verl and TRL)
-reads the input once, validating each line; every bad line is reported with where it is and what
+The generic JSONL format is one trajectory per line (full description and rules:
+storage/interchange.py), at its smallest::
+
+    {"traj_id": "t1", "task_id": "q1", "prompt": "Who wrote Dune?",
+     "turns": [{"action": "<answer>Frank Herbert</answer>", "observation": ""}],
+     "reward": 1.0, "rewards": {"outcome": 1.0, "format": 0.0, "cost": 0.0, "process": 0.0}}
+
+Import (the verl and TRL readers are in storage/dumps.py) reads the input once, validating each line; every bad line is reported with where it is and what
 is wrong, and good lines still import. Valid trajectories are written in batches, each batch one
 transaction holding all their rows (trajectories, rewards, turns, tokens), so no trajectory is
 ever half-written. The run id is derived from the file's path unless ``--run-id`` is given, so a
@@ -144,6 +150,8 @@ def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
             batch = []
     if batch:
         _write(db_path, run_id, fmt, run, batch, replace, report)
+    if report.lines == 0:
+        raise ValueError(f"no records found in {source} (format {fmt})")
     _finish_import(db_path, run_id, fmt, run, report)
     return report
 

@@ -327,6 +327,17 @@ def test_trl_completions_import(tmp_path, capsys):
                                     ["It is sunny.", ""]]
 
 
+def test_format_guessing_and_empty_input(tmp_path, capsys):
+    assert io.guess_format(GENERIC) == "jsonl"
+    assert io.guess_format(FIXTURES / "verl") == "verl"
+    assert io.guess_format(FIXTURES / "verl" / "1.jsonl") == "verl"  # sniffed from its fields
+    assert io.guess_format(_trl_dir(tmp_path)) == "trl"
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    assert _import(tmp_path, source=empty)[1] == 2
+    assert "no records found" in capsys.readouterr().err
+
+
 # -- the parser never crashes ------------------------------------------------------------------------
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=300))
@@ -356,6 +367,18 @@ def test_validate_accepts_or_names_the_problem(obj):
         return
     rows = io.to_rows(rec)
     assert {r["component"] for r in rows["rewards"]} >= {"outcome", "format", "cost", "process"}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(st.sampled_from(["input", "output", "score", "step", "gts", "acc",
+                                        "format_reward"]), JSON, max_size=7))
+def test_verl_lines_give_a_valid_record_or_a_line_error(obj):
+    from storage.dumps import verl_record
+    try:
+        rec = verl_record(obj, "f:1", 0)
+    except LineError:
+        return
+    validate(rec)  # whatever the reader builds is a valid generic record
 
 
 @given(st.text(max_size=200))
