@@ -210,7 +210,7 @@ def _parquet_store(root: Path) -> duckdb.DuckDBPyConnection:
             else:
                 source = f"read_parquet('{str(schema_file).replace(chr(39), chr(39) * 2)}')"
             # Partition keys come back as strings/BIGINT from the directory names: restore types.
-            cols = con.execute(f"DESCRIBE SELECT * FROM read_parquet(?)",
+            cols = con.execute("DESCRIBE SELECT * FROM read_parquet(?)",
                                [str(schema_file)]).fetchall()
             select = ", ".join(f'CAST("{c[0]}" AS {c[1]}) AS "{c[0]}"' for c in cols)
             con.execute(f'CREATE VIEW "{table}" AS SELECT {select} FROM {source}')
