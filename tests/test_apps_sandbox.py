@@ -21,8 +21,16 @@ from core.envs.apps_sandbox import check_source, run_code
 from core.envs.base import make_env
 
 
-def child_processes() -> list[int]:
-    """Pids of sandbox children still alive anywhere on this machine."""
+def child_processes(settle_s: float = 2.0) -> list[int]:
+    """Pids of sandbox children still alive anywhere on this machine (waiting up to settle_s
+    for ones already killed to disappear)."""
+    deadline = time.monotonic() + settle_s
+    while (alive := _sandbox_pids()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
+
+
+def _sandbox_pids() -> list[int]:
     out = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():

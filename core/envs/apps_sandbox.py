@@ -148,6 +148,10 @@ def run_code(code: str, handle_call: CallHandler, *, cpu_s: int = 2, wall_s: flo
                 pass
             result.error = _ended_message(proc.returncode, _stderr_tail(proc), cpu_s)
         else:
+            try:  # it exits right after its last line; killing it mid-exit would orphan the
+                proc.wait(timeout=1.0)  # grandchild and leave it for init to reap
+            except subprocess.TimeoutExpired:
+                pass
             result.output = str(done.get("output", ""))[:max_output + 40]
             result.error = done.get("error")
             result.layers = [str(x) for x in done.get("layers", [])][:20]
@@ -210,6 +214,14 @@ def _kill(proc: subprocess.Popen) -> None:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         pass
+    # The code ran in a grandchild (inside the pid namespace) that we cannot wait for: give the
+    # kernel a moment to finish killing it, so no sandbox process outlives its action.
+    for _ in range(50):
+        try:
+            os.killpg(proc.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            break
+        time.sleep(0.01)
     for pipe in (proc.stdin, proc.stdout, proc.stderr):
         try:
             pipe.close()
