@@ -33,7 +33,7 @@ from core.envs import apps_endpoints  # noqa: F401  (registers the endpoints)
 from core.envs import apps_templates_mail, apps_templates_money, apps_templates_time  # noqa: F401
 from core.envs.apps_api import APPS, ENDPOINTS, ApiError, call_api
 from core.envs.apps_sandbox import SandboxResult, run_code
-from core.envs.apps_tasks import COLLATERAL_TEST, TEMPLATES, Call, build, grade, rng_of
+from core.envs.apps_tasks import COLLATERAL_TEST, TEMPLATES, build, grade, rng_of
 from core.envs.base import Outcome, StepResult, Task, register
 
 SPLITS = ("train", "heldout")
@@ -237,6 +237,8 @@ class AppsEpisode:
 
     # -- grading -------------------------------------------------------------------------------
     def outcome(self) -> Outcome:
+        """The task's unit tests on the current database (callable at any time; the rollout
+        calls it once the episode ends). See the module docstring for score and process."""
         tests = grade(self.task.meta["template"], self.params, self.task.golds, self.initial,
                       self.world.store.snapshot(), self.answer)
         passed = sum(ok for _, ok, _ in tests)
@@ -263,6 +265,3 @@ class AppsEpisode:
             if (call.name, json.dumps(call.arguments, sort_keys=True)) not in done:
                 return tool_text(call.name, call.arguments)
         return f"<answer>{answer}</answer>"
-
-
-__all__ = ["AppsEnv", "AppsEpisode", "Call", "make_task", "observation", "SYSTEM_PROMPT"]
