@@ -1,9 +1,9 @@
 """Streamlit entry point: page config, navigation, and the run/step picker every page shares.
 
 Deep links: ``/PAGE?store=STORE&run=RUN_ID&step=N`` opens that run at that step on that page;
-Replay also reads ``traj`` and ``turn``, Groups reads ``group``. The sidebar writes the run it
-shows back into the URL (``step``, ``traj``, ``turn`` and ``group`` are bound to their widgets),
-so the address bar always holds a link to exactly the current view.
+Replay also reads ``traj`` and ``turn``, Groups ``group``, Dynamics ``spike``. Every page writes
+what it shows back into the URL (pages/_common.py: adopt_url, publish_url), so the address bar
+always holds a link to exactly the current view.
 
 Stores are the DuckDB files under ``sample_runs/`` and ``runs/``; set ``AGENTRL_STORE_DIRS``
 (directories separated by ``os.pathsep``) to show others instead.
@@ -74,10 +74,8 @@ def run_picker() -> None:
     if not steps:
         st.sidebar.caption("This run recorded no trajectories (metrics only).")
         return
-    if st.session_state.get("step") is not None and st.session_state["step"] not in steps:
-        st.session_state["step"] = steps[-1]
-    step = st.sidebar.selectbox("Step", steps, index=len(steps) - 1, key="step",
-                                bind="query-params", format_func=str)
+    step = c.url_select("Step", steps, key="step", param="step", default=steps[-1], cast=int,
+                        container=st.sidebar, format_func=str)
     st.session_state["_picked_step"] = step
     st.sidebar.caption(f"{len(steps)} steps with trajectories · stores: "
                        + ", ".join(queries.store_dirs()))

@@ -38,6 +38,48 @@ def ensure_app() -> None:
         st.rerun()
 
 
+# -- deep links -------------------------------------------------------------------------------------
+# A widget whose value lives in the URL: on each run, a URL value that differs from the one this
+# session last wrote came from outside (a shared link, a page link, an edited address) and is
+# adopted; afterwards the widget's value is written back. (Streamlit's own bind="query-params"
+# lets a widget's current browser value win over a link that switches pages, so a link from
+# Dynamics to a trajectory of another step would open the wrong step.)
+def adopt_url(param: str, key: str, options: list | None = None, cast=str) -> None:
+    """Before creating widget ``key``: take ``param`` from the URL if it changed from outside."""
+    raw = st.query_params.get(param)
+    seen = st.session_state.setdefault("_url_seen", {})
+    if raw is None:
+        seen.pop(param, None)
+        return
+    if seen.get(param) == raw:
+        return
+    seen[param] = raw
+    try:
+        value = cast(raw)
+    except (TypeError, ValueError):
+        return
+    if options is None or value in options:
+        st.session_state[key] = value
+
+
+def publish_url(param: str, value) -> None:
+    """After creating a widget: its value into the URL (so the address is a link to this view)."""
+    raw = str(value)
+    st.query_params[param] = raw
+    st.session_state.setdefault("_url_seen", {})[param] = raw
+
+
+def url_select(label: str, options: list, key: str, param: str, default=None, cast=str,
+               container=st, **kwargs):
+    """A selectbox kept in sync with URL parameter ``param``."""
+    adopt_url(param, key, options, cast)
+    if st.session_state.get(key) not in options:
+        st.session_state[key] = default if default in options else options[0]
+    value = container.selectbox(label, options, key=key, **kwargs)
+    publish_url(param, value)
+    return value
+
+
 # -- the run picked in the sidebar ----------------------------------------------------------------
 @dataclass
 class Pick:
@@ -77,9 +119,11 @@ def stop(message: str) -> None:
 
 
 def safe_label(text, limit: int = 60) -> str:
-    """Identifiers from a store (imported files choose them) reduced to inert characters, for
-    labels that Streamlit renders as markdown."""
-    return re.sub(r"[^A-Za-z0-9_.:@ -]", "_", str(text))[:limit]
+    """Identifiers from a store (imported files choose them) for places Streamlit renders as
+    markdown (captions, metric values, link labels): characters outside a small inert set become
+    '?', and '_' is escaped so that ids like a_b_c do not turn into italics."""
+    kept = re.sub(r"[^A-Za-z0-9_.:@ ()=,/+-]", "?", str(text))[:limit]
+    return kept.replace("_", "\\_")
 
 
 def text_of(value) -> str | None:

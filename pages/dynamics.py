@@ -84,9 +84,7 @@ if clicked is not None and clicked != st.session_state.get("_dyn_clicked"):
     st.session_state["_dyn_clicked"] = clicked
     st.session_state["spike"] = clicked
 options = spikes + [int(s) for s in sp.index if int(s) not in spikes]
-if st.session_state.get("spike") not in options:
-    st.session_state.pop("spike", None)
-chosen = st.selectbox("Step to inspect", options, key="spike", bind="query-params",
+chosen = c.url_select("Step to inspect", options, key="spike", param="spike", cast=int,
                       format_func=str)
 st.caption(f"{'Spike' if chosen in spikes else 'Step'} {chosen}: grad/norm "
            f"{sp.loc[chosen, 'value']:.3g}" + (f", threshold {sp.loc[chosen, 'threshold']:.3g}"

@@ -17,8 +17,8 @@ if groups.empty:
     c.stop(f"Step {pick.step} recorded no groups.")
 
 info = groups.set_index("group_id")
-group_id = st.selectbox("Group (one task, its G rollouts)", groups["group_id"].tolist(),
-                        key="group", bind="query-params", format_func=str)
+group_id = c.url_select("Group (one task, its G rollouts)", groups["group_id"].tolist(),
+                        key="group", param="group", format_func=str)
 g = info.loc[group_id]
 st.caption(f"task {c.safe_label(g['task_id'])} · {int(g['size'])} rollouts · "
            f"{int(g['successes'])} solved · reward mean {g['reward_mean']:.3f}, std {g['reward_std']:.3f}")

@@ -18,8 +18,8 @@ trajs = c.read_or_stop(c.load_trajectories, pick.store, pick.run_id, pick.last_s
 if trajs.empty:
     c.stop(f"Step {pick.step} recorded no trajectories.")
 
-traj_id = st.selectbox("Trajectory", trajs["traj_id"].tolist(), key="traj",
-                       bind="query-params", format_func=str)
+traj_id = c.url_select("Trajectory", trajs["traj_id"].tolist(), key="traj", param="traj",
+                       format_func=str)
 row = trajs.set_index("traj_id").loc[traj_id].to_dict()
 cols = st.columns(5)
 cols[0].metric("Reward", f"{row['reward']:.3f}" if pd.notna(row["reward"]) else "-")
@@ -37,6 +37,9 @@ if c.text_of(row.get("prompt")):
 # -- turn by turn -----------------------------------------------------------------------------------
 turns = c.load_turns(pick.store, pick.run_id, (traj_id,))
 n = len(turns)
+if st.session_state.get("_replay_traj") != (pick.run_id, traj_id):
+    st.session_state["_replay_traj"] = (pick.run_id, traj_id)
+    st.session_state["turn"] = 0  # a new trajectory starts at its first turn (unless linked)
 
 
 def move(delta: int) -> None:
@@ -67,15 +70,17 @@ def show_turn(t: dict) -> None:
 def turn_player() -> None:
     if st.session_state.get("replay_play") and int(st.session_state.get("turn") or 0) < n - 1:
         move(+1)
+    c.adopt_url("turn", "turn", list(range(n)), int)
+    if not 0 <= int(st.session_state.get("turn") or 0) < n:
+        st.session_state["turn"] = 0
     if n > 1:
-        if st.session_state.get("turn") is not None and st.session_state["turn"] > n - 1:
-            st.session_state["turn"] = n - 1
         b1, b2, b3 = st.columns([1, 1, 6])
         b1.button("◀ Prev", key="replay_prev", on_click=move, args=(-1,))
         b2.button("Next ▶", key="replay_next", on_click=move, args=(+1,))
-        turn = b3.slider("Turn", 0, n - 1, key="turn", bind="query-params")
+        turn = b3.slider("Turn", 0, n - 1, key="turn")
     else:
         turn = 0
+    c.publish_url("turn", turn)
     st.caption(f"Turn {turn + 1} of {n}")
     show_turn(turns.iloc[turn].to_dict())
 

@@ -1,0 +1,231 @@
+"""The app served by `streamlit run`, driven by a real headless Chromium (Debian's package through
+playwright's sync API): every page loads, a replay steps through turns, a gradient spike opens
+its trajectories, hostile text stays text, and a tiny training job launched from the Train page
+shows its progress.
+
+Screenshots of every page go to ``$AGENTRL_SCREENSHOTS`` (e.g. docs/screenshots) when it is set,
+else to a temporary directory. Run alone: ``.venv/bin/python -m pytest -q -m browser``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from storage import queries
+from tests.app_fixtures import SCRIPT_TEXT, SCRIPT_TRAJ, SPIKE_STEP, SPIKE_TRAJ, make_demo_store
+
+pytestmark = pytest.mark.browser
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+PAGES = {"": "Runs", "replay": "Replay", "groups": "Groups", "dynamics": "Dynamics",
+         "failures": "Failures", "train": "Train"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError("streamlit did not become healthy")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """(base URL, demo store path, {name: run_id}, runs dir) of a served app on the demo store."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip("no chromium browser installed (Debian package 'chromium')")
+    base = tmp_path_factory.mktemp("browser")
+    stores, runs = base / "stores", base / "runs"
+    stores.mkdir()
+    ids = make_demo_store(stores / "demo.duckdb")
+    names = dict(zip(["demo-search-starpo", "demo-apps-rloo", "imported-verl", "crashed-run"], ids))
+    port = _free_port()
+    env = dict(os.environ, AGENTRL_STORE_DIRS=os.pathsep.join([str(stores), str(runs)]),
+               AGENTRL_RUNS_DIR=str(runs), STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
+    log = open(base / "server.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+         "--server.headless", "true", "--server.address", "127.0.0.1",
+         "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc)
+        yield url, str(stores / "demo.duckdb"), names, runs
+    finally:
+        _stop_job(runs)
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _stop_job(runs: Path) -> None:
+    """Never leave a launched trainer behind."""
+    try:
+        pid = json.loads((runs / "job.json").read_text())["pid"]
+    except (OSError, ValueError, KeyError):
+        return
+    for sig in (signal.SIGINT, signal.SIGKILL):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        time.sleep(3)
+
+
+@pytest.fixture(scope="module")
+def browser(server):
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    ctx = browser.new_context(viewport={"width": 1400, "height": 2400})
+    pg = ctx.new_page()
+    pg.dialogs = []
+    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
+    yield pg
+    ctx.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    target = os.environ.get("AGENTRL_SCREENSHOTS")
+    path = Path(target) if target else tmp_path_factory.mktemp("screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def open_page(page, server, path: str, title: str, **params) -> None:
+    url, store, names, _ = server
+    query = {"store": store, "run": names["demo-search-starpo"], **params}
+    page.goto(f"{url}/{path}?{urllib.parse.urlencode(query)}")
+    page.get_by_role("heading", name=title, exact=True).first.wait_for(timeout=60_000)
+    settle(page)
+
+
+def settle(page, quiet_ms: int = 800) -> None:
+    """Wait until the app has stopped running its script (the status widget is gone)."""
+    page.wait_for_timeout(quiet_ms)
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+
+
+def no_exception(page) -> None:
+    errors = page.locator('[data-testid="stException"]')
+    assert errors.count() == 0, errors.first.inner_text()
+
+
+# -- the tests (in this order: the first one is the server's first request) --------------------------
+def test_first_request_deep_link_and_hostile_text(page, server, shots):
+    open_page(page, server, "replay", "Replay", step=4, traj=SCRIPT_TRAJ, turn=0)
+    no_exception(page)
+    picker = page.locator('[data-testid="stSidebar"]').get_by_role("combobox", name="Run")
+    assert picker.input_value() == "demo-search-starpo · finished"             # app.py's picker
+    assert page.get_by_text(SCRIPT_TEXT, exact=False).count() >= 1              # shown as text
+    assert page.locator(".token-view script, .token-view img, .token-view b").count() == 0
+    assert page.locator("script:text('alert(1)')").count() == 0
+    page.wait_for_timeout(500)
+    assert page.dialogs == []                                                   # nothing ran
+    page.screenshot(path=str(shots / "replay.png"))
+
+
+@pytest.mark.parametrize("path,title", list(PAGES.items()))
+def test_every_page_loads(page, server, shots, path, title):
+    started = time.monotonic()
+    open_page(page, server, path, title, step=4)
+    no_exception(page)
+    print(f"{title}: loaded in {time.monotonic() - started:.1f} s")
+    page.screenshot(path=str(shots / f"{path or 'runs'}.png"))
+
+
+def test_replay_steps_through_turns(page, server):
+    open_page(page, server, "replay", "Replay", step=4, traj=SCRIPT_TRAJ, turn=0)
+    page.get_by_text("Turn 1 of 2").wait_for()
+    page.get_by_role("button", name="Next ▶").click()
+    page.get_by_text("Turn 2 of 2").wait_for(timeout=20_000)
+    settle(page)
+    assert "turn=1" in page.url                      # the view is in the address bar
+    page.get_by_role("button", name="◀ Prev").click()
+    page.get_by_text("Turn 1 of 2").wait_for(timeout=20_000)
+    no_exception(page)
+
+
+def test_spike_opens_its_trajectories(page, server, shots):
+    open_page(page, server, "dynamics", "Dynamics")
+    link = page.get_by_role("link", name=f"Replay {SPIKE_TRAJ} (grad norm 4)")
+    link.wait_for(timeout=30_000)
+    page.screenshot(path=str(shots / "dynamics.png"))
+    link.click()
+    page.get_by_role("heading", name="Replay", exact=True).wait_for(timeout=30_000)
+    settle(page)
+    assert f"traj={SPIKE_TRAJ}" in page.url and f"step={SPIKE_STEP}" in page.url
+    assert page.get_by_role("combobox", name="Trajectory").input_value() == SPIKE_TRAJ
+    no_exception(page)
+
+
+def _trainer_available() -> bool:
+    try:
+        done = subprocess.run([sys.executable, "-m", "core.train", "--help"], cwd=ROOT,
+                              capture_output=True, timeout=180)
+    except subprocess.TimeoutExpired:
+        return False
+    return done.returncode == 0
+
+
+def test_launch_a_tiny_job_and_watch_its_progress(page, server, shots):
+    if not _trainer_available():
+        pytest.skip("`python -m core.train --help` does not work here: no trainer to launch")
+    url, _, _, runs = server
+    open_page(page, server, "train", "Train")
+    page.get_by_role("combobox", name="Preset").click()
+    page.get_by_role("option", name="tiny-smoke").click()
+    settle(page)
+    name = page.get_by_role("textbox", name="Run name")
+    name.fill("browser-job")
+    page.get_by_role("button", name="Launch training").click()
+    page.get_by_text("Started job").wait_for(timeout=30_000)
+    # the fragment refreshes by itself: the progress text moves without any click
+    page.get_by_text("step 1 of 2", exact=False).wait_for(timeout=240_000)
+    page.screenshot(path=str(shots / "train.png"))
+    stop = page.get_by_role("button", name="Stop after the current step")
+    if stop.count():                                 # SIGINT: the trainer ends after its step
+        stop.click()
+    page.get_by_text("ended", exact=False).wait_for(timeout=240_000)
+    run = queries.runs(str(runs / "store.duckdb"))
+    assert run["name"].tolist() == ["browser-job"]
+    assert run["status"].iloc[0] in ("finished", "stopped") and run["last_step"].iloc[0] >= 1
+    no_exception(page)
