@@ -38,7 +38,7 @@ def ensure_app() -> None:
         st.rerun()
 
 
-# -- deep links -------------------------------------------------------------------------------------
+# -- deep links ------------------------------------------------------------------------------------
 # A widget whose value lives in the URL: on each run, a URL value that differs from the one this
 # session last wrote came from outside (a shared link, a page link, an edited address) and is
 # adopted; afterwards the widget's value is written back. (Streamlit's own bind="query-params"
@@ -80,7 +80,7 @@ def url_select(label: str, options: list, key: str, param: str, default=None, ca
     return value
 
 
-# -- the run picked in the sidebar ----------------------------------------------------------------
+# -- the run picked in the sidebar -----------------------------------------------------------------
 @dataclass
 class Pick:
     store: str
@@ -159,7 +159,7 @@ def replay_url(pick: Pick, step: int, traj_id: str) -> str:
                                   "traj": traj_id})
 
 
-# -- cached reads ---------------------------------------------------------------------------------
+# -- cached reads ----------------------------------------------------------------------------------
 @st.cache_data(ttl=RUN_TTL_S, show_spinner=False)
 def run_table() -> pd.DataFrame:
     """Every run of every store (unreadable stores as rows with an error)."""
@@ -177,7 +177,8 @@ def load_metrics(store: str, run_id: str, last_step: int) -> pd.DataFrame:
     long = queries.metrics(store, run_id)
     if long.empty:
         return pd.DataFrame()
-    return long.pivot_table(index="step", columns="name", values="value", aggfunc="last").sort_index()
+    wide = long.pivot_table(index="step", columns="name", values="value", aggfunc="last")
+    return wide.sort_index()
 
 
 @st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)

@@ -63,7 +63,10 @@ def _anchor(text) -> str:
 
 def step_rewards(turns: pd.DataFrame, reward: float) -> list[float]:
     """Per-turn rewards of one trajectory; the unaccounted part of ``reward`` goes to the last."""
-    rs = turns["step_reward"].fillna(0.0).astype(float).tolist() if "step_reward" in turns else [0.0] * len(turns)
+    if "step_reward" in turns:
+        rs = turns["step_reward"].fillna(0.0).astype(float).tolist()
+    else:
+        rs = [0.0] * len(turns)
     if rs:
         rs[-1] += float(reward) - sum(rs)
     return rs
@@ -73,7 +76,8 @@ def gigpo_steps(trajs: pd.DataFrame, turns: pd.DataFrame, gamma: float = 0.95,
                 weight: float = 1.0) -> pd.DataFrame:
     """Per (traj_id, turn): anchor, return G_t, A_step and A_turn = A_episode + weight * A_step."""
     episode = dict(zip(trajs["traj_id"], grpo(trajs["reward"].fillna(0.0))))
-    prompt = {tid: p for tid, p in zip(trajs["traj_id"], trajs.get("prompt", pd.Series(dtype=object)))}
+    prompts = trajs["prompt"] if "prompt" in trajs else [None] * len(trajs)
+    prompt = dict(zip(trajs["traj_id"], prompts))
     rows = []
     for tid, reward in zip(trajs["traj_id"], trajs["reward"].fillna(0.0)):
         mine = turns[turns["traj_id"] == tid].sort_values("turn")
@@ -100,7 +104,8 @@ def gigpo_steps(trajs: pd.DataFrame, turns: pd.DataFrame, gamma: float = 0.95,
 def divergence_turn(turns: pd.DataFrame, traj_ids: list[str]) -> int | None:
     """First turn at which the rollouts' actions differ (or some rollout has ended); None when
     every rollout took exactly the same actions."""
-    by = {tid: turns[turns["traj_id"] == tid].sort_values("turn")["action"].tolist() for tid in traj_ids}
+    by = {tid: turns[turns["traj_id"] == tid].sort_values("turn")["action"].tolist()
+          for tid in traj_ids}
     longest = max((len(a) for a in by.values()), default=0)
     for t in range(longest):
         actions = {tuple(a[t:t + 1]) for a in by.values()}

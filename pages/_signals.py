@@ -16,10 +16,11 @@ the standard deviation of normal noise without being dragged up by earlier spike
 SPIKE_MIN_HISTORY = 3
 """Fewer earlier steps than this: no judgement (the first steps of a run are noisy)."""
 MAD_FLOOR = 0.05
-"""The MAD is floored at 5% of the median, so a perfectly flat history does not flag tiny wiggles."""
+"""The MAD is floored at 5% of the median: a perfectly flat history does not flag tiny wiggles."""
 
 
-def spike_threshold(norms: pd.Series, window: int = SPIKE_WINDOW, k: float = SPIKE_K) -> pd.DataFrame:
+def spike_threshold(norms: pd.Series, window: int = SPIKE_WINDOW,
+                    k: float = SPIKE_K) -> pd.DataFrame:
     """Per step: the rolling median of the previous ``window`` values, the threshold, spike flag.
 
         median_t = median(x_{t-w} .. x_{t-1})     MAD_t = median(|x_i - median_t|)
@@ -75,5 +76,6 @@ def collapse_alarms(wide: pd.DataFrame) -> list[dict]:
     if "collapse/repeat_frac" in wide.columns:
         for s in _onsets(wide["collapse/repeat_frac"] > REPEAT_LEVEL):
             alarms.append({"step": s, "kind": "repeats",
-                           "message": f"over {REPEAT_LEVEL:.0%} of rollouts repeat an action sequence"})
+                           "message": f"over {REPEAT_LEVEL:.0%} of rollouts repeat an "
+                                      "action sequence"})
     return sorted(alarms, key=lambda a: a["step"])

@@ -109,13 +109,14 @@ def mask_lint(tokens: pd.DataFrame, turns: pd.DataFrame) -> pd.DataFrame:
     rows = []
     if not tokens.empty:
         trained = tokens["trained"].fillna(False).astype(bool)
-        checks = (("observation/prompt token trained", tokens["role"].isin(["observation", "prompt"]) & trained),
+        not_model = tokens["role"].isin(["observation", "prompt"])
+        checks = (("observation/prompt token trained", not_model & trained),
                   ("action token not trained", (tokens["role"] == "action") & ~trained))
         for issue, mask in checks:
             for turn, part in tokens[mask].groupby("turn", dropna=False):
                 pos = part["pos"].tolist()
-                rows.append({"issue": issue, "turn": turn, "tokens": len(pos),
-                             "positions": ", ".join(map(str, pos[:12])) + (" ..." if len(pos) > 12 else "")})
+                shown = ", ".join(map(str, pos[:12])) + (" ..." if len(pos) > 12 else "")
+                rows.append({"issue": issue, "turn": turn, "tokens": len(pos), "positions": shown})
     for t in turns.to_dict("records") if not turns.empty else []:
         if t.get("action_truncated"):
             rows.append({"issue": "action cut by the token limit", "turn": t["turn"],

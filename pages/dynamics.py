@@ -33,7 +33,8 @@ def chart(names: list[str], title: str, key: str, band: tuple[str, str] | None =
                                  line={"width": 0}, opacity=0.2, name=f"{band[0]} ± {band[1]}"))
     for n in present:
         s = wide[n].dropna()
-        fig.add_trace(go.Scatter(x=s.index, y=s.values, mode="lines+markers", name=c.plot_text(n)))
+        fig.add_trace(go.Scatter(x=s.index, y=s.values, mode="lines+markers",
+                                 name=c.plot_text(n)))
     for a in alarms:
         fig.add_vline(x=a["step"], line_dash="dot", line_color="red")
     fig.update_layout(title=title, xaxis_title="step", height=300, margin={"t": 40, "b": 30})
@@ -45,7 +46,8 @@ with left:
     chart(["reward/mean"], "Reward (mean ± std)", "dyn_reward", band=("reward/mean", "reward/std"))
     chart(["success/rate", "eval/success", "success/pass@g", "pass@G"], "Success", "dyn_success")
     chart(["policy/entropy"], "Entropy", "dyn_entropy")
-    chart(["policy/clipfrac", "policy/clipfrac_low", "policy/clipfrac_high"], "Clip fraction", "dyn_clip")
+    chart(["policy/clipfrac", "policy/clipfrac_low", "policy/clipfrac_high"], "Clip fraction",
+          "dyn_clip")
     chart(["env/turns_mean", "env/valid_action_ratio"], "Turns and valid actions", "dyn_turns")
 with right:
     chart(["reward/group_std_mean", "reward/frac_zero_std"], "In-group reward std, zero-std groups",
@@ -60,7 +62,7 @@ if timings:
     fig.update_layout(barmode="stack", title="Phase timings (s)", xaxis_title="step", height=300)
     st.plotly_chart(fig, key="dyn_timings")
 
-# -- gradient spikes --------------------------------------------------------------------------------
+# -- gradient spikes -------------------------------------------------------------------------------
 st.subheader("Gradient norm and spikes")
 if "grad/norm" not in wide.columns:
     c.stop("No gradient norms recorded in this run (imported runs carry none).")
@@ -76,7 +78,8 @@ fig.add_trace(go.Scatter(x=spikes, y=sp.loc[spikes, "value"], mode="markers", na
 fig.update_layout(xaxis_title="step", height=320, margin={"t": 20, "b": 30})
 event = st.plotly_chart(fig, key="dyn_grad", on_select="rerun", selection_mode="points")
 st.caption(f"Spike: norm above the median of the previous {_signals.SPIKE_WINDOW} steps + "
-           f"{_signals.SPIKE_K:g} × 1.4826 × MAD (a robust five-sigma). Click a point to inspect it.")
+           f"{_signals.SPIKE_K:g} × 1.4826 × MAD (a robust five-sigma). "
+           "Click a point to inspect it.")
 
 points = (event.selection or {}).get("points", []) if event else []
 clicked = int(points[0]["x"]) if points else None
@@ -86,9 +89,10 @@ if clicked is not None and clicked != st.session_state.get("_dyn_clicked"):
 options = spikes + [int(s) for s in sp.index if int(s) not in spikes]
 chosen = c.url_select("Step to inspect", options, key="spike", param="spike", cast=int,
                       format_func=str)
+threshold = sp.loc[chosen, "threshold"]
 st.caption(f"{'Spike' if chosen in spikes else 'Step'} {chosen}: grad/norm "
-           f"{sp.loc[chosen, 'value']:.3g}" + (f", threshold {sp.loc[chosen, 'threshold']:.3g}"
-                                               if sp.loc[chosen, 'threshold'] == sp.loc[chosen, 'threshold'] else ""))
+           f"{sp.loc[chosen, 'value']:.3g}"
+           + (f", threshold {threshold:.3g}" if threshold == threshold else ""))
 ranked = queries.top_gradient_trajectories(pick.store, pick.run_id, chosen)
 if ranked.empty:
     st.info(f"Step {chosen} recorded no per-trajectory gradient norms.")
@@ -102,4 +106,5 @@ else:
 modules = queries.grad_stats(pick.store, pick.run_id, chosen)
 if not modules.empty:
     with st.expander(f"Per-module gradient norms at step {chosen}"):
-        st.dataframe(modules.sort_values("norm", ascending=False), key="dyn_modules", hide_index=True)
+        st.dataframe(modules.sort_values("norm", ascending=False), key="dyn_modules",
+                     hide_index=True)

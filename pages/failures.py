@@ -1,5 +1,8 @@
-"""Failures: why trajectories failed, searched and filtered; tags, one task over time, export, SQL."""
+"""Failures: why trajectories failed, searched and filtered; tags, one task over time, export,
+and a read-only SQL box."""
 from __future__ import annotations
+
+import re
 
 import plotly.express as px
 import streamlit as st
@@ -15,7 +18,7 @@ counts = c.read_or_stop(c.load_failure_counts, pick.store, pick.run_id, pick.las
 if counts.empty:
     c.stop("This run recorded no trajectories (metrics only): nothing to classify.")
 
-# -- counts -----------------------------------------------------------------------------------------
+# -- counts ----------------------------------------------------------------------------------------
 left, right = st.columns(2)
 shown = counts.assign(failure_class=counts["failure_class"].map(c.plot_text))
 per_class = shown.groupby("failure_class", as_index=False)["n"].sum().sort_values("n")
@@ -25,7 +28,7 @@ per_step = shown.groupby(["step", "failure_class"], as_index=False)["n"].sum()
 right.plotly_chart(px.bar(per_step, x="step", y="n", color="failure_class", height=320,
                           title="Failure classes per step"), key="fail_per_step")
 
-# -- facets and search ----------------------------------------------------------------------------
+# -- facets and search -----------------------------------------------------------------------------
 classes = sorted(counts["failure_class"].unique())
 splits = sorted(counts["split"].dropna().unique())
 f1, f2, f3 = st.columns(3)
@@ -45,7 +48,8 @@ st.caption(f"{len(found)} trajectories match" + (" (first 500 shown)" if len(fou
 found["replay"] = [c.replay_url(pick, s, t) for s, t in zip(found["step"], found["traj_id"])]
 event = st.dataframe(found, key="fail_results", hide_index=True, on_select="rerun",
                      selection_mode="single-row",
-                     column_config={"replay": st.column_config.LinkColumn("replay", display_text="open")})
+                     column_config={"replay": st.column_config.LinkColumn("replay",
+                                                                          display_text="open")})
 rows = event.selection.rows if event else []
 if rows:
     sel = found.iloc[rows[0]]
@@ -55,14 +59,14 @@ if rows:
 
 ids = found["traj_id"].tolist()
 d1, d2 = st.columns(2)
-d1.download_button("Export matches as JSONL", key="fail_export_jsonl", disabled=not ids,
-                   data=lambda: queries.export_trajectories(pick.store, pick.run_id, ids, "jsonl"),
-                   file_name=f"{c.safe_label(pick.run_id)}-trajectories.jsonl",
-                   mime="application/jsonl")
-d2.download_button("Export matches as Parquet", key="fail_export_parquet", disabled=not ids,
-                   data=lambda: queries.export_trajectories(pick.store, pick.run_id, ids, "parquet"),
-                   file_name=f"{c.safe_label(pick.run_id)}-trajectories.parquet",
-                   mime="application/vnd.apache.parquet")
+file_stem = re.sub(r"[^A-Za-z0-9._-]", "_", pick.run_id)
+for box, fmt, mime in ((d1, "jsonl", "application/jsonl"),
+                       (d2, "parquet", "application/vnd.apache.parquet")):
+    box.download_button(f"Export matches as {fmt.upper() if fmt == 'jsonl' else 'Parquet'}",
+                        key=f"fail_export_{fmt}", disabled=not ids, mime=mime,
+                        file_name=f"{file_stem}-trajectories.{fmt}",
+                        data=lambda fmt=fmt: queries.export_trajectories(pick.store, pick.run_id,
+                                                                         ids, fmt))
 
 # -- one task across steps -------------------------------------------------------------------------
 st.subheader("One task across steps")
@@ -75,6 +79,6 @@ if tasks:
                else "Never solved in this run.")
     st.dataframe(history, key="fail_task_history", hide_index=True)
 
-# -- SQL --------------------------------------------------------------------------------------------
+# -- SQL -------------------------------------------------------------------------------------------
 st.subheader("SQL (read-only)")
 _panels.sql_box(pick)

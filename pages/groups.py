@@ -21,7 +21,8 @@ group_id = c.url_select("Group (one task, its G rollouts)", groups["group_id"].t
                         key="group", param="group", format_func=str)
 g = info.loc[group_id]
 st.caption(f"task {c.safe_label(g['task_id'])} · {int(g['size'])} rollouts · "
-           f"{int(g['successes'])} solved · reward mean {g['reward_mean']:.3f}, std {g['reward_std']:.3f}")
+           f"{int(g['successes'])} solved · reward mean {g['reward_mean']:.3f}, "
+           f"std {g['reward_std']:.3f}")
 summary = groups.assign(zero_variance=groups["reward_std"] == 0)
 with st.expander(f"All {len(groups)} groups of step {pick.step}"):
     st.dataframe(summary, key="groups_all", hide_index=True)
@@ -35,7 +36,7 @@ trajs = c.load_trajectories(pick.store, pick.run_id, pick.last_step, pick.step, 
 ids = trajs["traj_id"].tolist()
 turns = c.load_turns(pick.store, pick.run_id, tuple(ids))
 
-# -- actions per turn, aligned --------------------------------------------------------------------
+# -- actions per turn, aligned ---------------------------------------------------------------------
 st.subheader("Actions per turn")
 diverge = _credit.divergence_turn(turns, ids)
 st.caption("Rollouts first diverge at turn " + (str(diverge) if diverge is not None else
@@ -45,14 +46,15 @@ if turns.empty:
 else:
     field = st.radio("Show", ["action", "observation"], key="groups_field", horizontal=True)
     grid = turns.pivot_table(index="turn", columns="traj_id", values=field, aggfunc="first")
-    grid = grid.reindex(columns=ids).fillna("").map(lambda s: s if len(s) < 400 else s[:400] + " ...")
+    grid = grid.reindex(columns=ids).fillna("").map(
+        lambda s: s if len(s) < 400 else s[:400] + " ...")
 
     def mark(row):
         return ["background-color: rgba(255,190,0,0.3)" if row.name == diverge else "" for _ in row]
 
     st.dataframe(grid.style.apply(mark, axis=1), key="groups_grid")
 
-# -- credit -----------------------------------------------------------------------------------------
+# -- credit ----------------------------------------------------------------------------------------
 st.subheader("Credit: stored advantage vs. what each estimator would give")
 table = _credit.outcome_table(trajs)
 comps = c.reward_components(pick.store, pick.run_id, ids)
@@ -71,7 +73,8 @@ if not turns.empty:
     steps = _credit.gigpo_steps(trajs, turns, gamma=gamma, weight=weight)
     st.markdown(f"**GiGPO step level** (γ = {gamma:g}, w = {weight:g}): turns that acted from an "
                 "identical observation share an anchor and are compared with each other.")
-    stored = turns[["traj_id", "turn", "advantage"]].rename(columns={"advantage": "stored turn advantage"})
+    stored = turns[["traj_id", "turn", "advantage"]].rename(
+        columns={"advantage": "stored turn advantage"})
     steps = steps.merge(stored, on=["traj_id", "turn"], how="left")
     shared = steps.groupby("anchor")["traj_id"].transform("size")
     st.dataframe(steps.assign(anchor_size=shared), key="groups_gigpo", hide_index=True)

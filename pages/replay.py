@@ -34,7 +34,7 @@ if c.text_of(row.get("prompt")):
     with st.expander("Prompt (the task as the model was asked it)"):
         st.code(row["prompt"], language=None, wrap_lines=True)
 
-# -- turn by turn -----------------------------------------------------------------------------------
+# -- turn by turn ----------------------------------------------------------------------------------
 turns = c.load_turns(pick.store, pick.run_id, (traj_id,))
 n = len(turns)
 if st.session_state.get("_replay_traj") != (pick.run_id, traj_id):
@@ -92,7 +92,7 @@ else:
     playing = st.toggle("Play (advance one turn per second)", key="replay_play")
     st.fragment(turn_player, run_every=1.0 if playing else None)()
 
-# -- outcome ----------------------------------------------------------------------------------------
+# -- outcome ---------------------------------------------------------------------------------------
 st.subheader("Outcome")
 left, right = st.columns(2)
 with left:
@@ -112,7 +112,7 @@ if not tests.empty:
     st.markdown(f"**Tests** · {int(tests['passed'].sum())} of {len(tests)} passed")
     st.dataframe(tests.drop(columns="traj_id"), key="replay_tests", hide_index=True)
 
-# -- tokens -----------------------------------------------------------------------------------------
+# -- tokens ----------------------------------------------------------------------------------------
 st.subheader("Tokens")
 tokens = c.load_tokens(pick.store, pick.run_id, traj_id)
 if tokens.empty:
@@ -127,7 +127,8 @@ else:
     lint = _tokens.mask_lint(tokens, turns)
     st.markdown("**Mask lint**")
     if lint.empty:
-        st.success("Loss mask consistent: only the model's own tokens were trained; no turn was cut.")
+        st.success("Loss mask consistent: only the model's own tokens were trained; "
+                   "no turn was cut.")
     else:
         st.warning(f"{len(lint)} mask or length issue(s) in this trajectory.")
         st.dataframe(lint, key="replay_lint", hide_index=True)

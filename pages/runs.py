@@ -72,7 +72,8 @@ if not chosen:
     c.stop("Pick one or more runs to overlay their curves and compare their configs.")
 picked = frame.loc[chosen]
 last_of = {i: int(v) if pd.notna(v) else -1 for i, v in picked["last step"].items()}
-names = sorted({n for i, r in picked.iterrows() for n in metric_names(r.store, r.run_id, last_of[i])})
+names = sorted({n for i, r in picked.iterrows()
+                for n in metric_names(r.store, r.run_id, last_of[i])})
 if names:
     metric = st.selectbox("Metric", names, key="runs_metric",
                           index=names.index("reward/mean") if "reward/mean" in names else 0)

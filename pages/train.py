@@ -81,14 +81,15 @@ def job_panel() -> None:
                 + (f" · exit code {code}" if code is not None else ""))
     run = run_row(job)
     total = max(int(job.get("total_steps") or 1), 1)
-    done = int(run["last_step"]) if run and run["last_step"] is not None and run["last_step"] == run["last_step"] else 0
+    done = int(run["last_step"]) if run and c.text_of(run["last_step"]) else 0
     st.progress(min(done / total, 1.0), text=f"step {done} of {total}"
                 + (f" · run {run['shown_status']}" if run else " · starting (loading the model)"))
     if run:
-        wide = queries.metrics(job["db"], run["run_id"], ["reward/mean", "success/rate", "sft/loss"])
+        wide = queries.metrics(job["db"], run["run_id"],
+                               ["reward/mean", "success/rate", "sft/loss"])
         if not wide.empty:
-            fig = go.Figure([go.Scatter(x=part["step"], y=part["value"], mode="lines+markers", name=c.plot_text(n))
-                             for n, part in wide.groupby("name")])
+            fig = go.Figure([go.Scatter(x=part["step"], y=part["value"], mode="lines+markers",
+                                        name=c.plot_text(n)) for n, part in wide.groupby("name")])
             fig.update_layout(height=280, xaxis_title="step", margin={"t": 10, "b": 30})
             st.plotly_chart(fig, key="train_live")
     if job["alive"] and st.button("Stop after the current step", key="train_stop"):

@@ -54,8 +54,8 @@ def add_tag(store: str | Path, run_id: str, traj_id: str, tag: str, note: str = 
         _check_trajectory(con, store, run_id, traj_id)
         con.execute("DELETE FROM tags WHERE run_id = ? AND traj_id = ? AND tag = ?",
                     [run_id, traj_id, tag])
-        con.execute("INSERT INTO tags (run_id, traj_id, tag, note, created_at) VALUES (?, ?, ?, ?, ?)",
-                    [run_id, traj_id, tag, note or None, now()])
+        con.execute("INSERT INTO tags (run_id, traj_id, tag, note, created_at) "
+                    "VALUES (?, ?, ?, ?, ?)", [run_id, traj_id, tag, note or None, now()])
 
 
 def remove_tag(store: str | Path, run_id: str, traj_id: str, tag: str) -> int:

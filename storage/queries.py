@@ -56,7 +56,7 @@ def _read(path: str | Path, sql: str, params: list | None = None) -> pd.DataFram
 
 def shown_status(status: str | None, updated_at, now: datetime | None = None,
                  stale_after_s: float = STALE_AFTER_S) -> str:
-    """The status to show: a 'running' run whose trainer stopped writing long ago is 'interrupted'."""
+    """The status to show: a 'running' run whose trainer stopped writing is 'interrupted'."""
     if status != "running" or updated_at is None or pd.isna(updated_at):
         return status or "unknown"
     now = now or datetime.now(timezone.utc).replace(tzinfo=None)
@@ -219,7 +219,7 @@ def top_gradient_trajectories(path: str | Path, run_id: str, step: int,
 
 # -- failures, search, tasks, tags -----------------------------------------------------------------
 def failure_counts(path: str | Path, run_id: str) -> pd.DataFrame:
-    """Counts per (step, split, failure_class); failure_class 'success'/'unclassified' fill NULLs."""
+    """Counts per (step, split, failure_class); a NULL class reads 'success' or 'unclassified'."""
     return _read(path, """
         SELECT step, split,
                coalesce(failure_class, CASE WHEN success THEN 'success' ELSE 'unclassified' END)

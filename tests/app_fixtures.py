@@ -32,6 +32,7 @@ RUN_NAMES = ("demo-search-starpo", "demo-apps-rloo", "imported-verl", "crashed-r
 
 WORLD = {"Veloria": ("Marrenport", "1412"), "Dunmoor": ("Kestrel Bay", "1688"),
          "Ysmir": ("Thallin", "903"), "Korvath": ("Bremsk", "1544")}
+BEHAVIOURS = ["good", "no_search", "wrong_evidence", "invalid", "loop"]
 INVALID_FEEDBACK = ("My previous action is invalid. If I want to search, I should put the query "
                     "between <search> and </search>. If I want to give the final answer, I should "
                     "put the answer between <answer> and </answer>. Let me try again.")
@@ -57,21 +58,24 @@ def _search_episode(rng: random.Random, country: str, behaviour: str):
     capital = WORLD[country][0]
     q = f"<search>capital of {country}</search>"
     if behaviour == "good":
-        turns = [(q, _docs(country, True), "search", True), (f"<answer>{capital}</answer>", "", "answer", True)]
+        turns = [(q, _docs(country, True), "search", True),
+                 (f"<answer>{capital}</answer>", "", "answer", True)]
         return turns, capital, True, "success", "answered"
     if behaviour == "no_search":
         solved = capital == "Bremsk"
         return [("<answer>Bremsk</answer>", "", "answer", True)], "Bremsk", solved, \
             "success" if solved else "answered_without_search", "answered"
     if behaviour == "wrong_evidence":
-        turns = [(q, _docs(country, True), "search", True), ("<answer>Thallin</answer>", "", "answer", True)]
+        turns = [(q, _docs(country, True), "search", True),
+                 ("<answer>Thallin</answer>", "", "answer", True)]
         return turns, "Thallin", False, "wrong_answer_with_evidence", "answered"
     if behaviour == "invalid":
         turns = [(f"I think the capital of {country} is", INVALID_FEEDBACK, "invalid", False)] * 3
         return turns, None, False, "format_error", "max_turns"
     # a repeated-search loop whose last action is cut by the token limit
     turns = [(q, _docs(country, False), "search", True)] * 2
-    turns.append((f"<search>capital of {country} capital of {country} capital", "", "invalid", False))
+    cut = f"<search>capital of {country} capital of {country} capital"  # no closing tag
+    turns.append((cut, "", "invalid", False))
     return turns, None, False, "repeated_action_loop", "max_turns"
 
 
@@ -83,9 +87,9 @@ def _token_rows(rng, prompt: str, turns, advantage: float, mark_obs_trained: boo
         for piece in _pieces(text):
             action = role == "action"
             lp = -abs(rng.gauss(0.6, 0.5)) if action else None
-            rows.append(dict(pos=pos, token_id=zlib.crc32(piece.encode()) % 49000 + 1, text=piece, role=role,
-                             trained=action, logprob=lp, advantage=advantage if action else None,
-                             turn=turn, entropy=abs(rng.gauss(1.2, 0.4)) if action else None,
+            rows.append(dict(pos=pos, token_id=zlib.crc32(piece.encode()) % 49000 + 1, text=piece,
+                             role=role, trained=action, logprob=lp, turn=turn,
+                             advantage=advantage if action else None, entropy=abs(rng.gauss(1.2, 0.4)) if action else None,
                              new_logprob=lp + rng.gauss(0, 0.02) if action else None,
                              ref_logprob=lp + rng.gauss(0, 0.05) if action else None))
             pos += 1
@@ -128,29 +132,33 @@ def _search_run(rec: Recorder, rng: random.Random) -> str:
             members = []
             for k in range(4):
                 traj_id = f"s{step:02d}-g{g}-r{k}"
-                weights = [0.2 + 0.6 * progress, 0.25 - 0.2 * progress, 0.2, 0.2 - 0.15 * progress, 0.15]
-                behaviour = rng.choices(["good", "no_search", "wrong_evidence", "invalid", "loop"], weights)[0]
+                weights = [0.2 + 0.6 * progress, 0.25 - 0.2 * progress, 0.2,
+                           0.2 - 0.15 * progress, 0.15]  # the policy improves with progress
+                behaviour = rng.choices(BEHAVIOURS, weights)[0]
                 if step >= 10:  # collapse: every rollout repeats the same answer
                     behaviour = "good" if g == 0 else "wrong_evidence"
                 if traj_id in (SCRIPT_TRAJ, LINT_TRAJ):
                     behaviour = "good"
                 ep = list(_search_episode(rng, country, behaviour))
                 if traj_id == SCRIPT_TRAJ:
-                    ep[0] = [(f"<search>{SCRIPT_TEXT} capital of {country}</search>",
-                              "\n\n<information>Doc 1(Title: <b>bold</b>) <img src=x onerror=alert(2)> "
-                              f"{SCRIPT_TEXT}</information>\n\n", "search", True)] + ep[0][-1:]
+                    hostile = ("\n\n<information>Doc 1(Title: <b>bold</b>) "
+                               f"<img src=x onerror=alert(2)> {SCRIPT_TEXT}</information>\n\n")
+                    ep[0] = [(f"<search>{SCRIPT_TEXT} capital of {country}</search>", hostile,
+                              "search", True)] + ep[0][-1:]
                 members.append((traj_id, prompt, country, ep))
-            outcome = [1.0 if m[3][2] else 0.0 for m in members]
-            fmt = [0.0 if m[3][3] == "format_error" else 1.0 for m in members]
-            cost = [-0.05 * len(m[3][0]) for m in members]
+            episodes = [m[3] for m in members]  # (turns, answer, success, class, finish)
+            outcome = [1.0 if ep[2] else 0.0 for ep in episodes]
+            fmt = [0.0 if ep[3] == "format_error" else 1.0 for ep in episodes]
+            cost = [-0.05 * len(ep[0]) for ep in episodes]  # 0.05 per turn
             total = [o + c for o, c in zip(outcome, cost)]
             adv = _grpo(total)
             group_rewards.append(total)
-            for (traj_id, prompt, country, (tturns, answer, success, fclass, finish)), r, a, o, f, c in zip(
-                    members, total, adv, outcome, fmt, cost):
+            for member, r, a, o, f, c in zip(members, total, adv, outcome, fmt, cost):
+                traj_id, prompt, country, (tturns, answer, success, fclass, finish) = member
                 grad = 4.0 if traj_id == SPIKE_TRAJ else abs(rng.gauss(0.12, 0.04))
-                trajs.append(dict(traj_id=traj_id, group_id=f"s{step:02d}-g{g}", task_id=f"capital-{country}",
-                                  reward=r, advantage=a, success=success, num_turns=len(tturns),
+                trajs.append(dict(traj_id=traj_id, group_id=f"s{step:02d}-g{g}",
+                                  task_id=f"capital-{country}", reward=r, advantage=a,
+                                  success=success, num_turns=len(tturns),
                                   finish_reason=finish, split="train", prompt=prompt, answer=answer,
                                   golds=[WORLD[country][0]], failure_class=fclass, grad_norm=grad,
                                   response_tokens=sum(len(_pieces(t[0])) for t in tturns),
@@ -160,7 +168,7 @@ def _search_run(rec: Recorder, rng: random.Random) -> str:
                 for t, (action, obs, atype, valid) in enumerate(tturns):
                     turns.append(dict(traj_id=traj_id, turn=t, action=action, observation=obs,
                                       action_valid=valid, action_type=atype, advantage=a,
-                                      action_truncated=atype == "invalid" and action.startswith("<search>"),
+                                      action_truncated=atype == "invalid" and "<search>" in action,
                                       step_reward=0.0, latency_s=0.003))
                 tokens += [dict(traj_id=traj_id, **row) for row in
                            _token_rows(rng, prompt, tturns, a, traj_id == LINT_TRAJ)]
@@ -175,8 +183,8 @@ def _search_run(rec: Recorder, rng: random.Random) -> str:
             "reward/group_std_mean": sum(stds) / len(stds) * (1 - 0.9 * collapse),
             "reward/frac_zero_std": sum(s == 0 for s in stds) / len(stds),
             "success/rate": sum(t["success"] for t in trajs) / len(trajs),
-            "success/pass@g": sum(any(t["success"] for t in trajs if t["group_id"].endswith(f"g{g}"))
-                                  for g in range(2)) / 2,
+            "success/pass@g": sum(any(t["success"] for t in trajs
+                                      if t["group_id"].endswith(f"g{g}")) for g in range(2)) / 2,
             "grad/norm": 6.0 if step == SPIKE_STEP else 0.5 + rng.gauss(0, 0.05),
             "policy/entropy": 1.3 - 0.2 * progress - 0.8 * collapse, "policy/kl": 0.002 * step,
             "policy/clipfrac": 0.05 + 0.01 * rng.random(), "policy/clipfrac_low": 0.02,
@@ -184,12 +192,14 @@ def _search_run(rec: Recorder, rng: random.Random) -> str:
             "env/turns_mean": sum(t["num_turns"] for t in trajs) / len(trajs),
             "env/valid_action_ratio": 0.7 + 0.25 * progress,
             "collapse/repeat_frac": 0.05 + 0.8 * collapse, "time/step_s": 9.0 + rng.random(),
-            "time/rollout_s": 5.0, "time/reward_s": 0.1, "time/update_s": 3.5, "time/record_s": 0.05,
+            "time/rollout_s": 5.0, "time/reward_s": 0.1, "time/update_s": 3.5,
+            "time/record_s": 0.05,
         }
         if step in (6, 11):
             metrics["eval/success"] = 0.3 + 0.4 * progress
         grads = [dict(module=m, norm=metrics["grad/norm"] * w) for m, w in
-                 (("layers.0.self_attn.q_proj.lora_A", 0.4), ("layers.1.mlp.down_proj.lora_B", 0.6))]
+                 (("layers.0.self_attn.q_proj.lora_A", 0.4),
+                  ("layers.1.mlp.down_proj.lora_B", 0.6))]
         rec.record_step(step, metrics=metrics, trajectories=trajs, rewards=rewards, turns=turns,
                         tokens=tokens, grad_stats=grads, test_results=tests)
     rec.finish("finished")
@@ -219,7 +229,8 @@ def _apps_run(rec: Recorder, rng: random.Random) -> str:
                     '<code>api.contacts.delete(name="Ada")</code>')
             diff = ([{"table": "contacts", "op": "update", "before": {"phone": "555-0199"},
                       "after": {"phone": "555-0100"}}] if ok else
-                    [{"table": "contacts", "op": "delete", "before": {"name": "Ada"}, "after": None}])
+                    [{"table": "contacts", "op": "delete", "before": {"name": "Ada"},
+                      "after": None}])
             tt = [("<code>api.contacts.find(name='Ada')</code>", "KeyError: 'phone'", "code", True),
                   (code, "ok", "code", True)]
             for t, (action, obs, atype, valid) in enumerate(tt):
@@ -239,7 +250,8 @@ def _apps_run(rec: Recorder, rng: random.Random) -> str:
             rewards += [dict(traj_id=traj_id, component=c, value=v) for c, v in
                         (("outcome", r), ("format", 1.0), ("cost", 0.0), ("process", 0.0))]
             prompt = "Update Ada's phone to 555-0100.\n"
-            tokens += [dict(traj_id=traj_id, **row) for row in _token_rows(rng, prompt, tt, adv, False)]
+            tokens += [dict(traj_id=traj_id, **row)
+                       for row in _token_rows(rng, prompt, tt, adv, False)]
         rec.record_step(step, metrics={"reward/mean": mean, "success/rate": sum(passes) / 4,
                                        "grad/norm": 0.3, "policy/entropy": 1.0 - 0.1 * step},
                         trajectories=trajs, turns=turns, tokens=tokens, test_results=tests,
@@ -259,7 +271,8 @@ def _imported_run(rec: Recorder, rng: random.Random) -> str:
             trajs.append(dict(traj_id=traj_id, group_id=f"imp{step}", task_id="q-17",
                               reward=float(ok), success=ok, num_turns=1, split="import",
                               finish_reason="answered", prompt="Who wrote Kestrel Bay?"))
-            turns.append(dict(traj_id=traj_id, turn=0, action=f"<answer>{'Lin' if ok else 'Ode'}</answer>",
+            answer = "Lin" if ok else "Ode"
+            turns.append(dict(traj_id=traj_id, turn=0, action=f"<answer>{answer}</answer>",
                               observation="", action_valid=True, action_type="answer"))
         rec.record_step(step, metrics={"reward/mean": sum(t["reward"] for t in trajs) / 4},
                         trajectories=trajs, turns=turns)

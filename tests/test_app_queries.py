@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -33,12 +34,13 @@ def fingerprint(path: str) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-# -- discovery and status -----------------------------------------------------------------------------
+# -- discovery and status --------------------------------------------------------------------------
 def test_store_dirs_env_override(tmp_path, monkeypatch):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "x.duckdb").write_bytes(b"")
     (tmp_path / "a" / "notes.txt").write_text("no")
-    monkeypatch.setenv(queries.STORE_DIRS_ENV, str(tmp_path / "a") + ":" + str(tmp_path / "missing"))
+    monkeypatch.setenv(queries.STORE_DIRS_ENV,
+                       os.pathsep.join([str(tmp_path / "a"), str(tmp_path / "missing")]))
     assert queries.store_dirs() == (str(tmp_path / "a"), str(tmp_path / "missing"))
     assert queries.discover_stores() == [str(tmp_path / "a" / "x.duckdb")]
     monkeypatch.delenv(queries.STORE_DIRS_ENV)
@@ -61,7 +63,7 @@ def test_shown_status_marks_silent_running_runs_interrupted():
     assert queries.shown_status("finished", now - timedelta(days=3), now) == "finished"
 
 
-# -- reads ----------------------------------------------------------------------------------------------
+# -- reads -----------------------------------------------------------------------------------------
 def test_trajectory_reads(demo):
     store, ids = demo
     run = ids["demo-search-starpo"]
@@ -106,14 +108,16 @@ def test_export_jsonl_and_parquet(demo):
     lines = queries.export_trajectories(store, run, traj_ids, "jsonl").decode().splitlines()
     records = [json.loads(x) for x in lines]
     assert [r["traj_id"] for r in records] == traj_ids
-    assert len(records[0]["turns"]) == 2 and set(records[0]["rewards"]) == {"outcome", "format", "cost", "process"}
-    frame = pd.read_parquet(io.BytesIO(queries.export_trajectories(store, run, traj_ids, "parquet")))
+    assert len(records[0]["turns"]) == 2
+    assert set(records[0]["rewards"]) == {"outcome", "format", "cost", "process"}
+    parquet = queries.export_trajectories(store, run, traj_ids, "parquet")
+    frame = pd.read_parquet(io.BytesIO(parquet))
     assert frame["traj_id"].tolist() == traj_ids
     with pytest.raises(ValueError):
         queries.export_trajectories(store, run, traj_ids, "csv")
 
 
-# -- the SQL box ----------------------------------------------------------------------------------------
+# -- the SQL box -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("sql", ["", "DELETE FROM runs", "SELECT 1; SELECT 2", "PRAGMA version",
                                  "COPY runs TO 'x.csv'", "ATTACH 'y.duckdb'", "SET threads = 1"])
 def test_sql_statement_check_refuses(sql):
@@ -121,7 +125,8 @@ def test_sql_statement_check_refuses(sql):
         sql_box.check_statement(sql)
 
 
-@pytest.mark.parametrize("sql", ["DELETE FROM runs", "DROP TABLE tokens", "CREATE TABLE t AS SELECT 1",
+@pytest.mark.parametrize("sql", ["DELETE FROM runs", "DROP TABLE tokens",
+                                 "CREATE TABLE t AS SELECT 1",
                                  "COPY runs TO 'leak.csv'", "SELECT * FROM read_csv('private.csv')",
                                  "SET enable_external_access = true"])
 def test_sql_box_is_read_only_even_without_the_statement_check(demo, monkeypatch, sql, tmp_path):
@@ -147,7 +152,7 @@ def test_sql_box_row_and_time_limits(demo):
         con.execute("SELECT 1")
 
 
-# -- tags -------------------------------------------------------------------------------------------------
+# -- tags ------------------------------------------------------------------------------------------
 def test_add_and_remove_tag(store_copy):
     store, ids = store_copy
     run = ids["demo-search-starpo"]
@@ -159,9 +164,9 @@ def test_add_and_remove_tag(store_copy):
     assert queries.tags(store, run).empty
 
 
-@pytest.mark.parametrize("tag,note,traj", [("", "", SCRIPT_TRAJ), ("x" * 65, "", SCRIPT_TRAJ),
-                                           ("bell\x07", "", SCRIPT_TRAJ), ("ok", "n" * 2001, SCRIPT_TRAJ),
-                                           ("ok", "", "no-such-trajectory")])
+@pytest.mark.parametrize("tag,note,traj", [
+    ("", "", SCRIPT_TRAJ), ("x" * 65, "", SCRIPT_TRAJ), ("bell\x07", "", SCRIPT_TRAJ),
+    ("ok", "n" * 2001, SCRIPT_TRAJ), ("ok", "", "no-such-trajectory")])
 def test_bad_tags_are_refused_and_nothing_written(store_copy, tag, note, traj):
     store, ids = store_copy
     with pytest.raises(ValueError):

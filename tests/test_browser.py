@@ -149,7 +149,7 @@ def no_exception(page) -> None:
     assert errors.count() == 0, errors.first.inner_text()
 
 
-# -- the tests (in this order: the first one is the server's first request) --------------------------
+# -- the tests (in this order: the first one is the server's first request) ------------------------
 def test_first_request_deep_link_and_hostile_text(page, server, shots):
     open_page(page, server, "replay", "Replay", step=4, traj=SCRIPT_TRAJ, turn=0)
     no_exception(page)

@@ -78,7 +78,7 @@ def shown_table(at: AppTest, *columns: str) -> pd.DataFrame:
     raise AssertionError(f"no table with columns {columns}")
 
 
-# -- every page, every run --------------------------------------------------------------------------
+# -- every page, every run -------------------------------------------------------------------------
 def _cases():
     cases = [("demo", None, name) for name in RUN_NAMES]
     for store in queries.discover_stores(("sample_runs",), root=ROOT):
@@ -131,7 +131,7 @@ def test_runs_page_diffs_configs(app, demo):
     assert "model" not in diff.index                    # both tiny: not a difference
 
 
-# -- replay --------------------------------------------------------------------------------------------
+# -- replay ----------------------------------------------------------------------------------------
 def test_replay_deep_link_opens_trajectory_and_turn(app, demo):
     run = demo[2]["demo-search-starpo"]
     at = app("replay", store=demo[1], run=run, step=4, traj=SCRIPT_TRAJ, turn=1)
@@ -190,7 +190,7 @@ def test_replay_apps_trajectory_shows_state_diff_error_and_tests(app, demo):
     assert "KeyError: 'phone'" in texts(at, "code")
 
 
-# -- groups --------------------------------------------------------------------------------------------
+# -- groups ----------------------------------------------------------------------------------------
 def test_groups_deep_link_estimators_and_flags(app, demo):
     run = demo[2]["demo-search-starpo"]
     at = app("groups", store=demo[1], run=run, step=4, group="s04-g0")
@@ -203,7 +203,7 @@ def test_groups_deep_link_estimators_and_flags(app, demo):
     assert any("Zero reward variance" in t for t in texts(at, "warning"))
 
 
-# -- dynamics ------------------------------------------------------------------------------------------
+# -- dynamics --------------------------------------------------------------------------------------
 def test_dynamics_spike_lists_its_trajectories(app, demo):
     run = demo[2]["demo-search-starpo"]
     at = app("dynamics", store=demo[1], run=run)
@@ -220,7 +220,7 @@ def test_dynamics_without_gradients_says_so(app, demo):
     assert any("No gradient norms" in t for t in texts(at, "info"))
 
 
-# -- failures ------------------------------------------------------------------------------------------
+# -- failures --------------------------------------------------------------------------------------
 def test_failures_search_finds_hostile_trajectory_and_shows_it_as_text(app, demo):
     run = demo[2]["demo-search-starpo"]
     at = app("failures", store=demo[1], run=run)
@@ -287,7 +287,7 @@ def test_failures_follows_a_task(app, demo):
                for t in texts(at, "caption"))
 
 
-# -- train ---------------------------------------------------------------------------------------------
+# -- train -----------------------------------------------------------------------------------------
 def test_train_form_refuses_invalid_values(app):
     at = app("train")
     assert at.selectbox(key="train_preset").value == "workshop-demo"
@@ -330,7 +330,7 @@ def test_launch_command_is_an_argument_list_into_the_store():
             _jobs.command(cfg, bad)
 
 
-# -- the pure helpers behind the pages -----------------------------------------------------------------
+# -- the pure helpers behind the pages -------------------------------------------------------------
 def test_estimator_mirrors_match_core_advantages():
     torch = pytest.importorskip("torch")
     from core import advantages
@@ -342,7 +342,8 @@ def test_estimator_mirrors_match_core_advantages():
 
 
 def test_gigpo_steps_hand_computed():
-    trajs = pd.DataFrame({"traj_id": ["x", "y", "z"], "reward": [1.0, 0.0, 1.0], "prompt": ["P"] * 3})
+    trajs = pd.DataFrame({"traj_id": ["x", "y", "z"], "reward": [1.0, 0.0, 1.0],
+                          "prompt": ["P"] * 3})
     turns = pd.DataFrame({"traj_id": ["x", "x", "y", "y", "z"], "turn": [0, 1, 0, 1, 0],
                           "observation": ["o1", "", "o2", "", ""], "action": ["a"] * 5,
                           "step_reward": [0.0] * 5})
