@@ -13,9 +13,10 @@ from __future__ import annotations
 import streamlit as st
 
 from pages import _common as c
-from storage import queries
+from storage import db, queries
 
 st.set_page_config(page_title="Agentic-RL inspector", layout="wide")
+FOLLOW_S = 5
 
 PAGES = [
     st.Page("pages/runs.py", title="Runs", url_path="runs", default=True),
@@ -47,6 +48,18 @@ def _adopt_run_from_url(options: list[tuple[str, str]]) -> None:
         st.sidebar.warning("The run named in the link is not in any store; showing another.")
 
 
+def _redraw_on_new_step(store: str, run_id: str, shown_last: int) -> None:
+    """Runs every FOLLOW_S seconds while a live run is shown: a new step -> redraw the page."""
+    try:
+        row = queries.runs(store).set_index("run_id").loc[run_id]
+    except (db.StoreError, KeyError):
+        return
+    last = int(row["last_step"]) if c.text_of(row["last_step"]) else -1
+    if last != shown_last or row["shown_status"] != "running":
+        c.run_table.clear()
+        st.rerun()
+
+
 def run_picker() -> None:
     """Sidebar: which run (of which store) and which step every page shows."""
     table = c.run_table()
@@ -68,8 +81,12 @@ def run_picker() -> None:
     st.query_params["store"], st.query_params["run"] = store, run_id
     st.session_state["_url_run"] = (store, run_id)
 
-    last_step = readable[(readable["store"] == store) & (readable["run_id"] == run_id)]["last_step"]
-    last = int(last_step.iloc[0]) if not last_step.isna().all() else -1
+    row = readable[(readable["store"] == store) & (readable["run_id"] == run_id)].iloc[0]
+    last = int(row["last_step"]) if c.text_of(row["last_step"]) else -1
+    if row["shown_status"] == "running" and st.sidebar.toggle(
+            "Follow the live run", value=True, key="follow_live",
+            help=f"Re-reads the run every {FOLLOW_S} s and redraws the page when a step lands."):
+        st.fragment(lambda: _redraw_on_new_step(store, run_id, last), run_every=FOLLOW_S)()
     steps = c.read_or_stop(c.load_steps, store, run_id, last)
     if not steps:
         st.sidebar.caption("This run recorded no trajectories (metrics only).")

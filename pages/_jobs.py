@@ -137,5 +137,6 @@ def log_tail(job: dict, lines: int = 30, max_bytes: int = 64_000) -> str:
             text = f.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
+    text = text.replace(str(ROOT) + os.sep, "")  # paths inside the project, shown relative
     shown = [line.rstrip().split("\r")[-1] for line in text.split("\n")]
     return "\n".join(shown[-lines:])

@@ -68,6 +68,11 @@ for box, fmt, mime in ((d1, "jsonl", "application/jsonl"),
                         data=lambda fmt=fmt: queries.export_trajectories(pick.store, pick.run_id,
                                                                          ids, fmt))
 
+tagged = queries.tags(pick.store, pick.run_id)
+if not tagged.empty:
+    with st.expander(f"Tags and notes in this run ({len(tagged)})"):
+        st.dataframe(tagged, key="fail_all_tags", hide_index=True)
+
 # -- one task across steps -------------------------------------------------------------------------
 st.subheader("One task across steps")
 tasks = queries.task_ids(pick.store, pick.run_id)

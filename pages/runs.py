@@ -56,7 +56,9 @@ if table.empty:
            + " is listed here; start a run on the Train page or with `python -m core.train`.")
 
 frame = run_frame(table)
-st.dataframe(frame, key="runs_table", hide_index=True, column_config={
+order = ["run", "status", *SPARK_METRICS, *[f"last {m}" for m in SPARK_METRICS], "env", "model",
+         "algo", "source", "last step", "created", "store", "run_id"]
+st.dataframe(frame, key="runs_table", hide_index=True, column_order=order, column_config={
     name: st.column_config.LineChartColumn(name, width="small") for name in SPARK_METRICS
 } | {"run_id": st.column_config.TextColumn("run_id", width="small")})
 st.caption("A 'running' run whose trainer has not written for "
@@ -90,6 +92,7 @@ else:
 configs = {labels[i]: queries.run_config(table.set_index(["store", "run_id"]).loc[
     (frame.at[i, "store"], frame.at[i, "run_id"]), "config"]) for i in chosen}
 if len(configs) == 1:
+    st.markdown("**Config**")
     st.json(next(iter(configs.values())), expanded=False)
 else:
     keys = sorted(set().union(*configs.values()))

@@ -31,8 +31,9 @@ presets = ["workshop-demo"] + [p for p in PRESETS if p != "workshop-demo"] + ["(
 preset = st.selectbox("Preset", presets, key="train_preset", on_change=apply_preset)
 if "train_env" not in st.session_state:
     apply_preset()
-st.caption("workshop-demo: the bandit task on the tiny model, small enough to finish in minutes "
-           "on a laptop CPU. Runs are recorded in " + str(_jobs.store_path()) + ".")
+st.caption("A preset fills in the form; workshop-demo trains the bandit task on the tiny model, "
+           "small enough to finish in minutes on a laptop CPU. Runs are recorded in "
+           + str(_jobs.store_path()) + ".")
 
 with st.form("train_form"):
     cols = st.columns(3)

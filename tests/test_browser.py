@@ -55,19 +55,22 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 90) -> No
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server():
     """(base URL, demo store path, {name: run_id}, runs dir) of a served app on the demo store."""
     if not Path(CHROMIUM).exists():
         pytest.skip("no chromium browser installed (Debian package 'chromium')")
-    base = tmp_path_factory.mktemp("browser")
+    # Under the project's ignored tmp/, named relative to the root: paths the pages show (and
+    # the screenshots keep) are then the project's own, not this machine's.
+    base = Path("tmp") / f"browser-{os.getpid()}"
+    shutil.rmtree(ROOT / base, ignore_errors=True)
     stores, runs = base / "stores", base / "runs"
-    stores.mkdir()
-    ids = make_demo_store(stores / "demo.duckdb")
+    (ROOT / stores).mkdir(parents=True)
+    ids = make_demo_store(ROOT / stores / "demo.duckdb")
     names = dict(zip(["demo-search-starpo", "demo-apps-rloo", "imported-verl", "crashed-run"], ids))
     port = _free_port()
     env = dict(os.environ, AGENTRL_STORE_DIRS=os.pathsep.join([str(stores), str(runs)]),
                AGENTRL_RUNS_DIR=str(runs), STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
-    log = open(base / "server.log", "wb")
+    log = open(ROOT / base / "server.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
          "--server.headless", "true", "--server.address", "127.0.0.1",
@@ -76,9 +79,9 @@ def server(tmp_path_factory):
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, proc)
-        yield url, str(stores / "demo.duckdb"), names, runs
+        yield url, str(stores / "demo.duckdb"), names, ROOT / runs
     finally:
-        _stop_job(runs)
+        _stop_job(ROOT / runs)
         proc.terminate()
         try:
             proc.wait(15)
@@ -86,6 +89,7 @@ def server(tmp_path_factory):
             proc.kill()
             proc.wait()
         log.close()
+        shutil.rmtree(ROOT / base, ignore_errors=True)
 
 
 def _stop_job(runs: Path) -> None:
@@ -144,6 +148,14 @@ def settle(page, quiet_ms: int = 800) -> None:
         "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
 
 
+def snap(page, path: Path) -> None:
+    """A screenshot once the browser has drawn everything (tables and charts render lazily)."""
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stSkeleton\"]')", timeout=30_000)
+    page.wait_for_timeout(2000)
+    page.screenshot(path=str(path))
+
+
 def no_exception(page) -> None:
     errors = page.locator('[data-testid="stException"]')
     assert errors.count() == 0, errors.first.inner_text()
@@ -160,7 +172,7 @@ def test_first_request_deep_link_and_hostile_text(page, server, shots):
     assert page.locator("script:text('alert(1)')").count() == 0
     page.wait_for_timeout(500)
     assert page.dialogs == []                                                   # nothing ran
-    page.screenshot(path=str(shots / "replay.png"))
+    snap(page, shots / "replay-hostile-text.png")
 
 
 @pytest.mark.parametrize("path,title", list(PAGES.items()))
@@ -169,7 +181,7 @@ def test_every_page_loads(page, server, shots, path, title):
     open_page(page, server, path, title, step=4)
     no_exception(page)
     print(f"{title}: loaded in {time.monotonic() - started:.1f} s")
-    page.screenshot(path=str(shots / f"{path or 'runs'}.png"))
+    snap(page, shots / f"{path or 'runs'}.png")
 
 
 def test_replay_steps_through_turns(page, server):
@@ -188,7 +200,7 @@ def test_spike_opens_its_trajectories(page, server, shots):
     open_page(page, server, "dynamics", "Dynamics")
     link = page.get_by_role("link", name=f"Replay {SPIKE_TRAJ} (grad norm 4)")
     link.wait_for(timeout=30_000)
-    page.screenshot(path=str(shots / "dynamics.png"))
+    snap(page, shots / "dynamics-spike.png")
     link.click()
     page.get_by_role("heading", name="Replay", exact=True).wait_for(timeout=30_000)
     settle(page)
@@ -220,7 +232,7 @@ def test_launch_a_tiny_job_and_watch_its_progress(page, server, shots):
     page.get_by_text("Started job").wait_for(timeout=30_000)
     # the fragment refreshes by itself: the progress text moves without any click
     page.get_by_text("step 1 of 2", exact=False).wait_for(timeout=240_000)
-    page.screenshot(path=str(shots / "train.png"))
+    snap(page, shots / "train-job.png")
     stop = page.get_by_role("button", name="Stop after the current step")
     if stop.count():                                 # SIGINT: the trainer ends after its step
         stop.click()

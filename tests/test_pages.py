@@ -101,6 +101,28 @@ def test_every_page_renders_every_run(app, demo, kind, store, run):
         assert at.session_state["pick_run"] == (store, run), page
 
 
+def test_a_link_cannot_open_a_store_outside_the_store_directories(app, demo, tmp_path):
+    outside = tmp_path / "elsewhere" / "private.duckdb"
+    outside.parent.mkdir()
+    other_run = make_demo_store(outside)[0]
+    at = app("replay", store=str(outside), run=other_run)
+    assert not at.exception
+    assert at.session_state["pick_run"][0] == demo[1]              # still a listed store
+    assert any("not in any store" in t for t in texts(at, "warning"))
+
+
+def test_a_live_run_can_be_followed(app, tmp_path):
+    from storage.recorder import Recorder
+    live = tmp_path / "live"
+    rec = Recorder(live / "store.duckdb")
+    run = rec.start_run({"env": "bandit", "model": "tiny", "algo": "grpo"}, name="live")
+    rec.record_step(1, metrics={"reward/mean": 0.2, "grad/norm": 0.5})
+    at = app("dynamics", store_dir=str(live), store=str(live / "store.duckdb"), run=run)
+    assert not at.exception
+    assert at.toggle(key="follow_live").value is True
+    assert at.selectbox(key="pick_run").value == (str(live / "store.duckdb"), run)
+
+
 def test_empty_store_directory_says_so(app, tmp_path):
     empty = tmp_path / "nothing"
     empty.mkdir()
