@@ -89,7 +89,8 @@ def _token_rows(rng, prompt: str, turns, advantage: float, mark_obs_trained: boo
             lp = -abs(rng.gauss(0.6, 0.5)) if action else None
             rows.append(dict(pos=pos, token_id=zlib.crc32(piece.encode()) % 49000 + 1, text=piece,
                              role=role, trained=action, logprob=lp, turn=turn,
-                             advantage=advantage if action else None, entropy=abs(rng.gauss(1.2, 0.4)) if action else None,
+                             advantage=advantage if action else None,
+                             entropy=abs(rng.gauss(1.2, 0.4)) if action else None,
                              new_logprob=lp + rng.gauss(0, 0.02) if action else None,
                              ref_logprob=lp + rng.gauss(0, 0.05) if action else None))
             pos += 1
