@@ -44,7 +44,8 @@ def chart(names: list[str], title: str, key: str, band: tuple[str, str] | None =
 left, right = st.columns(2)
 with left:
     chart(["reward/mean"], "Reward (mean ± std)", "dyn_reward", band=("reward/mean", "reward/std"))
-    chart(["success/rate", "eval/success", "success/pass@g", "pass@G"], "Success", "dyn_success")
+    chart(["success/rate", "eval/success", "success/pass@G", "success/pass@g"], "Success",
+          "dyn_success")
     chart(["policy/entropy"], "Entropy", "dyn_entropy")
     chart(["policy/clipfrac", "policy/clipfrac_low", "policy/clipfrac_high"], "Clip fraction",
           "dyn_clip")
@@ -52,7 +53,8 @@ with left:
 with right:
     chart(["reward/group_std_mean", "reward/frac_zero_std"], "In-group reward std, zero-std groups",
           "dyn_groupstd")
-    chart(["policy/kl"], "KL to the reference", "dyn_kl")
+    chart(["policy/kl", "policy/approx_kl"], "KL (to the reference; approx. to the sampler)",
+          "dyn_kl")
     chart(["response/length_mean"], "Response length (tokens)", "dyn_length")
     chart(["collapse/repeat_frac"], "Repeated action sequences", "dyn_repeat")
     chart(["sft/loss", "value/loss"], "SFT and value loss", "dyn_losses")
@@ -61,6 +63,9 @@ if timings:
     fig = go.Figure([go.Bar(x=wide.index, y=wide[n], name=c.plot_text(n)) for n in timings])
     fig.update_layout(barmode="stack", title="Phase timings (s)", xaxis_title="step", height=300)
     st.plotly_chart(fig, key="dyn_timings")
+others = st.multiselect("Any other recorded metric", sorted(wide.columns), key="dyn_more")
+if others:
+    chart(others, "Chosen metrics", "dyn_more_chart")
 
 # -- gradient spikes -------------------------------------------------------------------------------
 st.subheader("Gradient norm and spikes")

@@ -164,10 +164,11 @@ def no_exception(page) -> None:
 # -- the tests (in this order: the first one is the server's first request) ------------------------
 def test_first_request_deep_link_and_hostile_text(page, server, shots):
     open_page(page, server, "replay", "Replay", step=4, traj=SCRIPT_TRAJ, turn=0)
+    page.get_by_text(SCRIPT_TEXT, exact=False).first.wait_for(timeout=30_000)   # shown as text
+    page.locator(".token-view").wait_for(timeout=30_000)
     no_exception(page)
     picker = page.locator('[data-testid="stSidebar"]').get_by_role("combobox", name="Run")
     assert picker.input_value() == "demo-search-starpo · finished"             # app.py's picker
-    assert page.get_by_text(SCRIPT_TEXT, exact=False).count() >= 1              # shown as text
     assert page.locator(".token-view script, .token-view img, .token-view b").count() == 0
     assert page.locator("script:text('alert(1)')").count() == 0
     page.wait_for_timeout(500)
@@ -193,6 +194,8 @@ def test_replay_steps_through_turns(page, server):
     assert "turn=1" in page.url                      # the view is in the address bar
     page.get_by_role("button", name="◀ Prev").click()
     page.get_by_text("Turn 1 of 2").wait_for(timeout=20_000)
+    page.get_by_text("Play (advance one turn per second)").click()   # play mode: no more clicks
+    page.get_by_text("Turn 2 of 2").wait_for(timeout=20_000)
     no_exception(page)
 
 
@@ -200,6 +203,8 @@ def test_spike_opens_its_trajectories(page, server, shots):
     open_page(page, server, "dynamics", "Dynamics")
     link = page.get_by_role("link", name=f"Replay {SPIKE_TRAJ} (grad norm 4)")
     link.wait_for(timeout=30_000)
+    page.get_by_role("heading", name="Gradient norm and spikes").evaluate(
+        "e => e.scrollIntoView({block: 'start'})")
     snap(page, shots / "dynamics-spike.png")
     link.click()
     page.get_by_role("heading", name="Replay", exact=True).wait_for(timeout=30_000)
