@@ -21,6 +21,8 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
+import psutil
+
 from core.config import TrainConfig, validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,12 +75,11 @@ def _alive(pid: int) -> bool:
     child = _CHILDREN.get(pid)
     if child is not None:
         return child.poll() is None
-    try:  # started by an earlier server process: check it is still our trainer
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        status = Path(f"/proc/{pid}/stat").read_text().split()[2]
-    except (OSError, IndexError):
+    try:  # started by an earlier server process: check the pid is still our trainer
+        proc = psutil.Process(pid)
+        return "core.train" in proc.cmdline() and proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, ValueError):
         return False
-    return b"core.train" in cmdline and status != "Z"
 
 
 def current() -> dict | None:

@@ -352,6 +352,19 @@ def test_launch_command_is_an_argument_list_into_the_store():
             _jobs.command(cfg, bad)
 
 
+def test_job_file_and_log_tail(app, tmp_path):
+    assert _jobs.current() is None                                  # never started
+    _jobs.job_file().parent.mkdir(parents=True, exist_ok=True)
+    _jobs.job_file().write_text("{not json")
+    assert _jobs.current() is None                                  # unreadable: no job
+    log = tmp_path / "job.log"
+    log.write_text(f"loading\n 10%|#  | 1/10\r 20%|## | 2/10\n{_jobs.ROOT}/core/x.py: warning\n")
+    tail = _jobs.log_tail({"log": str(log)})
+    assert tail.splitlines() == ["loading", " 20%|## | 2/10", "core/x.py: warning"]
+    with pytest.raises(_jobs.JobError):
+        _jobs.stop({"pid": 2 ** 22 + 12345})                         # no such process
+
+
 # -- the pure helpers behind the pages -------------------------------------------------------------
 def test_estimator_mirrors_match_core_advantages():
     torch = pytest.importorskip("torch")
