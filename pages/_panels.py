@@ -8,7 +8,7 @@ from storage import annotations, db, queries
 from storage.sql_box import MAX_ROWS, TIME_LIMIT_S, SqlRefused, run_query
 
 
-def trajectory_panel(pick: Pick, traj_id: str, step: int) -> None:
+def trajectory_panel(pick: Pick, traj_id: str) -> None:
     """One trajectory's turns (as text), its tags and notes, and a form to add one."""
     turns = queries.turns(pick.store, pick.run_id, [traj_id])
     for t in turns.to_dict("records"):

@@ -50,12 +50,12 @@ event = st.dataframe(found, key="fail_results", hide_index=True, on_select="reru
                      selection_mode="single-row",
                      column_config={"replay": st.column_config.LinkColumn("replay",
                                                                           display_text="open")})
-rows = event.selection.rows if event else []
+rows = [r for r in (event.selection.rows if event else []) if r < len(found)]
 if rows:
     sel = found.iloc[rows[0]]
     st.subheader(f"Trajectory {c.safe_label(sel['traj_id'])}")
     c.replay_link(pick, int(sel["step"]), sel["traj_id"])
-    _panels.trajectory_panel(pick, sel["traj_id"], int(sel["step"]))
+    _panels.trajectory_panel(pick, sel["traj_id"])
 
 ids = found["traj_id"].tolist()
 d1, d2 = st.columns(2)
