@@ -17,6 +17,7 @@ import random
 import signal
 import time
 import traceback
+from dataclasses import dataclass, field
 
 import torch
 from tqdm import tqdm
@@ -92,18 +93,19 @@ class _Run:
 
     def go(self) -> str:
         cfg = self.cfg
-        done = self.start()
         total = cfg.sft_steps + cfg.steps
-        status, error = "finished", None
-        bar = tqdm(total=total, initial=max(done, 0), disable=not self.progress, unit="step")
+        status, bar = "finished", None
         try:
+            done = self.start()
+            bar = tqdm(total=total, initial=max(done, 0), disable=not self.progress, unit="step")
             with self._sigint():
                 if done < 0 and cfg.sft_steps == 0 and self._eval_on():
-                    self.evaluate(0)
+                    self.write(0, self.evaluate(0))
                 for step in range(max(done + 1, 1), total + 1):
-                    metrics = self.sft_step(step) if step <= cfg.sft_steps else self.rl_step(step)
+                    record = self.sft_step(step) if step <= cfg.sft_steps else self.rl_step(step)
                     if self._eval_due(step):
-                        metrics.update(self.evaluate(step))
+                        record.add(self.evaluate(step))
+                    metrics = self.write(step, record)
                     if step % cfg.checkpoint_every == 0 or step == total or self.stop_requested:
                         self.save(step)
                     bar.update(1)
@@ -115,11 +117,13 @@ class _Run:
         except KeyboardInterrupt:  # a second Ctrl-C: stop now, resume from the last checkpoint
             status = "stopped"
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
-            self.recorder.finish("failed", error=error)
+            if self.run_id:
+                error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
+                self.recorder.finish("failed", error=error)
             raise
         finally:
-            bar.close()
+            if bar is not None:
+                bar.close()
         self.recorder.finish(status)
         return self.run_id
 
@@ -168,7 +172,7 @@ class _Run:
         return (self.cfg.seed * 100_003 + step) % (2 ** 31)
 
     # -- the steps --------------------------------------------------------------------------------
-    def rl_step(self, step: int) -> dict[str, float]:
+    def rl_step(self, step: int) -> "_Step":
         cfg, policy = self.cfg, self.policy
         t0 = time.perf_counter()
         tasks = self.tasks_for(step - cfg.sft_steps - 1, cfg.tasks_per_step, salt=0)
@@ -196,9 +200,9 @@ class _Run:
                    "time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/update_s": t3 - t2,
                    "perf/tokens_per_s": generated / max(t1 - t0, 1e-9),
                    "perf/generated_tokens": float(generated)}
-        return self.record(step, t0, metrics, trajs, samples, result.module_norms)
+        return _Step(t3 - t0, metrics, trajs, token_values(samples), result.module_norms)
 
-    def sft_step(self, step: int) -> dict[str, float]:
+    def sft_step(self, step: int) -> "_Step":
         cfg = self.cfg
         t0 = time.perf_counter()
         tasks = self.tasks_for(step - 1, cfg.sft_batch_size, salt=1)
@@ -217,9 +221,9 @@ class _Run:
                    "sft/demo_success": _mean([float(success_of(t)) for t in demos]),
                    "sft/demo_reward": _mean([t.reward for t in demos]),
                    "time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/update_s": t3 - t2}
-        return self.record(step, t0, metrics, demos, samples, result.module_norms)
+        return _Step(t3 - t0, metrics, demos, token_values(samples), result.module_norms)
 
-    def evaluate(self, step: int) -> dict[str, float]:
+    def evaluate(self, step: int) -> "_Step":
         """Held-out tasks, one rollout each at eval temperature, recorded with split 'eval'."""
         t0 = time.perf_counter()
         trajs = rollout(self.policy, self.env, self.eval_tasks, group_size=1,
@@ -233,23 +237,25 @@ class _Run:
                    "eval/turns_mean": roll["env/turns_mean"],
                    "eval/valid_action_ratio": roll["env/valid_action_ratio"],
                    "eval/tasks": float(len(trajs)), "time/eval_s": time.perf_counter() - t0}
-        tables = step_tables(trajs)
-        self.recorder.record_step(step, metrics=metrics, **tables)
         if self.progress:
             tqdm.write(f"step {step}: eval/success {metrics['eval/success']:.3f} "
                        f"on {len(trajs)} held-out tasks")
-        return metrics
+        return _Step(None, metrics, trajs)
 
     # -- recording --------------------------------------------------------------------------------
-    def record(self, step: int, t0: float, metrics: dict, trajs, samples, module_norms) -> dict:
-        """Write the step: metrics, trajectories, rewards, turns, tokens, grad and test rows."""
+    def write(self, step: int, record: "_Step") -> dict:
+        """Write the step in one transaction: metrics, trajectories (train, SFT and eval alike),
+        rewards, turns, tokens, per-module gradient norms and test results."""
         t_build = time.perf_counter()
-        tables = step_tables(trajs, token_values(samples))
-        grad_rows = {"module": list(module_norms), "norm": list(module_norms.values())}
-        # A write cannot time itself: time/record_s is this step's row building plus the
-        # previous step's database write.
-        metrics["time/record_s"] = time.perf_counter() - t_build + self.last_write_s
-        metrics["time/step_s"] = time.perf_counter() - t0 + self.last_write_s
+        tables = step_tables(record.trajs, record.token_values)
+        norms = record.module_norms
+        grad_rows = {"module": list(norms), "norm": list(norms.values())}
+        metrics = record.metrics
+        if record.work_s is not None:
+            # A write cannot time itself: time/record_s is this step's row building plus the
+            # previous step's database write. time/step_s leaves evaluation out (time/eval_s).
+            metrics["time/record_s"] = time.perf_counter() - t_build + self.last_write_s
+            metrics["time/step_s"] = record.work_s + metrics["time/record_s"]
         t_write = time.perf_counter()
         self.recorder.record_step(step, metrics=metrics, grad_stats=grad_rows, **tables)
         self.last_write_s = time.perf_counter() - t_write
@@ -263,6 +269,22 @@ class _Run:
         tqdm.write(f"step {step}: update skipped ({bad})")
         if self.bad_steps >= self.cfg.max_bad_steps:
             raise TrainingError(f"{self.bad_steps} consecutive updates skipped; last: {bad}")
+
+
+@dataclass
+class _Step:
+    """What one step hands to the recorder."""
+    work_s: float | None
+    """Rollout + reward + update seconds (None for an evaluation alone)."""
+    metrics: dict
+    trajs: list
+    token_values: dict = field(default_factory=dict)
+    module_norms: dict = field(default_factory=dict)
+
+    def add(self, other: "_Step") -> None:
+        self.metrics.update(other.metrics)
+        self.trajs = self.trajs + other.trajs
+        self.token_values.update(other.token_values)
 
 
 def token_values(samples) -> dict[str, dict[str, list]]:

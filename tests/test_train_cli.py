@@ -186,3 +186,16 @@ def test_hard_kill_resumes_from_the_last_checkpoint_without_duplicates(tmp_path)
     assert _q(db, "SELECT status FROM runs") == [("running",)]
     _run(["--resume", run_id, "--db", str(db), "--quiet"])
     _assert_complete(db, run_id, 5)
+
+
+def test_a_crash_marks_the_run_failed_with_the_error(tmp_path, capsys):
+    db = tmp_path / "store.duckdb"
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the checkpoint directory should go")
+    rc = main(SMALL + ["--steps", "1", "--eval-every", "0", "--db", str(db),
+                       "--checkpoint-dir", str(blocker)])
+    assert rc == 1
+    assert "training failed" in capsys.readouterr().err
+    [(status, error, last)] = _q(db, "SELECT status, error, last_step FROM runs")
+    assert status == "failed" and "not-a-dir" in error
+    assert last == 1  # the step itself was recorded before the checkpoint failed
