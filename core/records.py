@@ -89,8 +89,10 @@ def token_rows(trajs: Sequence[Trajectory],
         cols["token_id"].extend(t.token_ids)
         cols["text"].extend(t.token_text)
         cols["role"].extend(t.roles)
-        # The loss mask as the optimiser applied it: a filtered trajectory trained nothing.
-        cols["trained"].extend([m and not t.filtered for m in t.trained])
+        # The loss mask as the optimiser applied it: held-out evaluations and trajectories
+        # filtered out of the update (StarPO-S, LOOP's |A| filter) trained nothing.
+        applied = not t.filtered and t.split != "eval"
+        cols["trained"].extend([m and applied for m in t.trained])
         cols["logprob"].extend(t.logprobs)
         cols["turn"].extend(t.token_turn)
         cols["entropy"].extend(list(entropy) + [None] * (n - len(entropy)))

@@ -67,14 +67,15 @@ def test_two_step_run_writes_every_table_consistently(tmp_path):
                                    "policy/ratio_min", "policy/ratio_max"} <= names[step]
     assert _q(db, "SELECT count(*) FROM (SELECT step, name FROM metrics GROUP BY ALL "
                   "HAVING count(*) > 1)") == [(0,)]
-    # tokens: one row per context position; trained == model tokens; logprob where sampled
+    # tokens: one row per context position; trained == model tokens of trained splits;
+    # logprob wherever the model sampled
     bad = _q(db, """
         SELECT t.traj_id FROM trajectories t JOIN tokens k USING (run_id, traj_id)
         GROUP BY t.traj_id, t.split, t.response_tokens
         HAVING count(*) <> max(k.pos) + 1 OR count(DISTINCT k.pos) <> count(*)
-            OR sum(k.trained::INT) <> t.response_tokens
-            OR bool_or(k.trained <> (k.role = 'action'))
-            OR bool_or(t.split <> 'sft' AND (k.logprob IS NOT NULL) <> k.trained)
+            OR sum((k.role = 'action')::INT) <> t.response_tokens
+            OR bool_or(k.trained <> (k.role = 'action' AND t.split <> 'eval'))
+            OR bool_or(t.split <> 'sft' AND (k.logprob IS NOT NULL) <> (k.role = 'action'))
             OR bool_or(t.split = 'train' AND k.trained AND k.advantage IS NULL)
             OR bool_or(t.split = 'train' AND k.trained AND k.ref_logprob IS NULL)""")
     assert bad == []

@@ -253,3 +253,19 @@ def test_rewards_component_rows_for_every_trajectory(env):
     for t in trajs:
         t.rewards, t.reward = score(t, _cfg())
         assert set(t.rewards) == {"outcome", "format", "cost", "process"}
+
+
+def test_token_rows_carry_the_mask_as_the_optimiser_applied_it():
+    from core.records import step_tables
+    kept, dropped, held_out = _fake("a", "g", 1.0, 1), _fake("b", "g", 0.0, 1), _fake("c", "h", 0.0, 1)
+    dropped.filtered = True
+    held_out.split = "eval"
+    for t in (kept, dropped, held_out):
+        t.token_text = ["x"] * len(t.token_ids)
+    tables = step_tables([kept, dropped, held_out])
+    tokens = tables["tokens"]
+    by_traj = {tid: [m for i, m in zip(tokens["traj_id"], tokens["trained"]) if i == tid]
+               for tid in "abc"}
+    assert by_traj["a"] == kept.trained and not any(by_traj["b"]) and not any(by_traj["c"])
+    assert tables["trajectories"]["filtered"] == [False, True, False]
+    assert len(tables["rewards"]["traj_id"]) == 3 * 4
