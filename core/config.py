@@ -75,6 +75,12 @@ class TrainConfig:
     """Temperature for held-out evaluation (0 = greedy)."""
     topk: int = 3
     """Search env: documents returned per query (Search-R1 default 3)."""
+    env_options: str = ""
+    """Env options as key=value,key=value (e.g. two_hop_frac=0.75 for search, expert=uniform for
+    bandit, max_actions=8 for frozenlake); values are read as int, float, true/false or text."""
+    sft_env_options: str = ""
+    """Options that differ for the SFT demonstrations' env (same format, layered over
+    env_options), e.g. two_hop_frac=0.1 so SFT teaches the format and leaves strategy to RL."""
 
     # -- model and LoRA ------------------------------------------------------------------------
     lora_rank: int = 16
@@ -196,6 +202,61 @@ def _coerce(name: str, f: dataclasses.Field, value: Any) -> Any:
     return value
 
 
+ENV_OPTIONS: dict[str, tuple[str, ...]] = {
+    "search": ("two_hop_frac", "templates", "world_seed"),
+    "apps": ("templates", "code_cpu_s", "code_wall_s", "code_mem_mb"),
+    "frozenlake": ("size", "slip", "max_actions", "actions_per_turn"),
+    "sokoban": ("size", "max_actions", "actions_per_turn"),
+    "bandit": ("arms", "expert"),
+}
+"""Options each environment's constructor takes through env_options (topk and outcome_metric
+have their own fields; the env checks the values)."""
+
+
+def parse_env_options(text: str, field_name: str = "env_options") -> dict[str, Any]:
+    """'a=1,b=0.5,c=true,d=text' -> {'a': 1, 'b': 0.5, 'c': True, 'd': 'text'}; '' -> {}.
+
+    Values are tried as int, then float, then true/false, else kept as text. A value holding a
+    comma cannot be written (search/apps ``templates`` take ';' between names instead).
+    ConfigError, naming ``field_name``, for a malformed item or a repeated key."""
+    out: dict[str, Any] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        key, sep, raw = item.partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not sep or not key.isidentifier() or not raw:
+            raise ConfigError(f"{field_name}={text!r}: {item!r} is not key=value "
+                              "(write options as key=value,key=value)")
+        if key in out:
+            raise ConfigError(f"{field_name}={text!r}: {key} given twice")
+        out[key] = _option_value(raw)
+    return out
+
+
+def _option_value(raw: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(raw)
+        except ValueError:
+            pass
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    return raw.replace(";", ",")
+
+
+def env_kwargs(cfg: TrainConfig, sft: bool = False) -> dict[str, Any]:
+    """Keyword arguments for make_env(cfg.env, ...): seed, topk, the search outcome metric,
+    env_options, and for the SFT demonstrations' env sft_env_options over them."""
+    kwargs: dict[str, Any] = {"seed": cfg.seed, "topk": cfg.topk}
+    if cfg.env == "search":
+        kwargs["outcome_metric"] = cfg.outcome_metric
+    kwargs.update(parse_env_options(cfg.env_options, "env_options"))
+    if sft:
+        kwargs.update(parse_env_options(cfg.sft_env_options, "sft_env_options"))
+    return kwargs
+
+
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Refuse values that cannot work, naming the field. Returns cfg for chaining."""
     def need(cond: bool, fld: str, why: str) -> None:
@@ -247,6 +308,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.kl_abort > 0, "kl_abort", "must be > 0")
     need(cfg.max_bad_steps >= 1, "max_bad_steps", "must be >= 1")
     need(cfg.outcome_metric in ("em", "f1"), "outcome_metric", "must be em or f1")
+    for fld in ("env_options", "sft_env_options"):
+        opts = parse_env_options(getattr(cfg, fld), fld)
+        unknown = sorted(set(opts) - set(ENV_OPTIONS.get(cfg.env, ())))
+        need(not unknown, fld, f"unknown option(s) {', '.join(unknown)} for env {cfg.env}; "
+             f"known: {', '.join(ENV_OPTIONS.get(cfg.env, ())) or 'none'}")
     need(cfg.threads >= 0, "threads", "must be >= 0")
     need(bool(cfg.db.strip()), "db", "must name a database file")
     return cfg
@@ -257,9 +323,20 @@ PRESETS: dict[str, dict[str, Any]] = {
     "workshop-demo": dict(env="bandit", model="tiny", algo="grpo", steps=20, sft_steps=0,
                           group_size=8, tasks_per_step=4, max_turns=1, lr=5e-3,
                           eval_every=5, eval_tasks=16),
+    # DESIGN.md's measured recipe: SFT on mostly single-hop demonstrations teaches the format,
+    # RL on mostly two-hop tasks (EM + 0.2 x retrieval hit) teaches searching twice.
     "search-smollm2": dict(env="search", model="smollm2-135m", algo="grpo", steps=20,
                            sft_steps=20, group_size=8, tasks_per_step=4, max_turns=4,
-                           lr=1e-4, sft_lr=2e-4, eval_every=5, eval_tasks=100),
+                           lr=1e-4, sft_lr=2e-4, eval_every=10, eval_tasks=100,
+                           env_options="two_hop_frac=0.75", sft_env_options="two_hop_frac=0.1",
+                           w_process=0.2, max_grad_norm=1.0),
+    # The apps world needs more turns and room for its longer observations.
+    "apps-smollm2": dict(env="apps", model="smollm2-135m", algo="grpo", steps=20, sft_steps=20,
+                         group_size=4, tasks_per_step=2, max_turns=8, max_obs_tokens=512,
+                         max_context=2048, eval_every=10, eval_tasks=16),
+    "apps-tiny": dict(env="apps", model="tiny", algo="grpo", steps=4, sft_steps=2,
+                      group_size=2, tasks_per_step=2, max_turns=8, max_obs_tokens=512,
+                      max_context=2048, max_new_tokens=48, eval_every=2, eval_tasks=4),
     "tiny-smoke": dict(env="search", model="tiny", algo="grpo", steps=2, group_size=2,
                        tasks_per_step=2, max_turns=2, max_new_tokens=16, eval_every=0),
 }

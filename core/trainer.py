@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from core import checkpoint
-from core.config import TrainConfig, validate
+from core.config import TrainConfig, env_kwargs, validate
 from core.credit import assign
 from core.diagnostics import entropy_mean, rollout_metrics, success_of
 from core.envs.base import make_env
@@ -58,7 +58,9 @@ def train(cfg: TrainConfig, recorder, progress: bool = True) -> str:
 class _Run:
     def __init__(self, cfg: TrainConfig, recorder, progress: bool):
         self.cfg, self.recorder, self.progress = cfg, recorder, progress
-        self.env = make_env(cfg.env, seed=cfg.seed, topk=cfg.topk)
+        self.env = make_env(cfg.env, **env_kwargs(cfg))
+        # SFT demonstrations may come from differently mixed train tasks (sft_env_options).
+        self.sft_env = make_env(cfg.env, **env_kwargs(cfg, sft=True)) if cfg.sft_env_options else self.env
         self.policy = policy_from_config(cfg)
         params = self.policy.trainable_parameters()
         self.sft_opt = torch.optim.AdamW(params, lr=cfg.sft_lr, weight_decay=0.0)
@@ -66,6 +68,7 @@ class _Run:
         self.sampling = Sampling.from_config(cfg)
         self.eval_sampling = Sampling.from_config(cfg, eval=True)
         self.pool = _task_pool(self.env, cfg.seed)
+        self.sft_pool = _task_pool(self.sft_env, cfg.seed) if cfg.sft_env_options else self.pool
         self.eval_tasks = self.env.tasks("heldout", cfg.eval_tasks, cfg.seed) if cfg.eval_tasks else []
         self.bad_steps, self.last_write_s, self.stop_requested = 0, 0.0, False
         self.run_id = ""
@@ -162,11 +165,12 @@ class _Run:
                         self.cfg.to_dict())
 
     # -- tasks ------------------------------------------------------------------------------------
-    def tasks_for(self, index: int, count: int, salt: int) -> list:
+    def tasks_for(self, index: int, count: int, salt: int, pool: list | None = None) -> list:
         """``count`` train tasks for the index-th batch of a phase, cycling through the pool."""
-        order = list(range(len(self.pool)))
+        pool = self.pool if pool is None else pool
+        order = list(range(len(pool)))
         random.Random(self.cfg.seed * 31 + salt).shuffle(order)
-        return [self.pool[order[(index * count + j) % len(order)]] for j in range(count)]
+        return [pool[order[(index * count + j) % len(order)]] for j in range(count)]
 
     def _seed(self, step: int) -> int:
         return (self.cfg.seed * 100_003 + step) % (2 ** 31)
@@ -205,8 +209,8 @@ class _Run:
     def sft_step(self, step: int) -> "_Step":
         cfg = self.cfg
         t0 = time.perf_counter()
-        tasks = self.tasks_for(step - 1, cfg.sft_batch_size, salt=1)
-        demos = demonstrations(self.env, tasks, self.policy.tokenizer, self.sampling,
+        tasks = self.tasks_for(step - 1, cfg.sft_batch_size, salt=1, pool=self.sft_pool)
+        demos = demonstrations(self.sft_env, tasks, self.policy.tokenizer, self.sampling,
                                seed=self._seed(step), id_prefix=f"s{step}")
         t1 = time.perf_counter()
         for t in demos:
