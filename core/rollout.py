@@ -150,11 +150,13 @@ class _Batch:
 
 def rollout(policy: Policy, env: Environment, tasks: list[Task], *, group_size: int,
             sampling: Sampling, seed: int, id_prefix: str = "s0",
-            split: str = "train") -> list[Trajectory]:
+            split: str = "train", reuse_cache: bool = True) -> list[Trajectory]:
     """Roll out ``group_size`` trajectories for each task, all in one batch.
 
     Trajectory ids are ``{id_prefix}-g{task index}-r{rollout}``; a task's rollouts share
     ``group_id = {id_prefix}-g{task index}``. Deterministic given ``seed``.
+    ``reuse_cache=False`` re-encodes each row's whole history at every turn (Search-R1's way),
+    for comparison in bench/rollout.py; the trajectories are the same, only slower.
     """
     tok = policy.tokenizer
     generator = torch.Generator().manual_seed(seed)
@@ -175,7 +177,8 @@ def rollout(policy: Policy, env: Environment, tasks: list[Task], *, group_size: 
     policy.model.eval()
     try:
         with torch.no_grad():
-            _run_turns(policy, env, [r for r in rows if not r.done], sampling, generator)
+            _run_turns(policy, env, [r for r in rows if not r.done], sampling, generator,
+                       reuse_cache)
     finally:
         policy.model.train(was_training)
     for row in rows:
@@ -189,12 +192,16 @@ def rollout(policy: Policy, env: Environment, tasks: list[Task], *, group_size: 
 
 
 def _run_turns(policy: Policy, env: Environment, rows: list[_Row], sampling: Sampling,
-               generator: torch.Generator) -> None:
+               generator: torch.Generator, reuse_cache: bool = True) -> None:
     batch = _Batch(policy, rows)
     eos = policy.eos_ids
     for turn in range(sampling.max_turns):
         if not batch.rows:
             return
+        if turn and not reuse_cache:  # a fresh cache: the whole history is encoded again
+            for row in batch.rows:
+                row.fed, row.pending = 0, list(row.traj.token_ids)
+            batch = _Batch(policy, batch.rows)
         for row in batch.rows:
             row.gen, row.gen_lp, row.gen_ent, row.text, row.prev_text = [], [], [], "", ""
             row.stopped, row.cut_text = None, None

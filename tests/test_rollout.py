@@ -165,3 +165,17 @@ def test_limits_are_enforced_and_recorded(setup):
         assert traj.finish_reason == "context_full"
         assert len(traj.token_ids) <= limit
         _check_contract(pol, traj)
+
+
+def test_without_cache_reuse_the_same_trajectories(setup):
+    """reuse_cache=False (Search-R1's re-encoding of the history each turn, kept for the
+    benchmark) conditions on the same tokens, so greedy rollouts are identical."""
+    pol, env, task, _ = setup
+    sampling = Sampling(max_turns=3, max_new_tokens=16, temperature=0.0)
+    kept = rollout(pol, env, [task], group_size=2, seed=0, id_prefix="k", sampling=sampling)
+    fresh = rollout(pol, env, [task], group_size=2, seed=0, id_prefix="k", sampling=sampling,
+                    reuse_cache=False)
+    assert len(kept[0].turns) >= 2, "several turns, so later turns re-encode a history"
+    assert [t.token_ids for t in fresh] == [t.token_ids for t in kept]
+    for traj in fresh:
+        _check_contract(pol, traj)
