@@ -37,13 +37,16 @@ def store_dirs() -> tuple[str, ...]:
 
 
 def discover_stores(dirs: tuple[str, ...] | None = None, root: str | Path = ".") -> list[str]:
-    """DuckDB files directly under each of ``dirs`` (default ``store_dirs()``), sorted per dir."""
+    """Stores directly under each of ``dirs`` (default ``store_dirs()``), sorted per dir: DuckDB
+    files, and directories holding a partitioned Parquet export (``db.PARQUET_MARKER``), which
+    open read-only."""
     found = []
     for d in dirs if dirs is not None else store_dirs():
         base = Path(root) / d
         if base.is_dir():
             found += sorted(str(p) for p in base.iterdir()
-                            if p.suffix in STORE_SUFFIXES and p.is_file())
+                            if (p.suffix in STORE_SUFFIXES and p.is_file())
+                            or (p.is_dir() and (p / db.PARQUET_MARKER).is_file()))
     return found
 
 
