@@ -1,0 +1,147 @@
+"""Screenshots for the README, taken from the real app serving the real sample runs.
+
+    .venv/bin/python docs/screenshots.py            -> docs/screenshots/*.png, deep links printed
+
+Serves ``app.py`` with ``streamlit run`` on a free local port (AGENTRL_STORE_DIRS=sample_runs),
+drives headless Chromium through playwright (the browser test's machinery, tests/test_browser.py)
+and opens each view by its deep link, so every picture is exactly what that link shows. The
+links are printed (and written to docs/screenshots/links.md) for the README's walkthrough.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.parse
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pages import _signals  # noqa: E402
+from storage import queries  # noqa: E402
+from tests.test_browser import (CHROMIUM, CHROMIUM_ARGS, _free_port, _wait_healthy,  # noqa: E402
+                                settle, snap)
+
+OUT = ROOT / "docs" / "screenshots"
+STORES = "sample_runs"
+
+
+def _store(name: str) -> str:
+    return f"{STORES}/{name}"
+
+
+def _runs(name: str):
+    return queries.runs(str(ROOT / _store(name)))
+
+
+def _wide(name: str, run_id: str):
+    m = queries.metrics(str(ROOT / _store(name)), run_id)
+    return m.pivot_table(index="step", columns="name", values="value")
+
+
+def views() -> list[tuple[str, str, str, dict]]:
+    """(file name, page path, page title, query params) of each screenshot, from the stores."""
+    out = []
+    search = "search_smollm2.duckdb" if (ROOT / _store("search_smollm2.duckdb")).exists() else None
+    runs = _runs("collapse_bandit.duckdb")
+    out.append(("runs.png", "runs", "Runs", {"store": _store("collapse_bandit.duckdb"),
+                                             "run": runs["run_id"].iloc[0]}))
+    # Replay's token view: the search run when it is recorded, else the apps run
+    replay_store = search or "apps_tiny.duckdb"
+    rid = _runs(replay_store)["run_id"].iloc[0]
+    trajs = queries.trajectories(str(ROOT / _store(replay_store)), rid)
+    rl = trajs[trajs["split"] == "train"]
+    multi = rl[rl["num_turns"] == rl["num_turns"].max()]
+    pick = multi.iloc[0]
+    out.append(("replay-token-mask.png", "replay", "Replay",
+                {"store": _store(replay_store), "run": rid, "step": int(pick["step"]),
+                 "traj": pick["traj_id"], "turn": 0}))
+    # Groups on the credit-assignment run: a group whose rollouts disagree
+    rid = _runs("credit_gigpo.duckdb")["run_id"].iloc[0]
+    trajs = queries.trajectories(str(ROOT / _store("credit_gigpo.duckdb")), rid)
+    rl = trajs[trajs["split"] == "train"]
+    spread = rl.groupby(["step", "group_id"])["reward"].std().sort_values(ascending=False)
+    (step, group), _ = next(iter(spread.items()))
+    out.append(("groups-credit.png", "groups", "Groups",
+                {"store": _store("credit_gigpo.duckdb"), "run": rid, "step": int(step),
+                 "group": group}))
+    # Dynamics with the collapse alarm: the GRPO run
+    grpo = runs[runs["name"].str.contains("grpo")]["run_id"].iloc[0]
+    out.append(("dynamics-collapse-alarm.png", "dynamics", "Dynamics",
+                {"store": _store("collapse_bandit.duckdb"), "run": grpo}))
+    # Dynamics spike -> its trajectories
+    rid = _runs("spike_frozenlake.duckdb")["run_id"].iloc[0]
+    sp = _signals.spike_threshold(_wide("spike_frozenlake.duckdb", rid)["grad/norm"])
+    spike = int(sp.index[sp["spike"]][0])
+    out.append(("dynamics-spike-trajectories.png", "dynamics", "Dynamics",
+                {"store": _store("spike_frozenlake.duckdb"), "run": rid, "spike": spike}))
+    # Failures with classes: the apps run
+    rid = _runs("apps_tiny.duckdb")["run_id"].iloc[0]
+    out.append(("failures-apps.png", "failures", "Failures",
+                {"store": _store("apps_tiny.duckdb"), "run": rid}))
+    out.append(("failures-imported.png", "failures", "Failures",
+                {"store": _store("imported_greedy_lake.duckdb"), "run": "greedy-lake"}))
+    out.append(("train.png", "train", "Train", {}))
+    return out
+
+
+def main() -> int:
+    from playwright.sync_api import sync_playwright
+    OUT.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    env = dict(os.environ, AGENTRL_STORE_DIRS=STORES, STREAMLIT_BROWSER_GATHER_USAGE_STATS="false",
+               AGENTRL_RUNS_DIR="tmp/screenshot-runs")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+         "--server.headless", "true", "--server.address", "127.0.0.1",
+         "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    url, links = f"http://127.0.0.1:{port}", []
+    try:
+        _wait_healthy(url, proc)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            ctx = browser.new_context(viewport={"width": 1400, "height": 1800})
+            page = ctx.new_page()
+            for name, path, title, params in views():
+                query = urllib.parse.urlencode(params)
+                page.goto(f"{url}/{path}" + (f"?{query}" if query else ""))
+                page.get_by_role("heading", name=title, exact=True).first.wait_for(timeout=90_000)
+                settle(page)
+                errors = page.locator('[data-testid="stException"]')
+                if errors.count():
+                    raise RuntimeError(f"{name}: the page shows an exception: "
+                                       f"{errors.first.inner_text()[:500]}")
+                _focus(page, name)
+                snap(page, OUT / name)
+                link = f"/{path}" + (f"?{query}" if query else "")
+                links.append((name, link))
+                print(f"{name}: http://127.0.0.1:8501{link}")
+            browser.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    (OUT / "links.md").write_text(
+        "Deep links of the screenshots (app served by `make run` at http://127.0.0.1:8501):\n\n"
+        + "".join(f"- `{name}`: http://127.0.0.1:8501{link}\n" for name, link in links))
+    return 0
+
+
+def _focus(page, name: str) -> None:
+    """Scroll to the part of the page a screenshot is about."""
+    heading = {"replay-token-mask.png": "Tokens",
+               "dynamics-spike-trajectories.png": "Gradient norm and spikes",
+               "groups-credit.png": "Credit: stored advantage vs. what each estimator would give"
+               }.get(name)
+    if heading:
+        page.get_by_role("heading", name=heading).first.evaluate(
+            "e => e.scrollIntoView({block: 'start'})")
+        page.wait_for_timeout(500)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Regenerate the sample runs in sample_runs/ with this project's own trainer and importer.
+#
+#   bash sample_runs/make.sh            every run below (about 20 minutes on 2 CPU cores)
+#   bash sample_runs/make.sh spike      only the named ones: collapse spike apps credit import
+#
+# Each store is rebuilt from scratch (the old file is removed first). Checkpoints go under runs/
+# (ignored by git), never next to the stores. Every command is the one sample_runs/README.md
+# quotes; the README gives each run's seed and measured wall time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+OUT=sample_runs
+CKPT=runs/sample-checkpoints
+TRAIN=(nice -n 10 "$PY" -m core.train --model tiny --threads 1 --quiet)
+
+fresh() {  # remove a store (and its lock files) before recording it again
+    rm -f "$OUT/$1" "$OUT/$1".lock "$OUT/$1".turn "$OUT/$1".wal
+}
+
+timed() {  # run a command, print its wall time
+    local t0=$SECONDS
+    "$@"
+    echo "    ($((SECONDS - t0)) s) $*" >&2
+}
+
+# -- 2. reward variance and collapse: the same bandit tasks, GRPO vs StarPO-S --------------------
+collapse() {
+    fresh collapse_bandit.duckdb
+    local common=(--env bandit --env-options expert=uniform --group-size 8 --tasks-per-step 4
+                  --max-turns 1 --max-new-tokens 16 --sft-steps 15 --sft-lr 1e-2 --steps 20
+                  --lr 5e-3 --eval-every 0 --seed 0 --db "$OUT/collapse_bandit.duckdb"
+                  --checkpoint-dir "$CKPT/collapse")
+    timed "${TRAIN[@]}" "${common[@]}" --algo grpo --kl-coef 0 --name "bandit-grpo-lr5e-3"
+    timed "${TRAIN[@]}" "${common[@]}" --algo starpo_s --name "bandit-starpo_s-lr5e-3"
+}
+
+# -- 3. a gradient spike traced to its trajectories ----------------------------------------------
+spike() {
+    fresh spike_frozenlake.duckdb
+    timed "${TRAIN[@]}" --env frozenlake --algo grpo --group-size 8 --tasks-per-step 2 \
+        --max-turns 4 --max-new-tokens 24 --sft-steps 15 --sft-lr 1e-2 --steps 16 --lr 1e-3 \
+        --eval-every 0 --seed 1 --name "frozenlake-grpo-spike" \
+        --db "$OUT/spike_frozenlake.duckdb" --checkpoint-dir "$CKPT/spike"
+}
+
+# -- 4. the apps world: SFT on the scripted expert, then a short RL phase --------------------------
+apps() {
+    fresh apps_tiny.duckdb
+    timed "${TRAIN[@]}" --env apps --algo grpo --group-size 4 --tasks-per-step 2 \
+        --max-turns 8 --max-obs-tokens 512 --max-context 2048 --max-new-tokens 96 \
+        --sft-steps 6 --sft-lr 1e-2 --sft-batch-size 4 --steps 3 --lr 1e-3 --eval-every 0 \
+        --seed 0 --name "apps-tiny-sft-grpo" --db "$OUT/apps_tiny.duckdb" \
+        --checkpoint-dir "$CKPT/apps"
+}
+
+# -- 5. credit assignment: GiGPO on multi-turn FrozenLake (identical states recur) -------------
+credit() {
+    fresh credit_gigpo.duckdb
+    timed "${TRAIN[@]}" --env frozenlake --algo gigpo --group-size 8 --tasks-per-step 2 \
+        --max-turns 4 --max-new-tokens 24 --sft-steps 15 --sft-lr 1e-2 --steps 6 --lr 1e-3 \
+        --eval-every 0 --seed 2 --name "frozenlake-gigpo" \
+        --db "$OUT/credit_gigpo.duckdb" --checkpoint-dir "$CKPT/credit"
+}
+
+# -- 6. an imported run: a rule-based agent's trajectories in the generic JSONL format ----------
+import_run() {
+    fresh imported_greedy_lake.duckdb
+    mkdir -p runs
+    timed "$PY" sample_runs/agents/greedy_lake.py --out runs/greedy_lake.jsonl \
+        --tasks 12 --rollouts 4 --steps 3 --seed 0
+    timed "$PY" -m storage.io import runs/greedy_lake.jsonl --format jsonl \
+        --db "$OUT/imported_greedy_lake.duckdb" --run-id greedy-lake \
+        --run-name "greedy rule agent (imported JSONL)"
+}
+
+# -- 1. search with SmolLM2-135M: the long one (about 40 minutes), see its own README section ---
+# search() {
+#     fresh search_smollm2.duckdb
+#     timed nice -n 10 "$PY" -m core.train --preset search-smollm2 --seed 0 --threads 2 \
+#         --name "search-smollm2: SFT then GRPO" --db "$OUT/search_smollm2.duckdb" \
+#         --checkpoint-dir "$CKPT/search-smollm2"
+# }
+
+ALL=(collapse spike apps credit import_run)
+if [ $# -gt 0 ]; then
+    ALL=()
+    for name in "$@"; do
+        case "$name" in
+            import) ALL+=(import_run) ;;
+            collapse|spike|apps|credit) ALL+=("$name") ;;
+            *) echo "unknown run '$name' (collapse spike apps credit import)" >&2; exit 2 ;;
+        esac
+    done
+fi
+for run in "${ALL[@]}"; do
+    echo "==> $run" >&2
+    "$run"
+done
+ls -l "$OUT"/*.duckdb >&2
