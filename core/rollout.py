@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from core.envs.base import Episode, Environment, Task
+from core.envs.base import Episode, Environment, StepResult, Task
 from core.policy import Policy, token_logprobs, token_texts
 from core.trajectory import Trajectory, Turn
 
@@ -274,7 +274,7 @@ def _act(row: _Row, turn: int, sampling: Sampling, tok) -> None:
     truncated = row.stopped == "max_new_tokens"
     t0 = time.perf_counter()
     try:
-        result = row.episode.step(action)
+        result = _checked(row.episode.step(action))
     except Exception as exc:  # an env bug ends this trajectory, not the run
         append_tokens(traj, row.gen, "action", turn, logprobs=row.gen_lp)
         traj.turns.append(Turn(turn=turn, action=action, observation="", valid=False,
@@ -287,6 +287,17 @@ def _act(row: _Row, turn: int, sampling: Sampling, tok) -> None:
     row.pending = _unfed(row, obs_ids)
     if reason is not None:
         _finish(row, reason)
+
+
+def _checked(result):
+    """``result`` if it is a StepResult with a UTF-8-encodable text observation; otherwise an
+    error (a tool returning garbage ends its trajectory as env_error, like one that raises)."""
+    if not isinstance(result, StepResult) or not isinstance(result.observation, str):
+        raise TypeError(f"env step returned {type(result).__name__} "
+                        f"(observation {type(getattr(result, 'observation', None)).__name__}), "
+                        "not a StepResult with a text observation")
+    result.observation.encode("utf-8")  # lone surrogates would break tokenizer and store
+    return result
 
 
 def record_turn(traj: Trajectory, tok, turn: int, action: str, action_ids: list[int],

@@ -8,7 +8,8 @@ right after SFT (carrying step M), every ``eval_every`` RL steps and at the end.
 
 Every stage adds its rows to the step's record; the recorder writes them in one transaction.
 Ctrl-C stops after the current step (status 'stopped'); a crash marks the run 'failed' with the
-error; ``max_bad_steps`` consecutive non-finite updates stop the run as 'failed'.
+error; ``max_bad_steps`` consecutive non-finite updates stop the run as 'failed' (after recording
+the last one). Why an update was skipped is kept in ``runs.error`` beside its ``update/*`` metrics.
 """
 from __future__ import annotations
 
@@ -71,6 +72,8 @@ class _Run:
         self.sft_pool = _task_pool(self.sft_env, cfg.seed) if cfg.sft_env_options else self.pool
         self.eval_tasks = self.env.tasks("heldout", cfg.eval_tasks, cfg.seed) if cfg.eval_tasks else []
         self.bad_steps, self.last_write_s, self.stop_requested = 0, 0.0, False
+        self.skip_note: str | None = None
+        """Why the last skipped update was skipped; stored in runs.error next to its metrics."""
         self.run_id = ""
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -109,6 +112,11 @@ class _Run:
                     if self._eval_due(step):
                         record.add(self.evaluate(step))
                     metrics = self.write(step, record)
+                    if self.bad_steps:  # this step's update was skipped: store why, then judge
+                        self.recorder.set_status("running", error=self.skip_note)
+                        if self.bad_steps >= cfg.max_bad_steps:
+                            raise TrainingError(f"{self.bad_steps} consecutive updates skipped "
+                                                f"(max_bad_steps); last: {self.skip_note}")
                     if step % cfg.checkpoint_every == 0 or step == total or self.stop_requested:
                         self.save(step)
                     bar.update(1)
@@ -122,12 +130,15 @@ class _Run:
         except Exception as exc:
             if self.run_id:
                 error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
-                self.recorder.finish("failed", error=error)
+                try:
+                    self.recorder.finish("failed", error=error)
+                except Exception as mark_exc:  # e.g. the disk is full: report the first error
+                    tqdm.write(f"could not mark run {self.run_id} failed: {mark_exc}")
             raise
         finally:
             if bar is not None:
                 bar.close()
-        self.recorder.finish(status)
+        self.recorder.finish(status, error=self.skip_note)
         return self.run_id
 
     @contextlib.contextmanager
@@ -270,9 +281,8 @@ class _Run:
             self.bad_steps = 0
             return
         self.bad_steps += 1
-        tqdm.write(f"step {step}: update skipped ({bad})")
-        if self.bad_steps >= self.cfg.max_bad_steps:
-            raise TrainingError(f"{self.bad_steps} consecutive updates skipped; last: {bad}")
+        self.skip_note = f"step {step}: update skipped ({bad})"
+        tqdm.write(self.skip_note)
 
 
 @dataclass

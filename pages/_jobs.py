@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from core.config import TrainConfig, validate
+from core.config import MODELS, TrainConfig, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS_DIR_ENV = "AGENTRL_RUNS_DIR"
@@ -58,6 +58,13 @@ def check_name(name: str) -> str:
 def command(cfg: TrainConfig, name: str) -> list[str]:
     """The trainer's argument list: every field that differs from the defaults, plus the
     contract's flags always, the fixed store and the run name."""
+    # The form offers named models only; a model directory or checkpoint_dir would let a job
+    # read or write outside the store, so the launcher refuses them (the CLI still takes them).
+    if cfg.model not in MODELS:
+        raise JobError(f"model {cfg.model!r}: the launcher trains one of {', '.join(MODELS)}")
+    if cfg.checkpoint_dir or cfg.resume:
+        raise JobError("checkpoint_dir and resume are not launcher settings: checkpoints go "
+                       "next to the store")
     defaults = TrainConfig()
     always = {"env", "model", "algo", "steps", "group_size", "tasks_per_step", "max_turns",
               "seed", "sft_steps"}

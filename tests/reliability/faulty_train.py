@@ -105,7 +105,7 @@ class _FaultyEpisode:
         if mode == 1:
             return {"observation": b"\xff\xfe garbage"}
         if mode == 2:
-            return StepResult(observation="bad \udcff bytes", valid=True)
+            return StepResult(observation="bad \udcff bytes", done=False, valid=True)
         return self._episode.step(action_text)
 
 
