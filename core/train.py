@@ -120,7 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     from core.policy import ModelNotAvailable
     from core.trainer import train
     from storage.recorder import Recorder
-    recorder = Recorder(cfg.db)
+    from storage.db import StoreError
+    try:
+        recorder = Recorder(cfg.db)
+    except StoreError as exc:  # a foreign, unreadable or newer store: refused, untouched
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         run_id = train(cfg, recorder, progress=not getattr(args, "quiet", False))
     except ModelNotAvailable as exc:
