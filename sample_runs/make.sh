@@ -12,10 +12,17 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 OUT=sample_runs
 CKPT=runs/sample-checkpoints
-TRAIN=(nice -n 10 "$PY" -m core.train --model tiny --threads 1 --quiet)
+# The tiny model is a random network whose output layer alone decides that every token is
+# equally likely; adapting lm_head too lets a short SFT teach it the answer format.
+LORA=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head
+TRAIN=(nice -n 10 "$PY" -m core.train --model tiny --lora-targets "$LORA" --threads 1 --quiet)
 
 fresh() {  # remove a store (and its lock files) before recording it again
     rm -f "$OUT/$1" "$OUT/$1".lock "$OUT/$1".turn "$OUT/$1".wal
+}
+
+compact() {  # rewrite a finished store with small blocks (about 7x smaller in git)
+    "$PY" -m storage.compact "$OUT/$1"
 }
 
 timed() {  # run a command, print its wall time
@@ -28,20 +35,22 @@ timed() {  # run a command, print its wall time
 collapse() {
     fresh collapse_bandit.duckdb
     local common=(--env bandit --env-options expert=uniform --group-size 8 --tasks-per-step 4
-                  --max-turns 1 --max-new-tokens 16 --sft-steps 15 --sft-lr 1e-2 --steps 20
+                  --max-turns 1 --max-new-tokens 16 --sft-steps 30 --sft-lr 1e-2 --steps 20
                   --lr 5e-3 --eval-every 0 --seed 0 --db "$OUT/collapse_bandit.duckdb"
                   --checkpoint-dir "$CKPT/collapse")
     timed "${TRAIN[@]}" "${common[@]}" --algo grpo --kl-coef 0 --name "bandit-grpo-lr5e-3"
     timed "${TRAIN[@]}" "${common[@]}" --algo starpo_s --name "bandit-starpo_s-lr5e-3"
+    compact collapse_bandit.duckdb
 }
 
 # -- 3. a gradient spike traced to its trajectories ----------------------------------------------
 spike() {
     fresh spike_frozenlake.duckdb
     timed "${TRAIN[@]}" --env frozenlake --algo grpo --group-size 8 --tasks-per-step 2 \
-        --max-turns 4 --max-new-tokens 24 --sft-steps 15 --sft-lr 1e-2 --steps 16 --lr 1e-3 \
+        --max-turns 4 --max-new-tokens 24 --sft-steps 30 --sft-lr 1e-2 --steps 16 --lr 1e-3 \
         --eval-every 0 --seed 1 --name "frozenlake-grpo-spike" \
         --db "$OUT/spike_frozenlake.duckdb" --checkpoint-dir "$CKPT/spike"
+    compact spike_frozenlake.duckdb
 }
 
 # -- 4. the apps world: SFT on the scripted expert, then a short RL phase --------------------------
@@ -49,18 +58,20 @@ apps() {
     fresh apps_tiny.duckdb
     timed "${TRAIN[@]}" --env apps --algo grpo --group-size 4 --tasks-per-step 2 \
         --max-turns 8 --max-obs-tokens 512 --max-context 2048 --max-new-tokens 96 \
-        --sft-steps 6 --sft-lr 1e-2 --sft-batch-size 4 --steps 3 --lr 1e-3 --eval-every 0 \
+        --sft-steps 12 --sft-lr 1e-2 --sft-batch-size 4 --steps 3 --lr 1e-3 --eval-every 0 \
         --seed 0 --name "apps-tiny-sft-grpo" --db "$OUT/apps_tiny.duckdb" \
         --checkpoint-dir "$CKPT/apps"
+    compact apps_tiny.duckdb
 }
 
 # -- 5. credit assignment: GiGPO on multi-turn FrozenLake (identical states recur) -------------
 credit() {
     fresh credit_gigpo.duckdb
     timed "${TRAIN[@]}" --env frozenlake --algo gigpo --group-size 8 --tasks-per-step 2 \
-        --max-turns 4 --max-new-tokens 24 --sft-steps 15 --sft-lr 1e-2 --steps 6 --lr 1e-3 \
+        --max-turns 4 --max-new-tokens 24 --sft-steps 30 --sft-lr 1e-2 --steps 6 --lr 1e-3 \
         --eval-every 0 --seed 2 --name "frozenlake-gigpo" \
         --db "$OUT/credit_gigpo.duckdb" --checkpoint-dir "$CKPT/credit"
+    compact credit_gigpo.duckdb
 }
 
 # -- 6. an imported run: a rule-based agent's trajectories in the generic JSONL format ----------
@@ -72,6 +83,7 @@ import_run() {
     timed "$PY" -m storage.io import runs/greedy_lake.jsonl --format jsonl \
         --db "$OUT/imported_greedy_lake.duckdb" --run-id greedy-lake \
         --run-name "greedy rule agent (imported JSONL)"
+    compact imported_greedy_lake.duckdb
 }
 
 # -- 1. search with SmolLM2-135M: the long one (about 40 minutes), see its own README section ---

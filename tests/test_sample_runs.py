@@ -1,0 +1,119 @@
+"""Each committed sample run has the shape sample_runs/README.md claims for it.
+
+That every sample run opens on every page without an exception is tests/test_pages.py's
+``test_every_page_renders_every_run`` (it loops over every store under sample_runs/); here each
+run's own story is checked with the app's own signal functions, on the committed data.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pages import _credit, _signals
+from storage import queries
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = ROOT / "sample_runs"
+
+
+def store(name: str) -> str:
+    path = RUNS / name
+    assert path.exists(), f"sample run {name} is missing: regenerate with bash sample_runs/make.sh"
+    return str(path)
+
+
+def the_runs(name: str) -> pd.DataFrame:
+    runs = queries.runs(store(name))
+    assert (runs["status"] == "finished").all(), runs[["name", "status", "error"]]
+    return runs
+
+
+def wide_metrics(path: str, run_id: str) -> pd.DataFrame:
+    m = queries.metrics(path, run_id)
+    return m.pivot_table(index="step", columns="name", values="value")
+
+
+def config_of(row) -> dict:
+    return queries.run_config(row["config"])
+
+
+def test_every_sample_store_is_small():
+    sizes = {p.name: p.stat().st_size for p in RUNS.glob("*.duckdb")}
+    assert sizes, "no sample runs"
+    assert sum(sizes.values()) < 40e6, sizes
+
+
+# -- 2. reward variance and collapse ---------------------------------------------------------------
+def test_collapse_run_compares_two_algorithms_on_the_same_tasks_and_one_alarm_fires():
+    path = store("collapse_bandit.duckdb")
+    runs = the_runs("collapse_bandit.duckdb")
+    configs = {r["name"]: config_of(r) for _, r in runs.iterrows()}
+    assert sorted(c["algo"] for c in configs.values()) == ["grpo", "starpo_s"]
+    assert len({(c["env"], c["env_options"], c["seed"]) for c in configs.values()}) == 1
+    alarms = {}
+    for _, r in runs.iterrows():
+        alarms[config_of(r)["algo"]] = _signals.collapse_alarms(wide_metrics(path, r["run_id"]))
+    assert alarms["grpo"], "the GRPO run's collapse alarm does not fire"
+    grpo_id = runs[[config_of(r)["algo"] == "grpo" for _, r in runs.iterrows()]]["run_id"].iloc[0]
+    wide = wide_metrics(path, grpo_id)
+    first = alarms["grpo"][0]["step"]
+    # the Echo Trap's order: variance and entropy fall before (or while) the policy locks in
+    assert wide.loc[first, "reward/group_std_mean"] < 0.5 * wide["reward/group_std_mean"].max() or \
+        wide.loc[first:, "collapse/repeat_frac"].max() > _signals.REPEAT_LEVEL
+
+
+# -- 3. a gradient spike ----------------------------------------------------------------------------
+def test_spike_run_has_a_detected_spike_with_per_trajectory_gradient_norms():
+    path = store("spike_frozenlake.duckdb")
+    run_id = the_runs("spike_frozenlake.duckdb")["run_id"].iloc[0]
+    sp = _signals.spike_threshold(wide_metrics(path, run_id)["grad/norm"])
+    spikes = [int(s) for s in sp.index[sp["spike"]]]
+    assert spikes, "the app's spike detector finds no spike"
+    ranked = queries.top_gradient_trajectories(path, run_id, spikes[0])
+    assert len(ranked) >= 2 and ranked["grad_norm"].notna().all()
+    assert ranked["grad_norm"].is_monotonic_decreasing
+
+
+# -- 4. the apps world ------------------------------------------------------------------------------
+def test_apps_run_shows_expert_demos_state_diffs_and_state_failures():
+    path = store("apps_tiny.duckdb")
+    run_id = the_runs("apps_tiny.duckdb")["run_id"].iloc[0]
+    trajs = queries.trajectories(path, run_id)
+    assert {"sft", "train"} <= set(trajs["split"])              # the expert's demos are recorded
+    assert trajs[trajs["split"] == "sft"]["success"].any()
+    classes = set(trajs[trajs["split"] == "train"]["failure_class"])
+    assert classes & {"collateral_damage", "unmet_state_test"}, classes
+    demo = trajs[(trajs["split"] == "sft") & trajs["success"]]["traj_id"].iloc[0]
+    turns = queries.turns(path, run_id, [demo])
+    diffs = [json.loads(d) for d in turns["state_diff"] if isinstance(d, str)]
+    assert any(diffs), "no turn of an expert demo carries a state diff"
+
+
+# -- 5. credit assignment ---------------------------------------------------------------------------
+def test_credit_run_has_gigpo_step_groups_that_change_the_advantage():
+    path = store("credit_gigpo.duckdb")
+    run_id = the_runs("credit_gigpo.duckdb")["run_id"].iloc[0]
+    trajs = queries.trajectories(path, run_id)
+    train = trajs[trajs["split"] == "train"]
+    differs = 0
+    for _, group in train.groupby(["step", "group_id"]):
+        turns = queries.turns(path, run_id, group["traj_id"].tolist())
+        steps = _credit.gigpo_steps(group, turns)
+        later = steps[steps["turn"] > 0]
+        shared = later.groupby("anchor").size()
+        if (shared >= 2).any() and (steps["A_step"] != 0).any():
+            differs += 1
+    assert differs >= 1, "no group where identical states recur and GiGPO's step term is non-zero"
+
+
+# -- 6. an imported run -----------------------------------------------------------------------------
+def test_imported_run_comes_from_the_rule_based_agent():
+    runs = the_runs("imported_greedy_lake.duckdb")
+    assert runs["source"].str.startswith("import").all(), runs["source"]
+    path = store("imported_greedy_lake.duckdb")
+    trajs = queries.trajectories(path, runs["run_id"].iloc[0])
+    assert len(trajs) >= 100 and 0 < trajs["success"].mean() < 1
+    assert trajs["grad_norm"].isna().all()                        # no trainer, no gradients
