@@ -1,0 +1,188 @@
+"""Generated tokens/s of the batched multi-turn rollout against the obvious alternatives. A script:
+
+    nice -n 15 .venv/bin/python bench/rollout.py --model tiny --tasks 2 --group-size 8
+    nice -n 15 .venv/bin/python bench/rollout.py --model smollm2-135m --tasks 1 --max-turns 2 \\
+        --max-new-tokens 48 --repeats 2
+
+Three ways to roll out the same tasks x G trajectories on the search environment, same model (the
+LoRA-wrapped policy), seeds, sampling (temperature 1, no top-k/top-p) and token budgets:
+
+* ``batched, KV reused``: ``core.rollout.rollout`` as the trainer calls it. All rows sample
+  together; one KV cache lives across turns, so a turn only encodes its new observation tokens.
+* ``batched, re-encode``: the same, with ``reuse_cache=False``: every turn starts a fresh cache and
+  encodes the whole history again (Search-R1's generation loop does this).
+* ``sequential generate``: what a first implementation does. One trajectory at a time; each turn
+  calls ``model.generate`` on the full history (KV cache only within that call), stops at the
+  env's stop strings, steps the env and appends the observation ids.
+
+The variants are interleaved (order rotated each repeat), so load from other processes on the
+machine hits them alike; the ratios are the figure to read.
+
+The ceiling. Model FLOPs per generated token (forward only):
+
+    F = 2 * N_linear + 2 * V * d + 4 * L * d * c
+
+``N_linear`` = parameters of the decoder's linear layers including the unmerged LoRA A/B (the
+embedding is a lookup: no FLOPs), ``2 V d`` the LM head, ``4 L d c`` attention's QK^T and AV over a
+context of ``c`` tokens (``c`` = the mean position of the generated tokens, measured). Achieved =
+F x tokens/s, against ``torch.matmul`` timed in the same run on the model's own decode shapes
+((B, d) x (d, V), (B, d) x (d, ffn), (B, ffn) x (ffn, d), B = rows in the batch) and on a large
+square product (the machine's best case).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from core.envs.base import make_env  # noqa: E402
+from core.policy import load_policy  # noqa: E402
+from core.rollout import Sampling, _first_stop, prompt_ids, rollout  # noqa: E402
+
+
+def sequential_generate(policy, env, tasks, group_size: int, sampling: Sampling,
+                        seed: int) -> tuple[int, list[int]]:
+    """The plain loop: one trajectory at a time, ``model.generate`` over the whole history each
+    turn. Returns (generated tokens, context position of every generated token)."""
+    model, tok = policy.model, policy.tokenizer
+    eos = sorted(policy.eos_ids)
+    generated, positions = 0, []
+    for g, task in enumerate(tasks):
+        for r in range(group_size):
+            torch.manual_seed(seed * 1_000_003 + g * 1_009 + r)
+            episode = env.episode(task, seed=(seed * 1_000_003 + g * 1_009 + r) % (2 ** 31))
+            history = prompt_ids(tok, env.system_prompt, episode.reset())
+            for _ in range(sampling.max_turns):
+                budget = min(sampling.max_new_tokens, sampling.max_context - len(history))
+                if budget <= 0:
+                    break
+                ids = torch.tensor([history])
+                out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                     max_new_tokens=budget, do_sample=True,
+                                     temperature=sampling.temperature, top_k=0, top_p=1.0,
+                                     stop_strings=list(env.stop_tags), tokenizer=tok,
+                                     eos_token_id=eos, pad_token_id=policy.pad_id)
+                new = out[0, len(history):].tolist()
+                generated += len(new)
+                positions += range(len(history), len(history) + len(new))
+                text = tok.decode(new, skip_special_tokens=True)
+                cut = _first_stop(text, env.stop_tags)
+                result = episode.step(text[:cut] if cut is not None else text)
+                obs = tok.encode(result.observation, add_special_tokens=False)[:sampling.max_obs_tokens]
+                history = history + new + obs
+                if result.done or len(history) >= sampling.max_context:
+                    break
+    return generated, positions
+
+
+def batched(policy, env, tasks, group_size: int, sampling: Sampling, seed: int,
+            reuse_cache: bool) -> tuple[int, list[int]]:
+    trajs = rollout(policy, env, tasks, group_size=group_size, sampling=sampling, seed=seed,
+                    reuse_cache=reuse_cache)
+    positions = [i for t in trajs for i, role in enumerate(t.roles) if role == "action"]
+    return len(positions), positions
+
+
+def flops_per_token(policy, context: float) -> tuple[float, dict]:
+    """F = 2 N_linear + 2 V d + 4 L d c (see the module docstring)."""
+    cfg = policy.base.config
+    n_linear = sum(m.weight.numel() for name, m in policy.backbone.named_modules()
+                   if isinstance(m, torch.nn.Linear))
+    d, V, L = cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers
+    parts = {"N_linear": n_linear, "V": V, "d": d, "L": L, "c": context}
+    return 2 * n_linear + 2 * V * d + 4 * L * d * context, parts
+
+
+def matmul_rates(policy, rows: int, repeats: int = 20) -> tuple[float, float]:
+    """(FLOP/s on the model's decode shapes, FLOP/s on a 1024^3 product), timed here and now."""
+    cfg = policy.base.config
+    d, V, ffn = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
+    shapes = [(rows, d, V), (rows, d, ffn), (rows, ffn, d), (rows, d, d)]
+
+    def rate(shape_list) -> float:
+        mats = [(torch.randn(m, k), torch.randn(k, n)) for m, k, n in shape_list]
+        flops = sum(2 * m * k * n for m, k, n in shape_list)
+        for a, b in mats:
+            torch.matmul(a, b)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for a, b in mats:
+                torch.matmul(a, b)
+            times.append(time.perf_counter() - t0)
+        return flops / statistics.median(times)
+
+    return rate(shapes), rate([(1024, 1024, 1024)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--tasks", type=int, default=2)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--max-turns", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--variants", default="batched-kv,batched-reencode,sequential")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    policy = load_policy(args.model, seed=0)
+    policy.model.eval()
+    env = make_env("search", seed=0)
+    tasks = env.tasks("train", args.tasks, 0)
+    sampling = Sampling(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
+                        temperature=1.0)
+    variants = {
+        "batched, KV reused (ours)": lambda s: batched(policy, env, tasks, args.group_size,
+                                                       sampling, s, reuse_cache=True),
+        "batched, re-encode each turn": lambda s: batched(policy, env, tasks, args.group_size,
+                                                          sampling, s, reuse_cache=False),
+        "sequential model.generate": lambda s: sequential_generate(policy, env, tasks,
+                                                                   args.group_size, sampling, s),
+    }
+    keep = dict(zip(["batched-kv", "batched-reencode", "sequential"], variants))
+    variants = {keep[k]: variants[keep[k]] for k in args.variants.split(",")}
+    names = list(variants)
+    tokens = {n: 0 for n in names}
+    seconds = {n: 0.0 for n in names}
+    positions: list[int] = []
+    with torch.no_grad():
+        batched(policy, env, tasks[:1], 2, Sampling(max_turns=1, max_new_tokens=4), 0, True)
+        for rep in range(args.repeats):
+            order = names[rep % len(names):] + names[:rep % len(names)]
+            for name in order:
+                t0 = time.perf_counter()
+                n, pos = variants[name](100 + rep)
+                seconds[name] += time.perf_counter() - t0
+                tokens[name] += n
+                positions += pos
+        mm_decode, mm_square = matmul_rates(policy, rows=args.tasks * args.group_size)
+    flops, parts = flops_per_token(policy, statistics.mean(positions))
+    first = names[0]
+    base = tokens[names[-1]] / seconds[names[-1]]
+    print(f"model {args.model}, search env, {args.tasks} task(s) x G={args.group_size}, "
+          f"max_turns {args.max_turns}, max_new_tokens {args.max_new_tokens}, "
+          f"{args.repeats} interleaved repeats, {args.threads} torch thread(s)")
+    print(f"{'variant':32s} {'tokens':>8s} {'seconds':>8s} {'tokens/s':>9s} "
+          f"{'vs last':>8s} {'% matmul(decode)':>17s} {'% matmul(1024^3)':>17s}")
+    for name in names:
+        tps = tokens[name] / seconds[name]
+        print(f"{name:32s} {tokens[name]:8d} {seconds[name]:8.1f} {tps:9.1f} {tps / base:7.2f}x "
+              f"{100 * flops * tps / mm_decode:16.1f}% {100 * flops * tps / mm_square:16.1f}%")
+    print(f"FLOPs/token F = 2*N_linear + 2*V*d + 4*L*d*c = 2*{parts['N_linear']:,} + "
+          f"2*{parts['V']}*{parts['d']} + 4*{parts['L']}*{parts['d']}*{parts['c']:.0f} "
+          f"= {flops / 1e6:.1f} MFLOP")
+    print(f"torch.matmul: decode shapes (B={args.tasks * args.group_size}) "
+          f"{mm_decode / 1e9:.2f} GFLOP/s, 1024^3 {mm_square / 1e9:.2f} GFLOP/s; "
+          f"{first}: {flops * tokens[first] / seconds[first] / 1e9:.2f} GFLOP/s achieved")
+
+
+if __name__ == "__main__":
+    main()
