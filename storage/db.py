@@ -187,7 +187,10 @@ def writing(path: str | Path | None, timeout_s: float = LOCK_TIMEOUT_S
                 yield con
                 con.execute("COMMIT")
             except BaseException:
-                con.execute("ROLLBACK")
+                try:
+                    con.execute("ROLLBACK")
+                except duckdb.Error:  # a failed COMMIT (disk full) already ended it: keep its error
+                    pass
                 raise
         finally:
             con.close()
