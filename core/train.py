@@ -6,6 +6,10 @@ layered, later wins: TrainConfig defaults < the algorithm's own defaults (ALGO_D
 starts from the run's stored configuration instead, and only flags given override it (e.g. a
 larger ``--steps`` to train further).
 
+Under ``torchrun --nproc_per_node N -m core.train ...`` the N processes train one run together
+(core/distributed.py): rank 0 resolves the configuration and hands it to the others, and is the
+only one that opens the store.
+
 Exit status: 0 when the run is recorded (finished, or stopped by Ctrl-C and resumable), 2 for a
 bad configuration (the message names the field), 1 when training failed (the run is marked
 'failed' with the error).
@@ -110,24 +114,35 @@ def _stored_config(db_path: str, run_id: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    ranks = None
     try:
-        cfg = resolve_config(args)
+        if _world() > 1:  # started by torchrun: rank 0 resolves, the others receive
+            from core.distributed import Ranks, check
+            ranks = Ranks.from_env()
+            cfg, error = _resolved_on_rank0(args, ranks, check)
+        else:
+            cfg, error = resolve_config(args), None
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        cfg, error = None, str(exc)
+    if error is not None:
+        print(f"error: {error}", file=sys.stderr)
+        if ranks is not None:
+            ranks.close()
         return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from core.distributed import ONE
     from core.policy import ModelNotAvailable
     from core.trainer import train
-    from storage.recorder import Recorder
+    from storage.recorder import NullRecorder, Recorder
     from storage.db import StoreError
     try:
-        recorder = Recorder(cfg.db)
+        recorder = Recorder(cfg.db) if ranks is None or ranks.main else NullRecorder()
     except StoreError as exc:  # a foreign, unreadable or newer store: refused, untouched
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        run_id = train(cfg, recorder, progress=not getattr(args, "quiet", False))
+        run_id = train(cfg, recorder, progress=not getattr(args, "quiet", False), ranks=ranks or ONE)
     except ModelNotAvailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -136,8 +151,33 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         recorder.close()
-    print(f"run {run_id} recorded in {cfg.db}")
+        if ranks is not None:
+            ranks.close()
+    if ranks is None or ranks.main:
+        print(f"run {run_id} recorded in {cfg.db}")
     return 0
+
+
+def _world() -> int:
+    """WORLD_SIZE as torchrun sets it; 1 for a plain process."""
+    value = os.environ.get("WORLD_SIZE", "1")
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"WORLD_SIZE={value!r} must be a positive whole number")
+    return int(value)
+
+
+def _resolved_on_rank0(args, ranks, check) -> tuple[TrainConfig | None, str | None]:
+    """(config, None) on every rank, or (None, the error): rank 0 alone reads YAML and the store
+    (for --resume), and checks that the batch splits into whole groups per rank."""
+    cfg, error = None, None
+    if ranks.main:
+        try:
+            cfg = resolve_config(args)
+            check(cfg, ranks.world)
+        except ConfigError as exc:
+            error = str(exc)
+    cfg_dict, error = ranks.broadcast((cfg.to_dict() if cfg else None, error))
+    return (TrainConfig.from_dict(cfg_dict) if cfg_dict is not None else None), error
 
 
 if __name__ == "__main__":

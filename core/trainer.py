@@ -27,6 +27,7 @@ from core import checkpoint
 from core.config import TrainConfig, env_kwargs, validate
 from core.credit import assign
 from core.diagnostics import entropy_mean, rollout_metrics, success_of
+from core.distributed import ONE, Ranks, number_demos, number_rollouts
 from core.envs.base import make_env
 from core.failures import classify_trajectory
 from core.policy import policy_from_config
@@ -47,23 +48,27 @@ class TrainingError(RuntimeError):
     """The run cannot go on (e.g. too many consecutive non-finite updates)."""
 
 
-def train(cfg: TrainConfig, recorder, progress: bool = True) -> str:
-    """Train and record one run (or continue ``cfg.resume``); return its run id."""
+def train(cfg: TrainConfig, recorder, progress: bool = True, ranks: Ranks = ONE) -> str:
+    """Train and record one run (or continue ``cfg.resume``); return its run id.
+
+    Under torchrun, ``ranks`` splits each batch across processes (core/distributed.py); rank 0
+    alone records (the others pass a NullRecorder) and checkpoints."""
     validate(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    return _Run(cfg, recorder, progress).go()
+    return _Run(cfg, recorder, progress and ranks.main, ranks).go()
 
 
 class _Run:
-    def __init__(self, cfg: TrainConfig, recorder, progress: bool):
-        self.cfg, self.recorder, self.progress = cfg, recorder, progress
+    def __init__(self, cfg: TrainConfig, recorder, progress: bool, ranks: Ranks = ONE):
+        self.cfg, self.recorder, self.progress, self.ranks = cfg, recorder, progress, ranks
         self.env = make_env(cfg.env, **env_kwargs(cfg))
         # SFT demonstrations may come from differently mixed train tasks (sft_env_options).
         self.sft_env = make_env(cfg.env, **env_kwargs(cfg, sft=True)) if cfg.sft_env_options else self.env
         self.policy = policy_from_config(cfg)
         params = self.policy.trainable_parameters()
+        ranks.sync_parameters(params)
         self.sft_opt = torch.optim.AdamW(params, lr=cfg.sft_lr, weight_decay=0.0)
         self.rl_opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
         self.sampling = Sampling.from_config(cfg)
@@ -81,11 +86,14 @@ class _Run:
         """Start a new run or reopen cfg.resume; return the last completed step (-1 if none)."""
         cfg = self.cfg
         if not cfg.resume:
-            self.run_id = self.recorder.start_run(config=cfg.to_dict(), name=cfg.name or None)
+            self.run_id = self.ranks.broadcast(
+                self.recorder.start_run(config=cfg.to_dict(), name=cfg.name or None))
             return -1
         self.run_id = cfg.resume
         self.recorder.resume_run(self.run_id)
-        ckpt = checkpoint.load(checkpoint.checkpoint_dir(cfg, self.run_id))
+        # rank 0 reads the checkpoint (it may be on rank 0's machine only) and hands it on
+        ckpt = self.ranks.broadcast(checkpoint.load(checkpoint.checkpoint_dir(cfg, self.run_id))
+                                    if self.ranks.main else None)
         done = -1
         if ckpt is not None:
             for key in ("env", "model", "algo", "lora_rank", "lora_targets"):
@@ -112,6 +120,8 @@ class _Run:
                     if self._eval_due(step):
                         record.add(self.evaluate(step))
                     metrics = self.write(step, record)
+                    # every rank stops after the same step (a Ctrl-C may reach them apart)
+                    self.stop_requested = bool(self.ranks.max([self.stop_requested])[0])
                     if self.bad_steps:  # this step's update was skipped: store why, then judge
                         self.recorder.set_status("running", error=self.skip_note)
                         if self.bad_steps >= cfg.max_bad_steps:
@@ -170,6 +180,8 @@ class _Run:
         return step == cfg.sft_steps or rl_index % cfg.eval_every == 0 or step == cfg.sft_steps + cfg.steps
 
     def save(self, step: int) -> None:
+        if not self.ranks.main:  # the optimizer state is the same on every rank
+            return
         phase = "sft" if step <= self.cfg.sft_steps and self.cfg.sft_steps else "rl"
         checkpoint.save(checkpoint.checkpoint_dir(self.cfg, self.run_id), self.policy,
                         self.sft_opt if phase == "sft" else self.rl_opt, step, phase,
@@ -188,20 +200,27 @@ class _Run:
 
     # -- the steps --------------------------------------------------------------------------------
     def rl_step(self, step: int) -> "_Step":
-        cfg, policy = self.cfg, self.policy
+        cfg, policy, ranks = self.cfg, self.policy, self.ranks
         t0 = time.perf_counter()
         tasks = self.tasks_for(step - cfg.sft_steps - 1, cfg.tasks_per_step, salt=0)
-        trajs = rollout(policy, self.env, tasks, group_size=cfg.group_size,
-                        sampling=self.sampling, seed=self._seed(step), id_prefix=f"s{step}")
+        mine = ranks.block(len(tasks))  # this rank's whole groups
+        own = rollout(policy, self.env, tasks[mine.start:mine.stop], group_size=cfg.group_size,
+                      sampling=self.sampling, seed=(self._seed(step) + 7_919 * ranks.rank) % 2 ** 31,
+                      id_prefix=f"s{step}")
+        number_rollouts(own, f"s{step}", mine.start, cfg.group_size)
         t1 = time.perf_counter()
-        for t in trajs:
+        for t in own:
             t.rewards, t.reward = score(t, cfg)
             t.failure_class = classify_trajectory(t)
         t2 = time.perf_counter()
-        values = score_values(policy, trajs, cfg) if cfg.algo == "ppo" else None
-        samples = make_samples(trajs, assign(trajs, cfg, values))
+        values = score_values(policy, own, cfg) if cfg.algo == "ppo" else [None] * len(own)
+        # Advantages over the whole batch: every rank sees every rank's scored trajectories.
+        batch, first = ranks.everyone(list(zip(own, values)))
+        trajs = [t for t, _ in batch]
+        advantages = assign(trajs, cfg, [v for _, v in batch] if cfg.algo == "ppo" else None)
+        samples = make_samples(own, advantages[first:first + len(own)])
         score_reference(policy, [s for s in samples if not s.traj.filtered], cfg)
-        result = policy_update(policy, self.rl_opt, samples, cfg, seed=self._seed(step))
+        result = policy_update(policy, self.rl_opt, samples, cfg, seed=self._seed(step), ranks=ranks)
         self._check_bad(result.bad, step)
         t3 = time.perf_counter()
         generated = sum(t.response_tokens for t in trajs)
@@ -215,38 +234,47 @@ class _Run:
                    "time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/update_s": t3 - t2,
                    "perf/tokens_per_s": generated / max(t1 - t0, 1e-9),
                    "perf/generated_tokens": float(generated)}
-        return _Step(t3 - t0, metrics, trajs, token_values(samples), result.module_norms)
+        if ranks.world > 1:
+            metrics["dist/ranks"] = float(ranks.world)
+        return _Step(t3 - t0, metrics, own, token_values(samples), result.module_norms)
 
     def sft_step(self, step: int) -> "_Step":
         cfg = self.cfg
         t0 = time.perf_counter()
         tasks = self.tasks_for(step - 1, cfg.sft_batch_size, salt=1, pool=self.sft_pool)
-        demos = demonstrations(self.sft_env, tasks, self.policy.tokenizer, self.sampling,
-                               seed=self._seed(step), id_prefix=f"s{step}")
+        mine = self.ranks.block(len(tasks))
+        demos = demonstrations(self.sft_env, tasks[mine.start:mine.stop], self.policy.tokenizer,
+                               self.sampling, seed=self._seed(step), id_prefix=f"s{step}")
+        number_demos(demos, f"s{step}", mine.start)
         t1 = time.perf_counter()
         for t in demos:
             t.rewards, t.reward = score(t, cfg)
             t.failure_class = classify_trajectory(t)
         t2 = time.perf_counter()
         samples = make_samples(demos)
-        result = sft_update(self.policy, self.sft_opt, samples, cfg)
+        result = sft_update(self.policy, self.sft_opt, samples, cfg, ranks=self.ranks)
         self._check_bad(result.bad, step)
         t3 = time.perf_counter()
+        ok, reward, n = self.ranks.sum([sum(float(success_of(t)) for t in demos),
+                                        sum(t.reward for t in demos), len(demos)])
         metrics = {**result.metrics,
-                   "sft/demo_success": _mean([float(success_of(t)) for t in demos]),
-                   "sft/demo_reward": _mean([t.reward for t in demos]),
+                   "sft/demo_success": ok / n if n else 0.0,
+                   "sft/demo_reward": reward / n if n else 0.0,
                    "time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/update_s": t3 - t2}
         return _Step(t3 - t0, metrics, demos, token_values(samples), result.module_norms)
 
     def evaluate(self, step: int) -> "_Step":
         """Held-out tasks, one rollout each at eval temperature, recorded with split 'eval'."""
         t0 = time.perf_counter()
-        trajs = rollout(self.policy, self.env, self.eval_tasks, group_size=1,
-                        sampling=self.eval_sampling, seed=self.cfg.seed + 7, id_prefix=f"e{step}",
-                        split="eval")
-        for t in trajs:
+        mine = self.ranks.block(len(self.eval_tasks))
+        own = rollout(self.policy, self.env, self.eval_tasks[mine.start:mine.stop], group_size=1,
+                      sampling=self.eval_sampling, seed=self.cfg.seed + 7 + 7_919 * self.ranks.rank,
+                      id_prefix=f"e{step}", split="eval") if mine else []
+        number_rollouts(own, f"e{step}", mine.start, 1)
+        for t in own:
             t.rewards, t.reward = score(t, self.cfg)
             t.failure_class = classify_trajectory(t)
+        trajs, _ = self.ranks.everyone(own)
         roll = rollout_metrics(trajs)
         metrics = {"eval/success": roll["success/rate"], "eval/reward_mean": roll["reward/mean"],
                    "eval/turns_mean": roll["env/turns_mean"],
@@ -255,14 +283,21 @@ class _Run:
         if self.progress:
             tqdm.write(f"step {step}: eval/success {metrics['eval/success']:.3f} "
                        f"on {len(trajs)} held-out tasks")
-        return _Step(None, metrics, trajs)
+        return _Step(None, metrics, own)
 
     # -- recording --------------------------------------------------------------------------------
     def write(self, step: int, record: "_Step") -> dict:
         """Write the step in one transaction: metrics, trajectories (train, SFT and eval alike),
-        rewards, turns, tokens, per-module gradient norms and test results."""
+        rewards, turns, tokens, per-module gradient norms and test results. Under torchrun rank 0
+        gathers every rank's trajectories and writes them all, each with its ``rank``."""
         t_build = time.perf_counter()
-        tables = step_tables(record.trajs, record.token_values)
+        parts = self.ranks.gather((record.trajs, record.token_values))
+        if parts is None:  # not rank 0: it records
+            return record.metrics
+        tables = step_tables([t for trajs, _ in parts for t in trajs],
+                             {k: v for _, values in parts for k, v in values.items()})
+        if self.ranks.world > 1:
+            tables["trajectories"]["rank"] = [k for k, (trajs, _) in enumerate(parts) for _ in trajs]
         norms = record.module_norms
         grad_rows = {"module": list(norms), "norm": list(norms.values())}
         metrics = record.metrics

@@ -9,6 +9,11 @@ whole minibatch's loss under the configured aggregation (core/losses.py decides 
 Per optimizer step: norm before clipping -> clip -> step. A non-finite loss or gradient skips the
 step (recorded); an approximate KL to the sampling policy above ``kl_abort`` aborts the rest of
 the update (LOOP).
+
+Under torchrun (``ranks``, core/distributed.py) each rank passes only its own samples: the loss
+weights use the totals of all ranks' samples, gradients are summed over ranks before clipping, and
+every decision (skip, abort) and loss metric is taken over all ranks, so the step equals one
+process's step over the whole batch. Every rank must call these functions the same number of times.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from typing import Callable, Sequence
 import torch
 
 from core.diagnostics import GradIncrements, module_grad_norms
+from core.distributed import ONE, Ranks
 from core.losses import policy_loss, value_loss
 from core.policy import Policy, token_logprobs
 from core.trajectory import Trajectory
@@ -88,29 +94,32 @@ class UpdateResult:
     """Why an optimizer step was skipped for non-finite values (None when all were fine)."""
 
 
-def _weights(samples: Sequence[Sample], agg: str) -> list[float]:
-    """Per-trajectory loss weights making the accumulated loss the minibatch's aggregate."""
+def _weights(samples: Sequence[Sample], agg: str, ranks: Ranks = ONE) -> list[float]:
+    """Per-trajectory loss weights making the accumulated loss the minibatch's aggregate
+    (the minibatch being the union of every rank's ``samples``)."""
     if agg == "sum":  # the loss already carries its own normalisation
         return [1.0] * len(samples)
+    tokens, nonempty, count = ranks.sum([sum(s.tokens for s in samples),
+                                         sum(1 for s in samples if s.tokens), len(samples)])
     if agg == "token-mean":
-        total = sum(s.tokens for s in samples) or 1
+        total = tokens or 1
         return [s.tokens / total for s in samples]
     if agg == "seq-mean-token-mean":
-        n = sum(1 for s in samples if s.tokens) or 1
+        n = nonempty or 1
         return [1.0 / n if s.tokens else 0.0 for s in samples]
-    return [1.0 / max(len(samples), 1)] * len(samples)
+    return [1.0 / max(count, 1)] * len(samples)
 
 
 def _optimizer_step(policy: Policy, optimizer, samples: Sequence[Sample],
                     loss_of: Callable[[Sample, float], tuple[torch.Tensor, dict]], cfg,
                     record_grad_norms: bool, result: UpdateResult,
-                    abort_kl: float | None = None) -> list[tuple[Sample, dict]]:
+                    abort_kl: float | None = None, ranks: Ranks = ONE) -> list[tuple[Sample, dict]]:
     """Accumulate the microbatches of one minibatch, then clip and step. Returns per-sample stats."""
     params = policy.trainable_parameters()
     optimizer.zero_grad(set_to_none=False)
     tracker = GradIncrements(params) if record_grad_norms else None
     stats = []
-    for s, w in zip(samples, _weights(samples, cfg.loss_agg)):
+    for s, w in zip(samples, _weights(samples, cfg.loss_agg, ranks)):
         loss, m = loss_of(s, w)
         if not torch.isfinite(loss):
             result.bad = f"non-finite loss on {s.traj.traj_id}"
@@ -120,7 +129,18 @@ def _optimizer_step(policy: Policy, optimizer, samples: Sequence[Sample],
         if tracker is not None:
             s.traj.info["grad_norm"] = tracker.increment()
         stats.append((s, m))
-    kl = _token_weighted(stats, "policy/approx_kl")
+    if ranks.world > 1:
+        kl_sum, kl_tokens, bad = ranks.sum([_token_weighted(stats, "policy/approx_kl") *
+                                            _tokens_with(stats, "policy/approx_kl"),
+                                            _tokens_with(stats, "policy/approx_kl"),
+                                            float(result.bad is not None)])
+        kl = kl_sum / kl_tokens if kl_tokens else 0.0
+        if bad and result.bad is None:
+            result.bad = "non-finite loss on another rank"
+            result.metrics["update/nonfinite_loss"] = 1.0
+        ranks.sum_grads(params)  # every rank calls it, even when the step is skipped
+    else:
+        kl = _token_weighted(stats, "policy/approx_kl")
     if result.bad is None and abort_kl is not None and kl > abort_kl:
         result.metrics["update/kl_aborted"] = 1.0
     elif result.bad is None:
@@ -139,16 +159,23 @@ def _optimizer_step(policy: Policy, optimizer, samples: Sequence[Sample],
 
 
 def _token_weighted(stats: list[tuple[Sample, dict]], name: str) -> float:
-    total = sum(s.tokens for s, m in stats if name in m)
+    total = _tokens_with(stats, name)
     return sum(m[name] * s.tokens for s, m in stats if name in m) / total if total else 0.0
 
 
+def _tokens_with(stats: list[tuple[Sample, dict]], name: str) -> int:
+    return sum(s.tokens for s, m in stats if name in m)
+
+
 def policy_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg,
-                  seed: int = 0) -> UpdateResult:
-    """``ppo_epochs`` passes over the (unfiltered) samples in ``minibatches`` minibatches."""
+                  seed: int = 0, ranks: Ranks = ONE) -> UpdateResult:
+    """``ppo_epochs`` passes over the (unfiltered) samples in ``minibatches`` minibatches.
+
+    On several ranks, optimizer step k takes the k-th minibatch of every rank's samples."""
     result = UpdateResult(metrics={"update/steps": 0.0})
     train = [s for s in samples if s.tokens and not s.traj.filtered]
-    if not train:
+    n_train, train_tokens = ranks.sum([len(train), sum(s.tokens for s in train)])
+    if not n_train:
         return result
     ppo = cfg.algo == "ppo"
     t_max = cfg.max_new_tokens * cfg.max_turns
@@ -164,7 +191,7 @@ def policy_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg,
         if ppo:
             s.values = out["values"].detach()
             vloss, vm = value_loss(out["values"], s.returns, s.mask)
-            loss = loss + cfg.vf_coef * vloss * (s.tokens / max(sum(x.tokens for x in train), 1))
+            loss = loss + cfg.vf_coef * vloss * (s.tokens / max(train_tokens, 1))
             m = {**m, **vm}
         return loss, m
 
@@ -174,45 +201,77 @@ def policy_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg,
         order = list(train)
         if cfg.minibatches > 1:
             rng.shuffle(order)
-        size = math.ceil(len(order) / cfg.minibatches)
-        for start in range(0, len(order), size):
-            stats = _optimizer_step(policy, optimizer, order[start:start + size], loss_of, cfg,
+        for batch in _minibatches(order, cfg.minibatches, ranks):
+            stats = _optimizer_step(policy, optimizer, batch, loss_of, cfg,
                                     record_grad_norms=epoch == 0, result=result,
-                                    abort_kl=cfg.kl_abort)
+                                    abort_kl=cfg.kl_abort, ranks=ranks)
             if epoch == 0:
                 all_stats += stats
             if result.bad or "update/kl_aborted" in result.metrics:
                 break
         if result.bad or "update/kl_aborted" in result.metrics:
             break
-    result.metrics.update(_loss_metrics(all_stats))
-    result.metrics["update/trained_trajectories"] = float(len(train))
+    result.metrics.update(_loss_metrics(all_stats, ranks))
+    result.metrics["update/trained_trajectories"] = float(n_train)
     return result
 
 
-def _loss_metrics(stats: list[tuple[Sample, dict]]) -> dict[str, float]:
-    """Token-weighted means of the first epoch's per-trajectory loss metrics."""
-    if not stats:
+def _minibatches(order: list[Sample], count: int, ranks: Ranks) -> list[list[Sample]]:
+    """Consecutive slices of ``order``. On several ranks exactly ``count`` slices (some maybe
+    empty), so every rank takes part in every optimizer step's collectives."""
+    if ranks.world == 1:
+        size = math.ceil(len(order) / count)
+        return [order[i:i + size] for i in range(0, len(order), size)]
+    base, extra = divmod(len(order), count)
+    bounds = [k * base + min(k, extra) for k in range(count + 1)]
+    return [order[bounds[k]:bounds[k + 1]] for k in range(count)]
+
+
+LOSS_METRICS = ("policy/pg_loss", "policy/clipfrac", "policy/clipfrac_low", "policy/clipfrac_high",
+                "policy/approx_kl", "policy/kl", "value/loss")
+
+
+def _loss_metrics(stats: list[tuple[Sample, dict]], ranks: Ranks = ONE) -> dict[str, float]:
+    """Token-weighted means of the first epoch's per-trajectory loss metrics (over all ranks).
+
+    Built from sums (tokens, metric x tokens; for the value head's explained variance
+    1 - Var(R - V) / Var(R), the sums of R, R^2, R - V and (R - V)^2) so that ranks add them up."""
+    sums = []
+    for name in LOSS_METRICS:
+        sums += [sum(m[name] * s.tokens for s, m in stats if name in m),
+                 _tokens_with(stats, name), float(any(name in m for _, m in stats))]
+    valued = [(s.returns[s.mask], s.values[s.mask]) for s, _ in stats
+              if s.values is not None and s.returns is not None]
+    r = torch.cat([x for x, _ in valued]).double() if valued else torch.zeros(0, dtype=torch.float64)
+    e = r - torch.cat([v for _, v in valued]).double() if valued else r
+    sums += [float(len(valued)), float(r.numel()), float(r.sum()), float((r * r).sum()),
+             float(e.sum()), float((e * e).sum()), float(len(stats))]
+    sums = ranks.sum(sums)
+    low, high = ranks.max([-min((m["policy/ratio_min"] for _, m in stats), default=float("inf")),
+                           max((m["policy/ratio_max"] for _, m in stats), default=float("-inf"))])
+    if not sums[-1]:
         return {}
-    out = {name: _token_weighted(stats, name) for name in
-           ("policy/pg_loss", "policy/clipfrac", "policy/clipfrac_low", "policy/clipfrac_high",
-            "policy/approx_kl", "policy/kl", "value/loss")
-           if any(name in m for _, m in stats)}
-    out["policy/ratio_min"] = min(m["policy/ratio_min"] for _, m in stats)
-    out["policy/ratio_max"] = max(m["policy/ratio_max"] for _, m in stats)
-    if any(s.values is not None and s.returns is not None for s, _ in stats):
-        v = torch.cat([s.values[s.mask] for s, _ in stats])
-        r = torch.cat([s.returns[s.mask] for s, _ in stats])
-        var = float(r.var(unbiased=False)) if r.numel() else 0.0
-        out["value/explained_var"] = 1.0 - float((r - v).var(unbiased=False)) / var if var > 1e-12 else 0.0
+    out = {}
+    for k, name in enumerate(LOSS_METRICS):
+        total, tokens, present = sums[3 * k:3 * k + 3]
+        if present:
+            out[name] = total / tokens if tokens else 0.0
+    out["policy/ratio_min"], out["policy/ratio_max"] = -low, high
+    valued_n, n, r_sum, r_sq, e_sum, e_sq = sums[3 * len(LOSS_METRICS):-1]
+    if valued_n:
+        var_r = r_sq / n - (r_sum / n) ** 2 if n else 0.0
+        var_e = e_sq / n - (e_sum / n) ** 2 if n else 0.0
+        out["value/explained_var"] = 1.0 - var_e / var_r if var_r > 1e-12 else 0.0
     return out
 
 
-def sft_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg) -> UpdateResult:
-    """One step of supervised fine-tuning: token-mean negative log-likelihood of the trained tokens."""
+def sft_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg,
+               ranks: Ranks = ONE) -> UpdateResult:
+    """One step of supervised fine-tuning: token-mean negative log-likelihood of the trained tokens
+    (the mean over every rank's tokens)."""
     result = UpdateResult(metrics={"update/steps": 0.0})
     train = [s for s in samples if s.tokens]
-    total = sum(s.tokens for s in train)
+    total = int(ranks.sum([sum(s.tokens for s in train)])[0])
     losses = []
 
     def loss_of(s: Sample, w: float) -> tuple[torch.Tensor, dict]:
@@ -223,8 +282,9 @@ def sft_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg) -> Upd
         return nll, {}
 
     sft_cfg = _SftView(cfg)
-    _optimizer_step(policy, optimizer, train, loss_of, sft_cfg, record_grad_norms=True, result=result)
-    result.metrics = {"sft/loss": sum(losses), "sft/grad_norm": result.metrics.get("grad/norm", 0.0),
+    _optimizer_step(policy, optimizer, train, loss_of, sft_cfg, record_grad_norms=True, result=result,
+                    ranks=ranks)
+    result.metrics = {"sft/loss": ranks.sum([sum(losses)])[0], "sft/grad_norm": result.metrics.get("grad/norm", 0.0),
                       "sft/tokens": float(total), **{k: v for k, v in result.metrics.items()
                                                      if k.startswith("update/")}}
     return result
