@@ -35,15 +35,16 @@ from storage.migrations import migrate  # noqa: E402
 
 RUN, SMALL_RUN = "bench-big", "bench-small"
 G, TASKS = 8, 4
-WORDS = np.array(["the", " capital", " of", " Osk", " Varnia", " founded", " in", " 1204", "<search>",
-                  "</search>", "<answer>", "</answer>", "<think>", "</think>", "\n", " year", " city",
-                  "<information>", "</information>", "Doc", " 1", "(Title:", " river", " is"])
 CLASSES = np.array(["success", "wrong_answer", "no_search", "format_error", "max_turns",
                     "shallow_search", None], dtype=object)
 PLACES = [f"{a}{b}" for a in ("Os", "Var", "Tel", "Mor", "Quen", "Bral") for b in
           ("k", "nia", "ith", "ova", "ar", "en")]
 METRIC_NAMES = [f"{k}/{i}" for k in ("reward", "policy", "grad", "env") for i in range(9)] + \
     ["reward/mean", "success/rate", "time/step_s", "perf/tokens_per_s"]
+VOCAB = np.array(["".join(np.random.default_rng(i).choice(list("aeioulnrstmkdgpbvhy"), 3 + i % 7))
+                  for i in range(3000)])
+"""Made-up words for the model's actions and the retrieved documents: real text is varied, so
+DuckDB cannot answer a text filter from a small string dictionary."""
 MODULES = [f"model.layers.{i}.{m}" for i in range(2) for m in
            ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
@@ -77,14 +78,15 @@ def chunk_frames(run_id: str, steps: range, rng: np.random.Generator) -> dict[st
         "info": '{"episode_seed": 1}'})
     t_idx = np.repeat(np.arange(n), n_turns)
     turn_no = np.concatenate([np.arange(k) for k in n_turns]).astype(np.int32)
-    query = np.char.add("capital of ", place[t_idx])
+    nt = len(t_idx)
+    words = VOCAB[rng.integers(0, len(VOCAB), (nt, 36))]
+    action = [f"<think>{' '.join(w[:8])}</think><search>{' '.join(w[8:11])} {p}</search>"
+              for w, p in zip(words, place[t_idx])]
+    observation = [f"\n\n<information>Doc 1(Title: {w[11]}) {' '.join(w[12:24])}\n"
+                   f"Doc 2(Title: {w[24]}) {' '.join(w[25:36])}</information>\n\n" for w in words]
     turns = pd.DataFrame({
         "run_id": run_id, "step": step[t_idx], "traj_id": traj_id[t_idx], "turn": turn_no,
-        "action": np.char.add(np.char.add("<think>I need the capital first.</think><search>",
-                                          query), "</search>"),
-        "observation": np.char.add(np.char.add(
-            "\n\n<information>Doc 1(Title: ", place[t_idx]), ") The capital of the region is "
-            "a river city founded long ago.\nDoc 2(Title: Mora) A mountain town.</information>\n\n"),
+        "action": action, "observation": observation,
         "action_valid": True, "action_type": "search", "parsed": None, "obs_truncated": False,
         "action_truncated": False, "latency_s": 0.003, "error": None, "state_diff": None,
         "advantage": traj["advantage"].to_numpy()[t_idx], "step_reward": 0.0})
@@ -103,7 +105,7 @@ def chunk_frames(run_id: str, steps: range, rng: np.random.Generator) -> dict[st
     lp = -rng.gamma(1.0, 0.8, m)
     tokens = pd.DataFrame({
         "run_id": run_id, "step": step[k_idx], "traj_id": traj_id[k_idx], "pos": pos,
-        "token_id": rng.integers(0, 49152, m, dtype=np.int32), "text": rng.choice(WORDS, m),
+        "token_id": rng.integers(0, 49152, m, dtype=np.int32), "text": np.char.add(" ", VOCAB[rng.integers(0, len(VOCAB), m)]),
         "role": role, "trained": trained, "logprob": np.where(trained, lp, np.nan),
         "advantage": np.where(trained, traj["advantage"].to_numpy()[k_idx], np.nan),
         "turn": np.where(pos < prompt_len, -1, np.minimum((pos - prompt_len) // 40,
@@ -173,7 +175,10 @@ def page_queries(path: str) -> dict[str, callable]:
         "Failures: failure_counts (facets)": lambda: queries.failure_counts(path, RUN),
         "Failures: search, facets only": lambda: queries.search_trajectories(
             path, RUN, classes=["wrong_answer"], step_range=(100, 2000)),
-        "Failures: full-text search": lambda: queries.search_trajectories(path, RUN, "Quenith"),
+        "Failures: full-text search (rare word)": lambda: queries.search_trajectories(
+            path, RUN, str(VOCAB[123])),
+        "Failures: full-text search (place name)": lambda: queries.search_trajectories(
+            path, RUN, "Quenith"),
         "Failures: full-text, no match": lambda: queries.search_trajectories(path, RUN, "zzqx"),
         "Tasks: task_ids": lambda: queries.task_ids(path, RUN),
         "Tasks: task_history": lambda: queries.task_history(path, RUN, "search-train-17"),
@@ -198,7 +203,7 @@ def read(path: str, repeats: int) -> None:
             cpu.append(time.process_time() - c0)
         rows = len(result) if hasattr(result, "__len__") else 1
         out[name] = {"ms": 1e3 * statistics.median(times), "cpu_ms": 1e3 * statistics.median(cpu),
-                     "rows": rows}
+                     "rows": rows, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     out["_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(out))
 
@@ -228,11 +233,13 @@ def main() -> None:
     rss = res.pop("_peak_rss_mb")
     print(f"store {path.name}: {path.stat().st_size / 2**20:.0f} MiB; median of {args.repeats} "
           "calls, each opening the store read-only as the app does")
-    print(f"{'query':42s} {'wall ms':>8s} {'CPU ms':>8s} {'rows':>8s} {'target':>7s}")
+    print(f"{'query':42s} {'wall ms':>8s} {'CPU ms':>8s} {'rows':>8s} {'target':>7s} "
+          f"{'peak RSS MB':>12s}")
     for name, r in res.items():
         target = 50 if "tokens" in name else 300
         flag = "ok" if r["ms"] <= target else "OVER"
-        print(f"{name:42s} {r['ms']:8.1f} {r['cpu_ms']:8.1f} {r['rows']:8d} {flag:>7s}")
+        print(f"{name:42s} {r['ms']:8.1f} {r['cpu_ms']:8.1f} {r['rows']:8d} {flag:>7s} "
+              f"{r['rss']:12.0f}")
     print(f"peak RSS of the reading process: {rss:.0f} MB (target <= 1024 MB)")
 
 
