@@ -15,7 +15,8 @@ CKPT=runs/sample-checkpoints
 # The tiny model is a random network whose output layer alone decides that every token is
 # equally likely; adapting lm_head too lets a short SFT teach it the answer format.
 LORA=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head
-TRAIN=(nice -n 10 "$PY" -m core.train --model tiny --lora-targets "$LORA" --threads 1 --quiet)
+TRAIN=(nice -n 10 "$PY" -m core.train --model tiny --lora-targets "$LORA" --threads 1 --quiet
+       --checkpoint-every 1000)  # a checkpoint at the end only: these runs are not resumed
 
 fresh() {  # remove a store (and its lock files) before recording it again
     rm -f "$OUT/$1" "$OUT/$1".lock "$OUT/$1".turn "$OUT/$1".wal
@@ -35,7 +36,7 @@ timed() {  # run a command, print its wall time
 collapse() {
     fresh collapse_bandit.duckdb
     local common=(--env bandit --env-options expert=uniform --group-size 8 --tasks-per-step 4
-                  --max-turns 1 --max-new-tokens 16 --sft-steps 30 --sft-lr 1e-2 --steps 20
+                  --max-turns 1 --max-new-tokens 16 --sft-steps 60 --sft-lr 2e-2 --steps 20
                   --lr 5e-3 --eval-every 0 --seed 0 --db "$OUT/collapse_bandit.duckdb"
                   --checkpoint-dir "$CKPT/collapse")
     timed "${TRAIN[@]}" "${common[@]}" --algo grpo --kl-coef 0 --name "bandit-grpo-lr5e-3"
@@ -47,7 +48,7 @@ collapse() {
 spike() {
     fresh spike_frozenlake.duckdb
     timed "${TRAIN[@]}" --env frozenlake --algo grpo --group-size 8 --tasks-per-step 2 \
-        --max-turns 4 --max-new-tokens 24 --sft-steps 30 --sft-lr 1e-2 --steps 16 --lr 1e-3 \
+        --max-turns 4 --max-new-tokens 24 --sft-steps 60 --sft-lr 2e-2 --steps 16 --lr 1e-3 \
         --eval-every 0 --seed 1 --name "frozenlake-grpo-spike" \
         --db "$OUT/spike_frozenlake.duckdb" --checkpoint-dir "$CKPT/spike"
     compact spike_frozenlake.duckdb
@@ -68,7 +69,7 @@ apps() {
 credit() {
     fresh credit_gigpo.duckdb
     timed "${TRAIN[@]}" --env frozenlake --algo gigpo --group-size 8 --tasks-per-step 2 \
-        --max-turns 4 --max-new-tokens 24 --sft-steps 30 --sft-lr 1e-2 --steps 6 --lr 1e-3 \
+        --max-turns 4 --max-new-tokens 24 --sft-steps 60 --sft-lr 2e-2 --steps 6 --lr 1e-3 \
         --eval-every 0 --seed 2 --name "frozenlake-gigpo" \
         --db "$OUT/credit_gigpo.duckdb" --checkpoint-dir "$CKPT/credit"
     compact credit_gigpo.duckdb
