@@ -40,10 +40,18 @@ def _wide(name: str, run_id: str):
     return m.pivot_table(index="step", columns="name", values="value")
 
 
+def _finished(name: str) -> bool:
+    """The store exists and its runs have all ended (a run still recording is left out)."""
+    if not (ROOT / _store(name)).exists():
+        return False
+    runs = _runs(name)
+    return len(runs) > 0 and bool((runs["status"] != "running").all())
+
+
 def views() -> list[tuple[str, str, str, dict]]:
     """(file name, page path, page title, query params) of each screenshot, from the stores."""
     out = []
-    search = "search_smollm2.duckdb" if (ROOT / _store("search_smollm2.duckdb")).exists() else None
+    search = "search_smollm2.duckdb" if _finished("search_smollm2.duckdb") else None
     runs = _runs("collapse_bandit.duckdb")
     out.append(("runs.png", "runs", "Runs", {"store": _store("collapse_bandit.duckdb"),
                                              "run": runs["run_id"].iloc[0]}))

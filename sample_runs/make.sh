@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate the sample runs in sample_runs/ with this project's own trainer and importer.
 #
-#   bash sample_runs/make.sh            every run below (about 20 minutes on 2 CPU cores)
+#   bash sample_runs/make.sh            every run below (about 25 minutes on 2 CPU cores)
 #   bash sample_runs/make.sh spike      only the named ones: collapse spike apps credit import
 #
 # Each store is rebuilt from scratch (the old file is removed first). Checkpoints go under runs/
@@ -15,7 +15,7 @@ CKPT=runs/sample-checkpoints
 # The tiny model is a random network whose output layer alone decides that every token is
 # equally likely; adapting lm_head too lets a short SFT teach it the answer format.
 LORA=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head
-TRAIN=(nice -n 10 "$PY" -m core.train --model tiny --lora-targets "$LORA" --threads 1 --quiet
+TRAIN=("$PY" -m core.train --model tiny --lora-targets "$LORA" --threads 1 --quiet
        --checkpoint-every 1000)  # a checkpoint at the end only: these runs are not resumed
 
 fresh() {  # remove a store (and its lock files) before recording it again
@@ -33,14 +33,17 @@ timed() {  # run a command, print its wall time
 }
 
 # -- 2. reward variance and collapse: the same bandit tasks, GRPO vs StarPO-S --------------------
+# The workshop-demo preset (SFT warm start on a coin-flipping expert's demos, lm_head adapted)
+# with the learning rate raised from 1e-3 to 5e-3, which wrecks the answer format within one or
+# two updates: GRPO without KL, and StarPO-S (filtering, asymmetric clipping). One store.
 collapse() {
     fresh collapse_bandit.duckdb
-    local common=(--env bandit --env-options expert=uniform --group-size 8 --tasks-per-step 4
-                  --max-turns 1 --max-new-tokens 16 --sft-steps 60 --sft-lr 2e-2 --steps 20
-                  --lr 5e-3 --eval-every 0 --seed 0 --db "$OUT/collapse_bandit.duckdb"
-                  --checkpoint-dir "$CKPT/collapse")
-    timed "${TRAIN[@]}" "${common[@]}" --algo grpo --kl-coef 0 --name "bandit-grpo-lr5e-3"
-    timed "${TRAIN[@]}" "${common[@]}" --algo starpo_s --name "bandit-starpo_s-lr5e-3"
+    local common=(--preset workshop-demo --lr 5e-3 --steps 6 --eval-every 0 --seed 0 --threads 1
+                  --quiet --checkpoint-every 1000 --db "$OUT/collapse_bandit.duckdb")
+    timed "$PY" -m core.train "${common[@]}" --algo grpo --kl-coef 0 --name "bandit-grpo-lr5e-3" \
+        --checkpoint-dir "$CKPT/collapse-grpo"
+    timed "$PY" -m core.train "${common[@]}" --algo starpo_s --name "bandit-starpo_s-lr5e-3" \
+        --checkpoint-dir "$CKPT/collapse-starpo_s"
     compact collapse_bandit.duckdb
 }
 
@@ -48,7 +51,7 @@ collapse() {
 spike() {
     fresh spike_frozenlake.duckdb
     timed "${TRAIN[@]}" --env frozenlake --algo grpo --group-size 8 --tasks-per-step 2 \
-        --max-turns 4 --max-new-tokens 24 --sft-steps 60 --sft-lr 2e-2 --steps 16 --lr 1e-3 \
+        --max-turns 4 --max-new-tokens 24 --sft-steps 20 --sft-lr 5e-3 --steps 10 --lr 1e-3 \
         --eval-every 0 --seed 1 --name "frozenlake-grpo-spike" \
         --db "$OUT/spike_frozenlake.duckdb" --checkpoint-dir "$CKPT/spike"
     compact spike_frozenlake.duckdb
@@ -57,10 +60,8 @@ spike() {
 # -- 4. the apps world: SFT on the scripted expert, then a short RL phase --------------------------
 apps() {
     fresh apps_tiny.duckdb
-    timed "${TRAIN[@]}" --env apps --algo grpo --group-size 4 --tasks-per-step 2 \
-        --max-turns 8 --max-obs-tokens 512 --max-context 2048 --max-new-tokens 96 \
-        --sft-steps 12 --sft-lr 1e-2 --sft-batch-size 4 --steps 3 --lr 1e-3 --eval-every 0 \
-        --seed 0 --name "apps-tiny-sft-grpo" --db "$OUT/apps_tiny.duckdb" \
+    timed "${TRAIN[@]}" --preset apps-tiny --sft-steps 16 --sft-batch-size 2 --sft-lr 5e-3 \
+        --steps 2 --eval-every 0 --seed 0 --name "apps-tiny-sft-grpo" --db "$OUT/apps_tiny.duckdb" \
         --checkpoint-dir "$CKPT/apps"
     compact apps_tiny.duckdb
 }
@@ -69,7 +70,7 @@ apps() {
 credit() {
     fresh credit_gigpo.duckdb
     timed "${TRAIN[@]}" --env frozenlake --algo gigpo --group-size 8 --tasks-per-step 2 \
-        --max-turns 4 --max-new-tokens 24 --sft-steps 60 --sft-lr 2e-2 --steps 6 --lr 1e-3 \
+        --max-turns 4 --max-new-tokens 24 --sft-steps 30 --sft-lr 5e-3 --steps 6 --lr 1e-3 \
         --eval-every 0 --seed 2 --name "frozenlake-gigpo" \
         --db "$OUT/credit_gigpo.duckdb" --checkpoint-dir "$CKPT/credit"
     compact credit_gigpo.duckdb

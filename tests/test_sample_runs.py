@@ -60,11 +60,17 @@ def test_collapse_run_compares_two_algorithms_on_the_same_tasks_and_one_alarm_fi
         alarms[config_of(r)["algo"]] = _signals.collapse_alarms(wide_metrics(path, r["run_id"]))
     assert alarms["grpo"], "the GRPO run's collapse alarm does not fire"
     grpo_id = runs[[config_of(r)["algo"] == "grpo" for _, r in runs.iterrows()]]["run_id"].iloc[0]
-    wide = wide_metrics(path, grpo_id)
+    wide = wide_metrics(path, grpo_id).dropna(subset=["reward/mean"])   # the RL steps
     first = alarms["grpo"][0]["step"]
-    # the Echo Trap's order: variance and entropy fall before (or while) the policy locks in
+    assert first <= wide.index.max()
     assert wide.loc[first, "reward/group_std_mean"] < 0.5 * wide["reward/group_std_mean"].max() or \
         wide.loc[first:, "collapse/repeat_frac"].max() > _signals.REPEAT_LEVEL
+    # what README section 2 describes: the high learning rate wrecks the answer format, after which
+    # success, in-group reward std and the gradient are all zero
+    start, end = wide.iloc[0], wide.iloc[-1]
+    assert start["success/rate"] > 0 and end["success/rate"] == 0
+    assert end["env/valid_action_ratio"] < start["env/valid_action_ratio"]
+    assert end["reward/group_std_mean"] == 0 and end["grad/norm"] == 0
 
 
 # -- 3. a gradient spike ----------------------------------------------------------------------------
@@ -85,13 +91,22 @@ def test_apps_run_shows_expert_demos_state_diffs_and_state_failures():
     run_id = the_runs("apps_tiny.duckdb")["run_id"].iloc[0]
     trajs = queries.trajectories(path, run_id)
     assert {"sft", "train"} <= set(trajs["split"])              # the expert's demos are recorded
-    assert trajs[trajs["split"] == "sft"]["success"].any()
-    classes = set(trajs[trajs["split"] == "train"]["failure_class"])
-    assert classes & {"collateral_damage", "unmet_state_test"}, classes
-    demo = trajs[(trajs["split"] == "sft") & trajs["success"]]["traj_id"].iloc[0]
+    demos, policy = trajs[trajs["split"] == "sft"], trajs[trajs["split"] == "train"]
+    assert demos["success"].all()
+    demo = demos["traj_id"].iloc[0]
     turns = queries.turns(path, run_id, [demo])
     diffs = [json.loads(d) for d in turns["state_diff"] if isinstance(d, str)]
     assert any(diffs), "no turn of an expert demo carries a state diff"
+    # the tiny policy never writes a parseable tool call (README section 4), so its failures are
+    # format errors, which the taxonomy ranks above unmet state tests; the unit tests on its final
+    # state are still run and recorded, and the state-changing ones fail
+    assert not policy["success"].any()
+    assert set(policy["failure_class"]) == {"format_error"}
+    tests = queries.test_results(path, run_id, policy["traj_id"].tolist())
+    assert set(tests["traj_id"]) == set(policy["traj_id"])
+    state_tests = tests[~tests["name"].isin(["answer_matches", "no_collateral_damage"])]
+    assert len(state_tests) and not state_tests["passed"].any()
+    assert tests[tests["name"] == "no_collateral_damage"]["passed"].all()   # it changed nothing
 
 
 # -- 5. credit assignment ---------------------------------------------------------------------------
