@@ -50,8 +50,8 @@ collapse() {
 # -- 3. a gradient spike traced to its trajectories ----------------------------------------------
 spike() {
     fresh spike_frozenlake.duckdb
-    timed "${TRAIN[@]}" --env frozenlake --algo grpo --group-size 8 --tasks-per-step 2 \
-        --max-turns 4 --max-new-tokens 24 --sft-steps 20 --sft-lr 5e-3 --steps 10 --lr 1e-3 \
+    timed "${TRAIN[@]}" --env frozenlake --algo grpo --group-size 8 --tasks-per-step 1 \
+        --max-turns 4 --max-new-tokens 24 --sft-steps 20 --sft-lr 5e-3 --steps 12 --lr 1e-4 \
         --eval-every 0 --seed 1 --name "frozenlake-grpo-spike" \
         --db "$OUT/spike_frozenlake.duckdb" --checkpoint-dir "$CKPT/spike"
     compact spike_frozenlake.duckdb

@@ -83,6 +83,8 @@ def test_spike_run_has_a_detected_spike_with_per_trajectory_gradient_norms():
     ranked = queries.top_gradient_trajectories(path, run_id, spikes[0])
     assert len(ranked) >= 2 and ranked["grad_norm"].notna().all()
     assert ranked["grad_norm"].is_monotonic_decreasing
+    # README section 3: the spike is the first step with a success, and that rollout tops the list
+    assert ranked["reward"].iloc[0] == ranked["reward"].max() > 0
 
 
 # -- 4. the apps world ------------------------------------------------------------------------------
