@@ -41,11 +41,11 @@ def _wide(name: str, run_id: str):
 
 
 def _finished(name: str) -> bool:
-    """The store exists and its runs have all ended (a run still recording is left out)."""
+    """The store exists and all its runs finished (one still recording or stopped is left out)."""
     if not (ROOT / _store(name)).exists():
         return False
     runs = _runs(name)
-    return len(runs) > 0 and bool((runs["status"] != "running").all())
+    return len(runs) > 0 and bool((runs["status"] == "finished").all())
 
 
 def views() -> list[tuple[str, str, str, dict]]:
@@ -65,6 +65,15 @@ def views() -> list[tuple[str, str, str, dict]]:
     out.append(("replay-token-mask.png", "replay", "Replay",
                 {"store": _store(replay_store), "run": rid, "step": int(pick["step"]),
                  "traj": pick["traj_id"], "turn": 0}))
+    # Replay of an expert demo in the apps world, on a turn whose write changed the world
+    rid = _runs("apps_tiny.duckdb")["run_id"].iloc[0]
+    trajs = queries.trajectories(str(ROOT / _store("apps_tiny.duckdb")), rid)
+    demo = trajs[(trajs["split"] == "sft") & trajs["success"]].iloc[0]
+    turns = queries.turns(str(ROOT / _store("apps_tiny.duckdb")), rid, [demo["traj_id"]])
+    changed = turns[turns["state_diff"].notna() & (turns["state_diff"] != "{}")]
+    out.append(("replay-apps-state-diff.png", "replay", "Replay",
+                {"store": _store("apps_tiny.duckdb"), "run": rid, "step": int(demo["step"]),
+                 "traj": demo["traj_id"], "turn": int(changed["turn"].iloc[0])}))
     # Groups on the credit-assignment run: a group whose rollouts disagree
     rid = _runs("credit_gigpo.duckdb")["run_id"].iloc[0]
     trajs = queries.trajectories(str(ROOT / _store("credit_gigpo.duckdb")), rid)
