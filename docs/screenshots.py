@@ -41,11 +41,12 @@ def _wide(name: str, run_id: str):
 
 
 def _finished(name: str) -> bool:
-    """The store exists and all its runs finished (one still recording or stopped is left out)."""
+    """The store exists and all its runs ended (finished, or stopped on purpose; one still
+    recording or failed is left out)."""
     if not (ROOT / _store(name)).exists():
         return False
     runs = _runs(name)
-    return len(runs) > 0 and bool((runs["status"] == "finished").all())
+    return len(runs) > 0 and bool(runs["status"].isin(["finished", "stopped"]).all())
 
 
 def views() -> list[tuple[str, str, str, dict]]:
