@@ -81,6 +81,9 @@ class TrainConfig:
     sft_env_options: str = ""
     """Options that differ for the SFT demonstrations' env (same format, layered over
     env_options), e.g. two_hop_frac=0.1 so SFT teaches the format and leaves strategy to RL."""
+    eval_env_options: str = ""
+    """Options that differ for the held-out evaluation's env (same format, layered over
+    env_options): keeps the evaluation set fixed while the RL task mix changes, e.g. on resume."""
 
     # -- model and LoRA ------------------------------------------------------------------------
     lora_rank: int = 16
@@ -245,15 +248,18 @@ def _option_value(raw: str) -> Any:
     return raw.replace(";", ",")
 
 
-def env_kwargs(cfg: TrainConfig, sft: bool = False) -> dict[str, Any]:
+def env_kwargs(cfg: TrainConfig, sft: bool = False, eval: bool = False) -> dict[str, Any]:
     """Keyword arguments for make_env(cfg.env, ...): seed, topk, the search outcome metric,
-    env_options, and for the SFT demonstrations' env sft_env_options over them."""
+    env_options, and over them sft_env_options for the SFT demonstrations' env or
+    eval_env_options for the held-out evaluation's env."""
     kwargs: dict[str, Any] = {"seed": cfg.seed, "topk": cfg.topk}
     if cfg.env == "search":
         kwargs["outcome_metric"] = cfg.outcome_metric
     kwargs.update(parse_env_options(cfg.env_options, "env_options"))
     if sft:
         kwargs.update(parse_env_options(cfg.sft_env_options, "sft_env_options"))
+    if eval:
+        kwargs.update(parse_env_options(cfg.eval_env_options, "eval_env_options"))
     return kwargs
 
 
@@ -308,7 +314,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.kl_abort > 0, "kl_abort", "must be > 0")
     need(cfg.max_bad_steps >= 1, "max_bad_steps", "must be >= 1")
     need(cfg.outcome_metric in ("em", "f1"), "outcome_metric", "must be em or f1")
-    for fld in ("env_options", "sft_env_options"):
+    for fld in ("env_options", "sft_env_options", "eval_env_options"):
         opts = parse_env_options(getattr(cfg, fld), fld)
         unknown = sorted(set(opts) - set(ENV_OPTIONS.get(cfg.env, ())))
         need(not unknown, fld, f"unknown option(s) {', '.join(unknown)} for env {cfg.env}; "

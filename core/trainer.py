@@ -75,7 +75,10 @@ class _Run:
         self.eval_sampling = Sampling.from_config(cfg, eval=True)
         self.pool = _task_pool(self.env, cfg.seed)
         self.sft_pool = _task_pool(self.sft_env, cfg.seed) if cfg.sft_env_options else self.pool
-        self.eval_tasks = self.env.tasks("heldout", cfg.eval_tasks, cfg.seed) if cfg.eval_tasks else []
+        # Held-out evaluation may use its own options (eval_env_options) so its task set stays
+        # fixed when the RL task mix changes.
+        self.eval_env = make_env(cfg.env, **env_kwargs(cfg, eval=True)) if cfg.eval_env_options else self.env
+        self.eval_tasks = self.eval_env.tasks("heldout", cfg.eval_tasks, cfg.seed) if cfg.eval_tasks else []
         self.bad_steps, self.last_write_s, self.stop_requested = 0, 0.0, False
         self.skip_note: str | None = None
         """Why the last skipped update was skipped; stored in runs.error next to its metrics."""
@@ -267,7 +270,7 @@ class _Run:
         """Held-out tasks, one rollout each at eval temperature, recorded with split 'eval'."""
         t0 = time.perf_counter()
         mine = self.ranks.block(len(self.eval_tasks))
-        own = rollout(self.policy, self.env, self.eval_tasks[mine.start:mine.stop], group_size=1,
+        own = rollout(self.policy, self.eval_env, self.eval_tasks[mine.start:mine.stop], group_size=1,
                       sampling=self.eval_sampling, seed=self.cfg.seed + 7 + 7_919 * self.ranks.rank,
                       id_prefix=f"e{step}", split="eval") if mine else []
         number_rollouts(own, f"e{step}", mine.start, 1)

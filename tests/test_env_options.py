@@ -39,5 +39,20 @@ def test_options_reach_the_environment():
     assert rl.outcome_metric == "f1" and rl.topk == 2
     hops = [t.meta["hops"] for t in rl.tasks("train", 40, 0)]
     assert hops.count(2) == 30
+    ev = make_env("search", **env_kwargs(cfg.replace(eval_env_options="two_hop_frac=0.5"), eval=True))
+    assert ev.two_hop_frac == 0.5
+    with pytest.raises(ConfigError, match="eval_env_options"):
+        validate(TrainConfig(env="search", eval_env_options="expert=uniform"))
     bandit = make_env("bandit", **env_kwargs(TrainConfig(env="bandit", env_options="expert=uniform")))
     assert bandit.expert == "uniform"
+
+
+def test_eval_env_options_fix_the_heldout_set_while_the_rl_mix_changes():
+    from core.trainer import _Run
+    from storage.recorder import NullRecorder
+    base = TrainConfig(env="search", model="tiny", env_options="two_hop_frac=0.75", eval_tasks=20,
+                       steps=0, threads=1)
+    moved = base.replace(env_options="two_hop_frac=0.25", eval_env_options="two_hop_frac=0.75")
+    first, second = _Run(base, NullRecorder(), False), _Run(moved, NullRecorder(), False)
+    assert second.env.two_hop_frac == 0.25 and second.eval_env.two_hop_frac == 0.75
+    assert [t.task_id for t in second.eval_tasks] == [t.task_id for t in first.eval_tasks]
