@@ -34,12 +34,7 @@ class MetricsRecorder(NullRecorder):
         self.steps[step] = dict(metrics or {})
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_workshop_demo_heldout_success_rises_beyond_chance(tmp_path):

@@ -12,13 +12,7 @@ from core.policy import ModelNotAvailable, load_policy, load_tokenizer, token_lo
 
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread: on a shared 2-core machine, oversubscribed threads run many times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def tiny():

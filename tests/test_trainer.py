@@ -19,13 +19,7 @@ from core.trajectory import Trajectory, Turn
 from core.update import make_samples, policy_update, score_reference, sft_update
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread: on a shared 2-core machine, oversubscribed threads run many times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
