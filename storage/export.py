@@ -111,8 +111,10 @@ def _records(con, run_id: str, ids: list[str]) -> Iterator[dict]:
 
     trajs = {tid: r[0] for tid, r in rows("trajectories", "step").items()}
     turns, rewards, tokens = rows("turns", "turn"), rows("rewards", "component"), rows("tokens", "pos")
+    tests = rows("test_results", "rowid")  # test_results has no order column: keep insert order
     for tid in ids:
-        yield from_rows(trajs[tid], turns.get(tid, []), rewards.get(tid, []), tokens.get(tid, []))
+        yield from_rows(trajs[tid], turns.get(tid, []), rewards.get(tid, []), tokens.get(tid, []),
+                        tests.get(tid, []))
 
 
 # -- one flattened Parquet file ---------------------------------------------------------------------

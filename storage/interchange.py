@@ -11,6 +11,7 @@ A line (only ``traj_id``, ``task_id``, ``turns`` and ``reward`` are required)::
      "reward": 1.0, "rewards": {"outcome": 1.0, "format": 0.0, "cost": 0.0, "process": 0.0},
      "advantage": 0.71, "success": true, "finish_reason": "answered",
      "answer": "Frank Herbert", "golds": ["Frank Herbert"],
+     "tests": [{"name": "answer_matches", "passed": true, "detail": "answer 'Frank Herbert'"}],
      "tokens": [{"text": "Who", "role": "prompt"}, {"text": " wrote", "role": "prompt"}, ...,
                 {"text": "<search>", "role": "action", "trained": true, "logprob": -0.12,
                  "token_id": 27, "turn": 0}, ...],
@@ -29,6 +30,15 @@ Rules, so every page can show an imported run:
   pieces are not the model's tokens, and pages that need logprobs say they are missing.
 * ``group_id`` defaults to ``"{step}:{task_id}"`` (same task at the same step = one group);
   ``step`` to 0, ``split`` to ``train``, ``observation`` to ``""``.
+* ``tests`` is optional: the unit tests run on the episode's final state (stateful envs such as
+  apps), each ``{"name", "passed", "detail"}`` (``detail`` optional). They are stored as the
+  trajectory's test results, which Replay shows, and the failure rules read them as
+  ``info.tests`` unless ``info`` has its own, as they do the trainer's outcome tests.
+* A turn's ``state_diff`` is the list of rows its action changed, each ``{"table", "op", "key",
+  "before", "after"}`` as the apps env logs them; Replay shows it turn by turn.
+* ``info`` is what the failure rules read besides the turns (``collateral``, ``retrieved_gold``,
+  ``tests``; core/failures.py), so an agent that puts its env outcome's ``info`` there gets the
+  class a trainer run of the same episode would get. A given ``failure_class`` is kept as it is.
 * ``run`` (the run's configuration) is read from the first line that has it.
 * Unknown top-level keys are kept under ``info.extra``. NaN/Infinity are refused.
 """
@@ -135,7 +145,7 @@ TOP_FIELDS = {
     "answer": ("str", False), "golds": ("json", False), "info": ("dict", False),
     "tokens": ("list", False), "run": ("dict", False), "failure_class": ("str", False),
     "filtered": ("bool", False), "grad_norm": ("num", False), "response_tokens": ("int", False),
-    "rank": ("int", False),
+    "rank": ("int", False), "tests": ("list", False),
 }
 TURN_FIELDS = {
     "action": ("str", True), "observation": ("str", False), "action_valid": ("bool", False),
@@ -144,6 +154,7 @@ TURN_FIELDS = {
     "action_truncated": ("bool", False), "latency_s": ("num", False),
     "advantage": ("num", False), "step_reward": ("num", False),
 }
+TEST_FIELDS = {"name": ("id", True), "passed": ("bool", True), "detail": ("str", False)}
 TOKEN_FIELDS = {
     "text": ("str", True), "role": ("str", True), "trained": ("bool", False),
     "logprob": ("num", False), "token_id": ("int", False), "turn": ("sint", False),
@@ -181,6 +192,9 @@ def validate(obj: Any) -> dict:
             if tok["role"] not in ROLES:
                 raise LineError(f"field 'tokens[{i}].role' must be one of {ROLES}, "
                                 f"got {tok['role']!r}")
+    if "tests" in rec:
+        rec["tests"] = [_fields(t, TEST_FIELDS, f"tests[{i}].", False)
+                        for i, t in enumerate(rec["tests"])]
     for name, value in rec.get("rewards", {}).items():
         _check(name, "id", "rewards (a component name)")
         rec["rewards"][name] = _check(value, "num", f"rewards.{name}")
@@ -220,7 +234,8 @@ def _json(value: Any) -> str | None:
 
 
 def to_rows(rec: dict, classify: Callable | None = None) -> dict[str, list[dict]]:
-    """Rows for trajectories, rewards, turns and tokens (without run_id) of one valid record."""
+    """Rows for trajectories, rewards, turns, tokens and test_results (without run_id) of one
+    valid record."""
     step, tid = rec.get("step", 0), rec["traj_id"]
     notes: list[str] = []
     info = dict(rec.get("info") or {})
@@ -243,9 +258,15 @@ def to_rows(rec: dict, classify: Callable | None = None) -> dict[str, list[dict]
         if derived and trained:
             row["advantage"] = advantage  # given tokens carry their own advantages, or none
         token_rows.append(row)
+    tests = [{"traj_id": tid, "step": step, "name": t["name"], "passed": t["passed"],
+              "detail": t.get("detail")} for t in rec.get("tests", [])]
     failure_class = rec.get("failure_class")
     if failure_class is None and classify is not None:
-        failure_class = _classify(classify, rec, turns, info, notes)
+        # as core.failures.classify_trajectory does: the outcome's tests, unless info has its own
+        graded = dict(info)
+        if tests:
+            graded.setdefault("tests", [{"name": t["name"], "passed": t["passed"]} for t in tests])
+        failure_class = _classify(classify, rec, turns, graded, notes)
     if notes:
         info["import_notes"] = list(info.get("import_notes", [])) + [
             n for n in notes if n not in info.get("import_notes", [])]
@@ -261,7 +282,8 @@ def to_rows(rec: dict, classify: Callable | None = None) -> dict[str, list[dict]
             "info": _json(info or None)}
     rewards = [{"traj_id": tid, "step": step, "component": c, "value": v}
                for c, v in components.items()]
-    return {"trajectories": [traj], "rewards": rewards, "turns": turns, "tokens": token_rows}
+    return {"trajectories": [traj], "rewards": rewards, "turns": turns, "tokens": token_rows,
+            "test_results": tests}
 
 
 def _classify(classify: Callable, rec: dict, turns: list[dict], info: dict, notes: list[str]):
@@ -288,7 +310,8 @@ def _clean(row: dict, drop: tuple[str, ...]) -> dict:
     return out
 
 
-def from_rows(traj: dict, turns: list[dict], rewards: list[dict], tokens: list[dict]) -> dict:
+def from_rows(traj: dict, turns: list[dict], rewards: list[dict], tokens: list[dict],
+              tests: list[dict] | None = None) -> dict:
     """The generic record of one stored trajectory (the inverse of ``to_rows``)."""
     rec = {"traj_id": traj["traj_id"], "task_id": traj["task_id"]}
     for key in TRAJ_OPTIONAL:
@@ -303,4 +326,6 @@ def from_rows(traj: dict, turns: list[dict], rewards: list[dict], tokens: list[d
     rec["reward"] = traj["reward"]
     rec["rewards"] = {r["component"]: r["value"] for r in rewards}
     rec["tokens"] = [_clean(t, ("run_id", "step", "traj_id", "pos")) for t in tokens]
+    if tests:
+        rec["tests"] = [_clean(t, ("run_id", "step", "traj_id")) for t in tests]
     return _clean(rec, ())

@@ -13,12 +13,15 @@ storage/interchange.py), at its smallest::
      "turns": [{"action": "<answer>Frank Herbert</answer>", "observation": ""}],
      "reward": 1.0, "rewards": {"outcome": 1.0, "format": 0.0, "cost": 0.0, "process": 0.0}}
 
-Import (the verl and TRL readers are in storage/dumps.py) reads the input once, validating each line; every bad line is reported with where it is and what
-is wrong, and good lines still import. Valid trajectories are written in batches, each batch one
-transaction holding all their rows (trajectories, rewards, turns, tokens), so no trajectory is
-ever half-written. The run id is derived from the file's path unless ``--run-id`` is given, so a
-rerun imports into the same run; trajectories already there (same ``traj_id``) are skipped, or
-replaced with ``--replace``. Exit status 1 if any line failed, 2 if nothing could be read.
+Import (the verl and TRL readers are in storage/dumps.py) reads the input once, validating each
+line; every bad line is reported with where it is and what is wrong, and good lines still import.
+Valid trajectories are written in batches, each batch one transaction holding all their rows
+(trajectories, rewards, turns, tokens, test results), so no trajectory is ever half-written.
+The run id is derived from the file's path unless ``--run-id`` is given, so a rerun imports into
+the same run; trajectories already there (same ``traj_id``) are skipped, or replaced with
+``--replace``. The store may already hold other runs (a trainer's, other imports): importing
+under a run id none of them uses adds a run beside them and leaves theirs as they are. Exit
+status 1 if any line failed, 2 if nothing could be read.
 
 Export (storage/export.py) writes one run, or a filtered selection of its trajectories, as
 generic JSONL (export -> import round trips), as one flattened Parquet file, or with
@@ -49,7 +52,7 @@ from storage.migrations import prepare
 from storage.recorder import check_run_id, now
 
 FORMATS = ("jsonl", "verl", "trl")
-TRAJ_TABLES = ("trajectories", "rewards", "turns", "tokens")
+TRAJ_TABLES = ("trajectories", "rewards", "turns", "tokens", "test_results")
 MAX_REPORTED_ERRORS = 1000
 ARROW_TYPES = {"VARCHAR": pa.string(), "JSON": pa.string(), "INTEGER": pa.int32(),
                "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(), "TIMESTAMP": pa.timestamp("us")}
@@ -217,7 +220,7 @@ def _write_rows(con, run_id, fmt, run, batch, replace) -> tuple[int, int, int]:
         "SELECT traj_id FROM trajectories WHERE run_id = ? AND traj_id IN (SELECT unnest(?))",
         [run_id, ids]).fetchall()}
     if present and replace:
-        for table in (*TRAJ_TABLES, "test_results"):
+        for table in TRAJ_TABLES:
             con.execute(f"DELETE FROM {table} WHERE run_id = ? AND traj_id IN (SELECT unnest(?))",
                         [run_id, list(present)])
     elif present:

@@ -150,6 +150,134 @@ def test_a_trajectory_that_fails_to_store_is_reported_and_leaves_nothing(tmp_pat
         assert set(_rows(store, f"SELECT traj_id FROM {table}")["traj_id"]) == {"t0", "t2"}
 
 
+# -- unit tests and state diffs (stateful envs) ---------------------------------------------------
+def _apps_episodes():
+    """Two real apps episodes, each as (generic record, the trainer's Trajectory of it): the
+    expert's plan with one unread mail archived as well (collateral damage), and with one
+    required archive left out (an unmet state test)."""
+    from core.envs.apps import tool_text
+    from core.envs.base import make_env
+    from core.trajectory import Trajectory, Turn
+    env = make_env("apps", templates="archive_read_newsletters")
+    task = env.tasks("train", 1, 0)[0]
+    p = task.meta["params"]
+    search = tool_text("email.search_emails", {"sender": p["sender"], "folder": "inbox"})
+    archive = [tool_text("email.archive_email", {"email_id": k}) for k in p["targets"]]
+    plans = {"too-much": [search, *archive, tool_text("email.archive_email",
+                                                      {"email_id": p["keep"][0]})],
+             "too-little": [search, *archive[1:]]}
+    out = []
+    for name, actions in plans.items():
+        episode = env.episode(task, 0)
+        episode.reset()
+        traj = Trajectory(traj_id=name, group_id="g", task=task, finish_reason="answered")
+        rec = {"traj_id": name, "task_id": task.task_id, "prompt": task.prompt, "turns": []}
+        for i, action in enumerate(actions + ["<answer>done</answer>"]):
+            r = episode.step(action)
+            traj.turns.append(Turn(i, action, r.observation, r.valid, r.action_type, r.parsed,
+                                   r.error, r.state_diff))
+            rec["turns"].append({"action": action, "observation": r.observation,
+                                 "action_valid": r.valid, "action_type": r.action_type,
+                                 "parsed": r.parsed, "error": r.error, "state_diff": r.state_diff})
+        traj.outcome = outcome = episode.outcome()
+        rec.update(reward=outcome.score, success=outcome.success, finish_reason="answered",
+                   answer=outcome.answer, info=outcome.info,
+                   tests=[{"name": n, "passed": ok, "detail": d} for n, ok, d in outcome.tests])
+        out.append((rec, traj))
+    return out
+
+
+def _write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def test_unit_tests_and_state_diffs_import_and_classify_as_the_trainer_does(tmp_path):
+    from core.failures import classify_trajectory
+    episodes = _apps_episodes()
+    source = _write_jsonl(tmp_path / "apps.jsonl", [rec for rec, _ in episodes])
+    store = tmp_path / "s.duckdb"
+    assert io.import_file(source, store, run_id="apps").imported == 2
+    classes = dict(_rows(store, "SELECT traj_id, failure_class FROM trajectories").values)
+    assert classes == {traj.traj_id: classify_trajectory(traj) for _, traj in episodes}
+    assert classes == {"too-much": "collateral_damage", "too-little": "unmet_state_test"}
+    for rec, traj in episodes:
+        tests = queries.test_results(store, "apps", [rec["traj_id"]])
+        assert sorted(zip(tests["name"], tests["passed"], tests["detail"])) == \
+            sorted(traj.outcome.tests)
+        turns = queries.turns(store, "apps", [rec["traj_id"]])
+        stored = [json.loads(d) if isinstance(d, str) else None for d in turns["state_diff"]]
+        assert stored == [t.state_diff for t in traj.turns]
+    failed = queries.test_results(store, "apps", ["too-much"]).set_index("name")
+    assert not failed.loc["no_collateral_damage", "passed"]
+    keep = episodes[0][0]["turns"][-2]["parsed"]["arguments"]["email_id"]
+    assert f"update emails#{keep}" in failed.loc["no_collateral_damage", "detail"]
+
+
+def test_bad_tests_are_reported_by_line_and_leave_nothing(tmp_path, capsys):
+    good = {"traj_id": "ok", "task_id": "q", "turns": [{"action": "a"}], "reward": 0.5,
+            "finish_reason": "answered", "answer": "done",
+            "tests": [{"name": "t1", "passed": True}, {"name": "t2", "passed": False,
+                                                        "detail": "why"}]}
+    bad = [dict(good, traj_id="b1", tests={"t1": True}),
+           dict(good, traj_id="b2", tests=[{"name": "t1", "passed": "yes"}]),
+           dict(good, traj_id="b3", tests=[{"passed": True}]),
+           dict(good, traj_id="b4", turns=[{"action": "a", "state_diff": float("nan")}])]
+    source = tmp_path / "t.jsonl"
+    source.write_text("\n".join(json.dumps(r) for r in [good, *bad]), encoding="utf-8")
+    store, code = _import(tmp_path, source=source)
+    err = capsys.readouterr().err
+    assert code == 1
+    for line, words in {2: "field 'tests' must be a list, got dict",
+                        3: "field 'tests[0].passed' must be true/false, got str",
+                        4: "missing field 'tests[0].name'",
+                        5: "NaN is not a JSON number"}.items():
+        assert f"error: line {line}: {words}" in err, (line, err)
+    with db.reading(store) as con:
+        tests = con.execute("SELECT traj_id, name, passed, detail FROM test_results").fetchall()
+    assert tests == [("ok", "t1", True, None), ("ok", "t2", False, "why")]
+    assert _rows(store, "SELECT failure_class FROM trajectories")["failure_class"].tolist() == \
+        ["unmet_state_test"]
+
+
+def test_an_import_beside_a_trainer_run_leaves_it_alone_and_reruns_add_nothing(tmp_path, capsys):
+    store = tmp_path / "s.duckdb"
+    trained = _trainer_run(store)
+    tables = (*TRAJ_TABLES, "test_results", "metrics", "runs")
+    before = {t: _rows(store, f"SELECT * FROM {t} WHERE run_id = ? ORDER BY ALL", [trained])
+              for t in tables}
+    source = _write_jsonl(tmp_path / "apps.jsonl", [rec for rec, _ in _apps_episodes()])
+    args = ["import", str(source), "--db", str(store), "--run-id", "agent"]
+    assert io.main(args) == 0
+    count = "SELECT count(*) n FROM test_results WHERE run_id = 'agent'"
+    n_tests = _rows(store, count)["n"][0]
+    assert n_tests == sum(len(rec["tests"]) for rec, _ in _apps_episodes())
+    assert io.main(args) == 0 and io.main(args + ["--replace"]) == 0
+    assert "2 replaced" in capsys.readouterr().out
+    assert _rows(store, count)["n"][0] == n_tests
+    for t in tables:
+        pd.testing.assert_frame_equal(
+            _rows(store, f"SELECT * FROM {t} WHERE run_id = ? ORDER BY ALL", [trained]),
+            before[t], obj=t)
+    assert sorted(queries.runs(store)["run_id"]) == sorted(["agent", trained])
+
+
+def test_unit_tests_round_trip_through_export(tmp_path):
+    records = [rec for rec, _ in _apps_episodes()]
+    source = _write_jsonl(tmp_path / "apps.jsonl", records)
+    io.import_file(source, tmp_path / "a.duckdb", run_id="a")
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    export_jsonl(tmp_path / "a.duckdb", "a", first)
+    io.import_file(first, tmp_path / "b.duckdb", run_id="b")
+    export_jsonl(tmp_path / "b.duckdb", "b", second)
+    assert first.read_text() == second.read_text()
+    exported = {r["traj_id"]: r for r in map(json.loads, first.read_text().splitlines())}
+    for rec in records:
+        assert exported[rec["traj_id"]]["tests"] == rec["tests"]  # in the env's order
+        assert [t.get("state_diff") for t in exported[rec["traj_id"]]["turns"]] == \
+            [t["state_diff"] for t in rec["turns"]]
+
+
 # -- export ---------------------------------------------------------------------------------------
 def _trainer_run(path):
     """A run as the trainer records it: real token rows with logprobs, turns, four components."""
@@ -358,7 +486,8 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_
 
 @settings(max_examples=150, deadline=None)
 @given(st.dictionaries(st.sampled_from(["traj_id", "task_id", "turns", "reward", "rewards",
-                                        "tokens", "step", "success", "prompt"]), JSON, max_size=9))
+                                        "tokens", "step", "success", "prompt", "tests"]), JSON,
+                       max_size=10))
 def test_validate_accepts_or_names_the_problem(obj):
     try:
         rec = validate(obj)
