@@ -2,7 +2,8 @@
 # Regenerate the sample runs in sample_runs/ with this project's own trainer and importer.
 #
 #   bash sample_runs/make.sh            every run below (about 25 minutes on 2 CPU cores)
-#   bash sample_runs/make.sh spike      only the named ones: collapse spike apps credit import
+#   bash sample_runs/make.sh spike      only the named ones: collapse spike apps careless credit
+#                                       import (careless: only the imported run of apps_tiny)
 #
 # Each store is rebuilt from scratch (the old file is removed first). Checkpoints go under runs/
 # (ignored by git), never next to the stores. Every command is the one sample_runs/README.md
@@ -58,11 +59,25 @@ spike() {
 }
 
 # -- 4. the apps world: SFT on the scripted expert, then a short RL phase --------------------------
+# then a careless rule agent's episodes of the same world, imported beside it (careless below)
 apps() {
     fresh apps_tiny.duckdb
     timed "${TRAIN[@]}" --preset apps-tiny --sft-steps 16 --sft-batch-size 2 --sft-lr 5e-3 \
         --steps 2 --eval-every 0 --seed 0 --name "apps-tiny-sft-grpo" --db "$OUT/apps_tiny.duckdb" \
         --checkpoint-dir "$CKPT/apps"
+    careless
+}
+
+# -- 4b. the careless agent: collateral damage and unmet state tests, graded by the env's tests ---
+# Imported into the apps store as its own run; --replace makes a rerun rewrite it in place, so
+# `make.sh careless` refreshes this run without retraining the one beside it.
+careless() {
+    mkdir -p runs
+    timed "$PY" sample_runs/agents/careless_apps.py --out runs/careless_apps.jsonl \
+        --tasks 16 --rollouts 2 --steps 2 --slip-rate 0.5 --seed 0
+    timed "$PY" -m storage.io import runs/careless_apps.jsonl --format jsonl \
+        --db "$OUT/apps_tiny.duckdb" --run-id careless-apps \
+        --run-name "careless rule agent (imported JSONL)" --replace
     compact apps_tiny.duckdb
 }
 
@@ -102,8 +117,9 @@ if [ $# -gt 0 ]; then
     for name in "$@"; do
         case "$name" in
             import) ALL+=(import_run) ;;
-            collapse|spike|apps|credit) ALL+=("$name") ;;
-            *) echo "unknown run '$name' (collapse spike apps credit import)" >&2; exit 2 ;;
+            collapse|spike|apps|careless|credit) ALL+=("$name") ;;
+            *) echo "unknown run '$name' (collapse spike apps careless credit import)" >&2
+               exit 2 ;;
         esac
     done
 fi

@@ -90,7 +90,8 @@ def test_spike_run_has_a_detected_spike_with_per_trajectory_gradient_norms():
 # -- 4. the apps world ------------------------------------------------------------------------------
 def test_apps_run_shows_expert_demos_state_diffs_and_state_failures():
     path = store("apps_tiny.duckdb")
-    run_id = the_runs("apps_tiny.duckdb")["run_id"].iloc[0]
+    runs = the_runs("apps_tiny.duckdb")
+    run_id = runs[runs["source"] == "trainer"]["run_id"].iloc[0]
     trajs = queries.trajectories(path, run_id)
     assert {"sft", "train"} <= set(trajs["split"])              # the expert's demos are recorded
     demos, policy = trajs[trajs["split"] == "sft"], trajs[trajs["split"] == "train"]
@@ -109,6 +110,35 @@ def test_apps_run_shows_expert_demos_state_diffs_and_state_failures():
     state_tests = tests[~tests["name"].isin(["answer_matches", "no_collateral_damage"])]
     assert len(state_tests) and not state_tests["passed"].any()
     assert tests[tests["name"] == "no_collateral_damage"]["passed"].all()   # it changed nothing
+
+
+def test_apps_store_holds_the_careless_agents_collateral_damage_with_tests_and_diffs():
+    path = store("apps_tiny.duckdb")
+    runs = the_runs("apps_tiny.duckdb")
+    imported = runs[runs["source"].str.startswith("import")]
+    assert len(imported) == 1 and config_of(imported.iloc[0])["env"] == "apps"
+    run_id = imported["run_id"].iloc[0]
+    trajs = queries.trajectories(path, run_id)
+    classes = set(trajs["failure_class"])
+    # README section 4: the careless agent's slips show as harm and as unmet state tests
+    assert {"success", "collateral_damage", "unmet_state_test"} <= classes, classes
+    damaged = trajs[trajs["failure_class"] == "collateral_damage"]["traj_id"].tolist()
+    tests = queries.test_results(path, run_id, damaged)
+    shown = 0
+    for traj_id in damaged:
+        own = tests[tests["traj_id"] == traj_id].set_index("name")
+        assert not own.loc["no_collateral_damage", "passed"], traj_id
+        turns = queries.turns(path, run_id, [traj_id])
+        diffs = [json.loads(d) for d in turns["state_diff"] if isinstance(d, str)]
+        changed = {f"{e['op']} {e['table']}#{e['key']}" for d in diffs for e in d}
+        named = own.loc["no_collateral_damage", "detail"].split(": ", 1)[1].split(", ")
+        assert set(named) <= changed, (traj_id, named)    # the harm is in the turn's state diff
+        shown += 1
+    assert shown >= 1
+    unmet = trajs[trajs["failure_class"] == "unmet_state_test"]["traj_id"].tolist()
+    tests = queries.test_results(path, run_id, unmet)
+    assert tests[tests["name"] == "no_collateral_damage"]["passed"].all()
+    assert set(tests.loc[~tests["passed"], "traj_id"]) == set(unmet)
 
 
 # -- 5. credit assignment ---------------------------------------------------------------------------
