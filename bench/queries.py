@@ -22,6 +22,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,6 +46,7 @@ VOCAB = np.array(["".join(np.random.default_rng(i).choice(list("aeioulnrstmkdgpb
                   for i in range(3000)])
 """Made-up words for the model's actions and the retrieved documents: real text is varied, so
 DuckDB cannot answer a text filter from a small string dictionary."""
+DEFAULT_STORE = Path(tempfile.gettempdir()) / "agentrl-bench-queries.duckdb"
 MODULES = [f"model.layers.{i}.{m}" for i in range(2) for m in
            ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
@@ -152,6 +154,16 @@ def build(path: Path, steps: int, chunk: int = 50) -> None:
           f"{path.stat().st_size / 2**20:.0f} MiB", flush=True)
 
 
+def ensure(path: Path, steps: int = 3125) -> None:
+    """Build the store at ``path`` unless it exists (bench/pages.py serves the same store)."""
+    if not path.exists():
+        build(path, steps)
+    else:  # the app migrates nothing; bring an older bench store up to the current schema
+        con = db.connect(path)
+        migrate(con)
+        con.close()
+
+
 def page_queries(path: str) -> dict[str, callable]:
     """The app's reads for each page, on the big run, as ``name -> zero-argument call``."""
     step, traj = 1500, "s1500-g2-r5"
@@ -215,17 +227,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--read", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    import tempfile
-    path = Path(args.store or Path(tempfile.gettempdir()) / "agentrl-bench-queries.duckdb")
+    path = Path(args.store or DEFAULT_STORE)
     if args.read:
         read(str(path), args.repeats)
         return
-    if not path.exists():
-        build(path, args.steps)
-    else:  # the app migrates nothing; bring an older bench store up to the current schema
-        con = db.connect(path)
-        migrate(con)
-        con.close()
+    ensure(path, args.steps)
     child = subprocess.run([sys.executable, __file__, "--store", str(path), "--read",
                             "--repeats", str(args.repeats)], capture_output=True, text=True,
                            check=True)

@@ -54,6 +54,33 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 90) -> No
     raise RuntimeError("streamlit did not become healthy")
 
 
+def start_app(env: dict, log) -> tuple[subprocess.Popen, str]:
+    """``streamlit run app.py`` on a free local port with ``env``, once healthy: (process, URL).
+    (bench/pages.py serves its store the same way.)"""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+         "--server.headless", "true", "--server.address", "127.0.0.1",
+         "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc)
+    except BaseException:
+        stop_app(proc)
+        raise
+    return proc, url
+
+
+def stop_app(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.fixture(scope="module")
 def server():
     """(base URL, demo store path, {name: run_id}, runs dir) of a served app on the demo store."""
@@ -67,27 +94,17 @@ def server():
     (ROOT / stores).mkdir(parents=True)
     ids = make_demo_store(ROOT / stores / "demo.duckdb")
     names = dict(zip(["demo-search-starpo", "demo-apps-rloo", "imported-verl", "crashed-run"], ids))
-    port = _free_port()
     env = dict(os.environ, AGENTRL_STORE_DIRS=os.pathsep.join([str(stores), str(runs)]),
                AGENTRL_RUNS_DIR=str(runs), STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
     log = open(ROOT / base / "server.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
-         "--server.headless", "true", "--server.address", "127.0.0.1",
-         "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    proc = None
     try:
-        _wait_healthy(url, proc)
+        proc, url = start_app(env, log)
         yield url, str(stores / "demo.duckdb"), names, ROOT / runs
     finally:
         _stop_job(ROOT / runs)
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            stop_app(proc)
         log.close()
         shutil.rmtree(ROOT / base, ignore_errors=True)
 

@@ -1,0 +1,157 @@
+"""The dashboard in a browser on the large synthetic store: page load times and server memory.
+
+    nice -n 15 .venv/bin/python bench/pages.py [--store FILE] [--steps 3125] [--repeats 5]
+
+The store is bench/queries.py's (built by its builder when ``--store`` does not exist yet, so
+both scripts can share one file). The app is served with ``streamlit run app.py`` exactly as
+tests/test_browser.py serves it, showing that store alone (a private store directory holding a
+link to it) and an empty runs directory (so the Train page shows no live job). A headless
+Chromium (Debian's package, through playwright) then opens every page of app.py's navigation
+by deep link (``?store=..&run=..&step=..``; Replay also names one trajectory) in rounds: round 1
+is each page's first load on the fresh server (cold: imports, first queries, empty caches),
+then ``--repeats`` warm rounds, the page order rotated each round so that load from other
+processes hits every page alike.
+
+One load is timed from ``page.goto`` until the page's title heading is drawn, the app reports
+its script finished (the ``data-test-script-state`` of Streamlit's root element is
+``notRunning``) and no element placeholder (``stSkeleton``) is left. Memory is the server
+process's peak resident set (``VmHWM``) after all loads. Target: app memory <= 1 GB.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+import urllib.parse
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import queries as big_store  # noqa: E402  (the builder of bench/queries.py)
+from storage import queries  # noqa: E402
+from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, start_app, stop_app  # noqa: E402
+
+LOADED_JS = """title => {
+    const app = document.querySelector('[data-testid="stApp"]');
+    const heading = [...document.querySelectorAll('h1')].some(h => h.innerText.trim() === title);
+    return heading && app && app.dataset.testScriptState === 'notRunning'
+        && !document.querySelector('[data-testid="stSkeleton"]');
+}"""
+
+
+def app_pages() -> list[tuple[str, str]]:
+    """(url path, title) of every page in app.py's navigation, in its order."""
+    found = re.findall(r'st\.Page\("[^"]+", title="([^"]+)", url_path="([^"]+)"',
+                       (ROOT / "app.py").read_text())
+    if not found:
+        raise SystemExit("no st.Page(..., title=..., url_path=...) found in app.py")
+    return [(path, title) for title, path in found]
+
+
+def kib(pid: int, field: str) -> int:
+    """A ``VmRSS``/``VmHWM`` line of /proc/PID/status, in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def load(page, url: str, title: str, timeout_s: float) -> float:
+    """Open ``url``; seconds until the page titled ``title`` has rendered and its script ended."""
+    t0 = time.perf_counter()
+    page.goto(url, wait_until="commit", timeout=timeout_s * 1e3)
+    page.wait_for_function(LOADED_JS, arg=title, polling=20, timeout=timeout_s * 1e3)
+    elapsed = time.perf_counter() - t0
+    errors = page.locator('[data-testid="stException"]')
+    if errors.count():
+        raise RuntimeError(f"{title}: the page raised: {errors.first.inner_text()[:500]}")
+    return elapsed
+
+
+def check_shown(page, title: str, traj: str | None) -> None:
+    """The deep link was honoured: the big run is picked (and Replay shows the trajectory), so
+    the time was that of the page on the large run, not of an empty state."""
+    picked = page.locator('[data-testid="stSidebar"]').get_by_role("combobox", name="Run")
+    if not picked.input_value().startswith(big_store.RUN + " "):
+        raise RuntimeError(f"{title}: run picker shows {picked.input_value()!r}")
+    if traj and page.get_by_role("combobox", name="Trajectory").input_value() != traj:
+        raise RuntimeError(f"{title}: trajectory {traj} not shown")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--store", default=None,
+                        help="store file, built if missing (default: bench/queries.py's, "
+                             f"{big_store.DEFAULT_STORE.name} in the temp dir)")
+    parser.add_argument("--steps", type=int, default=3125,
+                        help="steps of 32 trajectories when building the store")
+    parser.add_argument("--repeats", type=int, default=5, help="warm loads per page")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per page load")
+    parser.add_argument("--shots", default=None,
+                        help="directory for a screenshot of each page's first (cold) load")
+    args = parser.parse_args()
+    store = Path(args.store or big_store.DEFAULT_STORE).resolve()
+    big_store.ensure(store, args.steps)
+    pages = app_pages()
+    runs_table = queries.runs(str(store)).set_index("run_id")
+    step = (int(runs_table.loc[big_store.RUN, "last_step"]) + 1) // 2
+    deep = {"replay": {"traj": f"s{step}-g2-r5", "turn": 0}}
+
+    from playwright.sync_api import sync_playwright
+    with tempfile.TemporaryDirectory(prefix="agentrl-bench-pages-") as tmp:
+        # The app lists every store directly under its store directories: a directory of its
+        # own with a link to the store shows that store alone, wherever the file lives.
+        stores, runs = Path(tmp) / "stores", Path(tmp) / "runs"
+        stores.mkdir()
+        runs.mkdir()
+        (stores / store.name).symlink_to(store)
+        env = dict(os.environ, AGENTRL_STORE_DIRS=str(stores), AGENTRL_RUNS_DIR=str(runs),
+                   STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
+        with open(Path(tmp) / "server.log", "wb") as log:
+            proc, url = start_app(env, log)
+            try:
+                rss_idle = kib(proc.pid, "VmRSS")
+                times: dict[str, list[float]] = {title: [] for _, title in pages}
+                with sync_playwright() as p:
+                    browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+                    ctx = browser.new_context(viewport={"width": 1400, "height": 2400})
+                    page = ctx.new_page()
+                    for rnd in range(1 + args.repeats):
+                        k = rnd % len(pages)
+                        for path, title in pages[k:] + pages[:k]:
+                            query = {"store": str(stores / store.name), "run": big_store.RUN,
+                                     "step": step, **deep.get(path, {})}
+                            times[title].append(load(
+                                page, f"{url}/{path}?{urllib.parse.urlencode(query)}", title,
+                                args.timeout))
+                            check_shown(page, title, deep.get(path, {}).get("traj"))
+                            if args.shots and rnd == 0:
+                                Path(args.shots).mkdir(parents=True, exist_ok=True)
+                                page.screenshot(path=str(Path(args.shots) / f"{path}.png"))
+                        print(f"round {rnd + 1} of {1 + args.repeats} done", file=sys.stderr,
+                              flush=True)
+                    browser.close()
+                rss_now, rss_peak = kib(proc.pid, "VmRSS"), kib(proc.pid, "VmHWM")
+            finally:
+                stop_app(proc)
+
+    print(f"store {store.name}: {store.stat().st_size / 2**20:.0f} MiB, run {big_store.RUN} "
+          f"at step {step}; {args.repeats} warm loads per page, order rotated each round")
+    print(f"{'page':10s} {'cold ms':>9s} {'warm ms (median)':>17s} {'warm min':>9s} "
+          f"{'warm max':>9s}")
+    for _, title in pages:
+        cold, warm = times[title][0], times[title][1:]
+        med = statistics.median(warm) if warm else float("nan")
+        lo, hi = (min(warm), max(warm)) if warm else (float("nan"),) * 2
+        print(f"{title:10s} {1e3 * cold:9.0f} {1e3 * med:17.0f} {1e3 * lo:9.0f} {1e3 * hi:9.0f}")
+    print(f"streamlit server RSS: {rss_idle / 1024:.0f} MB after start, {rss_now / 1024:.0f} MB "
+          f"after the loads, peak {rss_peak / 1024:.0f} MB (target <= 1024 MB)")
+
+
+if __name__ == "__main__":
+    main()
