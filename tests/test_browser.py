@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -159,10 +160,17 @@ def open_page(page, server, path: str, title: str, **params) -> None:
 
 
 def settle(page, quiet_ms: int = 800) -> None:
-    """Wait until the app has stopped running its script (the status widget is gone)."""
+    """Wait until the app has stopped running its script.
+
+    Streamlit's status widget only appears once a run has lasted 500 ms, so its absence alone
+    does not say a run is over; the app's root element carries the run state itself. Neither
+    can tell that a run requested by the last click has not started yet: the quiet time covers
+    that, and waits that matter are on what the page shows."""
     page.wait_for_timeout(quiet_ms)
     page.wait_for_function(
-        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]') && document"
+        ".querySelector('[data-testid=\"stApp\"]')?.dataset.testScriptState === 'notRunning'",
+        timeout=60_000)
 
 
 def snap(page, path: Path) -> None:
@@ -241,25 +249,52 @@ def _trainer_available() -> bool:
 
 
 def test_launch_a_tiny_job_and_watch_its_progress(page, server, shots):
+    """Every wait here is on a state that stays once reached (a recorded step, an ended job):
+    a tiny step can take under the panel's 2 s refresh on an idle machine, and far longer on a
+    loaded one, so a text shown only while one step runs may never be seen."""
     if not _trainer_available():
         pytest.skip("`python -m core.train --help` does not work here: no trainer to launch")
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    from playwright.sync_api import expect
     url, _, _, runs = server
     open_page(page, server, "train", "Train")
     page.get_by_role("combobox", name="Preset").click()
     page.get_by_role("option", name="tiny-smoke").click()
-    settle(page)
-    name = page.get_by_role("textbox", name="Run name")
-    name.fill("browser-job")
+    # the preset reaches the form in a rerun: launching before it lands would submit the
+    # previous preset's values (a 40-step bandit job)
+    for label, value in (("Group size G", "2"), ("Tasks per step", "2"), ("Max turns", "2")):
+        expect(page.get_by_role("spinbutton", name=label)).to_have_value(value, timeout=60_000)
+    expect(page.get_by_role("combobox", name="Environment")).to_have_value("search")
+    # three RL steps: a Stop pressed while step 1 is shown lands during steps 2-3, in the
+    # trainer's loop, whatever the machine's speed
+    page.get_by_role("spinbutton", name="RL steps").fill("3")
+    page.get_by_role("textbox", name="Run name").fill("browser-job")
     page.get_by_role("button", name="Launch training").click()
-    page.get_by_text("Started job").wait_for(timeout=30_000)
+    page.get_by_text("Started job").wait_for(timeout=120_000)
+    expect(page.get_by_text(re.compile(r"^step \d+ of \d+"))).to_have_text(
+        re.compile(r"^step \d+ of 3\b"), timeout=60_000)     # the form's values were launched
     # the fragment refreshes by itself: the progress text moves without any click
-    page.get_by_text("step 1 of 2", exact=False).wait_for(timeout=240_000)
+    progress = page.get_by_text(re.compile(r"^step [123] of 3 · run "))
+    progress.wait_for(timeout=300_000)
+    job_line = page.get_by_text(re.compile(r"pid \d+ · (running|ended)"))
+    stopped = False
+    if re.match(r"step 1 of 3 · run running", progress.inner_text()) and \
+            "running" in job_line.inner_text():
+        page.get_by_role("button", name="Stop after the current step").click(timeout=60_000)
+        stopped = True                               # SIGINT: the trainer ends after its step
     snap(page, shots / "train-job.png")
-    stop = page.get_by_role("button", name="Stop after the current step")
-    if stop.count():                                 # SIGINT: the trainer ends after its step
-        stop.click()
-    page.get_by_text("ended", exact=False).wait_for(timeout=240_000)
+    try:
+        page.get_by_text(re.compile(r"pid \d+ · ended")).wait_for(timeout=300_000)
+    except PlaywrightTimeout:
+        raise AssertionError("the job did not end; its log:\n"
+                             + page.locator("code").last.inner_text()) from None
     run = queries.runs(str(runs / "store.duckdb"))
     assert run["name"].tolist() == ["browser-job"]
-    assert run["status"].iloc[0] in ("finished", "stopped") and run["last_step"].iloc[0] >= 1
+    config = json.loads(run["config"].iloc[0])
+    assert (config["env"], config["model"], config["steps"]) == ("search", "tiny", 3)
+    status, last = run["status"].iloc[0], run["last_step"].iloc[0]
+    if stopped:       # asked during step 2: it ends after step 2, or after 3 if it was too late
+        assert status == "stopped" and last in (2, 3), (status, last)
+    else:
+        assert status == "finished" and last == 3, (status, last)
     no_exception(page)
