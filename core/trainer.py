@@ -80,6 +80,7 @@ class _Run:
         self.eval_env = make_env(cfg.env, **env_kwargs(cfg, eval=True)) if cfg.eval_env_options else self.env
         self.eval_tasks = self.eval_env.tasks("heldout", cfg.eval_tasks, cfg.seed) if cfg.eval_tasks else []
         self.bad_steps, self.last_write_s, self.stop_requested = 0, 0.0, False
+        self.finishing = False
         self.skip_note: str | None = None
         """Why the last skipped update was skipped; stored in runs.error next to its metrics."""
         self.run_id = ""
@@ -111,33 +112,42 @@ class _Run:
     def go(self) -> str:
         cfg = self.cfg
         total = cfg.sft_steps + cfg.steps
-        status, bar = "finished", None
+        # The Ctrl-C handler stays installed until the final status is written: a Stop that lands
+        # after the last step must not leave the run marked 'running'.
+        with self._sigint():
+            status = self._loop(total)
+            self.finishing = True  # Ctrl-C from here on is ignored: the status write is short
+            self.recorder.finish(status, error=self.skip_note)
+        return self.run_id
+
+    def _loop(self, total: int) -> str:
+        """The steps; returns the run's final status ('finished' or 'stopped')."""
+        cfg, bar, status = self.cfg, None, "finished"
         try:
             done = self.start()
             bar = tqdm(total=total, initial=max(done, 0), disable=not self.progress, unit="step")
-            with self._sigint():
-                if done < 0 and cfg.sft_steps == 0 and self._eval_on():
-                    self.write(0, self.evaluate(0))
-                for step in range(max(done + 1, 1), total + 1):
-                    record = self.sft_step(step) if step <= cfg.sft_steps else self.rl_step(step)
-                    if self._eval_due(step):
-                        record.add(self.evaluate(step))
-                    metrics = self.write(step, record)
-                    # every rank stops after the same step (a Ctrl-C may reach them apart)
-                    self.stop_requested = bool(self.ranks.max([self.stop_requested])[0])
-                    if self.bad_steps:  # this step's update was skipped: store why, then judge
-                        self.recorder.set_status("running", error=self.skip_note)
-                        if self.bad_steps >= cfg.max_bad_steps:
-                            raise TrainingError(f"{self.bad_steps} consecutive updates skipped "
-                                                f"(max_bad_steps); last: {self.skip_note}")
-                    if step % cfg.checkpoint_every == 0 or step == total or self.stop_requested:
-                        self.save(step)
-                    bar.update(1)
-                    bar.set_postfix({label: f"{metrics[k]:.3g}" for k, label in PROGRESS.items()
-                                     if k in metrics})
-                    if self.stop_requested:
-                        status = "stopped"
-                        break
+            if done < 0 and cfg.sft_steps == 0 and self._eval_on():
+                self.write(0, self.evaluate(0))
+            for step in range(max(done + 1, 1), total + 1):
+                record = self.sft_step(step) if step <= cfg.sft_steps else self.rl_step(step)
+                if self._eval_due(step):
+                    record.add(self.evaluate(step))
+                metrics = self.write(step, record)
+                # every rank stops after the same step (a Ctrl-C may reach them apart)
+                self.stop_requested = bool(self.ranks.max([self.stop_requested])[0])
+                if self.bad_steps:  # this step's update was skipped: store why, then judge
+                    self.recorder.set_status("running", error=self.skip_note)
+                    if self.bad_steps >= cfg.max_bad_steps:
+                        raise TrainingError(f"{self.bad_steps} consecutive updates skipped "
+                                            f"(max_bad_steps); last: {self.skip_note}")
+                if step % cfg.checkpoint_every == 0 or step == total or self.stop_requested:
+                    self.save(step)
+                bar.update(1)
+                bar.set_postfix({label: f"{metrics[k]:.3g}" for k, label in PROGRESS.items()
+                                 if k in metrics})
+                if self.stop_requested:
+                    status = "stopped"
+                    break
         except KeyboardInterrupt:  # a second Ctrl-C: stop now, resume from the last checkpoint
             status = "stopped"
         except Exception as exc:
@@ -151,13 +161,14 @@ class _Run:
         finally:
             if bar is not None:
                 bar.close()
-        self.recorder.finish(status, error=self.skip_note)
-        return self.run_id
+        return status
 
     @contextlib.contextmanager
     def _sigint(self):
         """First Ctrl-C: finish the current step, then stop. Second: stop at once."""
         def handler(signum, frame):
+            if self.finishing:
+                return
             if self.stop_requested:
                 raise KeyboardInterrupt
             self.stop_requested = True

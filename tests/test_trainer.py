@@ -263,3 +263,28 @@ def test_token_rows_carry_the_mask_as_the_optimiser_applied_it():
     assert by_traj["a"] == kept.trained and not any(by_traj["b"]) and not any(by_traj["c"])
     assert tables["trajectories"]["filtered"] == [False, True, False]
     assert len(tables["rewards"]["traj_id"]) == 3 * 4
+
+
+def test_ctrl_c_while_the_final_status_is_written_leaves_the_run_ended(tmp_path, monkeypatch):
+    """A Stop from the Train page can land after the last step, while the status is written:
+    the run must still end 'finished', not stay 'running' with a KeyboardInterrupt."""
+    import os
+    import signal
+
+    from core.trainer import train
+    from storage import queries
+    from storage.recorder import Recorder
+
+    real_finish = Recorder.finish
+
+    def finish_with_ctrl_c(self, status="finished", error=None):
+        os.kill(os.getpid(), signal.SIGINT)  # delivered here, before the status write
+        real_finish(self, status, error)
+
+    monkeypatch.setattr(Recorder, "finish", finish_with_ctrl_c)
+    db = tmp_path / "store.duckdb"
+    cfg = _cfg(steps=1, group_size=2, tasks_per_step=1, eval_every=0, max_new_tokens=4,
+               checkpoint_dir=str(tmp_path / "ckpt"))
+    run_id = train(cfg, Recorder(db), progress=False)
+    run = queries.runs(db).set_index("run_id").loc[run_id]
+    assert run["status"] == "finished"
