@@ -128,7 +128,10 @@ def stop(job: dict) -> None:
     """Ask the job to stop after its current step (the trainer's SIGINT handling)."""
     if not job or not _alive(int(job["pid"])):
         raise JobError("no training job is running")
-    os.kill(int(job["pid"]), signal.SIGINT)
+    try:
+        os.kill(int(job["pid"]), signal.SIGINT)
+    except ProcessLookupError:  # it ended after the check above
+        raise JobError("the training job has already ended") from None
 
 
 def exit_code(job: dict) -> int | None:

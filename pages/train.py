@@ -94,8 +94,11 @@ def job_panel() -> None:
             fig.update_layout(height=280, xaxis_title="step", margin={"t": 10, "b": 30})
             st.plotly_chart(fig, key="train_live")
     if job["alive"] and st.button("Stop after the current step", key="train_stop"):
-        _jobs.stop(job)
-        st.info("Stop requested: the trainer records the current step, then exits.")
+        try:
+            _jobs.stop(job)
+            st.info("Stop requested: the trainer records the current step, then exits.")
+        except _jobs.JobError as exc:  # it ended between the page's check and the click
+            st.info(str(exc))
     st.markdown("**Log**")
     st.code(_jobs.log_tail(job) or "(empty)", language=None)
     if not job["alive"] and st.session_state.get("_train_was_alive"):

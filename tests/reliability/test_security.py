@@ -119,3 +119,13 @@ def test_the_server_binds_loopback_by_default():
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_stopping_a_job_that_ended_after_the_check_is_a_clear_error(monkeypatch):
+    """The Stop button checks the job is alive, then signals it; if it ends in between, the
+    page gets a JobError to show, not a ProcessLookupError traceback."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    monkeypatch.setattr(_jobs, "_alive", lambda pid: True)  # the check passed just before it ended
+    with pytest.raises(_jobs.JobError, match="already ended"):
+        _jobs.stop({"pid": proc.pid})
