@@ -4,7 +4,7 @@
 
 The store (built once, reused when the file exists) holds one run of ``--steps`` steps x 32
 trajectories (4 tasks x G 8) of 40-160 tokens (mean 100), the search env's shapes: 1-4 turns of
-``<think>``/``<search>`` actions and ``<information>`` observations, 4 reward components, 40
+``<think>``/``<search>`` actions and ``<information>`` observations, 4 reward components, 44
 metrics and 14 per-module gradient norms per step, plus a small second run. Rows go in step by
 step, in the recorder's order, as bulk DataFrame inserts.
 
@@ -40,8 +40,11 @@ CLASSES = np.array(["success", "wrong_answer", "no_search", "format_error", "max
                     "shallow_search", None], dtype=object)
 PLACES = [f"{a}{b}" for a in ("Os", "Var", "Tel", "Mor", "Quen", "Bral") for b in
           ("k", "nia", "ith", "ova", "ar", "en")]
+# The last names are those the Dynamics page draws (gradient norms and spikes, collapse alarms),
+# so a page-load benchmark on this store walks its whole page.
 METRIC_NAMES = [f"{k}/{i}" for k in ("reward", "policy", "grad", "env") for i in range(9)] + \
-    ["reward/mean", "success/rate", "time/step_s", "perf/tokens_per_s"]
+    ["reward/mean", "success/rate", "time/step_s", "perf/tokens_per_s", "grad/norm",
+     "reward/group_std_mean", "policy/entropy", "collapse/repeat_frac"]
 VOCAB = np.array(["".join(np.random.default_rng(i).choice(list("aeioulnrstmkdgpbvhy"), 3 + i % 7))
                   for i in range(3000)])
 """Made-up words for the model's actions and the retrieved documents: real text is varied, so
@@ -118,7 +121,7 @@ def chunk_frames(run_id: str, steps: range, rng: np.random.Generator) -> dict[st
     metrics = pd.DataFrame({"run_id": run_id, "step": np.repeat(np.array(steps, dtype=np.int32),
                                                                 len(METRIC_NAMES)),
                             "name": np.tile(METRIC_NAMES, n_steps),
-                            "value": rng.normal(size=n_steps * len(METRIC_NAMES))})
+                            "value": np.abs(rng.normal(size=n_steps * len(METRIC_NAMES)))})
     grads = pd.DataFrame({"run_id": run_id, "step": np.repeat(np.array(steps, dtype=np.int32),
                                                               len(MODULES)),
                           "module": np.tile(MODULES, n_steps),
@@ -172,7 +175,7 @@ def page_queries(path: str) -> dict[str, callable]:
         "Runs: all_runs": lambda: queries.all_runs([path]),
         "Dynamics: metrics (4 names)": lambda: queries.metrics(
             path, RUN, ["reward/mean", "success/rate", "grad/0", "policy/1"]),
-        "Dynamics: metrics (all 40)": lambda: queries.metrics(path, RUN),
+        f"Dynamics: metrics (all {len(METRIC_NAMES)})": lambda: queries.metrics(path, RUN),
         "Dynamics: grad_stats": lambda: queries.grad_stats(path, RUN),
         "step picker: steps": lambda: queries.steps(path, RUN),
         "Replay: trajectory": lambda: queries.trajectory(path, RUN, traj),
