@@ -33,18 +33,25 @@ timed() {  # run a command, print its wall time
     echo "    ($((SECONDS - t0)) s) $*" >&2
 }
 
-# -- 2. reward variance and collapse: the same bandit tasks, GRPO vs StarPO-S --------------------
-# The workshop-demo preset (SFT warm start on a coin-flipping expert's demos, lm_head adapted)
-# with the learning rate raised from 1e-3 to 5e-3, which wrecks the answer format within one or
-# two updates: GRPO without KL, and StarPO-S (filtering, asymmetric clipping). One store.
+# -- 2. reward variance and collapse: the same bandit tasks, GRPO vs StarPO-S vs Dr.GRPO ---------
+# The workshop-demo preset (SFT on a coin-flipping expert's demos teaches the answer format) with
+# 50 SFT steps instead of 30, after which this seed already pulls the better arm (Dragon) 3 times
+# in 4, and a gentler RL learning rate (5e-4) so the drift is visible over 30 steps. The arms'
+# payouts are drawn per task and episode seed, so all three runs see the same luck. GRPO divides
+# by each group's reward std: in a group where no Dragon pull pays out, the safe arm's 0.1 is the
+# best reward and the small std magnifies it, so GRPO drifts to the safe arm until every group is
+# identical (std 0, no gradient). StarPO-S keeps only the groups with the largest spread (the ones
+# where Dragon paid), Dr.GRPO does not divide by the std: both learn Dragon. No KL term anywhere.
 collapse() {
     fresh collapse_bandit.duckdb
-    local common=(--preset workshop-demo --lr 5e-3 --steps 6 --eval-every 0 --seed 0 --threads 1
-                  --quiet --checkpoint-every 1000 --db "$OUT/collapse_bandit.duckdb")
-    timed "$PY" -m core.train "${common[@]}" --algo grpo --kl-coef 0 --name "bandit-grpo-lr5e-3" \
-        --checkpoint-dir "$CKPT/collapse-grpo"
-    timed "$PY" -m core.train "${common[@]}" --algo starpo_s --name "bandit-starpo_s-lr5e-3" \
-        --checkpoint-dir "$CKPT/collapse-starpo_s"
+    local common=(--preset workshop-demo --sft-steps 50 --lr 5e-4 --steps 30 --eval-every 5
+                  --kl-coef 0 --seed 0 --threads 1 --quiet --checkpoint-every 1000
+                  --db "$OUT/collapse_bandit.duckdb")
+    local algo
+    for algo in grpo starpo_s dr_grpo; do
+        timed "$PY" -m core.train "${common[@]}" --algo "$algo" --name "bandit-$algo" \
+            --checkpoint-dir "$CKPT/collapse-$algo"
+    done
     compact collapse_bandit.duckdb
 }
 

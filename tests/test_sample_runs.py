@@ -49,28 +49,71 @@ def test_every_sample_store_is_small():
 
 
 # -- 2. reward variance and collapse ---------------------------------------------------------------
-def test_collapse_run_compares_two_algorithms_on_the_same_tasks_and_one_alarm_fires():
+def _collapse_runs():
+    """{algo: (run_id, wide metrics of the RL steps, std+entropy alarm steps)} of the collapse store."""
     path = store("collapse_bandit.duckdb")
+    out = {}
+    for _, r in the_runs("collapse_bandit.duckdb").iterrows():
+        wide = wide_metrics(path, r["run_id"])
+        steps = [a["step"] for a in _signals.collapse_alarms(wide) if a["kind"] == "std+entropy"]
+        out[config_of(r)["algo"]] = (r["run_id"], wide, steps)
+    return out
+
+
+def test_collapse_runs_differ_only_by_algorithm():
     runs = the_runs("collapse_bandit.duckdb")
-    configs = {r["name"]: config_of(r) for _, r in runs.iterrows()}
-    assert sorted(c["algo"] for c in configs.values()) == ["grpo", "starpo_s"]
-    assert len({(c["env"], c["env_options"], c["seed"]) for c in configs.values()}) == 1
-    alarms = {}
-    for _, r in runs.iterrows():
-        alarms[config_of(r)["algo"]] = _signals.collapse_alarms(wide_metrics(path, r["run_id"]))
-    assert alarms["grpo"], "the GRPO run's collapse alarm does not fire"
-    grpo_id = runs[[config_of(r)["algo"] == "grpo" for _, r in runs.iterrows()]]["run_id"].iloc[0]
-    wide = wide_metrics(path, grpo_id).dropna(subset=["reward/mean"])   # the RL steps
-    first = alarms["grpo"][0]["step"]
-    assert first <= wide.index.max()
-    assert wide.loc[first, "reward/group_std_mean"] < 0.5 * wide["reward/group_std_mean"].max() or \
-        wide.loc[first:, "collapse/repeat_frac"].max() > _signals.REPEAT_LEVEL
-    # what README section 2 describes: the high learning rate wrecks the answer format, after which
-    # success, in-group reward std and the gradient are all zero
-    start, end = wide.iloc[0], wide.iloc[-1]
-    assert start["success/rate"] > 0 and end["success/rate"] == 0
-    assert end["env/valid_action_ratio"] < start["env/valid_action_ratio"]
-    assert end["reward/group_std_mean"] == 0 and end["grad/norm"] == 0
+    configs = [config_of(r) for _, r in runs.iterrows()]
+    assert sorted(c["algo"] for c in configs) == ["dr_grpo", "grpo", "starpo_s"]
+    shared = ("env", "env_options", "seed", "sft_steps", "lr", "steps", "kl_coef", "group_size",
+              "tasks_per_step")
+    assert len({tuple(c[k] for k in shared) for c in configs}) == 1
+
+
+def test_grpo_drifts_to_the_safe_arm_and_its_std_entropy_alarm_fires_after_success_fell():
+    """README section 2: GRPO's success falls 0.75 -> 0 while every group comes to pull the safe
+    arm (std 0, gradient 0); the std+entropy alarm fires, but only after success had already fallen
+    below half its best: on a one-decision task it confirms the collapse, it does not foretell it."""
+    _, wide, alarms = _collapse_runs()["grpo"]
+    rl = wide.dropna(subset=["reward/mean"])
+    success = rl["success/rate"]
+    assert success.iloc[0] >= 0.7 and success.iloc[-3:].max() <= 0.1
+    assert alarms, "the GRPO run's std+entropy alarm does not fire"
+    first = alarms[0]
+    halved = success[success < 0.5 * success.cummax()].index.min()
+    assert halved < first                                    # the alarm is late, as the README says
+    assert (success.loc[first:] <= 0.1).all()                # and success never comes back
+    trapped = rl[(rl["reward/frac_zero_std"] == 1) & (rl["grad/norm"] == 0)].index
+    assert len(trapped) and trapped.min() >= first           # identical groups: nothing to learn
+    evals = wide["eval/success"].dropna()
+    assert evals.iloc[0] == 1.0 and evals.iloc[-1] == 0.0    # greedy held-out: Dragon -> Phoenix
+
+
+def test_std_normalised_advantages_favour_the_safe_arm_where_the_risky_one_paid_nothing():
+    """README section 2's reason for the drift, from GRPO's stored advantages."""
+    path = store("collapse_bandit.duckdb")
+    run_id = _collapse_runs()["grpo"][0]
+    t = queries.trajectories(path, run_id)
+    t = t[t["split"] == "train"].copy()
+    t["paid"] = t.groupby(["step", "group_id"])["reward"].transform("max") >= 1.0
+    dry = t[~t["paid"]].groupby("answer")["advantage"].mean()
+    assert dry["Phoenix"] > 0 > dry["Dragon"]
+
+
+def test_the_other_algorithms_learn_the_risky_arm_and_dr_grpo_raises_no_alarm():
+    runs = _collapse_runs()
+    for algo in ("starpo_s", "dr_grpo"):
+        _, wide, alarms = runs[algo]
+        rl = wide.dropna(subset=["reward/mean"])
+        assert rl["success/rate"].iloc[-5:].min() >= 0.8, algo
+        assert (rl["reward/group_std_mean"].iloc[-5:] > 0.25).all(), algo   # Dragon's payouts vary
+        assert rl["policy/entropy"].iloc[-1] < 0.5 * rl["policy/entropy"].max(), algo
+        assert wide["eval/success"].dropna().min() == 1.0, algo
+    assert runs["dr_grpo"][2] == []
+    # StarPO-S: one step's alarm (README: a step whose payouts were low for every run, just after
+    # an entropy bump); success stays high around and after it
+    (only,) = runs["starpo_s"][2]
+    success = runs["starpo_s"][1]["success/rate"].dropna()
+    assert success.loc[only:].min() >= 0.75
 
 
 # -- 3. a gradient spike ----------------------------------------------------------------------------
