@@ -54,8 +54,10 @@ def views() -> list[tuple[str, str, str, dict]]:
     out = []
     search = "search_smollm2.duckdb" if _finished("search_smollm2.duckdb") else None
     runs = _runs("collapse_bandit.duckdb")
+    grpo = runs[runs["config"].map(lambda c: queries.run_config(c).get("algo")) == "grpo"]
+    grpo = grpo["run_id"].iloc[0]  # the run that collapses
     out.append(("runs.png", "runs", "Runs", {"store": _store("collapse_bandit.duckdb"),
-                                             "run": runs["run_id"].iloc[0]}))
+                                             "run": grpo}))
     # Replay's token view: the search run when it is recorded, else the apps run
     replay_store = search or "apps_tiny.duckdb"
     rid = _runs(replay_store)["run_id"].iloc[0]
@@ -66,15 +68,17 @@ def views() -> list[tuple[str, str, str, dict]]:
     out.append(("replay-token-mask.png", "replay", "Replay",
                 {"store": _store(replay_store), "run": rid, "step": int(pick["step"]),
                  "traj": pick["traj_id"], "turn": 0}))
-    # Replay of an expert demo in the apps world, on a turn whose write changed the world
-    rid = _runs("apps_tiny.duckdb")["run_id"].iloc[0]
+    # Replay in the apps world: the careless agent's first collateral-damage episode, on its
+    # last turn that changed the world (the unrequested write is in that turn's state diff)
+    apps = _runs("apps_tiny.duckdb")
+    rid = apps[apps["source"] != "trainer"]["run_id"].iloc[0]
     trajs = queries.trajectories(str(ROOT / _store("apps_tiny.duckdb")), rid)
-    demo = trajs[(trajs["split"] == "sft") & trajs["success"]].iloc[0]
-    turns = queries.turns(str(ROOT / _store("apps_tiny.duckdb")), rid, [demo["traj_id"]])
+    bad = trajs[trajs["failure_class"] == "collateral_damage"].iloc[0]
+    turns = queries.turns(str(ROOT / _store("apps_tiny.duckdb")), rid, [bad["traj_id"]])
     changed = turns[turns["state_diff"].notna() & (turns["state_diff"] != "{}")]
     out.append(("replay-apps-state-diff.png", "replay", "Replay",
-                {"store": _store("apps_tiny.duckdb"), "run": rid, "step": int(demo["step"]),
-                 "traj": demo["traj_id"], "turn": int(changed["turn"].iloc[0])}))
+                {"store": _store("apps_tiny.duckdb"), "run": rid, "step": int(bad["step"]),
+                 "traj": bad["traj_id"], "turn": int(changed["turn"].iloc[-1])}))
     # Groups on the credit-assignment run: a group whose rollouts disagree
     rid = _runs("credit_gigpo.duckdb")["run_id"].iloc[0]
     trajs = queries.trajectories(str(ROOT / _store("credit_gigpo.duckdb")), rid)
@@ -85,7 +89,6 @@ def views() -> list[tuple[str, str, str, dict]]:
                 {"store": _store("credit_gigpo.duckdb"), "run": rid, "step": int(step),
                  "group": group}))
     # Dynamics with the collapse alarm: the GRPO run
-    grpo = runs[runs["name"].str.contains("grpo")]["run_id"].iloc[0]
     out.append(("dynamics-collapse-alarm.png", "dynamics", "Dynamics",
                 {"store": _store("collapse_bandit.duckdb"), "run": grpo}))
     # Dynamics spike -> its trajectories
@@ -94,8 +97,8 @@ def views() -> list[tuple[str, str, str, dict]]:
     spike = int(sp.index[sp["spike"]][0])
     out.append(("dynamics-spike-trajectories.png", "dynamics", "Dynamics",
                 {"store": _store("spike_frozenlake.duckdb"), "run": rid, "spike": spike}))
-    # Failures with classes: the apps run
-    rid = _runs("apps_tiny.duckdb")["run_id"].iloc[0]
+    # Failures with classes: the careless agent in the apps world
+    rid = apps[apps["source"] != "trainer"]["run_id"].iloc[0]
     out.append(("failures-apps.png", "failures", "Failures",
                 {"store": _store("apps_tiny.duckdb"), "run": rid}))
     out.append(("failures-imported.png", "failures", "Failures",
