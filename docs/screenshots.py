@@ -68,12 +68,13 @@ def views() -> list[tuple[str, str, str, dict]]:
     out.append(("replay-token-mask.png", "replay", "Replay",
                 {"store": _store(replay_store), "run": rid, "step": int(pick["step"]),
                  "traj": pick["traj_id"], "turn": 0}))
-    # Replay in the apps world: the careless agent's first collateral-damage episode, on its
-    # last turn that changed the world (the unrequested write is in that turn's state diff)
+    # Replay in the apps world: the careless agent's collateral-damage episode that passed the
+    # most other tests (damage its only fault), on its last turn that changed the world
     apps = _runs("apps_tiny.duckdb")
     rid = apps[apps["source"] != "trainer"]["run_id"].iloc[0]
     trajs = queries.trajectories(str(ROOT / _store("apps_tiny.duckdb")), rid)
-    bad = trajs[trajs["failure_class"] == "collateral_damage"].iloc[0]
+    bad = trajs[trajs["failure_class"] == "collateral_damage"].sort_values(
+        ["reward", "step", "traj_id"], ascending=[False, True, True]).iloc[0]
     turns = queries.turns(str(ROOT / _store("apps_tiny.duckdb")), rid, [bad["traj_id"]])
     changed = turns[turns["state_diff"].notna() & (turns["state_diff"] != "{}")]
     out.append(("replay-apps-state-diff.png", "replay", "Replay",
