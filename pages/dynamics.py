@@ -1,6 +1,7 @@
 """Dynamics: the run's curves, gradient spikes linked to their trajectories, collapse alarms."""
 from __future__ import annotations
 
+import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
@@ -15,8 +16,13 @@ wide = c.read_or_stop(c.load_metrics, pick.store, pick.run_id, pick.last_step)
 if wide.empty:
     c.stop("This run recorded no metrics yet.")
 alarms = _signals.collapse_alarms(wide)
-for a in alarms:
+SHOWN_ALARMS = 5
+"""Alarms listed one by one; a signal that flickers on and off can start thousands of them."""
+for a in alarms[:SHOWN_ALARMS]:
     st.warning(f"Collapse alarm at step {a['step']}: {a['message']}.")
+if len(alarms) > SHOWN_ALARMS:
+    with st.expander(f"{len(alarms) - SHOWN_ALARMS:,} more collapse alarms"):
+        st.dataframe(pd.DataFrame(alarms[SHOWN_ALARMS:]), hide_index=True)
 
 
 def chart(names: list[str], title: str, key: str, band: tuple[str, str] | None = None) -> None:
@@ -35,8 +41,16 @@ def chart(names: list[str], title: str, key: str, band: tuple[str, str] | None =
         s = wide[n].dropna()
         fig.add_trace(go.Scatter(x=s.index, y=s.values, mode="lines+markers",
                                  name=c.plot_text(n)))
-    for a in alarms:
-        fig.add_vline(x=a["step"], line_dash="dot", line_color="red")
+    if alarms:
+        # One trace of vertical segments: a shape per alarm (add_vline) costs O(shapes) each,
+        # which took minutes on a long run whose signal flickers.
+        values = wide[present].to_numpy(dtype=float)
+        lo, hi = float(pd.Series(values.ravel()).min()), float(pd.Series(values.ravel()).max())
+        xs = [v for a in alarms for v in (a["step"], a["step"], None)]
+        ys = [v for _ in alarms for v in (lo, hi, None)]
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="collapse alarm",
+                                 line={"dash": "dot", "color": "red", "width": 1},
+                                 hoverinfo="x"))
     fig.update_layout(title=title, xaxis_title="step", height=300, margin={"t": 40, "b": 30})
     st.plotly_chart(fig, key=key)
 

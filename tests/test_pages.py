@@ -237,6 +237,37 @@ def test_dynamics_spike_lists_its_trajectories(app, demo):
     assert any("Collapse alarm at step 10" in t for t in texts(at, "warning"))
 
 
+def test_dynamics_with_a_flickering_alarm_over_many_steps_stays_readable(app, tmp_path):
+    """A repeat share that crosses its level every step starts an alarm every other step: the
+    page lists five and folds the rest, and draws them as one trace (one shape per alarm took
+    minutes on a 3,000-step run)."""
+    import json
+
+    from storage import db
+    from storage.recorder import Recorder, insert_frame
+
+    path = tmp_path / "stores" / "long.duckdb"
+    path.parent.mkdir()
+    rec = Recorder(path)
+    run = rec.start_run({"env": "bandit", "model": "tiny", "algo": "grpo"}, name="long")
+    steps = range(1, 601)
+    frame = pd.DataFrame([{"step": s, "name": n, "value": v} for s in steps for n, v in (
+        ("reward/mean", 0.5), ("collapse/repeat_frac", 0.6 if s % 2 else 0.4))])
+    with db.writing(path) as con:
+        insert_frame(con, "metrics", frame, run, None)
+        con.execute("UPDATE runs SET last_step = 600 WHERE run_id = ?", [run])
+    rec.finish()
+    at = app("dynamics", store_dir=str(path.parent), store=str(path), run=run)
+    assert not at.exception
+    shown = [t for t in texts(at, "warning") if t.startswith("Collapse alarm")]
+    assert len(shown) == 5
+    assert any("295 more collapse alarms" in e.label for e in at.expander)
+    specs = [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
+    repeat = next(f for f in specs if "Repeated" in json.dumps(f["layout"].get("title", "")))
+    assert [t["name"] for t in repeat["data"]].count("collapse alarm") == 1
+    assert not repeat["layout"].get("shapes")
+
+
 def test_dynamics_without_gradients_says_so(app, demo):
     at = app("dynamics", store=demo[1], run=demo[2]["imported-verl"])
     assert any("No gradient norms" in t for t in texts(at, "info"))
