@@ -48,6 +48,30 @@ def test_every_sample_store_is_small():
     assert sum(sizes.values()) < 40e6, sizes
 
 
+# -- 1. search with SmolLM2-135M: SFT, then GRPO --------------------------------------------------
+def test_search_run_evaluates_the_same_held_out_tasks_after_sft_and_after_rl():
+    """The finished run's held-out evaluations (greedy, >= 100 tasks) right after SFT and at its
+    last step cover the same tasks; RL gained tasks, and the README's figures are these."""
+    path = store("search_smollm2.duckdb")
+    runs = queries.runs(path)
+    done = runs[runs["status"] == "finished"]
+    assert len(done) == 1, runs[["run_id", "status"]]
+    run = done.iloc[0]
+    cfg = config_of(run)
+    assert cfg["model"] == "smollm2-135m" and cfg["sft_steps"] > 0 and cfg["algo"] == "grpo"
+    trajs = queries.trajectories(path, run["run_id"])
+    evals = trajs[trajs["split"] == "eval"]
+    first, last = cfg["sft_steps"], int(evals["step"].max())
+    assert last > first
+    before = evals[evals["step"] == first].set_index("task_id")["success"]
+    after = evals[evals["step"] == last].set_index("task_id")["success"]
+    assert len(before) >= 100 and set(before.index) == set(after.index)
+    assert trajs[trajs["split"] == "train"]["step"].min() == first + 1
+    gained = int((~before & after.reindex(before.index)).sum())
+    lost = int((before & ~after.reindex(before.index)).sum())
+    assert after.sum() > before.sum() and gained > lost
+
+
 # -- 2. reward variance and collapse ---------------------------------------------------------------
 def _collapse_runs():
     """{algo: (run_id, wide metrics of the RL steps, std+entropy alarm steps)} of the collapse store."""
