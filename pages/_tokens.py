@@ -47,11 +47,12 @@ def _title(row: dict) -> str:
     return " | ".join(parts)
 
 
-def _background(row: dict, mode: str, scale: float) -> str:
-    """CSS background of one token under ``mode`` (scale: the largest |value| of the trajectory)."""
+def _background(row: dict, mode: str, scale: float, updated: bool = True) -> str:
+    """CSS background of one token under ``mode`` (scale: the largest |value| of the trajectory;
+    ``updated``: the trajectory took part in an update, so its action tokens should be trained)."""
     role, trained = row.get("role"), bool(row.get("trained"))
     if mode == "loss mask":
-        if trained != (role == "action"):
+        if trained != (role == "action" and updated):
             return _WRONG_BG  # an observation/prompt token trained, or a model token masked
         return _TRAINED_BG if trained else _ROLE_BG.get(role, "transparent")
     value = _num(row.get(MODES[mode]))
@@ -66,8 +67,10 @@ def _background(row: dict, mode: str, scale: float) -> str:
     return f"rgba({colour},{0.75 * strength:.3f})"
 
 
-def token_html(tokens: pd.DataFrame, mode: str) -> str:
-    """The context as escaped, coloured spans with the exact values in each span's title."""
+def token_html(tokens: pd.DataFrame, mode: str, updated: bool = True) -> str:
+    """The context as escaped, coloured spans with the exact values in each span's title.
+    ``updated=False`` for a trajectory no update used (a held-out evaluation, one filtered out):
+    its action tokens are untrained by design, not a mask error."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
     column = MODES[mode]
@@ -79,7 +82,7 @@ def token_html(tokens: pd.DataFrame, mode: str) -> str:
     for row in tokens.to_dict("records"):
         text = html.escape(str(row.get("text") or ""), quote=True)
         title = html.escape(_title(row), quote=True)
-        bg = _background(row, mode, scale)
+        bg = _background(row, mode, scale, updated)
         edge = "border-bottom:2px solid rgba(46,160,67,0.9);" if row.get("trained") else ""
         spans.append(f'<span title="{title}" style="background:{bg};{edge}'
                      f'box-shadow:inset -1px 0 0 rgba(0,0,0,0.12)">{text}</span>')
@@ -98,20 +101,24 @@ LEGEND = {
 }
 
 
-def mask_lint(tokens: pd.DataFrame, turns: pd.DataFrame) -> pd.DataFrame:
+def mask_lint(tokens: pd.DataFrame, turns: pd.DataFrame, updated: bool = True) -> pd.DataFrame:
     """Problems with the loss mask or the lengths, one row per (issue, turn).
 
     * an observation or prompt token that was trained (the model would learn to imitate the
       environment);
-    * a model action token that was masked (its credit silently dropped);
+    * a model action token that was masked (its credit silently dropped) -- only in a trajectory
+      an update used (``updated``): evaluations and filtered-out rollouts train nothing;
     * a turn whose action was cut by the token limit or whose observation was truncated.
     """
     rows = []
     if not tokens.empty:
         trained = tokens["trained"].fillna(False).astype(bool)
         not_model = tokens["role"].isin(["observation", "prompt"])
-        checks = (("observation/prompt token trained", not_model & trained),
-                  ("action token not trained", (tokens["role"] == "action") & ~trained))
+        checks = [("observation/prompt token trained", not_model & trained)]
+        if updated:
+            checks.append(("action token not trained", (tokens["role"] == "action") & ~trained))
+        else:
+            checks.append(("token trained in a trajectory no update used", trained & ~not_model))
         for issue, mask in checks:
             for turn, part in tokens[mask].groupby("turn", dropna=False):
                 pos = part["pos"].tolist()

@@ -123,8 +123,10 @@ else:
     if column and tokens[column].isna().all():
         st.info(f"This run recorded no {column} values; showing the tokens uncoloured.")
     st.caption(_tokens.LEGEND[mode] + ". Hover a token for its exact values.")
-    st.html(_tokens.token_html(tokens, mode))
-    lint = _tokens.mask_lint(tokens, turns)
+    # Held-out evaluations and rollouts filtered out of the update train nothing, by design.
+    updated = row["split"] != "eval" and not c.flag(row["filtered"])
+    st.html(_tokens.token_html(tokens, mode, updated))
+    lint = _tokens.mask_lint(tokens, turns, updated)
     st.markdown("**Mask lint**")
     if lint.empty:
         st.success("Loss mask consistent: only the model's own tokens were trained; "

@@ -449,3 +449,17 @@ def test_token_html_escapes_text_and_titles():
     assert "<script>" not in out and "&lt;script&gt;" in out
     assert 'onmouseover="x' not in out
     assert "rgba(220,40,40,0.55)" in out                         # the trained observation token
+
+
+def test_mask_lint_expects_untrained_actions_in_evaluations_and_filtered_rollouts():
+    tokens = pd.DataFrame({"pos": [0, 1, 2, 3], "turn": [-1, 0, 0, 0],
+                           "role": ["prompt", "action", "action", "observation"],
+                           "trained": [False, False, False, False], "text": list("abcd")})
+    turns = pd.DataFrame()
+    assert set(_tokens.mask_lint(tokens, turns)["issue"]) == {"action token not trained"}
+    assert _tokens.mask_lint(tokens, turns, updated=False).empty      # evaluations train nothing
+    assert "rgba(220,40,40" not in _tokens.token_html(tokens, "loss mask", updated=False)
+    assert "rgba(220,40,40" in _tokens.token_html(tokens, "loss mask")
+    trained = tokens.assign(trained=[False, True, False, False])
+    assert set(_tokens.mask_lint(trained, turns, updated=False)["issue"]) == {
+        "token trained in a trajectory no update used"}
