@@ -16,8 +16,7 @@ wide = c.read_or_stop(c.load_metrics, pick.store, pick.run_id, pick.last_step)
 if wide.empty:
     c.stop("This run recorded no metrics yet.")
 alarms = _signals.collapse_alarms(wide)
-SHOWN_ALARMS = 5
-"""Alarms listed one by one; a signal that flickers on and off can start thousands of them."""
+SHOWN_ALARMS = 5  # listed one by one; a signal that flickers can start thousands of alarms
 for a in alarms[:SHOWN_ALARMS]:
     st.warning(f"Collapse alarm at step {a['step']}: {a['message']}.")
 if len(alarms) > SHOWN_ALARMS:
