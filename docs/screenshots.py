@@ -9,7 +9,9 @@ links are printed (and written to docs/screenshots/links.md) for the README's wa
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import urllib.parse
@@ -62,24 +64,34 @@ def views() -> list[tuple[str, str, str, dict]]:
     replay_store = search or "apps_tiny.duckdb"
     rid = _runs(replay_store)["run_id"].iloc[0]
     trajs = queries.trajectories(str(ROOT / _store(replay_store)), rid)
-    rl = trajs[trajs["split"] == "train"]
-    multi = rl[rl["num_turns"] == rl["num_turns"].max()]
-    pick = multi.iloc[0]
+    if search:  # the last RL step's successful rollout with the most turns (trained tokens)
+        rl = trajs[trajs["split"] == "train"]
+        last = rl[rl["step"] == rl["step"].max()]
+        pick = last[last["success"]].sort_values(["num_turns", "traj_id"],
+                                                 ascending=[False, True]).iloc[0]
+    else:
+        rl = trajs[trajs["split"] == "train"]
+        pick = rl[rl["num_turns"] == rl["num_turns"].max()].iloc[0]
     out.append(("replay-token-mask.png", "replay", "Replay",
                 {"store": _store(replay_store), "run": rid, "step": int(pick["step"]),
                  "traj": pick["traj_id"], "turn": 0}))
     # Replay in the apps world: the careless agent's collateral-damage episode that passed the
-    # most other tests (damage its only fault), on its last turn that changed the world
+    # most other tests (damage its only fault), on the turn whose write the damage test names
     apps = _runs("apps_tiny.duckdb")
     rid = apps[apps["source"] != "trainer"]["run_id"].iloc[0]
     trajs = queries.trajectories(str(ROOT / _store("apps_tiny.duckdb")), rid)
     bad = trajs[trajs["failure_class"] == "collateral_damage"].sort_values(
         ["reward", "step", "traj_id"], ascending=[False, True, True]).iloc[0]
     turns = queries.turns(str(ROOT / _store("apps_tiny.duckdb")), rid, [bad["traj_id"]])
-    changed = turns[turns["state_diff"].notna() & (turns["state_diff"] != "{}")]
+    tests = queries.test_results(str(ROOT / _store("apps_tiny.duckdb")), rid, [bad["traj_id"]])
+    named = tests[tests["name"] == "no_collateral_damage"]["detail"].iloc[0]  # "... emails#54"
+    table, key = re.search(r"(\w+)#(\w+)", named).groups()
+    hit = turns[turns["state_diff"].fillna("").map(
+        lambda d: any(ch.get("table") == table and str(ch.get("key")) == key
+                      for ch in (json.loads(d) if d.startswith("[") else [])))]
     out.append(("replay-apps-state-diff.png", "replay", "Replay",
                 {"store": _store("apps_tiny.duckdb"), "run": rid, "step": int(bad["step"]),
-                 "traj": bad["traj_id"], "turn": int(changed["turn"].iloc[-1])}))
+                 "traj": bad["traj_id"], "turn": int(hit["turn"].iloc[0])}))
     # Groups on the credit-assignment run: a group whose rollouts disagree
     rid = _runs("credit_gigpo.duckdb")["run_id"].iloc[0]
     trajs = queries.trajectories(str(ROOT / _store("credit_gigpo.duckdb")), rid)
