@@ -43,8 +43,8 @@ def chart(names: list[str], title: str, key: str, band: tuple[str, str] | None =
     if alarms:
         # One trace of vertical segments: a shape per alarm (add_vline) costs O(shapes) each,
         # which took minutes on a long run whose signal flickers.
-        values = wide[present].to_numpy(dtype=float)
-        lo, hi = float(pd.Series(values.ravel()).min()), float(pd.Series(values.ravel()).max())
+        values = pd.Series(wide[present].to_numpy(dtype=float).ravel())
+        lo, hi = float(values.min()), float(values.max())
         xs = [v for a in alarms for v in (a["step"], a["step"], None)]
         ys = [v for _ in alarms for v in (lo, hi, None)]
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="collapse alarm",
