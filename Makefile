@@ -26,7 +26,8 @@ $(STAMP): requirements.txt requirements-model.txt constraints.txt
 
 run: $(STAMP)
 	@echo "==> serving the app at http://$(ADDRESS):$(PORT) (sample_runs/ and runs/)"
-	$(PY) -m streamlit run app.py --server.address $(ADDRESS) --server.port $(PORT)
+	$(PY) -m streamlit run app.py --server.address $(ADDRESS) --server.port $(PORT) \
+		--server.fileWatcherType none
 
 test: $(STAMP)
 	@echo "==> running the test suite"

@@ -9,9 +9,9 @@ cannot open it at all, not even read-only. So nobody holds the file for long:
 * access is *fair*. Retrying on DuckDB's lock error alone starves readers of a trainer that
   writes back to back (measured: readers waited up to 3.6 s behind a continuous writer, because
   the writer re-took the file before a polling reader noticed it was free). So every open first
-  takes two advisory ``flock`` locks on files next to the database: a *turnstile*
-  (``PATH.turn``, exclusive, held only while queueing) and a readers-writer lock (``PATH.lock``,
-  shared for readers, exclusive for the writer). Whoever holds the turnstile is next: a reader
+  takes two advisory ``flock`` locks: a *turnstile* (``KEY.turn``, exclusive, held only while
+  queueing) and a readers-writer lock (``KEY.lock``, shared for readers, exclusive for the
+  writer). Whoever holds the turnstile is next: a reader
   waiting behind a write gets in before the writer's next step, and a writer waiting behind
   readers keeps new readers out until it has written. Each side therefore waits at most one
   transaction of the other (tests/test_live_reading.py: two processes, a writer recording steps
@@ -21,6 +21,12 @@ cannot open it at all, not even read-only. So nobody holds the file for long:
   Where the lock files cannot be created (a read-only directory, no ``fcntl``) the protocol is
   skipped and only that retry remains. ``flock`` locks die with their process, so a killed
   trainer never leaves the store locked.
+* the lock files are *not* next to the store: stores live in the checkout (sample_runs/, runs/),
+  and files created and touched there on every read woke every file watcher of the checkout
+  (Streamlit's, an editor's). They live in ``lock_dir()`` (``$AGENTRL_LOCK_DIR``, else a private
+  per-user directory in the temp dir), named ``KEY`` = a hash of the store's resolved path, so
+  every process of the user that opens the same file -- by any relative path or symlink -- meets
+  the same locks.
 
 Per-step Parquet segments folded in at the end were the alternative; they would make every read
 a union of the database and the segments and leave ``--db PATH`` incomplete until the fold, so
@@ -34,8 +40,11 @@ opened with ``reading`` too: it is served read-only as views over its Parquet fi
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import random
+import stat
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
@@ -50,6 +59,7 @@ except ImportError:  # pragma: no cover
 LOCK_TIMEOUT_S = 10.0
 POLL_S = 0.002          # how often a queued opener looks at the advisory locks
 PARQUET_MARKER = "_store.json"  # present in a directory written by storage.io's partitioned export
+LOCK_DIR_ENV = "AGENTRL_LOCK_DIR"
 
 
 class StoreError(RuntimeError):
@@ -62,6 +72,38 @@ def _is_lock_error(exc: Exception) -> bool:
 
 
 # -- fair advisory locking ----------------------------------------------------------------------
+def lock_dir() -> Path | None:
+    """Where the advisory lock files live: ``$AGENTRL_LOCK_DIR``, else ``agentrl-locks-UID`` in
+    the temp dir. None (protocol skipped) when it cannot be made or is not this user's own
+    private directory: a directory another user prepared could hold links to plant our files."""
+    chosen = os.environ.get(LOCK_DIR_ENV, "").strip()
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    base = Path(chosen) if chosen else Path(tempfile.gettempdir()) / f"agentrl-locks-{uid}"
+    try:
+        base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = os.lstat(base)
+    except OSError:
+        return None
+    if chosen:
+        return base
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid or info.st_mode & 0o022:
+        return None
+    return base
+
+
+def lock_paths(path: str | Path) -> tuple[Path, Path] | None:
+    """(turnstile, readers-writer lock) files of the store at ``path``, or None without a lock
+    directory. Keyed on the resolved path: ``runs/a.duckdb``, ``./runs/a.duckdb`` and a symlink
+    to it share one pair."""
+    base = lock_dir()
+    if base is None:
+        return None
+    resolved = Path(os.path.realpath(path))
+    key = hashlib.sha256(str(resolved).encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    stem = f"{resolved.name[:40]}-{key}"
+    return base / f"{stem}.turn", base / f"{stem}.lock"
+
+
 def _open_lock_file(path: Path) -> int | None:
     if fcntl is None:
         return None
@@ -88,8 +130,9 @@ def _flock(fd: int, kind: int, deadline: float, path: Path) -> None:
 @contextlib.contextmanager
 def _turn(path: Path, exclusive: bool, deadline: float) -> Iterator[None]:
     """Hold the store's readers-writer lock, queueing fairly through its turnstile."""
-    turn = _open_lock_file(Path(f"{path}.turn"))
-    rw = _open_lock_file(Path(f"{path}.lock")) if turn is not None else None
+    files = lock_paths(path)
+    turn = _open_lock_file(files[0]) if files is not None else None
+    rw = _open_lock_file(files[1]) if turn is not None else None
     if turn is None or rw is None:
         if turn is not None:
             os.close(turn)
