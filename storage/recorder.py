@@ -9,10 +9,21 @@ Rows are given without ``run_id``/``step`` (the recorder adds both) as a DataFra
 dicts or a dict of columns. Columns a table has but the rows lack are stored as NULL / default;
 dict or list values in JSON columns are serialised. ``NullRecorder`` has the same methods and
 records nothing (``DummyWandb``-style: no ``if recorder:`` in the trainer).
+
+Every row headed for DuckDB, the trainer's and the importer's (storage/io.py), passes
+``clean_column``/``to_json`` here: text from a model, a tool or a file is stored whatever it holds,
+and never fails a step. Measured (DuckDB 1.x and pandas 3 alike): a Python string holding a lone
+UTF-16 surrogate (``chr(55296)``, or invalid UTF-8 decoded with ``surrogateescape``) fails every
+insert path, and already building the step's DataFrame, with ``UnicodeEncodeError``; it is stored
+with U+FFFD in its place. NUL is stored by DuckDB but invisible and cut short by C tools: it becomes
+U+2400 (the symbol for NUL). Other control characters (``\n``, ``\t``, ANSI escapes) are stored as
+they are; pages render all stored text escaped. In JSON columns NaN and +-Infinity, which JSON
+cannot hold, become the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``.
 """
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from datetime import datetime, timezone
@@ -49,22 +60,116 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-def _to_json(value: Any) -> Any:
-    if value is None or isinstance(value, str):
-        return value
-    return json.dumps(value, default=str)
+# -- the recording boundary ----------------------------------------------------------------------
+NUL_MARK = "\u2400"
+NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+"""How JSON (our columns, our exports) writes the numbers it has no literal for."""
+
+
+def clean_text(text: str) -> str:
+    """``text`` as it can be stored: lone surrogates -> U+FFFD, NUL -> U+2400, the rest as is.
+
+    A surrogate pair left as two code units is joined into the one character it encodes."""
+    if "\x00" in text:
+        text = text.replace("\x00", NUL_MARK)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return text
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, (bytes, bytearray)):
+        return clean_text(bytes(value).decode("utf-8", "replace"))
+    return value
+
+
+def clean_column(values):
+    """``values`` itself when no cell needs cleaning, else a cleaned list.
+
+    The hot path (a step's 30k token texts) costs one join and one scan, about 1 ms: a column is
+    taken as text when its first non-null cell is text; only then are its cells looked at."""
+    cells = values.tolist() if hasattr(values, "tolist") else values
+    cells = cells if isinstance(cells, list) else list(cells)
+    first = next((v for v in cells if v is not None), None)
+    if not isinstance(first, (str, bytes, bytearray)):
+        return values
+    try:
+        joined = "".join(cells)
+    except TypeError:  # NULLs (or bytes) among the strings
+        joined = "".join([v for v in cells if isinstance(v, str)])
+        if any(isinstance(v, (bytes, bytearray)) for v in cells):
+            return [_cell(v) for v in cells]
+    if "\x00" not in joined:
+        if joined.isascii():
+            return values
+        try:
+            joined.encode("utf-8")
+            return values
+        except UnicodeEncodeError:
+            pass
+    return [_cell(v) for v in cells]
+
+
+def clean_json(value: Any) -> Any:
+    """``value`` with every string cleaned and NaN/+-inf as ``"NaN"``/``"Infinity"``/``"-Infinity"``
+    (dict keys too), so its JSON is standard JSON that our importer reads back."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, Mapping):
+        return {clean_json(k) if isinstance(k, (str, float)) else
+                k if k is None or isinstance(k, (int, bool)) else clean_text(str(k)):
+                clean_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean_json(v) for v in value]
+    return _cell(value)
+
+
+def to_json(value: Any, ensure_ascii: bool = True) -> Any:
+    """The JSON text stored for ``value`` (None stays NULL; a string is taken as JSON text)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):  # pandas' missing
+        return None
+    if isinstance(value, str):
+        return clean_text(value)
+    try:
+        text = json.dumps(clean_json(value), default=str, ensure_ascii=ensure_ascii)
+    except (ValueError, TypeError, RecursionError):  # cyclic or too deep: keep what it showed
+        text = json.dumps(clean_text(repr(value)[:100_000]), ensure_ascii=ensure_ascii)
+    return clean_text(text)  # what ``default=str`` made of unknown objects
 
 
 def to_frame(table: str, rows: Rows) -> pd.DataFrame:
-    """Normalise rows for ``table`` into a DataFrame (metrics may be a {name: value} dict)."""
+    """Normalise rows for ``table`` into a DataFrame (metrics may be a {name: value} dict),
+    cleaned at the recording boundary (module docstring) before pandas sees a string."""
     if rows is None:
         return pd.DataFrame()
     if table == "metrics" and isinstance(rows, Mapping) and not any(
             isinstance(v, (list, tuple)) for v in rows.values()):
         rows = [{"name": k, "value": float(v)} for k, v in rows.items() if v is not None]
-    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
-    json_cols = {c: frame[c].map(_to_json) for c in JSON_COLUMNS.get(table, ()) if c in frame}
-    return frame.assign(**json_cols) if json_cols else frame  # the caller's frame stays as it was
+    json_names = JSON_COLUMNS.get(table, ())
+    if isinstance(rows, pd.DataFrame):
+        columns = {c: rows[c] for c in rows.columns}
+    elif isinstance(rows, Mapping):
+        columns = dict(rows)
+    else:
+        rows = list(rows)
+        names = list(dict.fromkeys(k for r in rows for k in r))
+        columns = {n: [r.get(n) for r in rows] for n in names}
+    changed = {}
+    for name, values in columns.items():
+        cleaned = [to_json(v) for v in values] if name in json_names else clean_column(values)
+        if cleaned is not values:
+            changed[name] = cleaned
+    if isinstance(rows, pd.DataFrame):  # keep its index and dtypes; the caller's frame stays
+        return rows.assign(**changed) if changed else rows
+    return pd.DataFrame({**columns, **changed})
 
 
 def insert_frame(con, table: str, frame: pd.DataFrame, run_id: str, step: int | None) -> None:
@@ -113,7 +218,7 @@ class Recorder:
             con.execute(
                 "INSERT INTO runs (run_id, name, created_at, status, config, updated_at, source) "
                 "VALUES (?, ?, ?, 'running', ?, ?, ?)",
-                [self.run_id, name or self.run_id, now(), json.dumps(dict(config), default=str),
+                [self.run_id, clean_text(name or self.run_id), now(), to_json(dict(config)),
                  now(), source])
         return self.run_id
 
@@ -141,7 +246,8 @@ class Recorder:
             raise ValueError(f"status must be one of {RUN_STATUSES}, got {status!r}")
         with self._tx() as con:
             con.execute("UPDATE runs SET status = ?, error = ?, updated_at = ? WHERE run_id = ?",
-                        [status, error, now(), self.run_id])
+                        [status, None if error is None else clean_text(str(error)), now(),
+                         self.run_id])
 
     def finish(self, status: str = "finished", error: str | None = None) -> None:
         self.set_status(status, error)
