@@ -5,17 +5,22 @@
 It imports nothing from the project. Protocol, one JSON object per line: the parent writes the job
 ``{"code", "guard", "cpu_s", "mem_mb", "max_calls", "max_output", "preload", "nofile", "root"}``
 then one ``{"ok": result}`` or ``{"error": message}`` per API request; the child writes
-``{"call": name, "args": {...}}`` per API call and finally
-``{"done": true, "output": printed text, "error": message or null, "layers": [...]}``.
+``{"ready": true, "layers": [...]}`` once isolated (before the code runs, so the code cannot
+forge it), ``{"call": name, "args": {...}}`` per API call and finally
+``{"done": true, "output": printed text, "error": message or null}``. The code can reach
+``os`` and write anything to the pipe: the parent checks every line (apps_sandbox.py).
 
 Isolation is applied here, after the few modules the code may use are imported and before the
 untrusted code is compiled, in this order (each layer is best effort and reported in "layers"):
   netns+pidns  unshare(2) a new network namespace (no interfaces: no network) and a new pid
                namespace (the code cannot see or signal any host process); as non-root this
-               needs a user namespace too. The code runs in a forked child inside them.
+               needs a user namespace too. The code runs in a forked child inside them, the
+               namespace's first process, which the parent kills at the end of the action.
+               Under bubblewrap (which made both namespaces already, and leaves no capability
+               for this) the unshare fails and the code runs in this process.
   chroot       chroot(2) into the job's empty temporary directory: no host file is reachable.
   uid/nocaps   as root: become nobody (65534), which also drops every capability; otherwise
-               drop the user namespace's capabilities (capset) so chroot cannot be undone.
+               (or if that failed) drop every capability (capset) so chroot cannot be undone.
   rlimits      CPU seconds (SIGXCPU at the soft limit ends the job with a clear error, SIGKILL
                at the hard limit), address space (allocations raise MemoryError), FSIZE 0 (no
                file can grow), NOFILE 3 (no new descriptors), NPROC 0 (no fork), CORE 0.
@@ -72,6 +77,10 @@ def _isolate_namespaces(libc, layers: list) -> None:
         _, status = os.waitpid(pid, 0)
         code = os.waitstatus_to_exitcode(status)
         os._exit(code if code >= 0 else 128 - code)
+    # If the waiting half is killed first, die too. The code could undo this, but the parent
+    # kills this process itself at the end of the action, and a process orphaned before that
+    # dies at its first write to the closed pipe, before any code runs.
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     layers.append("netns+pidns")
 
 
@@ -109,7 +118,7 @@ def isolate(job: dict, root: str) -> list:
             layers.append("uid")
         except OSError:
             pass
-    elif libc is not None and _drop_capabilities(libc):
+    if "uid" not in layers and libc is not None and _drop_capabilities(libc):
         layers.append("nocaps")
     if libc is not None and libc.prctl(38, 1, 0, 0, 0) == 0:  # PR_SET_NO_NEW_PRIVS
         layers.append("no_new_privs")
@@ -229,10 +238,11 @@ def main() -> None:
     for name in job.get("preload", []):
         __import__(name)
     layers = isolate(job, job["root"])
+    _write_line({"ready": True, "layers": layers})
     out = _Output(int(job["max_output"]))
 
     def on_cpu_limit(signum, frame):
-        _write_line({"done": True, "output": out.text(), "layers": layers,
+        _write_line({"done": True, "output": out.text(),
                      "error": f"TimeoutError: CPU time limit of {job['cpu_s']} s exceeded"})
         os._exit(0)
     signal.signal(signal.SIGXCPU, on_cpu_limit)
@@ -242,7 +252,7 @@ def main() -> None:
         exec(code, user_globals(bool(job["guard"]), out, make_apis(int(job["max_calls"]))))
     except BaseException as exc:  # everything the code raises is reported, never propagated
         error = describe(exc, int(job["mem_mb"]))
-    _write_line({"done": True, "output": out.text(), "error": error, "layers": layers})
+    _write_line({"done": True, "output": out.text(), "error": error})
     os._exit(0)
 
 
