@@ -80,7 +80,8 @@ def runs(path: str | Path) -> pd.DataFrame:
 
 
 def all_runs(stores: list[str] | None = None) -> pd.DataFrame:
-    """Runs of every store; stores that cannot be read are reported in column ``error``."""
+    """Runs of every store, newest first across stores (the app picks the first one); stores
+    that cannot be read are reported in column ``error``, after every run."""
     frames = []
     for path in stores if stores is not None else discover_stores():
         try:
@@ -88,8 +89,14 @@ def all_runs(stores: list[str] | None = None) -> pd.DataFrame:
         except db.StoreError as exc:
             frames.append(pd.DataFrame([{"run_id": None, "store": path, "status": "unreadable",
                                          "shown_status": "unreadable", "error": str(exc)}]))
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
-        columns=["run_id", "name", "created_at", "status", "shown_status", "store"])
+    if not frames:
+        return pd.DataFrame(columns=["run_id", "name", "created_at", "status", "shown_status",
+                                     "store"])
+    table = pd.concat(frames, ignore_index=True)
+    if "created_at" not in table:                # only unreadable stores
+        return table
+    return table.sort_values("created_at", ascending=False, na_position="last",
+                             kind="stable").reset_index(drop=True)
 
 
 def run_config(config_json) -> dict:
