@@ -10,6 +10,10 @@ Stores are the DuckDB files under ``sample_runs/`` and ``runs/``; set ``AGENTRL_
 """
 from __future__ import annotations
 
+import re
+from collections import Counter
+
+import pandas as pd
 import streamlit as st
 
 from pages import _common as c
@@ -28,8 +32,28 @@ PAGES = [
 ]
 
 
-def _label(row) -> str:
-    return f"{row['name']} · {row['shown_status']}"
+def _short_id(run_id: str) -> str:
+    """The random tail of a trainer's run id (``YYYYMMDD-HHMMSS-xxxxxx``); other ids whole."""
+    m = re.fullmatch(r"\d{8}-\d{6}-(\w+)", run_id)
+    return m[1] if m else run_id[:24]
+
+
+def run_labels(rows: list[dict], multi_store: bool) -> dict[tuple[str, str], str]:
+    """One label per (store, run_id), no two alike: name · created (UTC) · short id · status.
+
+    The selectbox sends the chosen option's *label* back to the server, which maps it to an
+    option by label (the last one wins): two runs labelled alike (the Train page once named every
+    run ``demo``) were one option, and the first click on any widget switched to the other run."""
+    labels = {}
+    for r in rows:
+        created = pd.Timestamp(r["created_at"]) if pd.notna(r.get("created_at")) else None
+        parts = [c.text_of(r["name"]) or r["run_id"],
+                 created.strftime("%Y-%m-%d %H:%M") if created is not None else None,
+                 _short_id(r["run_id"]), r["shown_status"], r["store"] if multi_store else None]
+        labels[(r["store"], r["run_id"])] = " · ".join(p for p in parts if p)
+    seen = Counter(labels.values())
+    return {key: label if seen[label] == 1 else f"{label} · {key[1]} · {key[0]}"
+            for key, label in labels.items()}
 
 
 def _adopt_run_from_url(options: list[tuple[str, str]]) -> None:
@@ -70,14 +94,13 @@ def run_picker() -> None:
         st.sidebar.info("No runs yet in " + ", ".join(queries.store_dirs()) + ".")
         return
     options = list(zip(readable["store"], readable["run_id"]))
-    labels = {(r["store"], r["run_id"]): _label(r) for r in readable.to_dict("records")}
-    multi_store = readable["store"].nunique() > 1
+    labels = run_labels(readable.to_dict("records"), readable["store"].nunique() > 1)
     _adopt_run_from_url(options)
     if st.session_state.get("pick_run") not in options:
         st.session_state["pick_run"] = options[0]
     store, run_id = st.sidebar.selectbox(
-        "Run", options, key="pick_run",
-        format_func=lambda o: labels[o] + (f" · {o[0]}" if multi_store else ""))
+        "Run", options, key="pick_run", format_func=labels.__getitem__,
+        help="name · created (UTC) · short run id · status (· store, when there are several)")
     st.query_params["store"], st.query_params["run"] = store, run_id
     st.session_state["_url_run"] = (store, run_id)
 

@@ -1,4 +1,5 @@
-"""Panels of the Failures page that write or run user input: tags/notes and the SQL box."""
+"""Panels of the Failures page that write or run user input: tags/notes and the SQL box; and
+Replay's reading order of a state diff."""
 from __future__ import annotations
 
 import streamlit as st
@@ -17,6 +18,11 @@ def trajectory_panel(pick: Pick, traj_id: str) -> None:
         if t["observation"]:
             st.markdown(f"Turn {int(t['turn'])} · observation")
             st.code(t["observation"], language=None, wrap_lines=True)
+    # The form's submit arrives in the next run of the page: save only if that run shows the
+    # trajectory the form was drawn for, so a tag can never land on another run or trajectory.
+    target = (pick.store, pick.run_id, traj_id)
+    drawn_for = st.session_state.get("_tag_target")
+    st.session_state["_tag_target"] = target
     tags = queries.tags(pick.store, pick.run_id, [traj_id])
     if tags.empty:
         st.caption("No tags yet.")
@@ -27,6 +33,10 @@ def trajectory_panel(pick: Pick, traj_id: str) -> None:
                             placeholder="e.g. reading-failure")
         note = st.text_area("Note", key="fail_note", max_chars=annotations.MAX_NOTE)
         if st.form_submit_button("Save tag", key="fail_tag_save"):
+            if drawn_for != target:
+                st.error("Not saved: the page switched to another trajectory before the tag "
+                         "arrived. Check the trajectory shown and save again.")
+                return
             try:
                 annotations.add_tag(pick.store, pick.run_id, traj_id, tag, note)
             except (ValueError, db.StoreError) as exc:
@@ -35,6 +45,28 @@ def trajectory_panel(pick: Pick, traj_id: str) -> None:
             else:
                 st.success("Saved.")
                 st.rerun()
+
+
+def changed_first(diff):
+    """A state diff in reading order: each updated row as ``changed`` (field -> {before, after},
+    the fields the action changed) ahead of ``unchanged`` (field -> value). Rows inserted or
+    deleted (one side missing) and entries of any other shape are kept as recorded."""
+    if not isinstance(diff, list):
+        return diff
+    out = []
+    for entry in diff:
+        before, after = (entry.get("before"), entry.get("after")) if isinstance(entry, dict) \
+            else (None, None)
+        if not (isinstance(before, dict) and isinstance(after, dict)):
+            out.append(entry)
+            continue
+        fields = list(dict.fromkeys([*before, *after]))
+        changed = {f: {"before": before.get(f), "after": after.get(f)} for f in fields
+                   if f not in before or f not in after or before[f] != after[f]}
+        unchanged = {f: before[f] for f in fields if f not in changed}
+        head = {k: v for k, v in entry.items() if k not in ("before", "after")}
+        out.append({**head, "changed": changed, "unchanged": unchanged})
+    return out
 
 
 def sql_box(pick: Pick) -> None:

@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from pages import _common as c
-from pages import _tokens
+from pages import _panels, _tokens
 
 c.ensure_app()
 pick = c.picked()
@@ -60,9 +60,9 @@ def show_turn(t: dict) -> None:
         st.error("The environment reported an error on this turn:")
         st.code(t["error"], language=None, wrap_lines=True)
     if c.text_of(t["state_diff"]):
-        st.markdown("**State diff** (rows the action changed)")
+        st.markdown("**State diff** (rows the action changed: changed fields first)")
         try:
-            st.json(json.loads(t["state_diff"]), expanded=True)
+            st.json(_panels.changed_first(json.loads(t["state_diff"])), expanded=True)
         except ValueError:
             st.code(t["state_diff"], language=None)
 
@@ -81,7 +81,8 @@ def turn_player() -> None:
     else:
         turn = 0
     c.publish_url("turn", turn)
-    st.caption(f"Turn {turn + 1} of {n}")
+    # One numbering everywhere: the stored turn index, as in links, Groups and Failures.
+    st.caption(f"Turn {turn} of {n} (numbered from 0, as in links and the other pages)")
     show_turn(turns.iloc[turn].to_dict())
 
 

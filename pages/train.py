@@ -2,6 +2,9 @@
 follows it: progress, live curves, log tail, and a stop button."""
 from __future__ import annotations
 
+import re
+import time
+
 import plotly.graph_objects as go
 import streamlit as st
 
@@ -21,16 +24,26 @@ FIELDS = {  # form field -> (label, kind)
 }
 
 
+def default_name(preset: str) -> str:
+    """A run name no earlier launch has: the preset and the time (UTC, like run ids). Runs that
+    share a name are told apart only by their time and id; a fixed default made every run 'demo'."""
+    stem = re.sub(r"[^A-Za-z0-9._-]", "", preset) or "run"
+    return f"{stem}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+
+
 def apply_preset() -> None:
     values = {**TrainConfig().to_dict(), **PRESETS.get(st.session_state["train_preset"], {})}
     for name in FIELDS:
         st.session_state[f"train_{name}"] = values[name]
+    st.session_state["train_name"] = default_name(st.session_state["train_preset"])
 
 
 presets = ["workshop-demo"] + [p for p in PRESETS if p != "workshop-demo"] + ["(defaults)"]
 preset = st.selectbox("Preset", presets, key="train_preset", on_change=apply_preset)
 if "train_env" not in st.session_state:
     apply_preset()
+if st.session_state.pop("_train_name_used", False) or "train_name" not in st.session_state:
+    st.session_state["train_name"] = default_name(preset)  # the next launch gets a new name
 st.caption("A preset fills in the form; workshop-demo trains the bandit task on the tiny model, "
            "small enough to finish in minutes on a laptop CPU. Runs are recorded in "
            + str(_jobs.store_path()) + ".")
@@ -46,7 +59,7 @@ with st.form("train_form"):
             values[name] = box.number_input(label, step=1, key=f"train_{name}")
         else:
             values[name] = box.number_input(label, format="%g", step=None, key=f"train_{name}")
-    run_name = st.text_input("Run name", key="train_name", value="demo",
+    run_name = st.text_input("Run name", key="train_name",
                              help="letters, digits, '.', '_' and '-'")
     submitted = st.form_submit_button("Launch training", key="train_launch")
 
@@ -59,6 +72,7 @@ if submitted:
         st.code(str(exc), language=None)
     else:
         st.success(f"Started job {job['pid']}.")
+        st.session_state["_train_name_used"] = True
 
 
 def run_row(job: dict) -> dict | None:
