@@ -87,10 +87,19 @@ def components_and_info(extra: dict[str, Any], notes: list[str]) -> tuple[dict, 
             name = std if std and std not in components else key
             if name != key:
                 notes.append(f"reward field {key!r} recorded as component {name!r}")
-            components[name] = float(value)
+            components[name] = _double(value, key)
         else:
             info[key] = value
     return components, info, success
+
+
+def _double(value: int | float, field: str) -> float:
+    """``float(value)``, or LineError naming ``field`` for an integer no double holds."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise LineError(f"field '{field}' must be a number a double can hold, got an integer "
+                        f"of {value.bit_length()} bits") from None
 
 
 def _finish(rec: dict, components: dict, info: dict, success: bool | None, notes: list[str]) -> dict:
@@ -132,7 +141,8 @@ def verl_record(obj: Any, traj_id: str, default_step: int) -> dict:
             raise LineError(f"field '{key}' must be a string, got "
                             f"{'null' if obj.get(key) is None else type(obj.get(key)).__name__}")
     score = obj.get("score")
-    if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+    if isinstance(score, bool) or not isinstance(score, (int, float)) \
+            or not math.isfinite(_double(score, "score")):
         raise LineError(f"field 'score' must be a finite number, got {score!r:.40}")
     step = obj.get("step", default_step)
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
@@ -142,7 +152,7 @@ def verl_record(obj: Any, traj_id: str, default_step: int) -> dict:
     components, info, success = components_and_info(extra, notes)
     turns, answer = split_tagged(obj["output"])
     rec = {"traj_id": traj_id, "task_id": task_id_of(obj["input"]), "step": step,
-           "prompt": obj["input"], "turns": turns, "reward": float(score),
+           "prompt": obj["input"], "turns": turns, "reward": _double(score, "score"),
            "finish_reason": "answered" if answer is not None else None}
     if answer is not None:
         rec["answer"] = answer

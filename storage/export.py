@@ -1,7 +1,9 @@
 """Export a run, or a filtered selection of its trajectories, out of a store.
 
 * ``export_jsonl``: generic JSONL (storage/interchange.py), the first line carrying the run's
-  configuration under ``run``; importing it gives back the same trajectories (round trip).
+  configuration under ``run``; importing it gives back the same trajectories (round trip). It is
+  standard JSON: NaN and +-inf, stored or in JSON written before the recorder cleaned it, are
+  written as ``"NaN"``/``"Infinity"``/``"-Infinity"``, which the importer reads back.
 * ``export_parquet``: one flattened file, a row per trajectory with every ``trajectories`` column
   plus ``turns`` and ``tokens`` as lists of structs (in turn / position order) and ``rewards`` as
   a map component -> value.
@@ -28,7 +30,7 @@ from typing import Iterator
 from storage import db
 from storage.interchange import from_rows
 from storage.migrations import SCHEMA_VERSION
-from storage.recorder import STEP_TABLES, check_run_id
+from storage.recorder import STEP_TABLES, check_run_id, clean_json
 
 TRAJ_KEYED = ("trajectories", "rewards", "turns", "tokens", "test_results")
 PARQUET_FORMAT = "agentic-rl-store/parquet"
@@ -71,7 +73,7 @@ def _run_config(con, run_id: str) -> dict:
     row = con.execute("SELECT config FROM runs WHERE run_id = ?", [run_id]).fetchone()
     if row is None:
         raise db.StoreError(f"no run {run_id!r} in this store")
-    return json.loads(row[0]) if row[0] else {}
+    return clean_json(json.loads(row[0])) if row[0] else {}  # NaN/Infinity as our importer reads
 
 
 def _sql_path(path: Path) -> str:
@@ -95,7 +97,7 @@ def export_jsonl(db_path, run_id: str, out, filters: Filters = Filters(), chunk:
                 for rec in _records(con, run_id, ids[start:start + chunk]):
                     if f.tell() == 0:
                         rec["run"] = config
-                    f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                    f.write(json.dumps(rec, ensure_ascii=False, allow_nan=False) + "\n")
     partial.replace(out)  # a reader of OUT never sees half an export
     return len(ids)
 

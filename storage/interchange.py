@@ -40,14 +40,22 @@ Rules, so every page can show an imported run:
   ``tests``; core/failures.py), so an agent that puts its env outcome's ``info`` there gets the
   class a trainer run of the same episode would get. A given ``failure_class`` is kept as it is.
 * ``run`` (the run's configuration) is read from the first line that has it.
-* Unknown top-level keys are kept under ``info.extra``. NaN/Infinity are refused.
+* Unknown top-level keys are kept under ``info.extra``.
+* Numbers: the literals NaN/Infinity are not JSON and are refused, as is any number a double
+  cannot hold (``1e999`` anywhere, a 400-digit ``reward``): the line fails, naming the field. A
+  numeric field may instead hold the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``: that is
+  how export writes those numbers, so every file we export imports again. Integers inside JSON
+  fields (``info``, ``golds``, ...) are kept exactly, however long.
 """
 from __future__ import annotations
 
 import json
 import math
 import re
+from collections import deque
 from typing import Any, Callable, Iterator
+
+from storage.recorder import NON_FINITE, clean_json
 
 ROLES = ("prompt", "action", "observation")
 STANDARD_COMPONENTS = ("outcome", "format", "cost", "process")
@@ -98,6 +106,8 @@ def parse_json(line: bytes) -> Any:
         return LineError(f"not valid JSON: {exc.msg} at character {exc.pos + 1}")
     except LineError as exc:
         return exc
+    except ValueError as exc:  # an integer of more than 4300 digits (Python's conversion limit)
+        return LineError(f"not valid JSON: {exc}")
     except RecursionError:
         return LineError("JSON nested too deeply")
 
@@ -109,6 +119,8 @@ def _type_name(value: Any) -> str:
 
 def _check(value: Any, kind: str, where: str) -> Any:
     """``value`` if it is of ``kind``, else LineError naming the field."""
+    if kind == "num" and isinstance(value, str) and value in NON_FINITE:
+        return NON_FINITE[value]  # as export writes the numbers JSON has no literal for
     ok = {
         "str": isinstance(value, str),
         "id": isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS,
@@ -126,9 +138,13 @@ def _check(value: Any, kind: str, where: str) -> Any:
                   "dict": "an object", "list": "a list"}[kind]
         raise LineError(f"field '{where}' must be {wanted}, got {_type_name(value)}")
     if kind == "num":
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:
+            raise LineError(f"field '{where}' must be a number a double can hold, got an "
+                            f"integer of {value.bit_length()} bits") from None
         if not math.isfinite(value):
-            raise LineError(f"field '{where}' must be a finite number")
+            raise LineError(f"field '{where}' must be a finite number (a double cannot hold it)")
     if kind == "int" and not 0 <= value < 2**31:
         raise LineError(f"field '{where}' must be between 0 and 2^31-1, got {value}")
     if kind == "sint" and not -2**31 <= value < 2**31:
@@ -181,8 +197,29 @@ def _fields(obj: Any, spec: dict, where: str, keep_extra: bool) -> dict:
     return out
 
 
+def refuse_non_finite(obj: Any) -> None:
+    """LineError naming the first field holding a float no double holds (``1e999`` parses to inf).
+
+    The C encoder finds out whether there is one; only then is the path looked for."""
+    try:
+        json.dumps(obj, allow_nan=False)
+        return
+    except ValueError:
+        pass
+    stack = deque([(obj, "")])
+    while stack:
+        value, where = stack.popleft()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise LineError(f"field '{where}' must be a finite number (a double cannot hold it)")
+        if isinstance(value, dict):
+            stack += [(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(v, f"{where}[{i}]") for i, v in enumerate(value)]
+
+
 def validate(obj: Any) -> dict:
     """A normalised trajectory record, or LineError saying which field is wrong and how."""
+    refuse_non_finite(obj)
     rec = _fields(obj, TOP_FIELDS, "", keep_extra=True)
     rec["turns"] = [_fields(t, TURN_FIELDS, f"turns[{i}].", False) for i, t in enumerate(rec["turns"])]
     if "tokens" in rec:
@@ -230,7 +267,7 @@ def _derived_tokens(rec: dict) -> list[dict]:
 
 
 def _json(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, ensure_ascii=False)
+    return None if value is None else json.dumps(clean_json(value), ensure_ascii=False)
 
 
 def to_rows(rec: dict, classify: Callable | None = None) -> dict[str, list[dict]]:
@@ -302,12 +339,7 @@ TRAJ_OPTIONAL = ("group_id", "step", "split", "prompt", "advantage", "success", 
 
 
 def _clean(row: dict, drop: tuple[str, ...]) -> dict:
-    out = {}
-    for key, value in row.items():
-        if key in drop or value is None or (isinstance(value, float) and math.isnan(value)):
-            continue
-        out[key] = value
-    return out
+    return {key: value for key, value in row.items() if key not in drop and value is not None}
 
 
 def from_rows(traj: dict, turns: list[dict], rewards: list[dict], tokens: list[dict],
@@ -328,4 +360,6 @@ def from_rows(traj: dict, turns: list[dict], rewards: list[dict], tokens: list[d
     rec["tokens"] = [_clean(t, ("run_id", "step", "traj_id", "pos")) for t in tokens]
     if tests:
         rec["tests"] = [_clean(t, ("run_id", "step", "traj_id")) for t in tests]
-    return _clean(rec, ())
+    # NaN/+-inf (DOUBLE columns; JSON written before the recorder wrote them as strings) become
+    # "NaN"/"Infinity"/"-Infinity", which the importer reads back as those numbers.
+    return clean_json(_clean(rec, ()))

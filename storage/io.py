@@ -20,8 +20,12 @@ Valid trajectories are written in batches, each batch one transaction holding al
 The run id is derived from the file's path unless ``--run-id`` is given, so a rerun imports into
 the same run; trajectories already there (same ``traj_id``) are skipped, or replaced with
 ``--replace``. The store may already hold other runs (a trainer's, other imports): importing
-under a run id none of them uses adds a run beside them and leaves theirs as they are. Exit
-status 1 if any line failed, 2 if nothing could be read.
+under a run id none of them uses adds a run beside them and leaves theirs as they are; importing
+into a run the trainer recorded is refused before anything is written (``--replace`` would
+delete its trajectories). An import that stops part-way (an unreadable file, the store gone)
+keeps what it wrote, and its run is marked ``failed`` with the reason and an ``imports`` row;
+it is never left ``running``. Rows pass the recorder's cleaning (storage/recorder.py) on their
+way in. Exit status 1 if any line failed, 2 if nothing could be read or the import stopped.
 
 Export (storage/export.py) writes one run, or a filtered selection of its trajectories, as
 generic JSONL (export -> import round trips), as one flattened Parquet file, or with
@@ -49,7 +53,7 @@ from storage import db
 from storage.dumps import READERS
 from storage.interchange import MAX_LINE_BYTES, LineError, read_json_lines, to_rows, validate
 from storage.migrations import prepare
-from storage.recorder import check_run_id, now
+from storage.recorder import check_run_id, clean_column, clean_text, now, to_json
 
 FORMATS = ("jsonl", "verl", "trl")
 TRAJ_TABLES = ("trajectories", "rewards", "turns", "tokens", "test_results")
@@ -104,6 +108,26 @@ def guess_format(source: Path) -> str:
     return "jsonl"
 
 
+class RunNotImportable(db.StoreError):
+    """The target run was not created by an import (the trainer's runs are not import targets)."""
+
+
+def _run_source(db_path, run_id: str) -> str | None:
+    with db.reading(db_path) as con:
+        row = con.execute("SELECT coalesce(source, 'trainer') FROM runs WHERE run_id = ?",
+                          [run_id]).fetchone()
+    return None if row is None else row[0]
+
+
+def _refuse_foreign(run_id: str, source: str | None) -> None:
+    if source is not None and not source.startswith("import"):
+        who = "the trainer" if source == "trainer" else f"{source!r}"
+        raise RunNotImportable(
+            f"run {run_id!r} was recorded by {who}: an import cannot add to it or replace its "
+            "trajectories; import into a run of its own (leave out --run-id, or give an id no "
+            "other run uses)")
+
+
 def _read_generic(path: Path, max_line_bytes: int) -> Iterator[tuple[str, Any]]:
     for lineno, obj in read_json_lines(path, max_line_bytes):
         yield f"line {lineno}", obj
@@ -129,34 +153,63 @@ def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
         raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
     run_id = check_run_id(run_id) if run_id else default_run_id(source)
     prepare(db_path)
+    _refuse_foreign(run_id, _run_source(db_path, run_id))
     report = ImportReport(run_id, source.name, fmt)
     reader = READERS.get(fmt, _read_generic)
     classify, first_seen, batch = _classifier(), {}, []
     run = {"name": run_name or source.stem, "config": None, "created": False}
-    for where, obj in reader(source, max_line_bytes):
-        report.lines += 1
-        try:
-            if isinstance(obj, LineError):
-                raise obj
-            rec = validate(obj)
-            if rec["traj_id"] in first_seen:
-                raise LineError(f"duplicate traj_id {rec['traj_id']!r} "
-                                f"(first at {first_seen[rec['traj_id']]})")
-            first_seen[rec["traj_id"]] = where
-            if run["config"] is None and "run" in rec:
-                run["config"] = rec["run"]
-            batch.append((where, to_rows(rec, classify)))
-        except LineError as exc:
-            report.fail(where, str(exc))
-        if len(batch) >= batch_size:
+    try:
+        for where, obj in reader(source, max_line_bytes):
+            report.lines += 1
+            try:
+                if isinstance(obj, LineError):
+                    raise obj
+                rec = validate(obj)
+                if rec["traj_id"] in first_seen:
+                    raise LineError(f"duplicate traj_id {rec['traj_id']!r} "
+                                    f"(first at {first_seen[rec['traj_id']]})")
+                first_seen[rec["traj_id"]] = where
+                if run["config"] is None and "run" in rec:
+                    run["config"] = rec["run"]
+                batch.append((where, to_rows(rec, classify)))
+            except LineError as exc:
+                report.fail(where, str(exc))
+            except Exception as exc:  # a reader or rule tripping on a line fails that line only
+                report.fail(where, f"could not be read: {type(exc).__name__}: {exc}")
+            if len(batch) >= batch_size:
+                _write(db_path, run_id, fmt, run, batch, replace, report)
+                batch = []
+        if batch:
             _write(db_path, run_id, fmt, run, batch, replace, report)
             batch = []
-    if batch:
-        _write(db_path, run_id, fmt, run, batch, replace, report)
+    except RunNotImportable:
+        raise  # refused before its first write: nothing of ours is in that run
+    except BaseException as exc:
+        _stopped(db_path, run_id, fmt, run, batch, replace, report, exc)
+        raise
     if report.lines == 0:
         raise ValueError(f"no records found in {source} (format {fmt})")
     _finish_import(db_path, run_id, fmt, run, report)
     return report
+
+
+def _reason(exc: BaseException) -> str:
+    """Why an import stopped, naming a file by its name only (never a full path)."""
+    if isinstance(exc, OSError) and exc.filename:
+        return f"{type(exc).__name__}: {exc.strerror}: {Path(str(exc.filename)).name}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _stopped(db_path, run_id, fmt, run, batch, replace, report, exc: BaseException) -> None:
+    """Keep the lines read so far and mark the import failed; the caller re-raises ``exc``."""
+    reason = clean_text(_reason(exc))
+    report.errors.append(f"import stopped: {reason}")
+    try:
+        if batch:
+            _write(db_path, run_id, fmt, run, batch, replace, report)
+        _finish_import(db_path, run_id, fmt, run, report, stopped=reason)
+    except Exception:  # the store itself is what failed: the caller reports the first error
+        pass
 
 
 def _insert(con, table: str, rows: list[dict], run_id: str) -> None:
@@ -167,7 +220,8 @@ def _insert(con, table: str, rows: list[dict], run_id: str) -> None:
                              "WHERE table_name = ?", [table]).fetchall())
     names = list(dict.fromkeys(k for r in rows for k in r))
     schema = pa.schema([(n, ARROW_TYPES[types[n]]) for n in names])
-    arrow = pa.Table.from_pylist(rows, schema=schema)
+    columns = {n: clean_column([r.get(n) for r in rows]) for n in names}  # the recorder's rule
+    arrow = pa.Table.from_pydict(columns, schema=schema)
     arrow = arrow.append_column("run_id", pa.array([run_id] * len(rows), pa.string()))
     con.register("_import_rows", arrow)
     con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _import_rows")
@@ -180,7 +234,7 @@ def _ensure_run(con, run_id: str, fmt: str, run: dict) -> None:
     config = {"env": "unknown", "model": "unknown", "algo": "unknown", **(run["config"] or {})}
     con.execute("INSERT INTO runs (run_id, name, created_at, status, config, updated_at, source) "
                 "VALUES (?, ?, ?, 'running', ?, ?, ?)",
-                [run_id, run["name"], now(), json.dumps(config, default=str), now(),
+                [run_id, clean_text(run["name"]), now(), to_json(config), now(),
                  f"import:{fmt}"])
     run["created"] = True
 
@@ -214,7 +268,10 @@ def _count(report: ImportReport, counts: tuple[int, int, int]) -> None:
 
 def _write_rows(con, run_id, fmt, run, batch, replace) -> tuple[int, int, int]:
     """Insert a batch's rows; (new, replaced, skipped) trajectories."""
-    _ensure_run(con, run_id, fmt, run)
+    row = con.execute("SELECT coalesce(source, 'trainer') FROM runs WHERE run_id = ?",
+                      [run_id]).fetchone()
+    _refuse_foreign(run_id, row and row[0])  # again inside the transaction: a trainer may have
+    _ensure_run(con, run_id, fmt, run)       # started this run id since the import began
     ids = [rows["trajectories"][0]["traj_id"] for _, rows in batch]
     present = {r[0] for r in con.execute(
         "SELECT traj_id FROM trajectories WHERE run_id = ? AND traj_id IN (SELECT unnest(?))",
@@ -249,25 +306,31 @@ WHERE run_id = $run AND split = 'eval' AND success IS NOT NULL GROUP BY step
 """
 
 
-def _finish_import(db_path, run_id, fmt, run, report) -> None:
-    """Provenance row; for a run that imports created: its config, metrics and final status."""
+def _finish_import(db_path, run_id, fmt, run, report, stopped: str | None = None) -> None:
+    """Provenance row, config, metrics and final status (``failed`` with the reason if the
+    import ``stopped``) of a run that imports created."""
     with db.writing(db_path) as con:
-        row = con.execute("SELECT source FROM runs WHERE run_id = ?", [run_id]).fetchone()
-        if row is None:
+        row = con.execute("SELECT coalesce(source, 'trainer') FROM runs WHERE run_id = ?",
+                          [run_id]).fetchone()
+        if row is None and stopped is None:
             return  # nothing could be imported: no run to attach the report to
-        if row[0].startswith("import"):
-            if run["created"] and run["config"]:
-                config = {"env": "unknown", "model": "unknown", "algo": "unknown", **run["config"]}
-                con.execute("UPDATE runs SET config = ? WHERE run_id = ?",
-                            [json.dumps(config, default=str), run_id])
-            con.execute("DELETE FROM metrics WHERE run_id = ?", [run_id])
-            con.execute("INSERT INTO metrics BY NAME " + DERIVED_METRICS_SQL, {"run": run_id})
-            con.execute("UPDATE runs SET status = 'finished', updated_at = ?, "
-                        "last_step = (SELECT max(step) FROM trajectories WHERE run_id = ?) "
-                        "WHERE run_id = ?", [now(), run_id, run_id])
+        if row is None:
+            _ensure_run(con, run_id, fmt, run)  # stopped before its first write: still recorded
+        elif not row[0].startswith("import"):
+            return  # never touch a run the trainer recorded (refused before any write)
+        if run["created"] and run["config"]:
+            config = {"env": "unknown", "model": "unknown", "algo": "unknown", **run["config"]}
+            con.execute("UPDATE runs SET config = ? WHERE run_id = ?", [to_json(config), run_id])
+        con.execute("DELETE FROM metrics WHERE run_id = ?", [run_id])
+        con.execute("INSERT INTO metrics BY NAME " + DERIVED_METRICS_SQL, {"run": run_id})
+        con.execute("UPDATE runs SET status = ?, error = ?, updated_at = ?, "
+                    "last_step = (SELECT max(step) FROM trajectories WHERE run_id = ?) "
+                    "WHERE run_id = ?", ["failed" if stopped else "finished", stopped, now(),
+                                         run_id, run_id])
         con.execute("INSERT INTO imports VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [run_id, report.source, fmt, now(), report.lines, report.imported,
-                     report.skipped, report.failed, json.dumps(report.errors[:100])])
+                    [run_id, clean_text(report.source), fmt, now(), report.lines,
+                     report.imported, report.skipped, report.failed,
+                     to_json(report.errors[:100])])
 
 
 
@@ -344,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
         return _import(args) if args.command == "import" else _export(args)
     except (db.StoreError, OSError, ValueError, duckdb.Error) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # an import that stopped has its run marked failed: say why, briefly
+        print(f"error: {args.command} stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
 
 
