@@ -34,7 +34,7 @@ libc = g['ctypes'].CDLL(None)
 libc.prctl(15, MARK, 0, 0, 0)
 """
 
-# the guard is beaten: leave the process group, fork if allowed, report done, sleep forever
+# the guard is beaten: leave the process group, fork if allowed, say "done", sleep forever
 LINGER = """
 try:
     os.setsid()
@@ -45,13 +45,13 @@ try:
         libc.pause()
 except Exception:
     pass
-os.write(1, b'{"done": true, "output": "left behind", "error": null, "layers": ["forged"]}\\n')
+os.write(1, b'{"done": true, "output": "left behind", "error": null}\\n')
 libc.pause()
 """
 
 
-def alive(mark: bytes) -> list[int]:
-    """Pids of live (not zombie) processes named ``mark``."""
+def alive(mark: bytes, zombies: bool = False) -> list[int]:
+    """Pids of live processes named ``mark`` (and of its zombies if ``zombies``)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -60,7 +60,7 @@ def alive(mark: bytes) -> list[int]:
             except OSError:
                 continue
             comm, state = stat[stat.index(b"(") + 1:stat.rindex(b")")], stat[stat.rindex(b")") + 2:][:1]
-            if comm == mark and state != b"Z":
+            if comm == mark and (zombies or state != b"Z"):
                 pids.append(int(entry.name))
     return pids
 
@@ -76,8 +76,9 @@ def mark():
 @pytest.fixture(params=["bwrap", "fallback"])
 def episode(request, monkeypatch):
     """One apps episode, its <code> run under bubblewrap or under the hand-written layers only."""
-    if request.param == "bwrap" and not shutil.which("bwrap"):
-        pytest.skip("bubblewrap is not installed here (CI installs it)")
+    if request.param == "bwrap" and not apps_sandbox.bwrap_prefix():
+        pytest.skip("bubblewrap is missing or cannot start the interpreter here (CI installs it)"
+                    if not shutil.which("bwrap") else "bubblewrap cannot start the interpreter here")
     if request.param == "fallback":
         monkeypatch.setattr(apps_sandbox, "bwrap_prefix", lambda: None)
     env = make_env("apps", code_cpu_s=1, code_wall_s=4.0)
@@ -103,16 +104,16 @@ def assert_still_usable(ep):
 
 def test_the_guard_can_be_beaten(episode, mark):
     """The premise: the escape really reaches the child's os (so the tests below mean it)."""
-    r = episode.step(code(mark, "print(os.getpid() > 0, os.getcwd())"))
-    assert r.error is None and payload(r)["output"] == "True /\n"
+    r = episode.step(code(mark, "print(os.getpid() > 0)"))
+    assert r.error is None and payload(r)["output"] == "True\n"
 
 
 def test_no_process_of_an_action_outlives_it(episode, mark):
     r = episode.step(code(mark, LINGER))
-    assert r.action_type == "code" and not r.done
+    assert r.action_type == "code" and not r.done and payload(r)["output"] == "left behind"
     assert alive(mark) == []
+    assert alive(mark, zombies=True) == []  # and each was reaped: not even a PID is left behind
     layers = r.info["sandbox_layers"]
-    assert "forged" not in layers  # what the code wrote after it ran is not a layer report
     assert ("bwrap" in layers) == (episode.mode == "bwrap")
     assert ("bwrap_missing" in layers) == (episode.mode == "fallback")
     assert_still_usable(episode)
@@ -128,6 +129,7 @@ FORGED = [  # Python expressions, evaluated by the escaped code, for the bytes i
     """b'{"done": true, "output": {"a": 1}, "error": {"kind": "SyntaxError"}}\\n'""",
     """b'{"done": "yes", "call": 3}\\n'""",
     """b'{"call": ["contacts", 1], "args": "x"}\\n'""",
+    """b'{"ready": true, "layers": ["forged"]}\\n'""",   # layers are read before the code ran
     """b'{"done": true, "output": "' + b"x" * (3 << 20)""",  # longer than the parent reads
 ]
 

@@ -99,8 +99,9 @@ def bwrap_prefix() -> tuple[str, ...] | None:
     where bubblewrap is missing or cannot start this interpreter (probed once per process).
 
     As root no user namespace is made: the child's setuid(nobody) must give a real uid, since
-    RLIMIT_NPROC does not bind host root (the three capabilities added are the ones the child
-    needs for chroot and setuid, and setuid drops them). Unprivileged, bubblewrap maps the user.
+    RLIMIT_NPROC does not bind host root. As root bubblewrap would keep every capability: all
+    are dropped but the three the child needs for chroot and setuid (which then drops them).
+    Unprivileged, bubblewrap maps the user and leaves no capability.
     """
     bwrap = shutil.which("bwrap")
     if not bwrap:
@@ -109,7 +110,8 @@ def bwrap_prefix() -> tuple[str, ...] | None:
     argv = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
     if os.geteuid() == 0:
-        argv += ["--cap-add", "CAP_SYS_CHROOT", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SYS_CHROOT", "--cap-add", "CAP_SETUID",
+                 "--cap-add", "CAP_SETGID"]
     else:
         argv += ["--unshare-user"]
     argv += ["--tmpfs", "/", "--ro-bind", "/usr", "/usr"]
@@ -276,7 +278,7 @@ def _converse(proc, job, handle_call, deadline, max_calls, result) -> dict | str
                     return "protocol"
                 if not ready:
                     ready = True
-                    result.layers += msg["layers"]
+                    result.layers += [x for x in msg["layers"] if x not in result.layers]
                     continue
                 if "call" not in msg:
                     return msg
