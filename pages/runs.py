@@ -56,11 +56,16 @@ if table.empty:
            + " is listed here; start a run on the Train page or with `python -m core.train`.")
 
 frame = run_frame(table)
-order = ["run", "status", *SPARK_METRICS, *[f"last {m}" for m in SPARK_METRICS], "env", "model",
-         "algo", "source", "last step", "created", "store", "run_id"]
+# What tells runs apart first, then the key metrics, in the width of a laptop window (1280 px);
+# the rest is a sideways scroll away.
+order = ["run", "status", "env", "algo", *[f"last {m}" for m in SPARK_METRICS], *SPARK_METRICS,
+         "model", "source", "last step", "created", "store", "run_id"]
 st.dataframe(frame, key="runs_table", hide_index=True, column_order=order, column_config={
     name: st.column_config.LineChartColumn(name, width="small") for name in SPARK_METRICS
-} | {"run_id": st.column_config.TextColumn("run_id", width="small")})
+} | {"run_id": st.column_config.TextColumn("run_id", width="small"),
+     # fixed widths: a long name or a user's env module path would push the rest out of view
+     "run": st.column_config.TextColumn("run", width=240),
+     "env": st.column_config.TextColumn("env", width=100)})
 st.caption("A 'running' run whose trainer has not written for "
            f"{queries.STALE_AFTER_S // 60} minutes is shown as 'interrupted'.")
 
