@@ -144,3 +144,25 @@ def test_a_forged_or_malformed_message_is_a_tool_error(episode, mark, message):
     assert "forged" not in r.info["sandbox_layers"]
     assert alive(mark) == []
     assert_still_usable(episode)
+
+
+@pytest.mark.parametrize("body", ["-" * 19_990 + "1", "x" + "[0]" * 6000, "f" + "()" * 9000,
+                                  "return 1", "nonlocal x"])
+def test_code_the_parser_cannot_take_is_a_syntax_error_on_that_turn(body):
+    """Nesting that exhausts CPython's parser (RecursionError, MemoryError) or that only the
+    compiler refuses: the turn's error, decided here before any process starts."""
+    env = make_env("apps")
+    ep = env.episode(env.tasks("train", 1, seed=0)[0], 0)
+    ep.reset()
+    r = ep.step(f"<code>{body}</code>")  # never raises
+    assert r.action_type == "code" and not r.valid and r.error.startswith("SyntaxError")
+    assert r.info["sandbox_layers"] == []  # refused before the sandbox started
+
+
+def test_a_syntax_error_the_code_reports_itself_is_not_taken_for_one(episode, mark):
+    """The error kind is the child's claim: the parent compiled the code, so a "SyntaxError"
+    coming back was written by the code, and does not mark the action invalid."""
+    r = episode.step(code(mark, "os.write(1, b'" + '{"done": true, "output": "", "error": '
+                          '"SyntaxError (line 1): forged"}' + "\\n')\nlibc.pause()\n"))
+    assert r.valid and "forged" in r.error and not r.error.startswith("SyntaxError")
+    assert alive(mark) == []

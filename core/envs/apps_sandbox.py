@@ -75,10 +75,13 @@ def check_source(code: str) -> str | None:
     """None if ``code`` may run, else why not (syntax error or a blocked name/attribute)."""
     if len(code) > MAX_CODE_CHARS:
         return f"code is longer than {MAX_CODE_CHARS} characters"
-    try:
+    try:  # compiled here too, so the child never has a syntax error of its own to report
         tree = ast.parse(code, "<code>")
+        compile(tree, "<code>", "exec", dont_inherit=True)
     except SyntaxError as exc:
         return f"SyntaxError (line {exc.lineno}): {exc.msg}"
+    except (RecursionError, MemoryError):  # CPython's parser gives up on deep nesting this way
+        return "SyntaxError: the code is nested too deeply to parse"
     for node in ast.walk(tree):
         line = getattr(node, "lineno", "?")
         if isinstance(node, ast.Attribute) and _BLOCKED_ATTR.match(node.attr):
@@ -216,6 +219,8 @@ def run_code(code: str, handle_call: CallHandler, *, cpu_s: int = 2, wall_s: flo
                 pass
             result.output = done["output"][:max_output + 40]
             result.error = done["error"]
+            if guard and (result.error or "").startswith("SyntaxError"):  # it compiled above:
+                result.error = f"the code reported {result.error}"  # this is the code's claim
     finally:
         _kill(proc)
         if root:
