@@ -11,10 +11,11 @@ Containment, outermost first (see apps_sandbox_child.py for how each is applied)
      co_) — the routes from a plain object to ``os`` — before any process starts;
   2. a fresh ``python -I -S`` process (no site, no environment, no project imports) started
      in a new session with an empty environment — under bubblewrap where it works: new pid,
-     network, IPC and UTS namespaces, a root holding only the interpreter, read-only, and
-     ``--die-with-parent``;
+     network, IPC and UTS namespaces, a root holding only /usr and the interpreter, read-only,
+     and ``--die-with-parent``;
   3. in that process: chroot into an empty directory, privileges dropped (nobody), the
-     hand-written network + pid namespaces where bubblewrap is missing, rlimits on CPU,
+     hand-written network + pid namespaces (where bubblewrap is missing, or nested inside it
+     when unprivileged), rlimits on CPU,
      address space, file size (0), open files and processes (0);
   4. restricted builtins and a whitelist import hook inside the process;
   5. here again: a wall-clock deadline, a cap on calls and on bytes read, every line the child
