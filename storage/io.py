@@ -375,11 +375,11 @@ def _parser() -> argparse.ArgumentParser:
 def _import(args) -> int:
     report = import_file(args.file, args.db, args.format, args.run_name, args.run_id,
                          args.replace, max_line_bytes=args.max_line_bytes)
-    for line in report.errors[:50]:
-        print(f"error: {line}", file=sys.stderr)
+    for line in report.errors[:50]:  # cleaned: a file name may be any bytes (surrogateescape)
+        print(f"error: {clean_text(line)}", file=sys.stderr)
     if report.failed > 50:
         print(f"error: ... and {report.failed - 50} more", file=sys.stderr)
-    print(report.summary())
+    print(clean_text(report.summary()))
     return 1 if report.failed else 0
 
 
@@ -406,10 +406,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _import(args) if args.command == "import" else _export(args)
     except (db.StoreError, OSError, ValueError, duckdb.Error) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {clean_text(str(exc))}", file=sys.stderr)
         return 2
     except Exception as exc:  # an import that stopped has its run marked failed: say why, briefly
-        print(f"error: {args.command} stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"error: {args.command} stopped: {type(exc).__name__}: {clean_text(str(exc))}",
+              file=sys.stderr)
         return 2
 
 

@@ -8,6 +8,7 @@ the field; non-finite numbers are exported in a form the importer reads back.
 """
 import json
 import math
+import os
 
 import pytest
 
@@ -99,6 +100,18 @@ def test_every_string_the_database_refuses_is_replaced_visibly_and_the_rest_kept
     assert json.loads(diff) == [{"table": "t", "after": "x\ufffd"}]
     tokens = q(store, "SELECT text, logprob FROM tokens ORDER BY pos")
     assert tokens == [("P", None), ("\u2400\ufffd", -math.inf), ("\U0001F600", -0.5)]
+
+
+def test_a_file_whose_name_is_not_utf8_imports_with_the_name_shown_visibly(tmp_path, capsys):
+    source = tmp_path / os.fsdecode(b"runs-\xff.jsonl")  # any bytes make a Linux file name
+    source.write_text(json.dumps({"traj_id": "a", "task_id": "q", "turns": [{"action": "x\x00"}],
+                                  "reward": 1.0}) + "\n", encoding="utf-8")
+    store = tmp_path / "s.duckdb"
+    assert io.main(["import", str(source), "--db", str(store)]) == 0
+    assert "runs-\ufffd.jsonl: 1 records read, 1 imported" in capsys.readouterr().out
+    assert q(store, "SELECT name, status FROM runs") == [("runs-\ufffd", "finished")]
+    assert q(store, "SELECT source FROM imports") == [("runs-\ufffd.jsonl",)]
+    assert q(store, "SELECT action FROM turns") == [("x\u2400",)]
 
 
 # -- point 3: numbers ----------------------------------------------------------------------------
