@@ -5,7 +5,8 @@ Metric names are the strings the database and the charts use (CONTRACTS.md):
     reward/mean, reward/std, reward/min, reward/max, reward/group_std_mean, reward/frac_zero_std,
     reward/{outcome,format,cost,process}_mean, success/rate, success/pass@G,
     response/length_mean, response/length_max, response/clip_ratio, env/turns_mean,
-    env/valid_action_ratio, env/obs_truncated_ratio, env/finish/{reason}, collapse/repeat_frac
+    env/valid_action_ratio, env/obs_truncated_ratio, env/finish/{reason}, collapse/repeat_frac,
+    collapse/repeat_fail_frac
 
 RAGEN's "Echo Trap" shows in-group reward std and entropy falling before reward collapses, so the
 in-group std, the share of groups with zero std and a repetition signal are tracked every step.
@@ -46,19 +47,22 @@ def success_of(traj: Trajectory) -> bool:
     return bool(traj.outcome.success) if traj.outcome is not None else False
 
 
-def repeat_frac(trajs: Sequence[Trajectory]) -> float:
+def repeat_frac(trajs: Sequence[Trajectory], failed_only: bool = False) -> float:
     """Share of rollouts whose action sequence repeats another rollout's of the same group verbatim.
 
-    A group of G identical rollouts gives 1, G distinct ones 0: the policy echoing itself.
+    A group of G identical rollouts gives 1, G distinct ones 0: the policy echoing itself. With
+    ``failed_only``, only the repeats that did not succeed count (collapse/repeat_fail_frac): a
+    group that repeats a solution has converged, it is not caught in a loop.
     """
     if not trajs:
         return 0.0
     repeated = 0
     for group in groups_of(trajs).values():
-        seen: dict[tuple[str, ...], int] = defaultdict(int)
+        seen: dict[tuple[str, ...], list[Trajectory]] = defaultdict(list)
         for t in group:
-            seen[tuple(turn.action for turn in t.turns)] += 1
-        repeated += sum(n for n in seen.values() if n > 1)
+            seen[tuple(turn.action for turn in t.turns)].append(t)
+        repeated += sum(sum(not (failed_only and success_of(t)) for t in same)
+                        for same in seen.values() if len(same) > 1)
     return repeated / len(trajs)
 
 
@@ -87,6 +91,7 @@ def rollout_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "env/valid_action_ratio": _mean([float(turn.valid) for turn in turns]),
         "env/obs_truncated_ratio": _mean([float(turn.obs_truncated) for turn in turns]),
         "collapse/repeat_frac": repeat_frac(trajs),
+        "collapse/repeat_fail_frac": repeat_frac(trajs, failed_only=True),
     }
     for name in COMPONENTS:
         m[f"reward/{name}_mean"] = _mean([t.rewards.get(name, 0.0) for t in trajs])

@@ -17,14 +17,21 @@ SPIKE_MIN_HISTORY = 3
 """Fewer earlier steps than this: no judgement (the first steps of a run are noisy)."""
 MAD_FLOOR = 0.05
 """The MAD is floored at 5% of the median: a perfectly flat history does not flag tiny wiggles."""
+SPIKE_FLOOR = 0.05
+"""No threshold below this absolute norm. Where the recent norms are nearly 0 (groups with zero
+reward variance give no gradient), five MADs of nearly nothing flag noise: on spike_frozenlake
+the median before step 29 is 0.0014, the threshold 0.0039, and steps 29-30 (norms 0.0071 and
+0.0051, after the real spike of 1.39 and 1.53 at steps 27-28) were flagged. 0.05 is under the
+ordinary steps of the sample runs that learn (median grad/norm 0.07-0.66 on the bandit runs,
+0.13 on SmolLM2 search) and far under a blow-up."""
 
 
-def spike_threshold(norms: pd.Series, window: int = SPIKE_WINDOW,
-                    k: float = SPIKE_K) -> pd.DataFrame:
+def spike_threshold(norms: pd.Series, window: int = SPIKE_WINDOW, k: float = SPIKE_K,
+                    floor: float = SPIKE_FLOOR) -> pd.DataFrame:
     """Per step: the rolling median of the previous ``window`` values, the threshold, spike flag.
 
         median_t = median(x_{t-w} .. x_{t-1})     MAD_t = median(|x_i - median_t|)
-        spike_t  = x_t > median_t + k * 1.4826 * max(MAD_t, 0.05 * median_t)
+        spike_t  = x_t > max(median_t + k * 1.4826 * max(MAD_t, 0.05 * median_t), floor)
     """
     x = norms.dropna().astype(float).sort_index()
     med, thr = [], []
@@ -38,7 +45,7 @@ def spike_threshold(norms: pd.Series, window: int = SPIKE_WINDOW,
         m = float(np.median(past))
         mad = max(float(np.median(np.abs(past - m))), MAD_FLOOR * abs(m))
         med.append(m)
-        thr.append(m + k * 1.4826 * mad)
+        thr.append(max(m + k * 1.4826 * mad, floor))
     out = pd.DataFrame({"value": values, "median": med, "threshold": thr}, index=x.index)
     out["spike"] = out["value"] > out["threshold"]
     return out
@@ -47,7 +54,30 @@ def spike_threshold(norms: pd.Series, window: int = SPIKE_WINDOW,
 COLLAPSE_DROP = 0.5
 """In-group std and entropy both below this fraction of their best value so far -> collapse."""
 REPEAT_LEVEL = 0.5
-"""collapse/repeat_frac above this (half the rollouts repeat an action sequence) -> Echo Trap."""
+"""Over this share of rollouts repeating a *failed* action sequence -> Echo Trap."""
+
+
+def single_turn(config: dict) -> bool:
+    """A run whose episodes are one action each (``max_turns`` 1, e.g. the bandit)."""
+    try:
+        return int(config.get("max_turns")) == 1
+    except (TypeError, ValueError):
+        return False
+
+
+def failed_repeats(wide: pd.DataFrame) -> pd.Series | None:
+    """Per step, the share of rollouts that repeat another's action sequence and failed.
+
+    ``collapse/repeat_fail_frac`` where the trainer recorded it; for runs recorded before it,
+    the lower bound ``max(repeat_frac - success/rate, 0)`` (a repeat that succeeded is one of the
+    successes, so at most success/rate of the repeats succeeded). None without repeat metrics."""
+    if "collapse/repeat_fail_frac" in wide.columns:
+        return wide["collapse/repeat_fail_frac"]
+    if "collapse/repeat_frac" not in wide.columns:
+        return None
+    if "success/rate" not in wide.columns:
+        return wide["collapse/repeat_frac"]
+    return wide["collapse/repeat_frac"].sub(wide["success/rate"], fill_value=0).clip(lower=0)
 
 
 def _onsets(flag: pd.Series) -> list:
@@ -57,13 +87,15 @@ def _onsets(flag: pd.Series) -> list:
     return [int(s) for s in flag.index[starts]]
 
 
-def collapse_alarms(wide: pd.DataFrame) -> list[dict]:
-    """Where collapse signals start, as [{step, kind, message}] (RAGEN's Echo Trap: in-group
-    reward std and entropy fall first; repeated action sequences rise).
+def collapse_alarms(wide: pd.DataFrame, single_turn: bool = False) -> list[dict]:
+    """Where collapse signals start, as [{step, kind, message}] by step (RAGEN's Echo Trap:
+    in-group reward std and entropy fall first; repeated action sequences rise).
 
     * ``std+entropy``: reward/group_std_mean and policy/entropy are both below COLLAPSE_DROP of
       their running maximum at the same step;
-    * ``repeats``: collapse/repeat_frac rises above REPEAT_LEVEL.
+    * ``repeats``: the share of rollouts repeating a failed action sequence (failed_repeats)
+      rises above REPEAT_LEVEL. Never on a ``single_turn`` run: G rollouts choosing among a few
+      answers repeat by construction, and repeating the right one is the solution.
     """
     alarms = []
     if {"reward/group_std_mean", "policy/entropy"} <= set(wide.columns):
@@ -73,9 +105,10 @@ def collapse_alarms(wide: pd.DataFrame) -> list[dict]:
             alarms.append({"step": s, "kind": "std+entropy",
                            "message": "in-group reward std and entropy both fell below "
                                       f"{COLLAPSE_DROP:.0%} of their best"})
-    if "collapse/repeat_frac" in wide.columns:
-        for s in _onsets(wide["collapse/repeat_frac"] > REPEAT_LEVEL):
+    repeats = None if single_turn else failed_repeats(wide)
+    if repeats is not None:
+        for s in _onsets(repeats > REPEAT_LEVEL):
             alarms.append({"step": s, "kind": "repeats",
                            "message": f"over {REPEAT_LEVEL:.0%} of rollouts repeat an "
-                                      "action sequence"})
+                                      "action sequence that failed"})
     return sorted(alarms, key=lambda a: a["step"])

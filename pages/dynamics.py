@@ -15,10 +15,11 @@ st.title("Dynamics")
 wide = c.read_or_stop(c.load_metrics, pick.store, pick.run_id, pick.last_step)
 if wide.empty:
     c.stop("This run recorded no metrics yet.")
-alarms = _signals.collapse_alarms(wide)
+alarms = _signals.collapse_alarms(wide, single_turn=_signals.single_turn(pick.config))
 SHOWN_ALARMS = 5  # listed one by one; a signal that flickers can start thousands of alarms
+ALARM_LINES = {"std+entropy": ("red", "dot"), "repeats": ("darkorange", "dash")}  # kind: style
 for a in alarms[:SHOWN_ALARMS]:
-    st.warning(f"Collapse alarm at step {a['step']}: {a['message']}.")
+    st.warning(f"Collapse alarm at step {a['step']} ({a['kind']}): {a['message']}.")
 if len(alarms) > SHOWN_ALARMS:
     with st.expander(f"{len(alarms) - SHOWN_ALARMS:,} more collapse alarms"):
         st.dataframe(pd.DataFrame(alarms[SHOWN_ALARMS:]), hide_index=True)
@@ -45,11 +46,14 @@ def chart(names: list[str], title: str, key: str, band: tuple[str, str] | None =
         # which took minutes on a long run whose signal flickers.
         values = pd.Series(wide[present].to_numpy(dtype=float).ravel())
         lo, hi = float(values.min()), float(values.max())
-        xs = [v for a in alarms for v in (a["step"], a["step"], None)]
-        ys = [v for _ in alarms for v in (lo, hi, None)]
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="collapse alarm",
-                                 line={"dash": "dot", "color": "red", "width": 1},
-                                 hoverinfo="x"))
+        for kind in dict.fromkeys(a["kind"] for a in alarms):  # one labelled trace per kind
+            steps = [a["step"] for a in alarms if a["kind"] == kind]
+            colour, dash = ALARM_LINES.get(kind, ("grey", "dot"))
+            fig.add_trace(go.Scatter(
+                x=[v for s in steps for v in (s, s, None)],
+                y=[v for _ in steps for v in (lo, hi, None)], mode="lines",
+                name=f"{kind} alarm", line={"dash": dash, "color": colour, "width": 1},
+                hovertemplate=f"{kind} alarm at step %{{x}}<extra></extra>"))
     fig.update_layout(title=title, xaxis_title="step", height=300, margin={"t": 40, "b": 30})
     st.plotly_chart(fig, key=key)
 
@@ -69,7 +73,8 @@ with right:
     chart(["policy/kl", "policy/approx_kl"], "KL (to the reference; approx. to the sampler)",
           "dyn_kl")
     chart(["response/length_mean"], "Response length (tokens)", "dyn_length")
-    chart(["collapse/repeat_frac"], "Repeated action sequences", "dyn_repeat")
+    chart(["collapse/repeat_frac", "collapse/repeat_fail_frac"],
+          "Repeated action sequences (all; failed only)", "dyn_repeat")
     chart(["sft/loss", "value/loss"], "SFT and value loss", "dyn_losses")
 timings = [n for n in wide.columns if n.startswith("time/") and n != "time/step_s"]
 if timings:
@@ -96,7 +101,8 @@ fig.add_trace(go.Scatter(x=spikes, y=sp.loc[spikes, "value"], mode="markers", na
 fig.update_layout(xaxis_title="step", height=320, margin={"t": 20, "b": 30})
 event = st.plotly_chart(fig, key="dyn_grad", on_select="rerun", selection_mode="points")
 st.caption(f"Spike: norm above the median of the previous {_signals.SPIKE_WINDOW} steps + "
-           f"{_signals.SPIKE_K:g} × 1.4826 × MAD (a robust five-sigma). "
+           f"{_signals.SPIKE_K:g} × 1.4826 × MAD (a robust five-sigma), and above "
+           f"{_signals.SPIKE_FLOOR:g} (norms near 0 are never spikes). "
            "Click a point to inspect it.")
 
 points = (event.selection or {}).get("points", []) if event else []
