@@ -118,11 +118,26 @@ def stop(message: str) -> None:
     st.stop()
 
 
+WORD_JOINER = "\u2060"
+"""Invisible and unbreakable: set between the characters of a pattern that markdown would turn
+into a link, so that the text reads (and wraps) the same but no longer matches."""
+
+
 def safe_label(text, limit: int = 60) -> str:
     """Identifiers from a store (imported files choose them) for places Streamlit renders as
-    markdown (captions, metric values, link labels): characters outside a small inert set become
-    '?', and '_' is escaped so that ids like a_b_c do not turn into italics."""
+    markdown (captions, metric values, link labels), where no stored value may become a link,
+    an image, an icon or formatting:
+
+    * characters outside a small inert set become '?' (no brackets, '*', '`', '<', '$', '#');
+    * '_' is escaped, so that ids like a_b_c do not turn into italics;
+    * GitHub-flavoured markdown's autolinks (``https://x``, ``www.x``, ``a@x``) and Streamlit's
+      ``:emoji:`` / ``:material/icon:`` shortcodes are broken by a word joiner after every ':'
+      and '@' and between 'www' and '.';
+    * a leading '-', '+' or '1)' is escaped, so that the label cannot start a list."""
     kept = re.sub(r"[^A-Za-z0-9_.:@ ()=,/+-]", "?", str(text))[:limit]
+    kept = re.sub(r"^(\d*)([-+)])", r"\1\\\2", kept)
+    kept = re.sub(r"([:@])", r"\1" + WORD_JOINER, kept)
+    kept = re.sub(r"(?i)(www)\.", r"\1" + WORD_JOINER + ".", kept)
     return kept.replace("_", "\\_")
 
 
