@@ -5,7 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from pages import _common as c
-from pages import _credit
+from pages import _credit, _grid
 
 c.ensure_app()
 pick = c.picked()
@@ -45,14 +45,9 @@ if turns.empty:
     st.info("These trajectories recorded no turns.")
 else:
     field = st.radio("Show", ["action", "observation"], key="groups_field", horizontal=True)
-    grid = turns.pivot_table(index="turn", columns="traj_id", values=field, aggfunc="first")
-    grid = grid.reindex(columns=ids).fillna("").map(
-        lambda s: s if len(s) < 400 else s[:400] + " ...")
-
-    def mark(row):
-        return ["background-color: rgba(255,190,0,0.3)" if row.name == diverge else "" for _ in row]
-
-    st.dataframe(grid.style.apply(mark, axis=1), key="groups_grid")
+    # a row per rollout, a column per turn, wrapped: every rollout of the group is on screen
+    # (a column per rollout made the grid ~4,000 px wide at G = 8)
+    st.html(_grid.grid_html(_grid.turn_grid(turns, ids, field), mark=f"turn {diverge}"))
 
 # -- credit ----------------------------------------------------------------------------------------
 st.subheader("Credit: stored advantage vs. what each estimator would give")
