@@ -28,11 +28,14 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
-import pandas as pd
 
 from storage import db
+
+if TYPE_CHECKING:  # the child process never needs pandas: it starts faster without it
+    import pandas as pd
 
 ALLOWED = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 MAX_ROWS = 1000
