@@ -41,7 +41,10 @@ def save(directory: Path, policy, optimizer, step: int, phase: str, config: dict
     directory.mkdir(parents=True, exist_ok=True)
     state = {
         "step": step, "phase": phase, "config": json.dumps(config),
-        "adapter": get_peft_model_state_dict(policy.model),
+        # The adapter only. With lm_head among the LoRA targets, peft's default ("auto") would
+        # also copy the frozen embedding weights into every checkpoint, warning each time; the
+        # base model is rebuilt identically on resume, so they are not state.
+        "adapter": get_peft_model_state_dict(policy.model, save_embedding_layers=False),
         "value_head": policy.value_head.state_dict() if policy.value_head is not None else None,
         "optimizer": optimizer.state_dict(),
     }
