@@ -301,6 +301,22 @@ def test_failures_tag_is_saved(app, demo):
     assert saved["tag"].tolist() == ["deleted-contact"]
 
 
+def test_failures_tag_is_not_saved_on_a_run_switched_to_after_drawing(app, demo):
+    """The form is drawn for one trajectory; if the page shows another run when the submit
+    arrives (two runs once shared a picker label), the tag goes nowhere rather than there."""
+    drawn, other = demo[2]["demo-apps-rloo"], demo[2]["demo-search-starpo"]
+    at = app("failures", store=demo[1], run=drawn)
+    at.session_state["fail_results"] = {"selection": {"rows": [0], "columns": []}}
+    at.run()
+    at.text_input(key="fail_tag").input("meant-for-apps")
+    at.session_state["pick_run"] = (demo[1], other)
+    at.button(key="fail_tag_save").click().run()
+    assert not at.exception
+    assert any(e.value.startswith("Not saved") for e in at.error)
+    for run in (drawn, other):
+        assert "meant-for-apps" not in queries.tags(demo[1], run)["tag"].tolist()
+
+
 def _fingerprint(path: str) -> tuple:
     counts = {t: len(queries._read(path, f"SELECT * FROM {t}")) for t in
               ("runs", "metrics", "trajectories", "turns", "tokens", "tags")}
