@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from core.budget import RECORD_BYTES_PER_TOKEN
 from core.config import ConfigError, TrainConfig, available_memory, rollout_memory, validate
 from tests.test_pages import app, demo  # noqa: F401  (the Train page's AppTest fixtures)
 
@@ -48,16 +49,17 @@ def test_a_rollout_that_cannot_fit_in_memory_is_refused_naming_the_fields():
 
 
 def test_the_estimate_by_hand():
-    """B x T x (2 x layers x kv_heads x head_dim x 4 + 512) + B x vocab x 12 + params x 4."""
+    """B x T x (2 x layers x kv_heads x head_dim x 4 + R) + B x vocab x 12 + params x 4."""
     cfg = TrainConfig(model="tiny", group_size=2, tasks_per_step=2, max_turns=2,
                       max_new_tokens=10, max_obs_tokens=20, max_context=1000, eval_every=0)
     kv = 2 * 2 * 2 * 32 * 4                                    # tiny: 2 layers, 2 kv heads of 32
-    assert rollout_memory(cfg) == 4 * 60 * (kv + 512) + 4 * 49152 * 12 + 6_700_000 * 4
+    R = RECORD_BYTES_PER_TOKEN
+    assert rollout_memory(cfg) == 4 * 60 * (kv + R) + 4 * 49152 * 12 + 6_700_000 * 4
     capped = cfg.replace(max_turns=20, max_context=64)         # T = min(64, 20 x 30)
-    assert rollout_memory(capped) == 4 * 64 * (kv + 512) + 4 * 49152 * 12 + 6_700_000 * 4
+    assert rollout_memory(capped) == 4 * 64 * (kv + R) + 4 * 49152 * 12 + 6_700_000 * 4
     # the held-out batch (eval_tasks rollouts at once) counts when it is the bigger one
     evals = cfg.replace(eval_every=5, eval_tasks=10)
-    assert rollout_memory(evals) == 10 * 60 * (kv + 512) + 10 * 49152 * 12 + 6_700_000 * 4
+    assert rollout_memory(evals) == 10 * 60 * (kv + R) + 10 * 49152 * 12 + 6_700_000 * 4
 
 
 def test_presets_and_defaults_fit():
