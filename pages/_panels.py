@@ -6,7 +6,8 @@ import streamlit as st
 
 from pages._common import Pick
 from storage import annotations, db, queries
-from storage.sql_box import MAX_ROWS, TIME_LIMIT_S, SqlRefused, run_query
+from storage.sql_box import (MAX_BYTES, MAX_ROWS, MEMORY_LIMIT, TIME_LIMIT_S, SqlFailed,
+                             SqlRefused, SqlSyntaxError, run_query)
 
 
 def trajectory_panel(pick: Pick, traj_id: str) -> None:
@@ -71,8 +72,9 @@ def changed_first(diff):
 
 def sql_box(pick: Pick) -> None:
     """A read-only SQL console over the store's tables, with a row and a time limit."""
-    st.caption(f"Read-only: one SELECT at a time, at most {MAX_ROWS} rows, stopped after "
-               f"{TIME_LIMIT_S:g} s. Tables: runs, metrics, trajectories, rewards, turns, tokens, "
+    st.caption(f"Read-only: one SELECT at a time, at most {MAX_ROWS} rows and "
+               f"{MAX_BYTES // 2 ** 20} MB of result, {MEMORY_LIMIT} of working memory, stopped "
+               f"after {TIME_LIMIT_S:g} s. Tables: runs, metrics, trajectories, rewards, turns, tokens, "
                "grad_stats, test_results, tags.")
     run_literal = pick.run_id.replace("'", "''")
     default = (f"SELECT failure_class, count(*) AS n\nFROM trajectories\n"
@@ -82,6 +84,14 @@ def sql_box(pick: Pick) -> None:
         return
     try:
         result, truncated = run_query(pick.store, sql)
+    except SqlSyntaxError as exc:
+        st.error("Syntax error in the query:")
+        st.code(str(exc), language=None)
+        return
+    except SqlFailed as exc:
+        st.error("The query failed:")
+        st.code(str(exc), language=None)
+        return
     except SqlRefused as exc:
         st.error("Query refused:")
         st.code(str(exc), language=None)

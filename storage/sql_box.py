@@ -51,12 +51,21 @@ BATCH_ROWS = 64
 START_S = 60.0
 """Time the child may take to start (import DuckDB and Arrow on a loaded machine) on top of the
 query's own limit, before it is killed."""
-REFUSED, UNREADABLE = 3, 4
-"""The child's exit status for a refused query and for a store that cannot be read."""
+REFUSED, UNREADABLE, SYNTAX, FAILED = 3, 4, 5, 6
+"""The child's exit status for a refused query, a store that cannot be read, a query that does
+not parse, and a query that parsed but failed (unknown column, wrong type, ...)."""
 
 
 class SqlRefused(ValueError):
-    """The text is not a single read-only query, or it ran past the time limit."""
+    """The text is not a single read-only query, or it ran past a limit."""
+
+
+class SqlSyntaxError(SqlRefused):
+    """The text does not parse as SQL (the user's typo, not the box's rule)."""
+
+
+class SqlFailed(SqlRefused):
+    """The query parsed and was allowed, but DuckDB could not run it (e.g. an unknown column)."""
 
 
 def check_statement(sql: str) -> None:
@@ -66,7 +75,7 @@ def check_statement(sql: str) -> None:
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as exc:
-        raise SqlRefused(f"the query does not parse: {exc}") from exc
+        raise SqlSyntaxError(str(exc)) from exc
     if len(statements) != 1:
         raise SqlRefused(f"one statement at a time, got {len(statements)}")
     kind = statements[0].type
@@ -102,8 +111,8 @@ def run_query(store: str | Path, sql: str, max_rows: int = MAX_ROWS,
     last = message[-1] if message else ""
     if proc.returncode == UNREADABLE:
         raise db.StoreError(last)
-    if proc.returncode == REFUSED:
-        raise SqlRefused(last)
+    if proc.returncode in _ERRORS:
+        raise _ERRORS[proc.returncode](last)
     if proc.returncode != 0:
         raise SqlRefused(f"the query ended without a result (exit status {proc.returncode}; most "
                          f"likely it needed more than the SQL box's {ADDRESS_SPACE / 2 ** 30:g} GiB "
@@ -147,8 +156,10 @@ def _serve(store: str, sql: str, max_rows: int, timeout_s: float, max_bytes: int
     if isinstance(error, (duckdb.OutOfMemoryException, MemoryError)):
         return _refuse(f"the query needed more memory than the SQL box allows ({MEMORY_LIMIT}): "
                        "aggregate less, or select fewer or shorter columns")
+    if isinstance(error, duckdb.ParserException):
+        return _refuse(str(error), SYNTAX)
     if isinstance(error, duckdb.Error):
-        return _refuse(f"the query failed: {error}")
+        return _refuse(str(error), FAILED)
     if error is not None:
         raise error
     batches, schema = result["batches"]
@@ -195,9 +206,12 @@ def _fetch(con, sql: str, max_rows: int, max_bytes: int):
     return (table.slice(0, max_rows).to_batches(), reader.schema), truncated
 
 
-def _refuse(message: str) -> int:
+def _refuse(message: str, status: int = REFUSED) -> int:
     print(message.replace("\n", " "), file=sys.stderr)
-    return REFUSED
+    return status
+
+
+_ERRORS = {REFUSED: SqlRefused, SYNTAX: SqlSyntaxError, FAILED: SqlFailed}
 
 
 if __name__ == "__main__":

@@ -348,6 +348,18 @@ def test_sql_box_runs_a_select(app, demo):
     assert int(result["n"].sum()) == 80                         # 10 steps x 8 rollouts
 
 
+@pytest.mark.parametrize("sql, heading", [
+    ("SELEC failure_class FROM trajectories", "Syntax error in the query:"),
+    ("SELECT no_such_column FROM trajectories", "The query failed:")])
+def test_sql_box_tells_a_typo_from_a_refusal(app, demo, sql, heading):
+    at = app("failures", store=demo[1], run=demo[2]["demo-search-starpo"])
+    at.text_area(key="fail_sql").input(sql)
+    at.button(key="fail_sql_run").click().run()
+    assert not at.exception
+    errors = texts(at, "error")
+    assert heading in errors and "Query refused:" not in errors
+
+
 def test_failures_follows_a_task(app, demo):
     at = app("failures", store=demo[1], run=demo[2]["demo-apps-rloo"])
     history = shown_table(at, "rollouts")
