@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import plotly.graph_objects as go
 import streamlit as st
@@ -15,6 +16,9 @@ from storage import db, queries
 
 c.ensure_app()
 st.title("Train")
+# Drawn last (after a launch has been handled) but shown first: the job is what a user watches.
+job_area = st.container()
+st.subheader("New job")
 FIELDS = {  # form field -> (label, kind)
     "env": ("Environment", ENVS), "model": ("Model", MODELS), "algo": ("Algorithm", ALGOS),
     "group_size": ("Group size G", int), "tasks_per_step": ("Tasks per step", int),
@@ -49,19 +53,20 @@ st.caption("A preset fills in the form; workshop-demo trains the bandit task on 
            + str(_jobs.store_path()) + ".")
 
 with st.form("train_form"):
-    cols = st.columns(3)
+    cols = st.columns(4)  # three rows: the launch button stays in a laptop's window
     values = {}
     for i, (name, (label, kind)) in enumerate(FIELDS.items()):
-        box = cols[i % 3]
+        box = cols[i % 4]
         if isinstance(kind, tuple):
             values[name] = box.selectbox(label, kind, key=f"train_{name}")
         elif kind is int:
             values[name] = box.number_input(label, step=1, key=f"train_{name}")
         else:
             values[name] = box.number_input(label, format="%g", step=None, key=f"train_{name}")
-    run_name = st.text_input("Run name", key="train_name",
-                             help="letters, digits, '.', '_' and '-'")
-    submitted = st.form_submit_button("Launch training", key="train_launch")
+    name_box, launch_box = st.columns([3, 1], vertical_alignment="bottom")
+    run_name = name_box.text_input("Run name", key="train_name",
+                                   help="letters, digits, '.', '_' and '-'")
+    submitted = launch_box.form_submit_button("Launch training", key="train_launch")
 
 if submitted:
     try:
@@ -85,6 +90,43 @@ def run_row(job: dict) -> dict | None:
     return None if runs.empty else runs.iloc[0].to_dict()
 
 
+CURVES = ("eval/success", "success/rate", "reward/mean")
+"""Left axis: held-out success (what a demo is about), train success and reward."""
+LOSSES = ("sft/loss", "policy/pg_loss")
+"""Right axis: losses, whose scale (an SFT loss starts near 10) would flatten the rest."""
+
+
+def curves(long) -> go.Figure:
+    fig = go.Figure()
+    for name, part in long.groupby("name"):
+        loss = name in LOSSES
+        fig.add_trace(go.Scatter(
+            x=part["step"], y=part["value"], mode="lines+markers", name=c.plot_text(name),
+            yaxis="y2" if loss else "y",
+            line={"dash": "dot", "width": 1.5} if loss else
+            {"width": 3.5 if name == "eval/success" else 1.5}))
+    fig.update_layout(height=300, xaxis_title="step", margin={"t": 10, "b": 30},
+                      yaxis={"title": "success, reward"},
+                      yaxis2={"title": "loss", "overlaying": "y", "side": "right",
+                              "showgrid": False},
+                      legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"})
+    return fig
+
+
+def run_links(job: dict, run: dict) -> None:
+    """Links to the job's run on Dynamics and Replay (when its store is one the app lists)."""
+    store = next((s for s in queries.discover_stores()
+                  if Path(s).resolve() == Path(job["db"]).resolve()), None)
+    if store is None:
+        st.caption(f"The app lists no store at {c.safe_label(job['db'], 120)}: add its "
+                   f"directory to {queries.STORE_DIRS_ENV} to open the run.")
+        return
+    link = {"store": store, "run": run["run_id"]}
+    left, right = st.columns(2)
+    left.page_link("pages/dynamics.py", label="Open the run on Dynamics", query_params=link)
+    right.page_link("pages/replay.py", label="Open the run on Replay", query_params=link)
+
+
 def job_panel() -> None:
     job = _jobs.current()
     if job is None:
@@ -100,13 +142,10 @@ def job_panel() -> None:
     st.progress(min(done / total, 1.0), text=f"step {done} of {total}"
                 + (f" · run {run['shown_status']}" if run else " · starting (loading the model)"))
     if run:
-        wide = queries.metrics(job["db"], run["run_id"],
-                               ["reward/mean", "success/rate", "sft/loss"])
+        run_links(job, run)
+        wide = queries.metrics(job["db"], run["run_id"], [*CURVES, *LOSSES])
         if not wide.empty:
-            fig = go.Figure([go.Scatter(x=part["step"], y=part["value"], mode="lines+markers",
-                                        name=c.plot_text(n)) for n, part in wide.groupby("name")])
-            fig.update_layout(height=280, xaxis_title="step", margin={"t": 10, "b": 30})
-            st.plotly_chart(fig, key="train_live")
+            st.plotly_chart(curves(wide), key="train_live")
     if job["alive"] and st.button("Stop after the current step", key="train_stop"):
         try:
             _jobs.stop(job)
@@ -121,6 +160,7 @@ def job_panel() -> None:
     st.session_state["_train_was_alive"] = job["alive"]
 
 
-st.subheader("Current job")
-current = _jobs.current()
-st.fragment(job_panel, run_every=2.0 if current and current["alive"] else None)()
+with job_area:
+    st.subheader("Current job")
+    current = _jobs.current()
+    st.fragment(job_panel, run_every=2.0 if current and current["alive"] else None)()
