@@ -73,6 +73,49 @@ def load(page, url: str, title: str, timeout_s: float) -> float:
     return elapsed
 
 
+STEP_DONE_JS = """([kind, text]) => {
+    const app = document.querySelector('[data-testid="stApp"]');
+    const shown = [...document.querySelectorAll('[data-testid="stCaptionContainer"]')]
+        .some(e => kind === 'prefix' ? e.innerText.startsWith(text) : e.innerText.includes(text));
+    return shown && app && app.dataset.testScriptState === 'notRunning';
+}"""
+
+
+def interactions(page, repeats: int, timeout_s: float) -> dict[str, list[float]]:
+    """On a loaded Replay page: seconds from choosing another 'Colour by' mode until its legend
+    is drawn and the script ended, and from a click on 'Next'/'Prev' until the next turn's
+    caption is drawn (a fragment rerun), ``repeats`` times each."""
+    # By file: this script's own name shadows the app's pages/ package.
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("app_tokens", ROOT / "pages" / "_tokens.py")
+    _tokens = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(_tokens)
+    out: dict[str, list[float]] = {"colour-by": [], "next/prev turn": []}
+    modes = list(_tokens.MODES)
+    for i in range(repeats):
+        mode = modes[(i + 1) % len(modes)]
+        page.get_by_role("combobox", name="Colour by").click()
+        option = page.get_by_role("option", name=mode, exact=True)
+        t0 = time.perf_counter()
+        option.click()
+        page.wait_for_function(STEP_DONE_JS, arg=["includes", _tokens.LEGEND[mode]], polling=20,
+                               timeout=timeout_s * 1e3)
+        out["colour-by"].append(time.perf_counter() - t0)
+    position, forward = 0, True  # the link opened the first turn; walk to the end and back
+    for _ in range(repeats):
+        caption = page.get_by_text(re.compile(r"^Turn \d+ of \d+")).first.inner_text()
+        shown, n = map(int, re.match(r"Turn (\d+) of (\d+)", caption).groups())
+        forward = position + 1 < n if forward else position == 0
+        button = page.get_by_role("button", name="Next ▶" if forward else "◀ Prev")
+        t0 = time.perf_counter()
+        button.click()
+        page.wait_for_function(STEP_DONE_JS, arg=["prefix", f"Turn {shown + (1 if forward else -1)} of"],
+                               polling=20, timeout=timeout_s * 1e3)
+        out["next/prev turn"].append(time.perf_counter() - t0)
+        position += 1 if forward else -1
+    return out
+
+
 def check_shown(page, title: str, traj: str | None) -> None:
     """The deep link was honoured: the big run is picked (and Replay shows the trajectory), so
     the time was that of the page on the large run, not of an empty state."""
@@ -92,15 +135,25 @@ def main() -> None:
                         help="steps of 32 trajectories when building the store")
     parser.add_argument("--repeats", type=int, default=5, help="warm loads per page")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per page load")
+    parser.add_argument("--pages", default=None,
+                        help="comma-separated url paths of the pages to time (default: all)")
     parser.add_argument("--shots", default=None,
                         help="directory for a screenshot of each page's first (cold) load")
     args = parser.parse_args()
     store = Path(args.store or big_store.DEFAULT_STORE).resolve()
     big_store.ensure(store, args.steps)
     pages = app_pages()
+    if args.pages:
+        wanted = args.pages.split(",")
+        pages = [p for p in pages if p[0] in wanted]
+        if len(pages) != len(wanted):
+            raise SystemExit(f"--pages: unknown page in {wanted}; known: {app_pages()}")
     runs_table = queries.runs(str(store)).set_index("run_id")
     step = (int(runs_table.loc[big_store.RUN, "last_step"]) + 1) // 2
-    deep = {"replay": {"traj": f"s{step}-g2-r5", "turn": 0}}
+    # A trajectory of that step with the most turns, so that Replay's turn buttons can be timed.
+    trajs = queries.trajectories(str(store), big_store.RUN, step=step)
+    traj = trajs.sort_values(["num_turns", "traj_id"], ascending=[False, True])["traj_id"].iloc[0]
+    deep = {"replay": {"traj": traj, "turn": 0}}
 
     from playwright.sync_api import sync_playwright
     with tempfile.TemporaryDirectory(prefix="agentrl-bench-pages-") as tmp:
@@ -135,6 +188,13 @@ def main() -> None:
                                 page.screenshot(path=str(Path(args.shots) / f"{path}.png"))
                         print(f"round {rnd + 1} of {1 + args.repeats} done", file=sys.stderr,
                               flush=True)
+                    acted = {}
+                    if "replay" in dict(pages):
+                        query = {"store": str(stores / store.name), "run": big_store.RUN,
+                                 "step": step, **deep["replay"]}
+                        load(page, f"{url}/replay?{urllib.parse.urlencode(query)}", "Replay",
+                             args.timeout)
+                        acted = interactions(page, max(args.repeats, 1), args.timeout)
                     browser.close()
                 rss_now, rss_peak = kib(proc.pid, "VmRSS"), kib(proc.pid, "VmHWM")
             finally:
@@ -149,6 +209,10 @@ def main() -> None:
         med = statistics.median(warm) if warm else float("nan")
         lo, hi = (min(warm), max(warm)) if warm else (float("nan"),) * 2
         print(f"{title:10s} {1e3 * cold:9.0f} {1e3 * med:17.0f} {1e3 * lo:9.0f} {1e3 * hi:9.0f}")
+    for name, taken in acted.items():
+        print(f"Replay {name}: median {1e3 * statistics.median(taken):.0f} ms, min "
+              f"{1e3 * min(taken):.0f}, max {1e3 * max(taken):.0f} ({len(taken)} times; "
+              "target <= 500 ms)")
     print(f"streamlit server RSS: {rss_idle / 1024:.0f} MB after start, {rss_now / 1024:.0f} MB "
           f"after the loads, peak {rss_peak / 1024:.0f} MB (target <= 1024 MB)")
 

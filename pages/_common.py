@@ -21,7 +21,10 @@ from storage import db, queries
 
 REPLAY = "pages/replay.py"
 RUN_TTL_S = 5      # the run list: status and last_step of live runs
-LIVE_TTL_S = 30    # data of one run at one last_step (a finished run never changes)
+LIVE_TTL_S = 3600  # data of one run at one last_step: the key changes when the run moves on, so
+#                    this only bounds how long a run nobody looks at stays in memory (30 s made
+#                    every page re-read and re-pivot 100k-trajectory runs on most visits)
+MAX_ENTRIES = 64   # per loader: a live run leaves one entry per step it was viewed at
 
 
 def ensure_app() -> None:
@@ -181,12 +184,12 @@ def run_table() -> pd.DataFrame:
     return queries.all_runs(queries.discover_stores())
 
 
-@st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
+@st.cache_data(ttl=LIVE_TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
 def load_steps(store: str, run_id: str, last_step: int) -> list[int]:
     return [int(s) for s in queries.steps(store, run_id)["step"]]
 
 
-@st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
+@st.cache_data(ttl=LIVE_TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
 def load_metrics(store: str, run_id: str, last_step: int) -> pd.DataFrame:
     """Metrics as a wide table: one row per step, one column per metric name."""
     long = queries.metrics(store, run_id)
@@ -196,38 +199,38 @@ def load_metrics(store: str, run_id: str, last_step: int) -> pd.DataFrame:
     return wide.sort_index()
 
 
-@st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
+@st.cache_data(ttl=LIVE_TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
 def load_trajectories(store: str, run_id: str, last_step: int, step: int | None = None,
                       group_id: str | None = None) -> pd.DataFrame:
     return queries.trajectories(store, run_id, step=step, group_id=group_id)
 
 
-@st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
+@st.cache_data(ttl=LIVE_TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
 def load_groups(store: str, run_id: str, last_step: int, step: int) -> pd.DataFrame:
     return queries.groups(store, run_id, step)
 
 
-@st.cache_data(ttl=600, show_spinner=False)
+@st.cache_data(ttl=LIVE_TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
 def load_turns(store: str, run_id: str, traj_ids: tuple[str, ...]) -> pd.DataFrame:
     return queries.turns(store, run_id, list(traj_ids))
 
 
-@st.cache_data(ttl=600, show_spinner=False)
+@st.cache_data(ttl=LIVE_TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
 def load_tokens(store: str, run_id: str, traj_id: str) -> pd.DataFrame:
     return queries.tokens(store, run_id, traj_id)
 
 
-@st.cache_data(ttl=600, show_spinner=False)
+@st.cache_data(ttl=LIVE_TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
 def load_rewards(store: str, run_id: str, traj_ids: tuple[str, ...]) -> pd.DataFrame:
     return queries.rewards(store, run_id, list(traj_ids))
 
 
-@st.cache_data(ttl=600, show_spinner=False)
+@st.cache_data(ttl=LIVE_TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
 def load_tests(store: str, run_id: str, traj_ids: tuple[str, ...]) -> pd.DataFrame:
     return queries.test_results(store, run_id, list(traj_ids))
 
 
-@st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
+@st.cache_data(ttl=LIVE_TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
 def load_failure_counts(store: str, run_id: str, last_step: int) -> pd.DataFrame:
     return queries.failure_counts(store, run_id)
 

@@ -10,6 +10,23 @@ from pages import _signals
 from storage import queries
 
 c.ensure_app()
+
+
+# Cached per (store, run, last_step): a finished run is read and scanned once, a live one once per
+# recorded step, and a rerun (a click, a widget) reads nothing.
+@st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
+def spike_table(store: str, run_id: str, last_step: int) -> pd.DataFrame:
+    """The spike detector over the whole run (a Python loop over its steps)."""
+    return _signals.spike_threshold(c.load_metrics(store, run_id, last_step)["grad/norm"])
+
+
+@st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
+def step_gradients(store: str, run_id: str, last_step: int, step: int
+                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(top trajectories by gradient norm, per-module norms) of one step, in one store open."""
+    return queries.step_gradients(store, run_id, step)
+
+
 pick = c.picked()
 st.title("Dynamics")
 wide = c.read_or_stop(c.load_metrics, pick.store, pick.run_id, pick.last_step)
@@ -23,6 +40,30 @@ for a in alarms[:SHOWN_ALARMS]:
 if len(alarms) > SHOWN_ALARMS:
     with st.expander(f"{len(alarms) - SHOWN_ALARMS:,} more collapse alarms"):
         st.dataframe(pd.DataFrame(alarms[SHOWN_ALARMS:]), hide_index=True)
+
+
+MARKERS_UP_TO = 300
+"""Longer series are drawn as lines only: the browser draws each marker as an SVG element of its
+own, and 12 charts x 3,125 markers took seconds to render on the 100k bench store."""
+
+
+def line_mode(points: int) -> str:
+    return "lines+markers" if points <= MARKERS_UP_TO else "lines"
+
+
+ALARM_LINES_DRAWN = 150
+
+
+def spaced(steps: list[int], span: float, most: int = ALARM_LINES_DRAWN) -> list[int]:
+    """The alarm steps worth a line: each gap in a line trace is an SVG path of its own, and the
+    bench run's 1,155 alarms made ~1,150 paths per chart (seconds of browser time). A line
+    closer than ``span / most`` steps to the previous drawn one would share its pixels anyway;
+    every alarm stays listed above the charts."""
+    kept: list[int] = []
+    for s in sorted(steps):
+        if not kept or s - kept[-1] >= span / most:
+            kept.append(s)
+    return kept
 
 
 def chart(names: list[str], title: str, key: str, band: tuple[str, str] | None = None) -> None:
@@ -39,15 +80,16 @@ def chart(names: list[str], title: str, key: str, band: tuple[str, str] | None =
                                  line={"width": 0}, opacity=0.2, name=f"{band[0]} ± {band[1]}"))
     for n in present:
         s = wide[n].dropna()
-        fig.add_trace(go.Scatter(x=s.index, y=s.values, mode="lines+markers",
+        fig.add_trace(go.Scatter(x=s.index, y=s.values, mode=line_mode(len(s)),
                                  name=c.plot_text(n)))
     if alarms:
         # One trace of vertical segments: a shape per alarm (add_vline) costs O(shapes) each,
         # which took minutes on a long run whose signal flickers.
         values = pd.Series(wide[present].to_numpy(dtype=float).ravel())
         lo, hi = float(values.min()), float(values.max())
+        span = float(wide.index.max() - wide.index.min())
         for kind in dict.fromkeys(a["kind"] for a in alarms):  # one labelled trace per kind
-            steps = [a["step"] for a in alarms if a["kind"] == kind]
+            steps = spaced([a["step"] for a in alarms if a["kind"] == kind], span)
             colour, dash = ALARM_LINES.get(kind, ("grey", "dot"))
             fig.add_trace(go.Scatter(
                 x=[v for s in steps for v in (s, s, None)],
@@ -89,8 +131,8 @@ if others:
 st.subheader("Gradient norm and spikes")
 if "grad/norm" not in wide.columns:
     c.stop("No gradient norms recorded in this run (imported runs carry none).")
-sp = _signals.spike_threshold(wide["grad/norm"])
-fig = go.Figure([go.Scatter(x=sp.index, y=sp["value"], mode="lines+markers", name="grad/norm"),
+sp = spike_table(pick.store, pick.run_id, pick.last_step)
+fig = go.Figure([go.Scatter(x=sp.index, y=sp["value"], mode=line_mode(len(sp)), name="grad/norm"),
                  go.Scatter(x=sp.index, y=sp["median"], mode="lines", name="rolling median",
                             line={"dash": "dash"}),
                  go.Scatter(x=sp.index, y=sp["threshold"], mode="lines", name="spike threshold",
@@ -117,7 +159,7 @@ threshold = sp.loc[chosen, "threshold"]
 st.caption(f"{'Spike' if chosen in spikes else 'Step'} {chosen}: grad/norm "
            f"{sp.loc[chosen, 'value']:.3g}"
            + (f", threshold {threshold:.3g}" if threshold == threshold else ""))
-ranked = queries.top_gradient_trajectories(pick.store, pick.run_id, chosen)
+ranked, modules = step_gradients(pick.store, pick.run_id, pick.last_step, chosen)
 if ranked.empty:
     st.info(f"Step {chosen} recorded no per-trajectory gradient norms.")
 else:
@@ -127,7 +169,6 @@ else:
     for r in ranked.head(5).to_dict("records"):
         c.replay_link(pick, chosen, r["traj_id"],
                       label=f"Replay {r['traj_id']} (grad norm {r['grad_norm']:.3g})")
-modules = queries.grad_stats(pick.store, pick.run_id, chosen)
 if not modules.empty:
     with st.expander(f"Per-module gradient norms at step {chosen}"):
         st.dataframe(modules.sort_values("norm", ascending=False), key="dyn_modules",

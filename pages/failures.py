@@ -12,6 +12,29 @@ from pages import _panels
 from storage import queries
 
 c.ensure_app()
+MAX_BARS = 100
+
+
+# Cached per (store, run, last_step, facets): a rerun (selecting a row, typing a tag) re-reads
+# nothing. Tags are read fresh: this page writes them.
+@st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
+def search(store: str, run_id: str, last_step: int, text: str, classes: tuple | None,
+           step_range: tuple[int, int], splits: tuple | None, success: bool | None):
+    return queries.search_trajectories(store, run_id, text=text, step_range=step_range,
+                                       classes=list(classes) if classes else None,
+                                       splits=list(splits) if splits else None, success=success)
+
+
+@st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
+def task_ids(store: str, run_id: str, last_step: int) -> list[str]:
+    return queries.task_ids(store, run_id)
+
+
+@st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
+def task_history(store: str, run_id: str, last_step: int, task: str):
+    return queries.task_history(store, run_id, task)
+
+
 pick = c.picked()
 st.title("Failures")
 counts = c.read_or_stop(c.load_failure_counts, pick.store, pick.run_id, pick.last_step)
@@ -24,9 +47,15 @@ shown = counts.assign(failure_class=counts["failure_class"].map(c.plot_text))
 per_class = shown.groupby("failure_class", as_index=False)["n"].sum().sort_values("n")
 left.plotly_chart(px.bar(per_class, x="n", y="failure_class", orientation="h", height=320,
                          title="Trajectories per failure class"), key="fail_per_class")
-per_step = shown.groupby(["step", "failure_class"], as_index=False)["n"].sum()
+# One bar per step drew ~20k SVG bars on the 3,125-step bench run (seconds of browser time):
+# long runs get one bar per `width` steps, labelled by the bin's first step.
+first, last = int(counts["step"].min()), int(counts["step"].max())
+width = max(1, -(-(last - first + 1) // MAX_BARS))  # ceil: at most MAX_BARS bars
+binned = shown.assign(step=(shown["step"] - first) // width * width + first)
+per_step = binned.groupby(["step", "failure_class"], as_index=False)["n"].sum()
 right.plotly_chart(px.bar(per_step, x="step", y="n", color="failure_class", height=320,
-                          title="Failure classes per step"), key="fail_per_step")
+                          title="Failure classes per step" if width == 1
+                          else f"Failure classes per {width} steps"), key="fail_per_step")
 
 # -- facets and search -----------------------------------------------------------------------------
 classes = sorted(counts["failure_class"].unique())
@@ -36,13 +65,13 @@ chosen = f1.multiselect("Failure class", classes, key="fail_classes",
                         default=[k for k in classes if k != "success"])
 chosen_splits = f2.multiselect("Split", splits, key="fail_splits", default=splits)
 outcome = f3.radio("Outcome", ["any", "solved", "failed"], key="fail_outcome", horizontal=True)
-lo, hi = int(counts["step"].min()), int(counts["step"].max())
+lo, hi = first, last
 step_range = st.slider("Steps", lo, hi, (lo, hi), key="fail_steps") if hi > lo else (lo, hi)
 text = st.text_input("Search actions, observations and prompts", key="fail_search",
                      placeholder="e.g. capital of")
-found = queries.search_trajectories(
-    pick.store, pick.run_id, text=text.strip(), classes=chosen or None, step_range=step_range,
-    splits=chosen_splits or None, success={"any": None, "solved": True, "failed": False}[outcome])
+found = search(pick.store, pick.run_id, pick.last_step, text.strip(), tuple(chosen) or None,
+               tuple(int(x) for x in step_range), tuple(chosen_splits) or None,
+               {"any": None, "solved": True, "failed": False}[outcome])
 st.caption(f"{len(found)} trajectories match" + (" (first 500 shown)" if len(found) >= 500 else "")
            + ". Select a row to read it and tag it.")
 found["replay"] = [c.replay_url(pick, s, t) for s, t in zip(found["step"], found["traj_id"])]
@@ -75,10 +104,10 @@ if not tagged.empty:
 
 # -- one task across steps -------------------------------------------------------------------------
 st.subheader("One task across steps")
-tasks = queries.task_ids(pick.store, pick.run_id)
+tasks = task_ids(pick.store, pick.run_id, pick.last_step)
 if tasks:
     task = st.selectbox("Task", tasks, key="fail_task", format_func=str)
-    history = queries.task_history(pick.store, pick.run_id, task)
+    history = task_history(pick.store, pick.run_id, pick.last_step, task)
     solved = history[history["successes"] > 0]
     st.caption("First solved at step " + str(int(solved["step"].iloc[0])) if not solved.empty
                else "Never solved in this run.")

@@ -14,15 +14,17 @@ c.ensure_app()
 SPARK_METRICS = ("reward/mean", "success/rate")
 
 
-@st.cache_data(ttl=c.RUN_TTL_S, show_spinner=False)
+# Keyed on the runs' last steps: a live run's entries change with each step, a finished run's
+# are read once (they expired after 5 s before, so nearly every visit re-read every run).
+@st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
 def series(store: str, run_ids: tuple[str, ...], last_steps: tuple[int, ...],
            names: tuple[str, ...]) -> pd.DataFrame:
     return queries.metric_series(store, list(run_ids), list(names))
 
 
-@st.cache_data(ttl=c.RUN_TTL_S, show_spinner=False)
+@st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
 def metric_names(store: str, run_id: str, last_step: int) -> list[str]:
-    return sorted(queries.metrics(store, run_id)["name"].unique())
+    return queries.metric_names(store, run_id)
 
 
 def run_frame(table: pd.DataFrame) -> pd.DataFrame:
@@ -87,7 +89,8 @@ if names:
     fig = go.Figure()
     for i, r in picked.iterrows():
         long = series(r.store, (r.run_id,), (last_of[i],), (metric,))
-        fig.add_trace(go.Scatter(x=long["step"], y=long["value"], mode="lines+markers",
+        fig.add_trace(go.Scatter(x=long["step"], y=long["value"],
+                                 mode="lines+markers" if len(long) <= 300 else "lines",
                                  name=c.plot_text(labels[i])))
     fig.update_layout(title=c.plot_text(metric), xaxis_title="step", height=360)
     st.plotly_chart(fig, key="runs_overlay")
