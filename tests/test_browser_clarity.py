@@ -1,0 +1,250 @@
+"""What a first look at the app shows in a 1280 x 900 window (a laptop), in a real headless Chromium
+(Debian's package through playwright): the committed sample runs newest first with their key
+columns in view, the newest run picked, a group's rollouts all on screen, and on the Train page
+the current job without scrolling, its held-out success plotted, links to its run and a log
+without the checkpoint's per-step library warning.
+
+Run alone: ``.venv/bin/python -m pytest -q tests/test_browser_clarity.py``.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+from storage import queries
+from tests.app_fixtures import RUN_NAMES, SCRIPT_TEXT, SCRIPT_TRAJ, make_demo_store
+from tests.test_browser import (CHROMIUM, CHROMIUM_ARGS, ROOT, _stop_job, _trainer_available,
+                                no_exception, settle, start_app, stop_app)
+
+pytestmark = pytest.mark.browser
+WIDTH, HEIGHT = 1280, 900
+SAMPLES = "sample_runs"
+# A search group of 8 rollouts whose actions run to hundreds of characters.
+SEARCH_STORE, SEARCH_RUN, SEARCH_STEP, SEARCH_GROUP = (
+    "sample_runs/search_smollm2.duckdb", "20261129-215645-4187b5", 21, "s21-g0")
+KEY_COLUMNS = ("run", "status", "env", "algo", "last reward/mean", "last success/rate")
+PEFT_WARNING = "save_embedding_layers"
+
+
+@pytest.fixture(scope="module")
+def server():
+    """(base URL, demo store, runs dir) of an app serving the sample runs, the demo store
+    (tests/app_fixtures.py) and a Train page's own store."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip("no chromium browser installed (Debian package 'chromium')")
+    base = Path("tmp") / f"browser-clarity-{os.getpid()}"
+    shutil.rmtree(ROOT / base, ignore_errors=True)
+    runs, stores = base / "runs", base / "stores"
+    (ROOT / runs).mkdir(parents=True)
+    (ROOT / stores).mkdir(parents=True)
+    demo = dict(zip(RUN_NAMES, make_demo_store(ROOT / stores / "demo.duckdb")))
+    dirs = (SAMPLES, str(stores), str(runs))
+    env = dict(os.environ, AGENTRL_STORE_DIRS=os.pathsep.join(dirs),
+               AGENTRL_RUNS_DIR=str(runs), STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
+    log = open(ROOT / base / "server.log", "wb")
+    proc = None
+    try:
+        proc, url = start_app(env, log)
+        yield url, (str(stores / "demo.duckdb"), demo), runs, dirs
+    finally:
+        _stop_job(ROOT / runs)
+        if proc is not None:
+            stop_app(proc)
+        log.close()
+        shutil.rmtree(ROOT / base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def browser(server):
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    ctx = browser.new_context(viewport={"width": WIDTH, "height": HEIGHT})
+    pg = ctx.new_page()
+    yield pg
+    ctx.close()
+
+
+def goto(page, url: str, path: str, title: str, **params) -> None:
+    page.goto(f"{url}/{path}" + (f"?{urllib.parse.urlencode(params)}" if params else ""))
+    page.get_by_role("heading", name=title, exact=True).first.wait_for(timeout=60_000)
+    settle(page)
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stSkeleton\"]')", timeout=30_000)
+    page.wait_for_timeout(1000)          # tables and charts draw after the script has run
+
+
+def grid_columns(grid) -> dict:
+    """Of a st.dataframe (locator): the header labels the grid drew (its accessibility table
+    holds only the columns inside the visible region, a partly visible one included), its first
+    data row's text, and whether it scrolls sideways."""
+    grid.locator("[role=columnheader]").first.wait_for(state="attached", timeout=30_000)
+    return grid.evaluate("""d => {
+        const s = d.querySelector('.dvn-scroller');
+        const rows = [...d.querySelectorAll('[role=row]')];
+        return {headers: [...d.querySelectorAll('[role=columnheader]')].map(e => e.textContent),
+                first_row: rows.length > 1 ? rows[1].textContent : '',
+                scrolls: s.scrollWidth > s.clientWidth + 1};
+    }""")
+
+
+def newest_run(dirs: tuple[str, ...]) -> dict:
+    table = queries.all_runs(queries.discover_stores(dirs, root=ROOT))
+    return table.sort_values("created_at").iloc[-1].to_dict()
+
+
+# -- runs ------------------------------------------------------------------------------------------
+def test_runs_newest_first_with_key_columns_in_view_and_the_newest_picked(page, server):
+    url, _, _, dirs = server
+    goto(page, url, "", "Runs")                          # the first page, no link parameters
+    newest = newest_run(dirs)
+    picker = page.locator('[data-testid="stSidebar"]').get_by_role("combobox", name="Run")
+    assert picker.input_value().startswith(newest["name"] + " · "), picker.input_value()
+    assert f"run={newest['run_id']}" in page.url
+    grid = grid_columns(page.locator("[data-testid=stDataFrame]").first)   # the runs table
+    assert grid["first_row"].startswith(newest["name"]), grid["first_row"]
+    shown = grid["headers"]
+    missing = [c for c in KEY_COLUMNS if c not in shown]
+    assert not missing, f"{missing} need a sideways scroll; in view: {shown}"
+    if grid["scrolls"]:   # the last column in view may be cut by the edge: a key one must not be
+        assert shown[-1] not in KEY_COLUMNS, shown
+    no_exception(page)
+
+
+# -- groups ----------------------------------------------------------------------------------------
+def _turn_grid(page) -> dict:
+    """Of the first table below 'Actions per turn': its kind, the parts of it that scroll
+    sideways, its right edge, and for each rollout id whether its cell is inside it and the window."""
+    heading = page.get_by_role("heading", name="Actions per turn")
+    return heading.evaluate("""h => {
+        const top = h.getBoundingClientRect().top;
+        const grid = [...document.querySelectorAll(
+            '[data-testid=stTable], [data-testid=stDataFrame], [data-testid=stHtml] table')]
+            .filter(e => e.getBoundingClientRect().top > top)
+            .sort((a, b) => a.getBoundingClientRect().top - b.getBoundingClientRect().top)[0];
+        const r = grid.getBoundingClientRect();
+        const wide = [grid, ...grid.querySelectorAll('*')]
+            .filter(e => e.scrollWidth > e.clientWidth + 1
+                         && getComputedStyle(e).overflowX !== 'visible')
+            .map(e => [e.className, e.scrollWidth, e.clientWidth]);
+        const cells = [...grid.querySelectorAll('th, td')];
+        const row_ids = cells.filter(c => /-r\\d+$/.test(c.textContent.trim())).map(c => {
+            const b = c.getBoundingClientRect();
+            return [c.textContent.trim(),
+                    b.left >= r.left - 1 && b.right <= r.right + 1 && b.right <= innerWidth];
+        });
+        return {kind: grid.dataset.testid || grid.tagName, wide, row_ids, right: r.right,
+                text: grid.textContent};
+    }""")
+
+
+def test_groups_shows_every_rollout_of_a_group_without_a_sideways_scroll(page, server):
+    url, _, _, _ = server
+    goto(page, url, "groups", "Groups", store=SEARCH_STORE, run=SEARCH_RUN, step=SEARCH_STEP,
+         group=SEARCH_GROUP)
+    grid = _turn_grid(page)
+    assert grid["wide"] == [], f"the actions grid scrolls sideways: {grid['kind']} {grid['wide']}"
+    assert grid["right"] <= WIDTH
+    assert dict(grid["row_ids"]) == {f"{SEARCH_GROUP}-r{k}": True for k in range(8)}, grid
+    no_exception(page)
+
+
+def test_groups_grid_shows_hostile_actions_as_text(page, server):
+    url, (store, demo), _, _ = server
+    page.dialogs = []
+    page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
+    goto(page, url, "groups", "Groups", store=store, run=demo["demo-search-starpo"], step=4,
+         group=SCRIPT_TRAJ.rsplit("-", 1)[0])
+    grid = _turn_grid(page)
+    assert SCRIPT_TEXT in grid["text"]                   # shown, as text
+    assert page.locator("[data-testid=stHtml] :is(script, img, b)").count() == 0
+    page.get_by_text("observation", exact=True).click()  # the tool's output, with its <img onerror>
+    settle(page)
+    grid = _turn_grid(page)
+    assert "<img src=x onerror=alert(2)>" in grid["text"]
+    assert page.locator("[data-testid=stHtml] :is(script, img, b)").count() == 0
+    page.wait_for_timeout(500)
+    assert page.dialogs == []
+    no_exception(page)
+
+
+# -- train -----------------------------------------------------------------------------------------
+def _current_job_in_view(page, first_line) -> None:
+    """The 'Current job' heading and the panel's first line end inside the window."""
+    for what in (page.get_by_role("heading", name="Current job"), first_line):
+        what.wait_for(timeout=30_000)
+        box = what.bounding_box()
+        assert box["y"] >= 0 and box["y"] + box["height"] <= HEIGHT, \
+            f"{what.inner_text()[:40]!r} ends at y={box['y'] + box['height']:.0f}: " \
+            f"below the {HEIGHT} px window"
+
+
+def test_train_current_job_is_in_view_without_scrolling(page, server):
+    url, _, _, _ = server
+    goto(page, url, "train", "Train")
+    _current_job_in_view(page, page.get_by_text("No training job started yet."))
+    no_exception(page)
+
+
+def test_train_job_plots_eval_success_links_its_run_and_logs_no_peft_warning(page, server):
+    """A workshop-demo job (LoRA on lm_head, whose checkpoint made peft warn at every step),
+    cut to 3 SFT and 2 RL steps: held-out evaluation runs after SFT and at the end."""
+    if not _trainer_available():
+        pytest.skip("`python -m core.train --help` does not work here: no trainer to launch")
+    from playwright.sync_api import expect
+    url, _, runs, _ = server
+    goto(page, url, "train", "Train")
+    expect(page.get_by_role("combobox", name="Preset")).to_have_value("workshop-demo")
+    page.get_by_role("spinbutton", name="SFT steps").fill("3")
+    page.get_by_role("spinbutton", name="RL steps").fill("2")
+    page.get_by_role("textbox", name="Run name").fill("clarity-job")
+    launch = page.get_by_role("button", name="Launch training")
+    box = launch.bounding_box()            # clicked where it is: the page is not scrolled
+    assert box["y"] + box["height"] <= HEIGHT, f"the launch button ends at y={box['y']:.0f}"
+    launch.click()
+    page.get_by_text(re.compile(r"pid \d+ · ended")).wait_for(timeout=400_000)
+    settle(page)
+    _current_job_in_view(page, page.get_by_text(re.compile(r"pid \d+ · ended")))
+
+    run = queries.runs(str(ROOT / runs / "store.duckdb"))
+    assert run["name"].tolist() == ["clarity-job"], run
+    run_id = run["run_id"].iloc[0]
+    assert run["status"].iloc[0] == "finished", run[["status", "error"]]
+
+    chart = page.locator(".stPlotlyChart .js-plotly-plot").first
+    chart.wait_for(timeout=30_000)
+    traces = chart.evaluate("e => e.data.map(t => [t.name, t.yaxis || 'y'])")
+    axes = dict(traces)
+    assert "eval/success" in axes, traces
+    assert axes.get("sft/loss") not in (None, axes["eval/success"]), traces   # its own axis
+
+    log = "\n".join(p.read_text() for p in (ROOT / runs / "logs").glob("clarity-job-*.log"))
+    assert "step 3: eval/success" in log                 # the log is the job's
+    assert PEFT_WARNING not in log, log[-3000:]
+    assert PEFT_WARNING not in page.locator("[data-testid=stCode]").last.inner_text()
+
+    for target, title in (("Replay", "Replay"), ("Dynamics", "Dynamics")):
+        link = page.locator("[data-testid=stMain]").get_by_role(
+            "link", name=re.compile(rf"\b{target}\b"))
+        expect(link).to_have_count(1)
+        href = link.get_attribute("href")
+        assert f"run={run_id}" in href, href
+        if target == "Dynamics":
+            link.click()
+            page.get_by_role("heading", name=title, exact=True).wait_for(timeout=60_000)
+            settle(page)
+            picker = page.locator('[data-testid="stSidebar"]').get_by_role("combobox", name="Run")
+            assert picker.input_value().startswith("clarity-job"), picker.input_value()
+            assert f"run={run_id}" in page.url
+    no_exception(page)
