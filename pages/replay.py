@@ -119,14 +119,20 @@ tokens = c.load_tokens(pick.store, pick.run_id, traj_id)
 if tokens.empty:
     st.info("No token records for this trajectory (imported runs carry text only).")
 else:
-    mode = st.selectbox("Colour by", list(_tokens.MODES), key="replay_colour")
-    column = _tokens.MODES[mode]
-    if column and tokens[column].isna().all():
-        st.info(f"This run recorded no {column} values; showing the tokens uncoloured.")
-    st.caption(_tokens.LEGEND[mode] + ". Hover a token for its exact values.")
     # Held-out evaluations and rollouts filtered out of the update train nothing, by design.
     updated = row["split"] != "eval" and not c.flag(row["filtered"])
-    st.html(_tokens.token_html(tokens, mode, updated))
+
+    @st.fragment
+    def token_view() -> None:
+        """A fragment: another colouring redraws the tokens alone, not the whole page."""
+        mode = st.selectbox("Colour by", list(_tokens.MODES), key="replay_colour")
+        column = _tokens.MODES[mode]
+        if column and tokens[column].isna().all():
+            st.info(f"This run recorded no {column} values; showing the tokens uncoloured.")
+        st.caption(_tokens.LEGEND[mode] + ". Hover a token for its exact values.")
+        st.html(_tokens.token_html(tokens, mode, updated))
+
+    token_view()
     lint = _tokens.mask_lint(tokens, turns, updated)
     st.markdown("**Mask lint**")
     if lint.empty:
