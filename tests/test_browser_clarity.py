@@ -168,12 +168,12 @@ def test_groups_grid_shows_hostile_actions_as_text(page, server):
          group=SCRIPT_TRAJ.rsplit("-", 1)[0])
     grid = _turn_grid(page)
     assert SCRIPT_TEXT in grid["text"]                   # shown, as text
-    assert page.locator("[data-testid=stHtml] :is(script, img, b)").count() == 0
+    assert page.locator("[data-testid=stMain] [data-testid=stHtml] :is(script, img, b)").count() == 0
     page.get_by_text("observation", exact=True).click()  # the tool's output, with its <img onerror>
     settle(page)
     grid = _turn_grid(page)
     assert "<img src=x onerror=alert(2)>" in grid["text"]
-    assert page.locator("[data-testid=stHtml] :is(script, img, b)").count() == 0
+    assert page.locator("[data-testid=stMain] [data-testid=stHtml] :is(script, img, b)").count() == 0
     page.wait_for_timeout(500)
     assert page.dialogs == []
     no_exception(page)
