@@ -29,6 +29,7 @@ SEARCH_STORE, SEARCH_RUN, SEARCH_STEP, SEARCH_GROUP = (
     "sample_runs/search_smollm2.duckdb", "20261129-215645-4187b5", 21, "s21-g0")
 KEY_COLUMNS = ("run", "status", "env", "algo", "last reward/mean", "last success/rate")
 PEFT_WARNING = "save_embedding_layers"
+LIVE_MARKUP = "[data-testid=stMain] [data-testid=stHtml] :is(script, img, b)"  # the page's HTML
 
 
 @pytest.fixture(scope="module")
@@ -168,12 +169,12 @@ def test_groups_grid_shows_hostile_actions_as_text(page, server):
          group=SCRIPT_TRAJ.rsplit("-", 1)[0])
     grid = _turn_grid(page)
     assert SCRIPT_TEXT in grid["text"]                   # shown, as text
-    assert page.locator("[data-testid=stMain] [data-testid=stHtml] :is(script, img, b)").count() == 0
+    assert page.locator(LIVE_MARKUP).count() == 0
     page.get_by_text("observation", exact=True).click()  # the tool's output, with its <img onerror>
     settle(page)
     grid = _turn_grid(page)
     assert "<img src=x onerror=alert(2)>" in grid["text"]
-    assert page.locator("[data-testid=stMain] [data-testid=stHtml] :is(script, img, b)").count() == 0
+    assert page.locator(LIVE_MARKUP).count() == 0
     page.wait_for_timeout(500)
     assert page.dialogs == []
     no_exception(page)
