@@ -51,7 +51,7 @@ def line_mode(points: int) -> str:
     return "lines+markers" if points <= MARKERS_UP_TO else "lines"
 
 
-ALARM_LINES_DRAWN = 150
+ALARM_LINES_DRAWN = 60
 
 
 def spaced(steps: list[int], span: float, most: int = ALARM_LINES_DRAWN) -> list[int]:

@@ -22,7 +22,7 @@ from tests.test_pages import APP, ROOT, _NavigationPagesManager
 
 STEPS = 400
 MARKERS_UP_TO = 300     # pages draw a marker per point only up to this many points
-ALARM_LINES = 150       # alarm lines at least 1/150 of the x-range apart
+ALARM_LINES = 60        # alarm lines at least 1/60 of the x-range apart
 MAX_BARS = 100          # bars per trace of Failures' per-step chart
 
 
@@ -112,6 +112,12 @@ def test_failures_draws_at_most_a_hundred_bars_per_class(page):
 
 def test_runs_overlay_draws_a_long_run_as_a_line(page):
     at = page("runs")
+    table = next(d.value for d in at.dataframe if "reward/mean" in d.value.columns)
+    assert max(len(v) for v in table["reward/mean"]) <= 100  # sparklines: ~100 points at most
+    long = table[table["run_id"] == big_store.RUN].iloc[0]
+    last = queries.metrics(at.query_params["store"], big_store.RUN, ["reward/mean"])["value"]
+    assert long["last reward/mean"] == pytest.approx(last.iloc[-1])
+    assert long["reward/mean"][0] == pytest.approx(last.iloc[:4].mean())  # 400 steps, 4 a point
     box = at.multiselect(key="runs_compare")
     long_run = next(i for i, label in enumerate(box.options) if f"({big_store.RUN})" in label)
     box.set_value([long_run]).run()
