@@ -126,7 +126,8 @@ def test_runs_newest_first_with_key_columns_in_view_and_the_newest_picked(page, 
 # -- groups ----------------------------------------------------------------------------------------
 def _turn_grid(page) -> dict:
     """Of the first table below 'Actions per turn': its kind, the parts of it that scroll
-    sideways, its right edge, and for each rollout id whether its cell is inside it and the window."""
+    sideways, its right edge, and for each rollout id whether its cell is inside it and the
+    window."""
     heading = page.get_by_role("heading", name="Actions per turn")
     return heading.evaluate("""h => {
         const top = h.getBoundingClientRect().top;
