@@ -38,5 +38,6 @@ def grid_html(grid: pd.DataFrame, mark: str | None = None) -> str:
             + "".join(cell("td", grid.at[idx, col], col, edge) for col in grid.columns)
             + "</tr>" for idx in grid.index]
     return ('<table class="turn-grid" style="table-layout:fixed;width:100%;'
-            'border-collapse:collapse;font-size:0.8rem;line-height:1.35;white-space:pre-wrap;overflow-wrap:anywhere">'
+            'border-collapse:collapse;font-size:0.8rem;line-height:1.35;white-space:pre-wrap;'
+            'overflow-wrap:anywhere">'
             f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
