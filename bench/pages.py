@@ -61,6 +61,12 @@ def kib(pid: int, field: str) -> int:
     raise KeyError(field)
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def load(page, url: str, title: str, timeout_s: float) -> float:
     """Open ``url``; seconds until the page titled ``title`` has rendered and its script ended."""
     t0 = time.perf_counter()
@@ -168,7 +174,7 @@ def main() -> None:
         with open(Path(tmp) / "server.log", "wb") as log:
             proc, url = start_app(env, log)
             try:
-                rss_idle = kib(proc.pid, "VmRSS")
+                rss_idle, cpu_idle, started = kib(proc.pid, "VmRSS"), cpu_s(proc.pid), time.time()
                 times: dict[str, list[float]] = {title: [] for _, title in pages}
                 with sync_playwright() as p:
                     browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -197,6 +203,7 @@ def main() -> None:
                         acted = interactions(page, max(args.repeats, 1), args.timeout)
                     browser.close()
                 rss_now, rss_peak = kib(proc.pid, "VmRSS"), kib(proc.pid, "VmHWM")
+                cpu_used, wall = cpu_s(proc.pid) - cpu_idle, time.time() - started
             finally:
                 stop_app(proc)
 
@@ -215,6 +222,7 @@ def main() -> None:
               "target <= 500 ms)")
     print(f"streamlit server RSS: {rss_idle / 1024:.0f} MB after start, {rss_now / 1024:.0f} MB "
           f"after the loads, peak {rss_peak / 1024:.0f} MB (target <= 1024 MB)")
+    print(f"streamlit server CPU: {cpu_used:.1f} s in {wall:.0f} s of loads")
 
 
 if __name__ == "__main__":
