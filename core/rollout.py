@@ -17,6 +17,14 @@ Stop tags are cut exactly after the first closing tag (Search-R1). When a tag en
 to the cut; the replacement is what the next turn is conditioned on. Its first token's logprob
 comes from the same sampling distribution; any further ones are scored by a forward pass.
 
+Chat templates: environments produce plain text. The prompt is rendered with the policy
+tokenizer's own chat template; so is every observation of an env whose ``observation_role`` is
+``user`` (a new user message closing the model's turn and opening the next; RAGEN's games).
+``inline`` observations (Search-R1's ``<information>``) continue the model's own message verbatim.
+
+``final_answer_turn`` (Search-R1): a row still going after ``max_turns`` gets one more generation
+in which only an answer (``env.is_answer``) is executed; anything else is recorded unexecuted.
+
 Roles and the loss mask: prompt and observation tokens are untrained; the model's own tokens are
 trained and carry the logprob of the temperature-scaled distribution they were sampled from
 (the distribution the loss compares against; top-p truncation is not renormalised in).
@@ -28,7 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from core.envs.base import Episode, Environment, StepResult, Task
+from core.envs.base import Episode, Environment, StepResult, Task, observation_role
 from core.policy import Policy, token_logprobs, token_texts
 from core.trajectory import Trajectory, Turn
 
@@ -41,13 +49,16 @@ class Sampling:
     max_context: int = 1536
     temperature: float = 1.0
     top_p: float = 1.0
+    final_answer_turn: bool = False
+    """One extra answer-only generation for rows still going after max_turns (Search-R1)."""
 
     @classmethod
     def from_config(cls, cfg, eval: bool = False) -> "Sampling":
         return cls(max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
                    max_obs_tokens=cfg.max_obs_tokens, max_context=cfg.max_context,
                    temperature=cfg.eval_temperature if eval else cfg.temperature,
-                   top_p=1.0 if eval else cfg.top_p)
+                   top_p=1.0 if eval else cfg.top_p,
+                   final_answer_turn=bool(getattr(cfg, "final_answer_turn", False)))
 
 
 @dataclass
@@ -68,6 +79,8 @@ class _Row:
     stopped: str | None = None
     """Why this turn's generation ended: tag | eos | max_new_tokens."""
     cut_text: str | None = None
+    state_key: str | None = None
+    """Key of the state the episode is in now (the next turn's anchor)."""
 
 
 def prompt_ids(tokenizer, system: str, user: str) -> list[int]:
@@ -79,6 +92,32 @@ def prompt_ids(tokenizer, system: str, user: str) -> list[int]:
         return list(out["input_ids"] if hasattr(out, "keys") else out)
     text = "\n\n".join(m["content"] for m in messages) + "\n\n"
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+_ACTION_MARK = "\x00ACTION\x00"
+
+
+def user_turn_text(tokenizer, text: str, final: bool = False) -> str:
+    """``text`` as the next user message after the model's action, in the tokenizer's own chat
+    template: what the template renders after an assistant message's content (its end marker),
+    then the user message, then (unless ``final``) the generation prompt. Without a template:
+    ``\\n\\n{text}\\n\\n``, like ``prompt_ids``."""
+    if not getattr(tokenizer, "chat_template", None):
+        return f"\n\n{text}\n\n"
+    messages = [{"role": "user", "content": "."}, {"role": "assistant", "content": _ACTION_MARK},
+                {"role": "user", "content": text}]
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=not final,
+                                             tokenize=False)
+    return rendered[rendered.index(_ACTION_MARK) + len(_ACTION_MARK):]
+
+
+def initial_state_key(episode: Episode) -> str | None:
+    """The episode's ``state_key()`` right after reset (the first turn's anchor), if it has one."""
+    key_of = getattr(episode, "state_key", None)
+    if not callable(key_of):
+        return None
+    key = key_of()
+    return None if key is None else str(key)
 
 
 def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
@@ -159,6 +198,10 @@ def rollout(policy: Policy, env: Environment, tasks: list[Task], *, group_size: 
     for comparison in bench/rollout.py; the trajectories are the same, only slower.
     """
     tok = policy.tokenizer
+    if sampling.final_answer_turn and not callable(getattr(env, "is_answer", None)):
+        raise ValueError(f"final_answer_turn needs an environment with an answer action "
+                         f"(is_answer); {getattr(env, 'name', env)!r} has none")
+    observation_role(env)  # a bad value fails here, not in the middle of a step
     generator = torch.Generator().manual_seed(seed)
     rows: list[_Row] = []
     for g, task in enumerate(tasks):
@@ -169,7 +212,8 @@ def rollout(policy: Policy, env: Environment, tasks: list[Task], *, group_size: 
                               task=task, split=split, info={"episode_seed": ep_seed})
             ids = prompt_ids(tok, env.system_prompt, episode.reset())
             append_tokens(traj, ids, "prompt", turn=-1)
-            rows.append(_Row(traj=traj, episode=episode, pending=ids))
+            rows.append(_Row(traj=traj, episode=episode, pending=ids,
+                             state_key=initial_state_key(episode)))
     for row in rows:
         if len(row.traj.token_ids) >= sampling.max_context:
             _finish(row, "context_full")
@@ -195,7 +239,7 @@ def _run_turns(policy: Policy, env: Environment, rows: list[_Row], sampling: Sam
                generator: torch.Generator, reuse_cache: bool = True) -> None:
     batch = _Batch(policy, rows)
     eos = policy.eos_ids
-    for turn in range(sampling.max_turns):
+    for turn in range(sampling.max_turns + int(sampling.final_answer_turn)):
         if not batch.rows:
             return
         if turn and not reuse_cache:  # a fresh cache: the whole history is encoded again
@@ -223,7 +267,7 @@ def _run_turns(policy: Policy, env: Environment, rows: list[_Row], sampling: Sam
             logits = batch.feed([[row.gen[-1]] if row.stopped is None else []
                                  for row in batch.rows])
         for row in batch.rows:
-            _act(row, turn, sampling, policy.tokenizer)
+            _act(row, turn, sampling, policy.tokenizer, env, final=turn == sampling.max_turns)
         batch.keep([i for i, row in enumerate(batch.rows) if not row.done])
 
 
@@ -264,8 +308,10 @@ def _cut_last_token(row: _Row, cut: int, logp: torch.Tensor, tokenizer) -> None:
     row.text = row.text[:cut]
 
 
-def _act(row: _Row, turn: int, sampling: Sampling, tok) -> None:
-    """Append the action, step the env, append the (truncated) observation."""
+def _act(row: _Row, turn: int, sampling: Sampling, tok, env: Environment,
+         final: bool = False) -> None:
+    """Append the action, step the env, append the (truncated) observation. In the final-answer
+    turn only an answer is executed; either way the episode ends there."""
     traj, tok_start = row.traj, len(row.traj.token_ids)
     ent = traj.info.setdefault("token_entropy", [])
     ent.extend([None] * (tok_start - len(ent)))
@@ -274,17 +320,26 @@ def _act(row: _Row, turn: int, sampling: Sampling, tok) -> None:
     truncated = row.stopped == "max_new_tokens"
     t0 = time.perf_counter()
     try:
-        result = _checked(row.episode.step(action))
+        if final and not env.is_answer(action):
+            result = StepResult("", done=True, valid=False, action_type="invalid",
+                                error="final-answer turn: only an answer is accepted; the action "
+                                      "was not executed", state_key=row.state_key)
+        else:
+            result = _checked(row.episode.step(action))
     except Exception as exc:  # an env bug ends this trajectory, not the run
         append_tokens(traj, row.gen, "action", turn, logprobs=row.gen_lp)
         traj.turns.append(Turn(turn=turn, action=action, observation="", valid=False,
                                error=f"{type(exc).__name__}: {exc}", action_tokens=len(row.gen),
-                               action_truncated=truncated))
+                               action_truncated=truncated, state_key=row.state_key))
         _finish(row, "env_error")
         return
     obs_ids, reason = record_turn(traj, tok, turn, action, row.gen, row.gen_lp, result, sampling,
-                                  latency=time.perf_counter() - t0, action_truncated=truncated)
+                                  latency=time.perf_counter() - t0, action_truncated=truncated,
+                                  state_key=row.state_key, role=observation_role(env))
+    row.state_key = result.state_key
     row.pending = _unfed(row, obs_ids)
+    if final:
+        reason = "final_answer" if reason == "answered" else "max_turns"
     if reason is not None:
         _finish(row, reason)
 
@@ -302,27 +357,42 @@ def _checked(result):
 
 def record_turn(traj: Trajectory, tok, turn: int, action: str, action_ids: list[int],
                 action_logprobs: list[float | None] | None, result, sampling: Sampling,
-                latency: float = 0.0, action_truncated: bool = False) -> tuple[list[int], str | None]:
+                latency: float = 0.0, action_truncated: bool = False,
+                state_key: str | None = None, role: str = "inline",
+                ) -> tuple[list[int], str | None]:
     """Append one turn (action tokens, observation tokens, Turn record) to ``traj``.
 
-    The observation is cut to ``max_obs_tokens`` and to the room left in ``max_context``.
+    The observation is cut to ``max_obs_tokens``; a ``user`` one is then wrapped in the
+    tokenizer's chat template (``user_turn_text``), and the whole cut to the room left in
+    ``max_context``. ``state_key`` is the state the turn acted from.
     Returns (observation token ids, finish reason or None while the episode goes on).
     """
     append_tokens(traj, action_ids, "action", turn, logprobs=action_logprobs)
     obs_ids = tok.encode(result.observation, add_special_tokens=False) if result.observation else []
     truncated = len(obs_ids) > sampling.max_obs_tokens
     obs_ids = obs_ids[:sampling.max_obs_tokens]
+    shown = tok.decode(obs_ids) if truncated else result.observation
+    if role == "user" and result.observation:
+        wrapped = user_turn_text(tok, shown, final=result.done)
+        obs_ids = tok.encode(wrapped, add_special_tokens=False)
+        special = set(getattr(tok, "all_special_ids", ()) or ())
+        if action_ids and action_ids[-1] in special:  # the action already ended with EOS:
+            end = tok.convert_ids_to_tokens(action_ids[-1])  # do not close the turn twice
+            if isinstance(end, str) and wrapped.startswith(end):
+                obs_ids = tok.encode(wrapped[len(end):], add_special_tokens=False)
     room = sampling.max_context - len(traj.token_ids) - (0 if result.done else 1)
     full = len(obs_ids) > room
     if full:
         obs_ids, truncated = obs_ids[:max(room, 0)], True
     append_tokens(traj, obs_ids, "observation", turn)
+    if full:  # cut for room: store what the context got (markers and all)
+        shown = tok.decode(obs_ids)
     traj.turns.append(Turn(
-        turn=turn, action=action, observation=tok.decode(obs_ids) if truncated else result.observation,
+        turn=turn, action=action, observation=shown,
         valid=result.valid, action_type=result.action_type, parsed=result.parsed,
         error=result.error, state_diff=result.state_diff, obs_truncated=truncated,
         action_truncated=action_truncated, latency_s=latency, step_reward=result.reward,
-        action_tokens=len(action_ids)))
+        action_tokens=len(action_ids), state_key=state_key, info=dict(result.info or {})))
     if result.done:
         if result.action_type == "answer":
             return obs_ids, "answered"

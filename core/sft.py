@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from core.envs.base import Environment, Task
+from core.envs.base import Environment, Task, observation_role
 from core.policy import token_texts
-from core.rollout import Sampling, append_tokens, prompt_ids, record_turn
+from core.rollout import Sampling, append_tokens, initial_state_key, prompt_ids, record_turn
 from core.trajectory import Trajectory
 
 
@@ -26,13 +26,15 @@ def demonstration(env: Environment, task: Task, tokenizer, sampling: Sampling, s
     traj = Trajectory(traj_id=traj_id, group_id=group_id, task=task, split="sft",
                       info={"episode_seed": seed})
     append_tokens(traj, prompt_ids(tokenizer, env.system_prompt, episode.reset()), "prompt", -1)
-    reason = None
+    reason, key = None, initial_state_key(episode)
     for turn in range(sampling.max_turns):
         action = episode.expert_action()
         ids = tokenizer.encode(action, add_special_tokens=False)
         ids = ids[:max(sampling.max_context - len(traj.token_ids), 0)]
-        _, reason = record_turn(traj, tokenizer, turn, action, ids, None, episode.step(action),
-                                sampling)
+        result = episode.step(action)
+        _, reason = record_turn(traj, tokenizer, turn, action, ids, None, result, sampling,
+                                state_key=key, role=observation_role(env))
+        key = result.state_key
         if reason is not None:
             break
     traj.finish_reason = reason or "max_turns"

@@ -11,7 +11,10 @@ from typing import Any
 
 from core.envs.base import Outcome, Task
 
-FINISH_REASONS = ("answered", "done", "max_turns", "invalid", "context_full", "env_error")
+FINISH_REASONS = ("answered", "done", "max_turns", "invalid", "context_full", "env_error",
+                  "final_answer")
+"""``final_answer``: the episode hit max_turns and answered in the one extra generation that
+``final_answer_turn`` grants (Search-R1); one that did not answer even then is ``max_turns``."""
 
 
 @dataclass
@@ -33,6 +36,11 @@ class Turn:
     """Wall time of env.step for this action."""
     step_reward: float = 0.0
     action_tokens: int = 0
+    state_key: str | None = None
+    """Key of the environment state this turn acted from (GiGPO's anchor): the episode's
+    ``state_key()`` at the start, then the previous step's ``StepResult.state_key``."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """``StepResult.info`` of this turn (slips, sandbox layers, counters)."""
 
 
 @dataclass

@@ -44,7 +44,10 @@ st.caption("Rollouts first diverge at turn " + (str(diverge) if diverge is not N
 if turns.empty:
     st.info("These trajectories recorded no turns.")
 else:
-    field = st.radio("Show", ["action", "observation"], key="groups_field", horizontal=True)
+    # state_key: the state each turn acted from (GiGPO's anchor); NULL in older runs
+    keyed = "state_key" in turns and turns["state_key"].notna().any()
+    field = st.radio("Show", ["action", "observation"] + (["state_key"] if keyed else []),
+                     key="groups_field", horizontal=True)
     # a row per rollout, a column per turn, wrapped: every rollout of the group is on screen
     # (a column per rollout made the grid ~4,000 px wide at G = 8)
     st.html(_grid.grid_html(_grid.turn_grid(turns, ids, field), mark=f"turn {diverge}"))
@@ -66,10 +69,13 @@ if not turns.empty:
     cfg = pick.config
     gamma, weight = float(cfg.get("gigpo_gamma", 0.95)), float(cfg.get("gigpo_weight", 1.0))
     steps = _credit.gigpo_steps(trajs, turns, gamma=gamma, weight=weight)
-    st.markdown(f"**GiGPO step level** (γ = {gamma:g}, w = {weight:g}): turns that acted from an "
-                "identical observation share an anchor and are compared with each other.")
+    st.markdown(f"**GiGPO step level** (γ = {gamma:g}, w = {weight:g}): turns that acted from the "
+                "same state share an anchor and are compared with each other, whatever turn "
+                "they reached it at (the env's state key; the observation in runs without one).")
     stored = turns[["traj_id", "turn", "advantage"]].rename(
         columns={"advantage": "stored turn advantage"})
+    if "state_key" in turns:
+        stored = stored.join(turns[["state_key"]])
     steps = steps.merge(stored, on=["traj_id", "turn"], how="left")
     shared = steps.groupby("anchor")["traj_id"].transform("size")
     st.dataframe(steps.assign(anchor_size=shared), key="groups_gigpo", hide_index=True)

@@ -83,7 +83,14 @@ def m002_imports(con: duckdb.DuckDBPyConnection) -> None:
             errors JSON)                        -- the first line-numbered errors""")
 
 
-MIGRATIONS = [m001_initial, m002_imports]
+def m003_turn_state(con: duckdb.DuckDBPyConnection) -> None:
+    """Per turn: the env's state key (GiGPO's anchor) and the step's info (slips, sandbox
+    layers, counters). Rows recorded before stay NULL; readers take NULL as 'not recorded'."""
+    con.execute("ALTER TABLE turns ADD COLUMN state_key VARCHAR")
+    con.execute("ALTER TABLE turns ADD COLUMN info JSON")
+
+
+MIGRATIONS = [m001_initial, m002_imports, m003_turn_state]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

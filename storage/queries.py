@@ -176,14 +176,25 @@ def trajectory(path: str | Path, run_id: str, traj_id: str) -> dict | None:
     return None if df.empty else df.iloc[0].to_dict()
 
 
+TURN_COLUMNS = ["traj_id", "turn", "action", "observation", "action_valid", "action_type",
+                "parsed", "obs_truncated", "action_truncated", "latency_s", "error", "state_diff",
+                "advantage", "step_reward", "state_key", "info"]
+"""What ``turns`` returns. ``state_key`` and ``info`` came with schema 3: a store recorded
+before (a read-only sample run, an older Parquet export) reads them as NULL."""
+
+
 def turns(path: str | Path, run_id: str, traj_ids: list[str]) -> pd.DataFrame:
     """Turns of the given trajectories, in order."""
-    return _read(path, """
-        SELECT traj_id, turn, action, observation, action_valid, action_type, parsed,
-               obs_truncated, action_truncated, latency_s, error, state_diff, advantage,
-               step_reward
+    # ``*``: a store without the newer columns is read as it is (opened read-only, it cannot
+    # be migrated), and the missing columns are added as NULL below.
+    df = _read(path, """
+        SELECT * EXCLUDE (run_id, step)
         FROM turns WHERE run_id = ? AND traj_id IN (SELECT unnest(?))
         ORDER BY traj_id, turn""", [run_id, list(traj_ids)])
+    for name in TURN_COLUMNS:
+        if name not in df:
+            df[name] = pd.Series([None] * len(df), index=df.index, dtype=object)
+    return df[TURN_COLUMNS]
 
 
 def tokens(path: str | Path, run_id: str, traj_id: str) -> pd.DataFrame:

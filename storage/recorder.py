@@ -36,7 +36,7 @@ from storage import db
 from storage.migrations import migrate, prepare
 
 STEP_TABLES = ("metrics", "trajectories", "rewards", "turns", "tokens", "grad_stats", "test_results")
-JSON_COLUMNS = {"trajectories": ("golds", "info"), "turns": ("parsed", "state_diff")}
+JSON_COLUMNS = {"trajectories": ("golds", "info"), "turns": ("parsed", "state_diff", "info")}
 RUN_STATUSES = ("running", "finished", "failed", "stopped")
 
 RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")

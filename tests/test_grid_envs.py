@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from core.envs.base import REGISTRY, Task, make_env
-from core.envs.grid import INVALID_PENALTY, chat_turn, parse_answer, split_of
+from core.envs.grid import INVALID_PENALTY, parse_answer, split_of
 
 GRID_ACTIONS = ("Up", "Down", "Left", "Right")
 ENVS = ["frozenlake", "sokoban", "bandit"]
@@ -39,15 +39,6 @@ def render_chat(template: str, messages: list[dict], generation_prompt: bool) ->
         messages=messages, add_generation_prompt=generation_prompt)
 
 
-def unwrap(observation: str) -> str:
-    """The user-message text inside a chat_turn-wrapped observation."""
-    head, final_tail = "<|im_end|>\n<|im_start|>user\n", "<|im_end|>\n"
-    tail = final_tail + "<|im_start|>assistant\n"
-    assert observation.startswith(head)
-    body = observation[len(head):]
-    return body[: -len(tail)] if body.endswith(tail) else body[: -len(final_tail)]
-
-
 def test_parse_answer_valid_multi_case_and_cap():
     assert parse_answer("<answer>Up</answer>", GRID_ACTIONS, 3).actions == ["Up"]
     parsed = parse_answer("<think>go round</think> <answer> up ||LEFT|| Down </answer>", GRID_ACTIONS, 3)
@@ -63,14 +54,31 @@ def test_parse_answer_invalid(text):
     assert parsed.actions == [] and parsed.error
 
 
-def test_chat_turn_matches_smollm2_template():
-    template = smollm2_chat_template()
+def test_observations_are_user_turns_in_the_tokenizers_template():
+    """The games produce plain text; the rollout renders each observation as the next user
+    message with the policy tokenizer's own chat template (SmolLM2's here), exactly as the
+    template renders the whole conversation."""
+    from core.policy import load_tokenizer
+    from core.rollout import user_turn_text
+    template, tok = smollm2_chat_template(), load_tokenizer("tiny")
     first = [{"role": "user", "content": "Turn 1"}]
     action = "<think>hm</think><answer>Up</answer>"
     context = render_chat(template, first, True) + action
     follow = first + [{"role": "assistant", "content": action}, {"role": "user", "content": "Turn 2"}]
-    assert context + chat_turn("Turn 2") == render_chat(template, follow, True)
-    assert context + chat_turn("Turn 2", final=True) == render_chat(template, follow, False)
+    assert context + user_turn_text(tok, "Turn 2") == render_chat(template, follow, True)
+    assert context + user_turn_text(tok, "Turn 2", final=True) == render_chat(template, follow, False)
+
+
+@pytest.mark.parametrize("name", ENVS)
+def test_envs_write_no_chat_markers(name):
+    env = make_env(name)
+    assert env.observation_role == "user"
+    episode = env.episode(env.tasks("train", 1, 0)[0], seed=0)
+    texts = [env.system_prompt, episode.reset()]
+    for action in ("nonsense", episode.expert_action()):
+        if not episode.done:
+            texts.append(episode.step(action).observation)
+    assert not any("<|im_" in text or "<|" in text for text in texts)
 
 
 def test_envs_do_not_import_torch():
@@ -117,7 +125,7 @@ def test_invalid_action_feedback_and_penalty(name):
     if name == "bandit":  # one pull only: a bad answer ends the game
         assert result.done and episode.outcome().score == 0.0 and not episode.outcome().success
     else:  # grids keep the state and ask again
-        assert not result.done and result.observation.endswith("<|im_start|>assistant\n")
+        assert not result.done and "<|im_" not in result.observation
         assert "Turn 2: State:" in result.observation
 
 
@@ -152,7 +160,7 @@ def test_frozenlake_rewards_goal_hole_and_observation_format():
     assert "Turn 1: State:\nP _ _ _\n_ O _ _\n_ _ _ _\n_ _ _ G\nYou have 10 actions left." in episode.reset()
     result = episode.step("<answer>Right || right</answer>")
     assert result.valid and result.action_type == "move" and result.reward == 0.0 and not result.done
-    assert unwrap(result.observation) == (
+    assert result.observation == (
         "Turn 2: State:\n_ _ P _\n_ O _ _\n_ _ _ _\n_ _ _ G\nYou have 8 actions left.")
     assert result.parsed == {"actions": ["Right", "Right"], "dropped": 0}
     result = episode.step("<answer>Down || Down || Down</answer>")
@@ -334,3 +342,26 @@ def test_bandit_uniform_expert_teaches_format_not_choice():
     assert abs(picks.count("Dragon") / 400 - 0.5) < 6 * math.sqrt(0.25 / 400)
     with pytest.raises(ValueError):
         make_env("bandit", expert="oracle")
+
+
+def test_rollout_wraps_game_observations_with_the_chat_template():
+    """A real rollout (tiny model) on frozenlake: each observation enters the context as a user
+    message in the tokenizer's template, and the stored turn keeps the game's plain text."""
+    from core.policy import load_policy
+    from core.rollout import Sampling, rollout, user_turn_text
+    pol = load_policy("tiny", seed=0)
+    env = make_env("frozenlake")
+    trajs = rollout(pol, env, env.tasks("train", 1, 0), group_size=2, seed=0,
+                    sampling=Sampling(max_turns=2, max_new_tokens=6, max_context=1024))
+    checked = 0
+    for traj in trajs:
+        for turn in traj.turns:
+            ids = [i for i, (k, r) in enumerate(zip(traj.token_turn, traj.roles))
+                   if k == turn.turn and r == "observation"]
+            text = "".join(traj.token_text[i] for i in ids)
+            assert "<|im_" not in turn.observation and turn.observation
+            wrapped = user_turn_text(pol.tokenizer, turn.observation)  # no episode ended
+            assert text in (wrapped, wrapped.removeprefix("<|im_end|>"))
+            assert text.endswith("<|im_start|>assistant\n")
+            checked += 1
+    assert checked >= 2

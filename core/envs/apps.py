@@ -25,6 +25,7 @@ test, so doing nothing earns no process reward), ``tests`` = every (name, passed
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from typing import Any
@@ -134,6 +135,11 @@ class AppsEnv:
     def episode(self, task: Task, seed: int = 0) -> "AppsEpisode":
         return AppsEpisode(self, task)
 
+    def is_answer(self, action_text: str) -> bool:
+        """True when the first action is ``<answer>...</answer>`` (``final_answer_turn``)."""
+        match = ACTION.search(action_text or "")
+        return match is not None and match.group(1) == "answer"
+
 
 def make_task(template_name: str, world_seed: int, split: str) -> Task:
     tpl = TEMPLATES[template_name]
@@ -158,7 +164,18 @@ class AppsEpisode:
         self.succeeded: list[tuple[str, str]] = []
         """(endpoint, canonical JSON arguments) of every call that succeeded, for the expert."""
         self.docs_seen: set[str] = set()
+        self._key: tuple[int, str] | None = None
         return self.task.prompt
+
+    def state_key(self) -> str:
+        """A hash of the database's content: read-only calls and docs lookups leave it as it
+        was, so GiGPO compares every turn that acted on the same data. Recomputed only after a
+        write (the store's log grew)."""
+        writes = len(self.world.store.log)
+        if self._key is None or self._key[0] != writes:
+            content = json.dumps(self.world.store.snapshot(), sort_keys=True, default=str)
+            self._key = (writes, "db:" + hashlib.sha256(content.encode()).hexdigest()[:16])
+        return self._key[1]
 
     # -- acting --------------------------------------------------------------------------------
     def _call(self, name: Any, arguments: Any) -> tuple[bool, Any]:
@@ -181,6 +198,11 @@ class AppsEpisode:
         return True, result
 
     def step(self, action_text: str) -> StepResult:
+        result = self._step(action_text)
+        result.state_key = self.state_key()
+        return result
+
+    def _step(self, action_text: str) -> StepResult:
         if self.done:
             raise RuntimeError(f"episode of task {self.task.task_id} is over; reset() it first")
         match = ACTION.search(action_text or "")

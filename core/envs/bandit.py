@@ -26,7 +26,7 @@ Invalid output ends the single-turn episode with RAGEN's -0.1 step reward and sc
 from __future__ import annotations
 
 from core.envs.base import Outcome, StepResult, Task, register
-from core.envs.grid import (INVALID_PENALTY, chat_turn, check_count, check_split, parse_answer,
+from core.envs.grid import (INVALID_PENALTY, check_count, check_split, parse_answer,
                             seeded_rng)
 
 LOW_PAYOUT = 0.1
@@ -57,6 +57,7 @@ class Bandit:
 
     name = "bandit"
     stop_tags = ("</answer>",)
+    observation_role = "user"
     system_prompt = (
         "You are playing a two-armed bandit: a slot machine with two arms, each with its own "
         "payout. You pull exactly one arm. You may think first inside <think>...</think>, then "
@@ -131,15 +132,17 @@ class BanditEpisode:
             self.reward = INVALID_PENALTY
             text = (f"Invalid action: {parsed.error}. Answer with one arm's name, e.g. "
                     f"<answer>{names[0]}</answer>. No arm was pulled. The game is over.")
-            return StepResult(chat_turn(text, final=True), done=True, valid=False,
+            return StepResult(text, done=True, valid=False,
                               action_type="invalid", parsed={"actions": [], "raw": parsed.raw},
-                              reward=INVALID_PENALTY, error=parsed.error)
+                              reward=INVALID_PENALTY, error=parsed.error,
+                              state_key=self.state_key())
         self.arm = parsed.actions[0]
         self.reward = payout(self.arm == self.high, self.u)
         text = f"You pulled {self.arm} and received {self.reward}. The game is over."
-        return StepResult(chat_turn(text, final=True), done=True, valid=True, action_type="pull",
+        return StepResult(text, done=True, valid=True, action_type="pull",
                           parsed={"actions": parsed.actions, "dropped": parsed.dropped},
-                          reward=self.reward, info={"arm": self.arm, "payout": self.reward})
+                          reward=self.reward, info={"arm": self.arm, "payout": self.reward},
+                          state_key=self.state_key())
 
     def outcome(self) -> Outcome:
         pulled = self.arm is not None
@@ -147,6 +150,10 @@ class BanditEpisode:
                        answer=self.arm, process=0.0,
                        info={"total_env_reward": self.reward, "moves": int(pulled),
                              "arm": self.arm, "high_arm": self.high, "risky": self.arm == self.high})
+
+    def state_key(self) -> str:
+        """``start`` before the pull, then the arm pulled (``none`` after an invalid answer)."""
+        return "start" if not self.done else f"pulled {self.arm or 'none'}"
 
     def expert_action(self) -> str:
         """The arm with the higher expected value (0.25 > 0.1); either arm for ``uniform``."""

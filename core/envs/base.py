@@ -7,8 +7,22 @@ state). The rollout talks to an episode only through text:
     text = episode.reset()                 # the user message: task + first observation
     while not done:
         action_text = policy(context)      # generation stops at one of env.stop_tags
-        result = episode.step(action_text) # result.observation is appended verbatim, untrained
+        result = episode.step(action_text) # result.observation goes into the context, untrained
     outcome = episode.outcome()            # graded on the final state
+
+Environments produce plain text and never a chat template's markers: the rollout renders the
+prompt, and each observation when ``observation_role == "user"``, with the policy tokenizer's own
+chat template, so an environment works with any chat model.
+
+Optional members (the rollout uses them when present):
+
+    Environment.observation_role   "inline" (default; Search-R1: the observation continues the
+                                   model's own message) | "user" (RAGEN's games: each observation
+                                   is a new user message)
+    Environment.is_answer(text)    True when text is a final answer (``final_answer_turn``)
+    Environment.split_size(split)  how many distinct tasks ``tasks(split, n, seed)`` can return;
+                                   None when they are generated without bound (``task_pool``)
+    Episode.state_key()            the current state's key (the start's, before the first step)
 
 Everything is deterministic from (task, seed), so a recorded trajectory can be replayed.
 """
@@ -52,6 +66,14 @@ class StepResult:
     state_diff: list[dict[str, Any]] | None = None
     """Rows changed by a mutating action (apps), for replay."""
     info: dict[str, Any] = field(default_factory=dict)
+    """Anything else worth keeping (slips, sandbox layers, counters): JSON-serialisable; stored
+    on the turn and shown in Replay."""
+    state_key: str | None = None
+    """The environment state this step left the episode in, as a stable text key (FrozenLake's
+    position, Sokoban's board, the apps database's content hash, search's retrieved documents).
+    GiGPO's anchor: turns of one group that act from equal keys form a step group, whatever turn
+    they were reached at. Never the observation text (it holds turn counters). None: the env
+    offers none, and the anchor falls back to a hash of the observation."""
 
 
 @dataclass
@@ -78,6 +100,8 @@ class Episode(Protocol):
     def expert_action(self) -> str:
         """The scripted expert's next action text from the current state (for SFT demos)."""
         ...
+    # Optional: def state_key(self) -> str -- the current state's key (the start's after reset),
+    # which anchors the first turn; later turns take the previous StepResult.state_key.
 
 
 class Environment(Protocol):
@@ -86,6 +110,8 @@ class Environment(Protocol):
     """Closing tags that end a turn's generation; the action text is cut right after one."""
     system_prompt: str
     """Instructions for the model: action format and tags."""
+    # Optional: observation_role: str = "inline" | "user"; is_answer(action_text) -> bool;
+    # split_size(split) -> int | None (see the module docstring).
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         """n tasks of ``split`` (train | heldout), deterministic from seed."""
@@ -105,6 +131,15 @@ def register(name: str):
         REGISTRY[name] = factory
         return factory
     return wrap
+
+
+def observation_role(env: Environment) -> str:
+    """``env.observation_role``, "inline" when the env does not say."""
+    role = getattr(env, "observation_role", "inline")
+    if role not in ("inline", "user"):
+        raise ValueError(f"{getattr(env, 'name', env)!r}: observation_role must be 'inline' or "
+                         f"'user', got {role!r}")
+    return role
 
 
 def make_env(name: str, **kwargs: Any) -> Environment:

@@ -21,7 +21,7 @@ import itertools
 from collections import deque
 
 from core.envs.base import Outcome, StepResult, Task, register
-from core.envs.grid import (INVALID_PENALTY, MOVES, PERPENDICULAR, chat_turn, check_count,
+from core.envs.grid import (INVALID_PENALTY, MOVES, PERPENDICULAR, check_count,
                             check_split, digest, format_help, parse_answer, render, seeded_rng,
                             split_of, state_block, step_to)
 
@@ -154,6 +154,7 @@ class FrozenLake:
 
     name = "frozenlake"
     stop_tags = ("</answer>",)
+    observation_role = "user"
 
     def __init__(self, seed: int = 0, size: int = 4, slip: float = 0.2, max_actions: int = 10,
                  actions_per_turn: int = 3, **ignored):
@@ -242,9 +243,9 @@ class FrozenLakeEpisode:
             self.total_reward += INVALID_PENALTY
             text = (f"Invalid action: {parsed.error}. {format_help(ACTIONS, self.env.actions_per_turn)}\n"
                     + state_block(self.turn, _render(self.lake, self.pos), self.actions_left))
-            return StepResult(chat_turn(text), done=False, valid=False, action_type="invalid",
+            return StepResult(text, done=False, valid=False, action_type="invalid",
                               parsed={"actions": [], "raw": parsed.raw}, reward=INVALID_PENALTY,
-                              error=parsed.error, info={"state": self.state_key()})
+                              error=parsed.error, state_key=self.state_key())
         reward, executed = 0.0, []
         for move in parsed.actions:
             actual = self._slip(move)
@@ -261,10 +262,10 @@ class FrozenLakeEpisode:
         text = state_block(self.turn, _render(self.lake, self.pos), self.actions_left)
         if self.done:
             text += "\n" + self._ending()
-        return StepResult(chat_turn(text, final=self.done), done=self.done, valid=True,
+        return StepResult(text, done=self.done, valid=True,
                           action_type="move",
                           parsed={"actions": parsed.actions, "dropped": parsed.dropped},
-                          reward=reward, info={"executed": executed, "state": self.state_key()})
+                          reward=reward, info={"executed": executed}, state_key=self.state_key())
 
     def outcome(self) -> Outcome:
         reached = self.pos == self.goal
@@ -285,8 +286,9 @@ class FrozenLakeEpisode:
         return self.env.max_actions - self.moves
 
     def state_key(self) -> str:
-        """The bare state (grid text), for grouping identical states across rollouts (GiGPO)."""
-        return _render(self.lake, self.pos)
+        """The player's cell (``r,c``; the lake is the task's): GiGPO's anchor, equal whatever
+        turn the cell was reached at."""
+        return f"{self.pos[0]},{self.pos[1]}"
 
     def _cell(self) -> str:
         return self.lake[self.pos[0]][self.pos[1]]

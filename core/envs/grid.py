@@ -2,9 +2,9 @@
 
 Three things must be identical across those games, so they live here:
 
-- the chat wrapping of observations: the rollout appends ``StepResult.observation`` verbatim
-  right after the model's action tokens, so an observation closes the assistant turn and opens the
-  next user and assistant turns exactly as SmolLM2's ChatML template would render them;
+- observations are plain text, each one a new user message (``observation_role = "user"``): the
+  rollout renders it with the policy tokenizer's own chat template, so no game knows any model's
+  chat markers;
 - the action format (RAGEN): ``<think>...</think>`` optional, then ``<answer>Up || Left</answer>``,
   actions split on ``||``, names case-insensitive, at most a few actions per turn;
 - seeded randomness and the train/held-out split, both derived from SHA-256 digests so they are
@@ -23,26 +23,10 @@ INVALID_PENALTY = -0.1
 
 SPLITS = ("train", "heldout")
 
-# SmolLM2-Instruct's chat template renders each message as
-# "<|im_start|>{role}\n{content}<|im_end|>\n" and the generation prompt as "<|im_start|>assistant\n".
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-
 MOVES: dict[str, tuple[int, int]] = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
 """Grid actions: canonical name -> (row delta, column delta)."""
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-
-
-def chat_turn(text: str, final: bool = False) -> str:
-    """Wrap ``text`` as the next user message after the model's action.
-
-    ``<|im_end|>\\n<|im_start|>user\\n{text}<|im_end|>\\n<|im_start|>assistant\\n`` — the action has
-    no end-of-turn token of its own (generation stops at ``</answer>``), so the observation closes
-    it. ``final=True`` (the episode is over) omits the trailing generation prompt.
-    """
-    wrapped = f"{IM_END}\n{IM_START}user\n{text}{IM_END}\n"
-    return wrapped if final else wrapped + f"{IM_START}assistant\n"
 
 
 @dataclass

@@ -218,6 +218,26 @@ class SearchEnv:
     def episode(self, task: Task, seed: int = 0) -> "SearchEpisode":
         return SearchEpisode(self, task)
 
+    def is_answer(self, action_text: str) -> bool:
+        """True when the action is ``<answer>...</answer>`` (``final_answer_turn``)."""
+        action = parse_action(action_text)
+        return action is not None and action[0] == "answer"
+
+    def split_size(self, split: str) -> int:
+        """Distinct tasks of ``split`` that ``tasks`` can draw at ``two_hop_frac`` (both hop
+        counts must fit): the whole split when two_hop_frac matches its own mix."""
+        pools = self.pools()[split]
+        one = sum(len(s) for t, s in pools.items() if len(t) == 1)
+        two = sum(len(s) for t, s in pools.items() if len(t) == 2)
+        if self.two_hop_frac in (0.0, 1.0):
+            return two if self.two_hop_frac else one
+        # largest n with round(n * f) <= two and n - round(n * f) <= one
+        n = int(min(two / self.two_hop_frac, one / (1 - self.two_hop_frac))) + 2
+        while n > 0 and (round(n * self.two_hop_frac) > two
+                         or n - round(n * self.two_hop_frac) > one):
+            n -= 1
+        return n
+
 
 class SearchEpisode:
     def __init__(self, env: SearchEnv, task: Task):
@@ -231,7 +251,13 @@ class SearchEpisode:
         self.evidence: list[str] = []
         """Every <information> observation so far, in order."""
         self.retrieved_gold = False
+        self.seen_docs: set[str] = set()
         return self.task.prompt
+
+    def state_key(self) -> str:
+        """The set of documents retrieved so far (sorted ids): two rollouts that have read the
+        same documents are in the same state, whatever queries or turns it took."""
+        return "docs:" + ",".join(sorted(self.seen_docs))
 
     def step(self, action_text: str) -> StepResult:
         if self.done:
@@ -239,23 +265,27 @@ class SearchEpisode:
         action = parse_action(action_text)
         if action is None:
             return StepResult(INVALID_FEEDBACK, done=False, valid=False, action_type="invalid",
-                              error="no <search>...</search> or <answer>...</answer> action")
+                              error="no <search>...</search> or <answer>...</answer> action",
+                              state_key=self.state_key())
         kind, content = action
         if kind == "answer":
             self.answer, self.done = content, True
             return StepResult("", done=True, valid=True, action_type="answer",
-                              parsed={"answer": content})
+                              parsed={"answer": content}, state_key=self.state_key())
         if not content:
             return StepResult(INVALID_FEEDBACK, done=False, valid=False, action_type="search",
-                              parsed={"query": ""}, error="empty search query")
+                              parsed={"query": ""}, error="empty search query",
+                              state_key=self.state_key())
         docs = self.env.retriever.search(content, self.env.topk)
         observation = format_information(docs)
         self.queries.append(content)
         self.evidence.append(observation)
         self.retrieved_gold |= contains_answer(observation, self.task.golds)
         doc_ids = [d.doc_id for d in docs]
+        self.seen_docs.update(doc_ids)
         return StepResult(observation, done=False, valid=True, action_type="search",
-                          parsed={"query": content, "doc_ids": doc_ids}, info={"doc_ids": doc_ids})
+                          parsed={"query": content, "doc_ids": doc_ids}, info={"doc_ids": doc_ids},
+                          state_key=self.state_key())
 
     def outcome(self) -> Outcome:
         """score: EM (or F1) of the last answer; success: EM == 1; process: 1 if a gold answer

@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from core.envs.base import Outcome, StepResult, Task, register
-from core.envs.grid import (INVALID_PENALTY, MOVES, chat_turn, check_count, check_split, digest,
+from core.envs.grid import (INVALID_PENALTY, MOVES, check_count, check_split, digest,
                             format_help, parse_answer, render, seeded_rng, split_of, state_block,
                             step_to)
 
@@ -121,6 +121,7 @@ class Sokoban:
 
     name = "sokoban"
     stop_tags = ("</answer>",)
+    observation_role = "user"
 
     def __init__(self, seed: int = 0, size: int = 6, max_actions: int = 15, actions_per_turn: int = 3,
                  **ignored):
@@ -196,9 +197,9 @@ class SokobanEpisode:
             self.total_reward += INVALID_PENALTY
             text = (f"Invalid action: {parsed.error}. {format_help(ACTIONS, self.env.actions_per_turn)}\n"
                     + state_block(self.turn, self.state_key(), self.actions_left))
-            return StepResult(chat_turn(text), done=False, valid=False, action_type="invalid",
+            return StepResult(text, done=False, valid=False, action_type="invalid",
                               parsed={"actions": [], "raw": parsed.raw}, reward=INVALID_PENALTY,
-                              error=parsed.error, info={"state": self.state_key()})
+                              error=parsed.error, state_key=self.state_key())
         reward, executed = 0.0, []
         for action in parsed.actions:
             delta = self._apply(action)
@@ -212,10 +213,11 @@ class SokobanEpisode:
         if self.done:
             text += "\n" + ("All boxes are on targets. Solved!" if self.solved
                             else "No actions left. The game is over.")
-        return StepResult(chat_turn(text, final=self.done), done=self.done, valid=True,
+        return StepResult(text, done=self.done, valid=True,
                           action_type="move",
                           parsed={"actions": parsed.actions, "dropped": parsed.dropped},
-                          reward=round(reward, 6), info={"executed": executed, "state": self.state_key()})
+                          reward=round(reward, 6), info={"executed": executed},
+                          state_key=self.state_key())
 
     def outcome(self) -> Outcome:
         on_target = len(self.boxes & self.level.targets) / len(self.boxes)
