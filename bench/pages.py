@@ -1,6 +1,7 @@
 """The dashboard in a browser on the large synthetic store: page load times and server memory.
 
     nice -n 15 .venv/bin/python bench/pages.py [--store FILE] [--steps 3125] [--repeats 5]
+        [--pages runs,dynamics] [--watcher auto]
 
 The store is bench/queries.py's (built by its builder when ``--store`` does not exist yet, so
 both scripts can share one file). The app is served with ``streamlit run app.py`` exactly as
@@ -16,6 +17,12 @@ One load is timed from ``page.goto`` until the page's title heading is drawn, th
 its script finished (the ``data-test-script-state`` of Streamlit's root element is
 ``notRunning``) and no element placeholder (``stSkeleton``) is left. Memory is the server
 process's peak resident set (``VmHWM``) after all loads. Target: app memory <= 1 GB.
+
+Then, on Replay, ``--repeats`` changes of the token view's 'Colour by' and clicks on its
+'Next'/'Prev' turn buttons are timed until the new legend / turn caption is drawn and the script
+ended (target <= 0.5 s), and the server's CPU seconds over the whole benchmark are printed.
+``--watcher`` overrides ``server.fileWatcherType`` (.streamlit/config.toml sets "none"), to
+measure what watching the checkout costs.
 """
 from __future__ import annotations
 
@@ -143,6 +150,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300, help="seconds per page load")
     parser.add_argument("--pages", default=None,
                         help="comma-separated url paths of the pages to time (default: all)")
+    parser.add_argument("--watcher", default=None, choices=("auto", "watchdog", "poll", "none"),
+                        help="server.fileWatcherType for the served app (default: the config's)")
     parser.add_argument("--shots", default=None,
                         help="directory for a screenshot of each page's first (cold) load")
     args = parser.parse_args()
@@ -171,6 +180,8 @@ def main() -> None:
         (stores / store.name).symlink_to(store)
         env = dict(os.environ, AGENTRL_STORE_DIRS=str(stores), AGENTRL_RUNS_DIR=str(runs),
                    STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
+        if args.watcher:
+            env["STREAMLIT_SERVER_FILE_WATCHER_TYPE"] = args.watcher
         with open(Path(tmp) / "server.log", "wb") as log:
             proc, url = start_app(env, log)
             try:
