@@ -50,6 +50,11 @@ class TrainConfig:
     """G: rollouts per task; they share a group_id."""
     tasks_per_step: int = 4
     """Distinct tasks per RL step (batch = tasks_per_step * group_size trajectories)."""
+    task_pool: int = 0
+    """Train tasks drawn once per run; the steps cycle through them in a seeded order. 0 = the
+    whole train split (search: every train question the task mix allows, 18,096 at two_hop_frac
+    0.5); for envs that generate tasks without bound (apps, the games) as many as the run asks
+    for, so none repeats. (It was a fixed 256 before.)"""
     eval_every: int = 5
     """Evaluate on held-out tasks every N RL steps (and after SFT and at the end); 0 = never."""
     eval_tasks: int = 32
@@ -60,6 +65,11 @@ class TrainConfig:
     # -- rollout -------------------------------------------------------------------------------
     max_turns: int = 4
     """K: most actions per trajectory."""
+    final_answer_turn: bool = False
+    """Search-R1: a trajectory still going after max_turns gets one more generation in which
+    only an answer is executed (any other action is recorded, not executed). Answering there
+    ends it with finish reason ``final_answer``, else ``max_turns``. Envs with an answer action
+    only (search, apps)."""
     max_new_tokens: int = 96
     """Most tokens the model may generate in one turn; a turn cut here is recorded as such."""
     max_obs_tokens: int = 256
@@ -280,6 +290,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          f"{cfg.algo} compares rollouts within a group: needs group_size >= 2")
     need(cfg.tasks_per_step >= 1, "tasks_per_step", "must be >= 1")
     need(cfg.max_turns >= 1, "max_turns", "must be >= 1")
+    need(cfg.task_pool >= 0, "task_pool", "must be >= 0 (0 = the whole train split)")
+    need(not cfg.final_answer_turn or cfg.env not in ("frozenlake", "sokoban", "bandit"),
+         "final_answer_turn", f"{cfg.env} has no answer action: every action is a move")
     need(cfg.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
     need(cfg.max_obs_tokens >= 1, "max_obs_tokens", "must be >= 1")
     need(cfg.max_context >= 64, "max_context", "must be >= 64")

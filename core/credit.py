@@ -62,10 +62,13 @@ def step_rewards(traj: Trajectory) -> list[float]:
 
 
 def anchor_keys(traj: Trajectory) -> list[str]:
-    """The state each turn acted from: the task's first observation, then the previous reply."""
-    keys = [anchor_key("task:" + traj.task.task_id)]
-    keys += [anchor_key(turn.observation) for turn in traj.turns[:-1]]
-    return keys[:len(traj.turns)]
+    """The state each turn acted from, as GiGPO's anchor: the env's ``state_key`` stored on the
+    turn, so one state reached at different turns is one anchor. A turn without one (an env that
+    offers none) falls back to the state as text: the task at the start, then the previous
+    observation."""
+    seen = ["task:" + traj.task.task_id] + [turn.observation for turn in traj.turns[:-1]]
+    return [anchor_key("state:" + turn.state_key) if turn.state_key is not None
+            else anchor_key(text) for turn, text in zip(traj.turns, seen)]
 
 
 def gigpo(trajs: Sequence[Trajectory], cfg, values=None) -> list[torch.Tensor]:

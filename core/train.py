@@ -48,6 +48,15 @@ def _field_docs() -> dict[str, str]:
     return _FIELD_DOCS
 
 
+def _yes_no(text: str) -> bool:
+    """A boolean flag's value: true/false, yes/no, on/off or 1/0."""
+    value = {"true": True, "yes": True, "on": True, "1": True,
+             "false": False, "no": False, "off": False, "0": False}.get(text.strip().lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m core.train", description="Train and record one agentic-RL run.",
@@ -57,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     docs = _field_docs()
     for f in fields(TrainConfig):
-        typ = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str)
-                                                        else f.type.__name__]
+        typ = {"int": int, "float": float, "str": str, "bool": _yes_no}[
+            f.type if isinstance(f.type, str) else f.type.__name__]
         flag = "--" + f.name.replace("_", "-")
         parser.add_argument(flag, dest=f.name, type=typ, metavar=f.name.upper(),
                             help=f"{docs.get(f.name, '')} (default {f.default!r})")

@@ -38,7 +38,7 @@ from core.sft import demonstrations
 from core.update import make_samples, policy_update, score_reference, score_values, sft_update
 
 POOL_SIZES = (256, 64, 16)
-"""Train tasks drawn once per run (the first size the env can make); steps cycle through them."""
+"""Fallback pool sizes for an env that cannot make the default pool (``pool_size``)."""
 PROGRESS = {"reward/mean": "reward", "success/rate": "success", "sft/loss": "sft_loss",
             "eval/success": "eval", "time/step_s": "step_s"}
 """Metrics shown on the progress bar, with their short labels."""
@@ -73,8 +73,8 @@ class _Run:
         self.rl_opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
         self.sampling = Sampling.from_config(cfg)
         self.eval_sampling = Sampling.from_config(cfg, eval=True)
-        self.pool = _task_pool(self.env, cfg.seed)
-        self.sft_pool = _task_pool(self.sft_env, cfg.seed) if cfg.sft_env_options else self.pool
+        self.pool = _task_pool(self.env, cfg)
+        self.sft_pool = _task_pool(self.sft_env, cfg) if cfg.sft_env_options else self.pool
         # Held-out evaluation may use its own options (eval_env_options) so its task set stays
         # fixed when the RL task mix changes.
         self.eval_env = make_env(cfg.env, **env_kwargs(cfg, eval=True)) if cfg.eval_env_options else self.env
@@ -363,10 +363,30 @@ def token_values(samples) -> dict[str, dict[str, list]]:
     return out
 
 
-def _task_pool(env, seed: int) -> list:
-    for n in POOL_SIZES:
+def pool_size(env, cfg: TrainConfig) -> int:
+    """How many train tasks the run draws once and cycles through: ``cfg.task_pool``; 0 = the
+    whole train split (``env.split_size('train')``), or, for an env that generates tasks without
+    bound, as many as the run will ask for, so no task repeats (at least 16)."""
+    if cfg.task_pool:
+        return cfg.task_pool
+    size_of = getattr(env, "split_size", None)
+    size = size_of("train") if callable(size_of) else None
+    if size is not None:
+        return int(size)
+    return max(cfg.steps * cfg.tasks_per_step, cfg.sft_steps * cfg.sft_batch_size, 16)
+
+
+def _task_pool(env, cfg: TrainConfig) -> list:
+    n = pool_size(env, cfg)
+    if cfg.task_pool:  # asked for: exactly that many, or a clear error
         try:
-            return env.tasks("train", n, seed)
+            return env.tasks("train", n, cfg.seed)
+        except ValueError as exc:
+            raise TrainingError(f"task_pool={n}: {exc}") from exc
+    # An env that cannot make as many as that (a user's small split) gives what it can.
+    for size in [n] + [p for p in POOL_SIZES if p < n]:
+        try:
+            return env.tasks("train", size, cfg.seed)
         except ValueError:
             continue
     raise TrainingError(f"environment {env.name!r} cannot make {POOL_SIZES[-1]} train tasks")

@@ -65,6 +65,18 @@ def show_turn(t: dict) -> None:
             st.json(_panels.changed_first(json.loads(t["state_diff"])), expanded=True)
         except ValueError:
             st.code(t["state_diff"], language=None)
+    info, key = c.text_of(t.get("info")), c.text_of(t.get("state_key"))
+    if info or key:  # NULL in runs recorded before these were stored
+        with st.expander("Step info (what the environment reported for this turn)"):
+            if key:
+                st.markdown("State key (the state this turn acted from; GiGPO's anchor)")
+                st.code(key, language=None, wrap_lines=True)
+            if info:
+                try:
+                    st.json(json.loads(info), expanded=True)
+                except ValueError:
+                    st.code(info, language=None, wrap_lines=True)
+
 
 
 def turn_player() -> None:
