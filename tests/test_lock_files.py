@@ -52,3 +52,15 @@ def test_a_lock_dir_of_another_user_or_open_to_others_is_not_used(tmp_path, monk
     assert own is not None and own.parent == tmp_path and (own.stat().st_mode & 0o777) == 0o700
     os.chmod(own, 0o777)  # writable by others: someone could plant links in it
     assert db.lock_dir() is None
+
+
+def test_the_served_app_watches_no_files():
+    """Streamlit's default watcher follows the whole checkout, .venv included (inotify overflow,
+    minutes of server CPU): `make run` and the shipped config switch it off."""
+    import tomllib
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    config = tomllib.loads((root / ".streamlit" / "config.toml").read_text())
+    assert config["server"]["fileWatcherType"] == "none"
+    run = (root / "Makefile").read_text().split("\nrun:", 1)[1].split("\n\n", 1)[0]
+    assert "--server.fileWatcherType none" in run
