@@ -101,7 +101,8 @@ def run_picker() -> None:
     store, run_id = st.sidebar.selectbox(
         "Run", options, key="pick_run", format_func=labels.__getitem__,
         help="name · created (UTC) · short run id · status (· store, when there are several)")
-    st.query_params["store"], st.query_params["run"] = store, run_id
+    c.publish_url("store", store)
+    c.publish_url("run", run_id)
     st.session_state["_url_run"] = (store, run_id)
 
     row = readable[(readable["store"] == store) & (readable["run_id"] == run_id)].iloc[0]

@@ -39,6 +39,7 @@ def ensure_app() -> None:
     if PagesManager.uses_pages_directory:
         PagesManager.uses_pages_directory = False
         st.rerun()
+    one_history_entry_per_page()
 
 
 # -- deep links ------------------------------------------------------------------------------------
@@ -68,8 +69,51 @@ def adopt_url(param: str, key: str, options: list | None = None, cast=str) -> No
 def publish_url(param: str, value) -> None:
     """After creating a widget: its value into the URL (so the address is a link to this view)."""
     raw = str(value)
-    st.query_params[param] = raw
+    # Only a change is written: each write sends the whole address to the browser, and one sent
+    # while the browser still shows the previous page lands in that page's history entry.
+    if st.query_params.get(param) != raw:
+        st.query_params[param] = raw
     st.session_state.setdefault("_url_seen", {})[param] = raw
+
+
+# Streamlit's frontend calls history.pushState for every write to st.query_params that changes
+# the address, so each view change inside a page (a turn, a trajectory, a step, the defaults a
+# page writes on arrival) became a Back stop: leaving Replay took one press per turn stepped
+# through. This keeps one history entry per page visited: a push that stays on the same page
+# replaces the current entry instead (the address is still a link to the view shown); a move
+# to another page still pushes, so Back returns to it with the address, and so the view, it had.
+# Between a click on a link to another page and the push of that page's path, the next page's
+# own writes arrive while the browser still shows the previous path: they are dropped (the path's
+# push carries the latest address) instead of overwriting the previous page's entry.
+ONE_ENTRY_PER_PAGE = """<script>
+(() => {
+  const h = window.history;
+  if (h.agentrlOneEntryPerPage) return;
+  h.agentrlOneEntryPerPage = true;
+  const push = h.pushState.bind(h);
+  let leaving = false;
+  document.addEventListener("click", (e) => {
+    const a = e.target.closest && e.target.closest("a[href]");
+    if (!a || e.button !== 0 || e.ctrlKey || e.metaKey || e.shiftKey || a.target === "_blank") return;
+    const to = new URL(a.href, location.href);
+    leaving = to.origin === location.origin && to.pathname !== location.pathname;
+  }, true);
+  window.addEventListener("popstate", () => { leaving = false; });
+  h.pushState = (state, unused, url) => {
+    const path = url == null ? location.pathname : new URL(url, location.href).pathname;
+    if (path !== location.pathname) {
+      leaving = false;
+      return push(state, unused, url);
+    }
+    return leaving ? undefined : h.replaceState(state, unused, url);
+  };
+})();
+</script>"""
+
+
+def one_history_entry_per_page() -> None:
+    """Install ONE_ENTRY_PER_PAGE in the browser tab (a constant script: no data goes in)."""
+    st.sidebar.html(ONE_ENTRY_PER_PAGE, unsafe_allow_javascript=True)
 
 
 def url_select(label: str, options: list, key: str, param: str, default=None, cast=str,
@@ -150,6 +194,22 @@ def text_of(value) -> str | None:
         return None
     value = str(value)
     return value if value else None
+
+
+CHAT_MARKER = re.compile(
+    r"<\|im_start\|>(?:[\w-]{1,20}(?:\n|\Z))?"                 # ChatML: <|im_start|>user\n
+    r"|<\|start_header_id\|>[\w-]{0,20}<\|end_header_id\|>\n{0,2}"  # Llama 3's role header
+    r"|<\|[\w.:-]{1,40}\|>\n?")                                  # any <|name|>: im_end, eot_id..
+
+
+def readable(value) -> str | None:
+    """A stored text for reading: chat-template markers removed (``<|im_start|>user\\n``,
+    ``<|im_end|>\\n``, any ``<|name|>`` special token and the newline after it), because the
+    recorded observations carry the template's turn boundaries around the environment's words.
+    Only for views of text: the token view shows every token as the model saw it. None (NULL,
+    NaN, empty) stays None."""
+    text = text_of(value)
+    return None if text is None else CHAT_MARKER.sub("", text)
 
 
 def flag(value) -> bool:

@@ -1,51 +1,92 @@
-"""Panels of the Failures page that write or run user input: tags/notes and the SQL box; and
-Replay's reading order of a state diff."""
+"""Panels of the Failures page: the selected trajectory, tags/notes (also Replay's) and the SQL
+box; and Replay's reading order of a state diff."""
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
+from pages import _common as c
 from pages._common import Pick
 from storage import annotations, db, queries
 from storage.sql_box import (MAX_BYTES, MAX_ROWS, MEMORY_LIMIT, TIME_LIMIT_S, SqlFailed,
                              SqlRefused, SqlSyntaxError, run_query)
 
 
-def trajectory_panel(pick: Pick, traj_id: str) -> None:
-    """One trajectory's turns (as text), its tags and notes, and a form to add one."""
-    turns = queries.turns(pick.store, pick.run_id, [traj_id])
-    for t in turns.to_dict("records"):
-        st.markdown(f"Turn {int(t['turn'])} · action")
-        st.code(t["action"] or "", language=None, wrap_lines=True)
-        if t["observation"]:
-            st.markdown(f"Turn {int(t['turn'])} · observation")
-            st.code(t["observation"], language=None, wrap_lines=True)
+def trajectory_panel(pick: Pick, sel: dict) -> None:
+    """The trajectory selected in Failures' table, in a bordered panel under it: its outcome in
+    one line, its last action, a link into Replay and the tag form side by side; every turn in a
+    folded expander (drawn inline they pushed the form ~2,000 px below the table)."""
+    traj_id, step = sel["traj_id"], int(sel["step"])
+    turns = c.load_turns(pick.store, pick.run_id, (traj_id,))
+    with st.container(border=True, key="fail_panel"):
+        left, right = st.columns([3, 2])
+        with left:
+            st.subheader(f"Trajectory {c.safe_label(traj_id)}")
+            reward = f"{sel['reward']:.3f}" if pd.notna(sel["reward"]) else "-"
+            st.caption(f"{c.safe_label(sel['failure_class'])} · reward {reward} · "
+                       f"{'solved' if c.flag(sel['success']) else 'failed'} · "
+                       f"{len(turns)} turns · step {step} · task {c.safe_label(sel['task_id'])}")
+            if not turns.empty:
+                last = turns.iloc[-1]
+                st.markdown(f"Last action (turn {int(last['turn'])})")
+                st.code(c.readable(last["action"]) or "", language=None, wrap_lines=True)
+            c.replay_link(pick, step, traj_id, label=f"Open {traj_id} in Replay")
+            with st.expander(f"All {len(turns)} turns"):
+                for t in turns.to_dict("records"):
+                    st.markdown(f"Turn {int(t['turn'])} · action")
+                    st.code(c.readable(t["action"]) or "", language=None, wrap_lines=True)
+                    if c.readable(t["observation"]):
+                        st.markdown(f"Turn {int(t['turn'])} · observation")
+                        st.code(c.readable(t["observation"]), language=None, wrap_lines=True)
+                if any(c.readable(t[k]) != c.text_of(t[k]) for t in turns.to_dict("records")
+                       for k in ("action", "observation")):
+                    st.caption("Chat-template markers (`<|im_end|>`, ...) are hidden here; "
+                               "Replay's token view shows every token.")
+        with right:
+            tag_form(pick, traj_id, "fail")
+
+
+@st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
+def load_tags(store: str, run_id: str, traj_id: str):
+    """One trajectory's tags; cleared by every save (the app is the only writer of tags)."""
+    return queries.tags(store, run_id, [traj_id])
+
+
+def tag_form(pick: Pick, traj_id: str, prefix: str) -> None:
+    """A form to tag one trajectory (with a note), then its tags. ``prefix`` names the widgets
+    (``fail_tag``, ``replay_tag``, ...): one form per page."""
     # The form's submit arrives in the next run of the page: save only if that run shows the
     # trajectory the form was drawn for, so a tag can never land on another run or trajectory.
     target = (pick.store, pick.run_id, traj_id)
-    drawn_for = st.session_state.get("_tag_target")
-    st.session_state["_tag_target"] = target
-    tags = queries.tags(pick.store, pick.run_id, [traj_id])
+    drawn_for = st.session_state.get(f"_{prefix}_tag_target")
+    st.session_state[f"_{prefix}_tag_target"] = target
+    with st.form(f"{prefix}_tag_form", clear_on_submit=True):
+        tag = st.text_input("Tag", key=f"{prefix}_tag", max_chars=annotations.MAX_TAG,
+                            placeholder="e.g. reading-failure")
+        note = st.text_area("Note", key=f"{prefix}_note", max_chars=annotations.MAX_NOTE,
+                            height=68)
+        if st.form_submit_button("Save tag", key=f"{prefix}_tag_save"):
+            _save_tag(pick, traj_id, tag, note, drawn_for == target)
+    tags = load_tags(pick.store, pick.run_id, traj_id)      # read after a save: it shows
     if tags.empty:
         st.caption("No tags yet.")
     else:
-        st.dataframe(tags.drop(columns="traj_id"), key="fail_tags", hide_index=True)
-    with st.form("fail_tag_form", clear_on_submit=True):
-        tag = st.text_input("Tag", key="fail_tag", max_chars=annotations.MAX_TAG,
-                            placeholder="e.g. reading-failure")
-        note = st.text_area("Note", key="fail_note", max_chars=annotations.MAX_NOTE)
-        if st.form_submit_button("Save tag", key="fail_tag_save"):
-            if drawn_for != target:
-                st.error("Not saved: the page switched to another trajectory before the tag "
-                         "arrived. Check the trajectory shown and save again.")
-                return
-            try:
-                annotations.add_tag(pick.store, pick.run_id, traj_id, tag, note)
-            except (ValueError, db.StoreError) as exc:
-                st.error("The tag was not saved:")
-                st.code(str(exc), language=None)
-            else:
-                st.success("Saved.")
-                st.rerun()
+        st.dataframe(tags.drop(columns="traj_id"), key=f"{prefix}_tags", hide_index=True)
+
+
+def _save_tag(pick: Pick, traj_id: str, tag: str, note: str, drawn_here: bool) -> None:
+    if not drawn_here:
+        st.error("Not saved: the page switched to another trajectory before the tag "
+                 "arrived. Check the trajectory shown and save again.")
+        return
+    try:
+        annotations.add_tag(pick.store, pick.run_id, traj_id, tag, note)
+    except (ValueError, db.StoreError) as exc:
+        st.error("The tag was not saved:")
+        st.code(str(exc), language=None)
+    else:
+        load_tags.clear()
+        st.success("Saved.")
 
 
 def changed_first(diff):

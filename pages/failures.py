@@ -58,35 +58,54 @@ right.plotly_chart(px.bar(per_step, x="step", y="n", color="failure_class", heig
                           else f"Failure classes per {width} steps"), key="fail_per_step")
 
 # -- facets and search -----------------------------------------------------------------------------
+# Streamlit drops a widget's state when a run of another page does not draw it, so a visit to
+# Replay reset the filters and the selection: the page keeps a copy per run and restores it when
+# the widgets come back without state (Back from Replay) or another run is picked.
 classes = sorted(counts["failure_class"].unique())
 splits = sorted(counts["split"].dropna().unique())
-f1, f2, f3 = st.columns(3)
-chosen = f1.multiselect("Failure class", classes, key="fail_classes",
-                        default=[k for k in classes if k != "success"])
-chosen_splits = f2.multiselect("Split", splits, key="fail_splits", default=splits)
-outcome = f3.radio("Outcome", ["any", "solved", "failed"], key="fail_outcome", horizontal=True)
 lo, hi = first, last
-step_range = st.slider("Steps", lo, hi, (lo, hi), key="fail_steps") if hi > lo else (lo, hi)
-text = st.text_input("Search actions, observations and prompts", key="fail_search",
-                     placeholder="e.g. capital of")
+view = {"fail_classes": [k for k in classes if k != "success"], "fail_splits": splits,
+        "fail_outcome": "any", "fail_search": ""} | ({"fail_steps": (lo, hi)} if hi > lo else {})
+here = (pick.store, pick.run_id)
+kept = st.session_state.setdefault("_fail_kept", {}).get(here, {})
+if st.session_state.get("_fail_view_of") != here or any(k not in st.session_state for k in view):
+    st.session_state.update({k: kept.get(k, default) for k, default in view.items()})
+    st.session_state["fail_classes"] = [k for k in st.session_state["fail_classes"] if k in classes]
+    st.session_state["fail_splits"] = [k for k in st.session_state["fail_splits"] if k in splits]
+    if hi > lo:
+        a, b = st.session_state["fail_steps"]
+        st.session_state["fail_steps"] = (max(lo, min(a, hi)), min(hi, max(b, lo)))
+st.session_state["_fail_view_of"] = here
+
+f1, f2, f3 = st.columns(3)
+chosen = f1.multiselect("Failure class", classes, key="fail_classes")
+chosen_splits = f2.multiselect("Split", splits, key="fail_splits")
+outcome = f3.radio("Outcome", ["any", "solved", "failed"], key="fail_outcome", horizontal=True)
+step_range = st.slider("Steps", lo, hi, key="fail_steps") if hi > lo else (lo, hi)
+text = st.text_input("Search text", key="fail_search", placeholder="e.g. capital of")
+st.caption("Searches the prompt and every turn's action and observation (case-insensitive "
+           "substring; not the answer, tags or notes). A trajectory is listed when it matches the "
+           "search and every filter above.")
+st.session_state["_fail_kept"][here] = kept = {**kept, **{k: st.session_state[k] for k in view}}
 found = search(pick.store, pick.run_id, pick.last_step, text.strip(), tuple(chosen) or None,
                tuple(int(x) for x in step_range), tuple(chosen_splits) or None,
                {"any": None, "solved": True, "failed": False}[outcome])
 st.caption(f"{len(found)} trajectories match" + (" (first 500 shown)" if len(found) >= 500 else "")
            + ". Select a row to read it and tag it.")
 found["replay"] = [c.replay_url(pick, s, t) for s, t in zip(found["step"], found["traj_id"])]
-event = st.dataframe(found, key="fail_results", hide_index=True, on_select="rerun",
-                     selection_mode="single-row",
-                     column_config={"replay": st.column_config.LinkColumn("replay",
-                                                                          display_text="open")})
-rows = [r for r in (event.selection.rows if event else []) if r < len(found)]
-if rows:
-    sel = found.iloc[rows[0]]
-    st.subheader(f"Trajectory {c.safe_label(sel['traj_id'])}")
-    c.replay_link(pick, int(sel["step"]), sel["traj_id"])
-    _panels.trajectory_panel(pick, sel["traj_id"])
-
 ids = found["traj_id"].tolist()
+opened = kept.get("opened")
+event = st.dataframe(
+    found, key="fail_results", hide_index=True, on_select="rerun", selection_mode="single-row",
+    column_order=["failure_class", "replay", "step", "traj_id", "reward", "success", "num_turns",
+                  "task_id", "group_id", "split", "finish_reason"],
+    selection_default={"selection": {"rows": [ids.index(opened)], "columns": []}}
+    if opened in ids else None,
+    column_config={"failure_class": st.column_config.TextColumn("failure class"),
+                   "replay": st.column_config.LinkColumn("Replay", display_text="open")})
+rows = [r for r in (event.selection.rows if event else []) if r < len(found)]
+kept["opened"] = found["traj_id"].iloc[rows[0]] if rows else None
+
 d1, d2 = st.columns(2)
 file_stem = re.sub(r"[^A-Za-z0-9._-]", "_", pick.run_id)
 for box, fmt, mime in ((d1, "jsonl", "application/jsonl"),
@@ -96,6 +115,8 @@ for box, fmt, mime in ((d1, "jsonl", "application/jsonl"),
                         file_name=f"{file_stem}-trajectories.{fmt}",
                         data=lambda fmt=fmt: queries.export_trajectories(pick.store, pick.run_id,
                                                                          ids, fmt))
+if rows:
+    _panels.trajectory_panel(pick, found.iloc[rows[0]].to_dict())
 
 tagged = queries.tags(pick.store, pick.run_id)
 if not tagged.empty:

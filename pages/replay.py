@@ -52,10 +52,13 @@ def show_turn(t: dict) -> None:
         st.markdown(f"**Action** · {c.safe_label(t['action_type'])}"
                     + (" · invalid" if t["action_valid"] is False else "")
                     + (" · cut by the token limit" if t["action_truncated"] else ""))
-        st.code(c.text_of(t["action"]) or "", language=None, wrap_lines=True)
+        st.code(c.readable(t["action"]) or "", language=None, wrap_lines=True)
     with right:
         st.markdown("**Observation**" + (" · truncated" if t["obs_truncated"] else ""))
-        st.code(c.text_of(t["observation"]) or "(none)", language=None, wrap_lines=True)
+        st.code(c.readable(t["observation"]) or "(none)", language=None, wrap_lines=True)
+    if any(c.readable(t[k]) != c.text_of(t[k]) for k in ("action", "observation")):
+        st.caption("Chat-template markers (`<|im_start|>`, `<|im_end|>`, ...) are hidden in this "
+                   "text; the token view below shows every token.")
     if c.text_of(t["error"]):
         st.error("The environment reported an error on this turn:")
         st.code(t["error"], language=None, wrap_lines=True)
@@ -76,7 +79,6 @@ def show_turn(t: dict) -> None:
                     st.json(json.loads(info), expanded=True)
                 except ValueError:
                     st.code(info, language=None, wrap_lines=True)
-
 
 
 def turn_player() -> None:
@@ -124,6 +126,10 @@ tests = c.load_tests(pick.store, pick.run_id, (traj_id,))
 if not tests.empty:
     st.markdown(f"**Tests** · {int(tests['passed'].sum())} of {len(tests)} passed")
     st.dataframe(tests.drop(columns="traj_id"), key="replay_tests", hide_index=True)
+
+# -- tags ------------------------------------------------------------------------------------------
+st.subheader("Tags")
+_panels.tag_form(pick, traj_id, "replay")
 
 # -- tokens ----------------------------------------------------------------------------------------
 st.subheader("Tokens")
