@@ -3,6 +3,13 @@ the web app's launcher imports this module to build and validate forms.
 
 Every field has a docstring under it. ``TrainConfig.from_dict`` refuses unknown keys and wrong
 types, ``validate`` refuses out-of-range values; both name the bad field, before any work starts.
+
+Algorithm defaults are applied by the config itself, so ``TrainConfig(algo="starpo_s")`` from
+Python trains what ``--algo starpo_s`` trains. A field whose default is written ``by_algo(x)``
+takes the value the algorithm is defined with (core/algorithms.py, e.g. StarPO-S's clip-higher)
+unless it was given explicitly; ``x`` is the value for algorithms that declare none. Explicit
+values win wherever they come from: keyword arguments, ``from_dict`` (presets, YAML, the Train
+page), ``replace`` (which re-applies the defaults of a changed ``algo`` to the fields not given).
 """
 from __future__ import annotations
 
@@ -13,14 +20,31 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from core import budget
+from core.algorithms import ALGORITHMS, ALGOS, GROUP_ALGOS  # noqa: F401 (re-exported)
 from core.budget import ConfigError, available_memory, rollout_memory  # noqa: F401 (re-exported)
 
 ENVS = ("search", "apps", "frozenlake", "sokoban", "bandit")
 MODELS = ("tiny", "smollm2-135m")
-ALGOS = ("grpo", "dr_grpo", "rloo", "ppo", "starpo_s", "gigpo")
-GROUP_ALGOS = ("grpo", "dr_grpo", "rloo", "starpo_s", "gigpo")
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 CLIP_MODES = ("ppo", "log")
+
+
+class _ByAlgo:
+    """Marks a field's default as "the algorithm's, else this": a float or str that __post_init__
+    recognises (an explicit value, even an equal one, is a plain float or str and is kept)."""
+
+
+class _FloatByAlgo(float, _ByAlgo):
+    pass
+
+
+class _StrByAlgo(str, _ByAlgo):
+    pass
+
+
+def by_algo(value: float | str):
+    """A field default the algorithm's own defaults (core/algorithms.py) override."""
+    return _FloatByAlgo(value) if isinstance(value, float) else _StrByAlgo(value)
 
 
 @dataclass
@@ -31,7 +55,7 @@ class TrainConfig:
     model: str = "tiny"
     """tiny (random 2-layer Llama, SmolLM2 tokenizer) | smollm2-135m | a local HF model dir."""
     algo: str = "grpo"
-    """Advantage estimator / loss family: grpo | dr_grpo | rloo | ppo | starpo_s | gigpo."""
+    """Algorithm (core/algorithms.py): grpo | dr_grpo | rloo | ppo | starpo_s | gigpo | loop."""
     name: str = ""
     """Run name shown in the app (defaults to the run id)."""
     db: str = "runs/store.duckdb"
@@ -111,24 +135,30 @@ class TrainConfig:
     """AdamW learning rate for the SFT warm start."""
     sft_batch_size: int = 8
     """Demonstrations per SFT step."""
-    kl_coef: float = 0.001
-    """Coefficient of the k3 KL penalty to the adapter-disabled reference (0 = off)."""
-    clip_eps_low: float = 0.2
-    """PPO ratio clip below 1 (ratio >= 1 - eps_low)."""
-    clip_eps_high: float = 0.2
-    """PPO ratio clip above 1 (StarPO-S clip-higher uses 0.28)."""
-    clip_mode: str = "ppo"
-    """ppo: clip ratio to [1-eps_low, 1+eps_high]; log: LOOP's [1/(1+eps), 1+eps] with eps_high."""
-    loss_agg: str = "token-mean"
-    """How token losses are averaged: token-mean | seq-mean-token-mean | seq-mean-token-sum-norm."""
+    kl_coef: float = by_algo(0.001)
+    """Coefficient of the k3 KL penalty to the adapter-disabled reference (0 = off; starpo_s and
+    loop default to 0)."""
+    clip_eps_low: float = by_algo(0.2)
+    """PPO ratio clip below 1 (ratio >= 1 - eps_low; loop 0.1)."""
+    clip_eps_high: float = by_algo(0.2)
+    """PPO ratio clip above 1 (starpo_s clip-higher 0.28; loop 0.1)."""
+    clip_mode: str = by_algo("ppo")
+    """ppo: clip ratio to [1-eps_low, 1+eps_high]; log: LOOP's [1/(1+eps), 1+eps] with eps_high
+    (loop's default)."""
+    dual_clip: float = 0.0
+    """Dual-clip c > 1 (Ye et al. 2020; verl uses 3): for A < 0 the token loss is capped at -A * c,
+    so a ratio far above 1 on a bad action cannot blow up the update. 0 = off."""
+    loss_agg: str = by_algo("token-mean")
+    """How token losses are averaged: token-mean | seq-mean-token-mean (loop: each rollout's
+    tokens, then the rollouts) | seq-mean-token-sum-norm."""
     ppo_epochs: int = 1
     """Passes over one rollout batch (using the stored sampling logprobs)."""
     minibatches: int = 1
     """Optimizer steps per epoch (the batch is split into this many minibatches)."""
     max_grad_norm: float = 1.0
     """Gradient clipping threshold (the norm before clipping is recorded)."""
-    min_abs_advantage: float = 0.0
-    """Drop trajectories with |A| below this from the update (LOOP uses 0.01)."""
+    min_abs_advantage: float = by_algo(0.0)
+    """Drop trajectories with |A| below this from the update (loop's default 0.01)."""
     starpo_keep: float = 0.25
     """StarPO-S: fraction of task groups kept, by in-group reward std."""
     gigpo_weight: float = 1.0
@@ -171,6 +201,18 @@ class TrainConfig:
     """Where adapters are saved (default: next to the database, under checkpoints/RUN_ID)."""
 
     # ------------------------------------------------------------------------------------------
+    def __post_init__(self) -> None:
+        # Fields still at their by_algo default take the algorithm's value; an unknown algo is
+        # left for validate() to name.
+        algo = ALGORITHMS.get(self.algo)
+        own = algo.defaults if algo is not None else {}
+        self._from_algo = frozenset(f.name for f in fields(self)
+                                    if isinstance(getattr(self, f.name), _ByAlgo))
+        for name in self._from_algo:
+            base = getattr(self, name)
+            value = own.get(name, base)
+            setattr(self, name, float(value) if isinstance(base, float) else str(value))
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "TrainConfig":
         known = {f.name: f for f in fields(cls)}
@@ -194,7 +236,10 @@ class TrainConfig:
         return cls.from_dict(data)
 
     def replace(self, **changes: Any) -> "TrainConfig":
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes``; fields that came from the algorithm's defaults are filled
+        again from the (possibly new) algorithm's, explicit ones are kept."""
+        again = {n: getattr(TrainConfig, n) for n in self._from_algo if n not in changes}
+        return dataclasses.replace(self, **again, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -314,6 +359,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(0 <= cfg.clip_eps_low < 1, "clip_eps_low", "must be in [0, 1)")
     need(cfg.clip_eps_high >= 0, "clip_eps_high", "must be >= 0")
     need(cfg.clip_mode in CLIP_MODES, "clip_mode", f"must be one of {', '.join(CLIP_MODES)}")
+    need(cfg.dual_clip == 0 or cfg.dual_clip > 1, "dual_clip", "must be 0 (off) or > 1")
     need(cfg.loss_agg in LOSS_AGGS, "loss_agg", f"must be one of {', '.join(LOSS_AGGS)}")
     need(cfg.ppo_epochs >= 1, "ppo_epochs", "must be >= 1")
     need(cfg.minibatches >= 1, "minibatches", "must be >= 1")

@@ -1,15 +1,17 @@
 """Credit assignment: trajectory rewards -> one advantage per trained token, by algorithm.
 
-Each entry of ``CREDIT`` takes the step's scored trajectories and returns per-token advantages
+Each credit step (``STEPS``, named by core/algorithms.py's registry; ``CREDIT`` maps every
+algorithm to its step) takes the step's scored trajectories and returns per-token advantages
 (one float tensor (T_i,) per trajectory, 0 on untrained tokens). It also fills, for the record,
 ``traj.advantage`` (the trajectory's scalar advantage), ``traj.filtered`` (dropped from the
 update) and for turn-level methods ``traj.info["turn_advantages"]``.
 
-    grpo / dr_grpo / rloo   outcome advantage of the trajectory on every one of its tokens
+    outcome                 the algorithm's outcome estimator (grpo, dr_grpo, rloo, loop):
+                            the trajectory's advantage on every one of its tokens
     starpo_s                GRPO + RAGEN's filter: only the top ``starpo_keep`` groups by in-group
                             reward std are trained (whole groups kept or dropped)
     gigpo                   A = A_episode + w * A_step per turn (anchor-state step groups)
-    ppo                     GAE over trained tokens with the value head's estimates, reward on
+    gae (ppo)               GAE over trained tokens with the value head's estimates, reward on
                             each trajectory's last trained token, whitened over the batch (verl)
 After any of them, LOOP's filter drops trajectories with |A| < ``min_abs_advantage``.
 """
@@ -19,8 +21,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from core.advantages import (ESTIMATORS, anchor_key, drop_small, gae, gigpo_step_advantages,
-                             starpo_s_keep)
+from core import algorithms
+from core.advantages import anchor_key, drop_small, gae, gigpo_step_advantages, starpo_s_keep
 from core.trajectory import Trajectory
 
 
@@ -34,9 +36,10 @@ def _rewards(trajs: Sequence[Trajectory]) -> tuple[torch.Tensor, list[str]]:
 
 
 def outcome(trajs: Sequence[Trajectory], cfg, values=None) -> list[torch.Tensor]:
-    """Group-relative outcome advantage (ESTIMATORS[cfg.algo]) spread over the trajectory's tokens."""
-    rewards, gids = _rewards(trajs)
-    adv = ESTIMATORS[cfg.algo](rewards, gids)                          # (B,)
+    """Group-relative outcome advantage (the registry's estimator for ``cfg.algo``) spread over
+    the trajectory's tokens."""
+    estimator = algorithms.get(cfg.algo).estimator
+    adv = estimator([t.reward for t in trajs], [t.group_id for t in trajs])  # (B,) float64
     for t, a in zip(trajs, adv.tolist()):
         t.advantage = a
     return [a * _mask(t).float() for t, a in zip(trajs, adv.tolist())]
@@ -114,10 +117,15 @@ def ppo(trajs: Sequence[Trajectory], cfg, values: Sequence[torch.Tensor] | None 
     return advs
 
 
-CREDIT: dict[str, Callable[..., list[torch.Tensor]]] = {
-    "grpo": outcome, "dr_grpo": outcome, "rloo": outcome,
-    "starpo_s": starpo_s, "gigpo": gigpo, "ppo": ppo,
+STEPS: dict[str, Callable[..., list[torch.Tensor]]] = {
+    "outcome": outcome, "starpo_s": starpo_s, "gigpo": gigpo, "gae": ppo,
 }
+"""Credit step by name (core/algorithms.py ``CREDIT_STEPS``)."""
+
+CREDIT: dict[str, Callable[..., list[torch.Tensor]]] = {
+    name: STEPS[algo.credit] for name, algo in algorithms.ALGORITHMS.items()
+}
+"""Algorithm name -> its credit step, as the registry declares it."""
 
 
 def assign(trajs: Sequence[Trajectory], cfg, values=None) -> list[torch.Tensor]:

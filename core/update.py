@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from core.algorithms import needs_value_head
 from core.diagnostics import GradIncrements, module_grad_norms
 from core.distributed import ONE, Ranks
 from core.losses import policy_loss, value_loss
@@ -177,7 +178,8 @@ def policy_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg,
     n_train, train_tokens = ranks.sum([len(train), sum(s.tokens for s in train)])
     if not n_train:
         return result
-    ppo = cfg.algo == "ppo"
+    ppo = needs_value_head(cfg.algo)
+    dual_clip = cfg.dual_clip if cfg.dual_clip > 0 else None
     t_max = cfg.max_new_tokens * cfg.max_turns
 
     def loss_of(s: Sample, w: float) -> tuple[torch.Tensor, dict]:
@@ -186,7 +188,8 @@ def policy_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg,
         loss, m = policy_loss(out["logprobs"], s.old_logprobs, s.advantages, s.mask,
                               clip_low=cfg.clip_eps_low, clip_high=cfg.clip_eps_high,
                               clip_mode=cfg.clip_mode, agg=cfg.loss_agg,
-                              ref_logprobs=s.ref_logprobs, kl_coef=cfg.kl_coef, t_max=t_max)
+                              ref_logprobs=s.ref_logprobs, kl_coef=cfg.kl_coef, t_max=t_max,
+                              dual_clip=dual_clip)
         loss = loss * w
         if ppo:
             s.values = out["values"].detach()

@@ -1,7 +1,7 @@
 """Advantages the other estimators *would* have given one group, from its stored rewards.
 
-Pandas/numpy mirrors of core/advantages.py (which needs torch, so pages cannot import it); the
-formulas and edge cases are the same and tests/test_pages.py checks them on hand-computed values:
+The estimators are the trainer's own (core/algorithms.py: NumPy, torch-free), not a copy; the
+page passes one group, so every row shares one group id:
 
     grpo     A_i = (r_i - mean) / (std + 1e-6), std unbiased         all-equal group -> 0
     dr_grpo  A_i = r_i - mean                                         all-equal group -> 0
@@ -22,31 +22,20 @@ import hashlib
 import numpy as np
 import pandas as pd
 
-EPS = 1e-6
+from core import algorithms
 
 
-def grpo(rewards) -> np.ndarray:
-    """(r - mean) / (std_unbiased + 1e-6); 0 for a group of one or with all rewards equal."""
-    r = np.asarray(rewards, dtype=float)
-    if len(r) < 2 or np.all(r == r[0]):
-        return np.zeros_like(r)
-    return (r - r.mean()) / (r.std(ddof=1) + EPS)
+def _one_group(name: str):
+    def run(rewards) -> np.ndarray:
+        r = np.asarray(rewards, dtype=float)
+        return getattr(algorithms, name)(r, [0] * len(r))
+    run.__doc__ = f"core.algorithms.{name} of one group of rewards."
+    return run
 
 
-def dr_grpo(rewards) -> np.ndarray:
-    """r - mean (no std division); 0 when all rewards are equal."""
-    r = np.asarray(rewards, dtype=float)
-    if len(r) < 2 or np.all(r == r[0]):
-        return np.zeros_like(r)
-    return r - r.mean()
-
-
-def rloo(rewards) -> np.ndarray:
-    """Leave-one-out: r_k - (sum - r_k) / (K - 1); 0 when K < 2 or all rewards are equal."""
-    r = np.asarray(rewards, dtype=float)
-    if len(r) < 2 or np.all(r == r[0]):
-        return np.zeros_like(r)
-    return r - (r.sum() - r) / (len(r) - 1)
+grpo = _one_group("grpo")
+dr_grpo = _one_group("dr_grpo")
+rloo = _one_group("rloo")
 
 
 def outcome_table(trajs: pd.DataFrame) -> pd.DataFrame:
@@ -87,15 +76,18 @@ def gigpo_steps(trajs: pd.DataFrame, turns: pd.DataFrame, gamma: float = 0.95,
             g = rs[t] + gamma * g
             returns[t] = g
         seen = [prompt.get(tid)] + mine["observation"].tolist()[:-1]
-        for (t, obs_before), ret in zip(zip(mine["turn"], seen), returns):
+        for (t, obs_before), ret, r in zip(zip(mine["turn"], seen), returns, rs):
             rows.append({"traj_id": tid, "turn": int(t), "anchor": _anchor(obs_before)[:8],
-                         "return": ret})
-    out = pd.DataFrame(rows, columns=["traj_id", "turn", "anchor", "return"])
-    out["A_step"] = 0.0
-    for _, idx in out.groupby("anchor").groups.items():
-        values = out.loc[idx, "return"].to_numpy()
-        if len(values) >= 2 and not np.all(values == values[0]):
-            out.loc[idx, "A_step"] = (values - values.mean()) / (values.std(ddof=1) + EPS)
+                         "return": ret, "reward": r})
+    out = pd.DataFrame(rows, columns=["traj_id", "turn", "anchor", "return", "reward"])
+    # the trainer's step advantages (core/algorithms.py), over this one group's turns
+    per_traj = [mine for _, mine in out.groupby("traj_id", sort=False)]
+    steps = algorithms.gigpo_step_advantages([m["reward"].tolist() for m in per_traj],
+                                             [m["anchor"].tolist() for m in per_traj],
+                                             [0] * len(per_traj), gamma=gamma)
+    out["A_step"] = pd.Series([a for m, st in zip(per_traj, steps) for a in st],
+                              index=[i for m in per_traj for i in m.index], dtype=float)
+    out = out.drop(columns="reward")
     out["A_episode"] = out["traj_id"].map(episode)
     out["A_turn"] = out["A_episode"] + weight * out["A_step"]
     return out
