@@ -1,4 +1,5 @@
-"""Checkpoints: the LoRA adapter (+ value head) and the optimizer state after a completed step.
+"""Checkpoints: the LoRA adapter (+ value head), the frozen KL-reference adapter once RL has
+started (kl_reference=sft), and the optimizer state after a completed step.
 
 One file per run, replaced atomically (write to a temp file, then rename), so a run killed at any
 moment leaves either the previous checkpoint or the new one, never a torn file. ``--resume``
@@ -34,6 +35,9 @@ class Checkpoint:
     adapter: dict
     value_head: dict | None
     optimizer: dict
+    reference: dict | None = None
+    """The frozen KL-reference adapter (None before RL, with kl_reference=base, and in
+    checkpoints written before it was stored)."""
 
 
 def save(directory: Path, policy, optimizer, step: int, phase: str, config: dict) -> Path:
@@ -47,6 +51,7 @@ def save(directory: Path, policy, optimizer, step: int, phase: str, config: dict
         "adapter": get_peft_model_state_dict(policy.model, save_embedding_layers=False),
         "value_head": policy.value_head.state_dict() if policy.value_head is not None else None,
         "optimizer": optimizer.state_dict(),
+        "reference": policy.reference_state(),
     }
     tmp = directory / (FILE + ".tmp")
     torch.save(state, tmp)
@@ -61,11 +66,12 @@ def load(directory: Path) -> Checkpoint | None:
     state = torch.load(path, map_location="cpu", weights_only=True)
     return Checkpoint(step=int(state["step"]), phase=state["phase"],
                       config=json.loads(state["config"]), adapter=state["adapter"],
-                      value_head=state["value_head"], optimizer=state["optimizer"])
+                      value_head=state["value_head"], optimizer=state["optimizer"],
+                      reference=state.get("reference"))
 
 
 def restore(ckpt: Checkpoint, policy, optimizer) -> None:
-    """Put the checkpoint's adapter, value head and optimizer state back in place."""
+    """Put the checkpoint's adapter, value head, reference adapter and optimizer state back."""
     from peft import set_peft_model_state_dict
     result = set_peft_model_state_dict(policy.model, ckpt.adapter)
     missing = [k for k in getattr(result, "unexpected_keys", [])]
@@ -73,6 +79,8 @@ def restore(ckpt: Checkpoint, policy, optimizer) -> None:
         raise RuntimeError(f"checkpoint does not fit the model: unexpected keys {missing[:3]}")
     if ckpt.value_head is not None and policy.value_head is not None:
         policy.value_head.load_state_dict(ckpt.value_head)
+    if ckpt.reference is not None:
+        policy.freeze_reference(ckpt.reference)
     optimizer.load_state_dict(ckpt.optimizer)
 
 

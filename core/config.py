@@ -27,6 +27,7 @@ ENVS = ("search", "apps", "frozenlake", "sokoban", "bandit")
 MODELS = ("tiny", "smollm2-135m")
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 CLIP_MODES = ("ppo", "log")
+KL_REFERENCES = ("sft", "base")
 
 
 class _ByAlgo:
@@ -124,7 +125,8 @@ class TrainConfig:
     lora_alpha: int = 32
     """LoRA alpha (scale = alpha / r)."""
     lora_dropout: float = 0.0
-    """LoRA dropout."""
+    """Dropout on the LoRA adapters' input, in the update's forward and backward only (SFT and
+    RL); sampling, scoring and evaluation never drop out."""
     lora_targets: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
     """Comma-separated module names wrapped by LoRA."""
 
@@ -136,8 +138,13 @@ class TrainConfig:
     sft_batch_size: int = 8
     """Demonstrations per SFT step."""
     kl_coef: float = by_algo(0.001)
-    """Coefficient of the k3 KL penalty to the adapter-disabled reference (0 = off; starpo_s and
-    loop default to 0)."""
+    """Coefficient of the k3 KL penalty to the reference policy (kl_reference; 0 = off; starpo_s
+    and loop default to 0)."""
+    kl_reference: str = "sft"
+    """The policy the KL penalty (and the recorded ref_logprob) compares to. sft: the policy at
+    the start of RL, i.e. after the SFT warm start (a frozen copy of the adapter, as TRL and verl
+    do; without SFT steps it equals the base model); base: the base model (adapters off), which
+    pulls the policy back from the format SFT taught."""
     clip_eps_low: float = by_algo(0.2)
     """PPO ratio clip below 1 (ratio >= 1 - eps_low; loop 0.1)."""
     clip_eps_high: float = by_algo(0.2)
@@ -356,6 +363,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(0 < cfg.sft_lr < 1, "sft_lr", "must be in (0, 1)")
     need(cfg.sft_batch_size >= 1, "sft_batch_size", "must be >= 1")
     need(cfg.kl_coef >= 0, "kl_coef", "must be >= 0")
+    need(cfg.kl_reference in KL_REFERENCES, "kl_reference",
+         f"must be one of {', '.join(KL_REFERENCES)}")
     need(0 <= cfg.clip_eps_low < 1, "clip_eps_low", "must be in [0, 1)")
     need(cfg.clip_eps_high >= 0, "clip_eps_high", "must be >= 0")
     need(cfg.clip_mode in CLIP_MODES, "clip_mode", f"must be one of {', '.join(CLIP_MODES)}")

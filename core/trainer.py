@@ -105,6 +105,12 @@ class _Run:
                 if ckpt.config.get(key) != getattr(cfg, key):
                     raise TrainingError(f"cannot resume {self.run_id}: checkpoint has {key}="
                                         f"{ckpt.config.get(key)!r}, config has {getattr(cfg, key)!r}")
+            # Once RL has begun its KL reference is fixed (a checkpoint from before kl_reference
+            # existed compared to the base model).
+            had = ckpt.config.get("kl_reference", "base")
+            if ckpt.phase == "rl" and had != cfg.kl_reference:
+                raise TrainingError(f"cannot resume {self.run_id}: its RL steps used "
+                                    f"kl_reference={had!r}, config has {cfg.kl_reference!r}")
             checkpoint.restore(ckpt, self.policy, self.sft_opt if ckpt.phase == "sft" else self.rl_opt)
             done = ckpt.step
         self.recorder.delete_steps_after(done)
@@ -217,6 +223,10 @@ class _Run:
     def rl_step(self, step: int) -> "_Step":
         cfg, policy, ranks = self.cfg, self.policy, self.ranks
         t0 = time.perf_counter()
+        if cfg.kl_reference == "sft" and not policy.has_reference:
+            # the first RL step (or a resume from the last SFT checkpoint): the policy as SFT
+            # left it becomes the KL reference; a resumed RL phase restored it from the checkpoint
+            policy.freeze_reference()
         tasks = self.tasks_for(step - cfg.sft_steps - 1, cfg.tasks_per_step, salt=0)
         mine = ranks.block(len(tasks))  # this rank's whole groups
         own = rollout(policy, self.env, tasks[mine.start:mine.stop], group_size=cfg.group_size,
@@ -268,7 +278,8 @@ class _Run:
             t.failure_class = classify_trajectory(t)
         t2 = time.perf_counter()
         samples = make_samples(demos)
-        result = sft_update(self.policy, self.sft_opt, samples, cfg, ranks=self.ranks)
+        result = sft_update(self.policy, self.sft_opt, samples, cfg, ranks=self.ranks,
+                            seed=self._seed(step))
         self._check_bad(result.bad, step)
         t3 = time.perf_counter()
         ok, reward, n = self.ranks.sum([sum(float(success_of(t)) for t in demos),

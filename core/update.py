@@ -4,7 +4,13 @@ One microbatch per trajectory (B = 1, no padding), gradients accumulated over a 
 norm of each trajectory's increment to the accumulated gradient is recorded as its own gradient
 norm (``trajectories.grad_norm``): a grad-norm spike can be traced to the trajectories behind it.
 Each microbatch's loss is weighted so that the accumulated gradient equals the gradient of the
-whole minibatch's loss under the configured aggregation (core/losses.py decides the modes).
+whole minibatch's loss under the configured aggregation (core/losses.py decides the modes). PPO's
+value loss is the token mean over the same minibatch, whatever ``minibatches`` is: splitting a
+batch into minibatches changes how often the critic steps, not the size of each step.
+
+``lora_dropout`` acts in the update's forward and backward only (``Policy.dropout``, its masks
+drawn from the update's seed); sampling, the old-logprob, value and reference passes and
+evaluation run without it, so they are deterministic.
 
 Per optimizer step: norm before clipping -> clip -> step. A non-finite loss or gradient skips the
 step (recorded); an approximate KL to the sampling policy above ``kl_abort`` aborts the rest of
@@ -70,7 +76,9 @@ def _temp(cfg) -> float:
 
 
 def score_reference(policy: Policy, samples: Sequence[Sample], cfg) -> None:
-    """The reference policy's (adapters off) logprobs of every trained token, for KL and record."""
+    """The KL reference's logprobs of every trained token, for KL and record: the adapter frozen
+    at the start of RL, or the base model (adapters off) with ``kl_reference=base``
+    (``Policy.reference``)."""
     with torch.no_grad(), policy.reference():
         for s in samples:
             s.ref_logprobs = token_logprobs(policy, s.ids, s.mask, temperature=_temp(cfg))["logprobs"]
@@ -95,33 +103,38 @@ class UpdateResult:
     """Why an optimizer step was skipped for non-finite values (None when all were fine)."""
 
 
-def _weights(samples: Sequence[Sample], agg: str, ranks: Ranks = ONE) -> list[float]:
-    """Per-trajectory loss weights making the accumulated loss the minibatch's aggregate
-    (the minibatch being the union of every rank's ``samples``)."""
-    if agg == "sum":  # the loss already carries its own normalisation
-        return [1.0] * len(samples)
+def _weights(samples: Sequence[Sample], agg: str, ranks: Ranks = ONE
+             ) -> tuple[list[float], list[float]]:
+    """Per-trajectory loss weights making the accumulated loss the minibatch's aggregate (the
+    minibatch being the union of every rank's ``samples``): the policy loss's under ``agg``, and
+    the token mean's, ``tokens_i / sum_j tokens_j``, which the value loss always uses."""
     tokens, nonempty, count = ranks.sum([sum(s.tokens for s in samples),
                                          sum(1 for s in samples if s.tokens), len(samples)])
+    by_token = [s.tokens / (tokens or 1) for s in samples]
+    if agg == "sum":  # the loss already carries its own normalisation
+        return [1.0] * len(samples), by_token
     if agg == "token-mean":
-        total = tokens or 1
-        return [s.tokens / total for s in samples]
+        return by_token, by_token
     if agg == "seq-mean-token-mean":
         n = nonempty or 1
-        return [1.0 / n if s.tokens else 0.0 for s in samples]
-    return [1.0 / max(count, 1)] * len(samples)
+        return [1.0 / n if s.tokens else 0.0 for s in samples], by_token
+    return [1.0 / max(count, 1)] * len(samples), by_token
 
 
 def _optimizer_step(policy: Policy, optimizer, samples: Sequence[Sample],
-                    loss_of: Callable[[Sample, float], tuple[torch.Tensor, dict]], cfg,
+                    loss_of: Callable[[Sample, float, float], tuple[torch.Tensor, dict]], cfg,
                     record_grad_norms: bool, result: UpdateResult,
                     abort_kl: float | None = None, ranks: Ranks = ONE) -> list[tuple[Sample, dict]]:
-    """Accumulate the microbatches of one minibatch, then clip and step. Returns per-sample stats."""
+    """Accumulate the microbatches of one minibatch, then clip and step. Returns per-sample stats.
+
+    ``loss_of(sample, w, w_token)`` gets the sample's policy-loss weight and token-mean weight
+    within the minibatch (``_weights``)."""
     params = policy.trainable_parameters()
     optimizer.zero_grad(set_to_none=False)
     tracker = GradIncrements(params) if record_grad_norms else None
     stats = []
-    for s, w in zip(samples, _weights(samples, cfg.loss_agg, ranks)):
-        loss, m = loss_of(s, w)
+    for s, w, w_token in zip(samples, *_weights(samples, cfg.loss_agg, ranks)):
+        loss, m = loss_of(s, w, w_token)
         if not torch.isfinite(loss):
             result.bad = f"non-finite loss on {s.traj.traj_id}"
             result.metrics["update/nonfinite_loss"] = 1.0
@@ -175,14 +188,14 @@ def policy_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg,
     On several ranks, optimizer step k takes the k-th minibatch of every rank's samples."""
     result = UpdateResult(metrics={"update/steps": 0.0})
     train = [s for s in samples if s.tokens and not s.traj.filtered]
-    n_train, train_tokens = ranks.sum([len(train), sum(s.tokens for s in train)])
+    n_train = ranks.sum([len(train)])[0]
     if not n_train:
         return result
     ppo = needs_value_head(cfg.algo)
     dual_clip = cfg.dual_clip if cfg.dual_clip > 0 else None
     t_max = cfg.max_new_tokens * cfg.max_turns
 
-    def loss_of(s: Sample, w: float) -> tuple[torch.Tensor, dict]:
+    def loss_of(s: Sample, w: float, w_token: float) -> tuple[torch.Tensor, dict]:
         out = token_logprobs(policy, s.ids, s.mask, temperature=_temp(cfg), with_values=ppo)
         s.new_logprobs = out["logprobs"].detach()
         loss, m = policy_loss(out["logprobs"], s.old_logprobs, s.advantages, s.mask,
@@ -194,26 +207,31 @@ def policy_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg,
         if ppo:
             s.values = out["values"].detach()
             vloss, vm = value_loss(out["values"], s.returns, s.mask)
-            loss = loss + cfg.vf_coef * vloss * (s.tokens / max(train_tokens, 1))
+            # token mean over this minibatch (all ranks'), like the policy loss: not over the
+            # whole batch, which would shrink the critic's step by the number of minibatches
+            loss = loss + cfg.vf_coef * vloss * w_token
             m = {**m, **vm}
         return loss, m
 
     rng = random.Random(seed)
     all_stats: list[tuple[Sample, dict]] = []
-    for epoch in range(cfg.ppo_epochs):
-        order = list(train)
-        if cfg.minibatches > 1:
-            rng.shuffle(order)
-        for batch in _minibatches(order, cfg.minibatches, ranks):
-            stats = _optimizer_step(policy, optimizer, batch, loss_of, cfg,
-                                    record_grad_norms=epoch == 0, result=result,
-                                    abort_kl=cfg.kl_abort, ranks=ranks)
-            if epoch == 0:
-                all_stats += stats
+    # dropout spans forward and backward: the logits' checkpointed recomputation must meet the
+    # same layers in the same mode, with the same masks
+    with policy.dropout(seed=seed + 7_919 * ranks.rank):
+        for epoch in range(cfg.ppo_epochs):
+            order = list(train)
+            if cfg.minibatches > 1:
+                rng.shuffle(order)
+            for batch in _minibatches(order, cfg.minibatches, ranks):
+                stats = _optimizer_step(policy, optimizer, batch, loss_of, cfg,
+                                        record_grad_norms=epoch == 0, result=result,
+                                        abort_kl=cfg.kl_abort, ranks=ranks)
+                if epoch == 0:
+                    all_stats += stats
+                if result.bad or "update/kl_aborted" in result.metrics:
+                    break
             if result.bad or "update/kl_aborted" in result.metrics:
                 break
-        if result.bad or "update/kl_aborted" in result.metrics:
-            break
     result.metrics.update(_loss_metrics(all_stats, ranks))
     result.metrics["update/trained_trajectories"] = float(n_train)
     return result
@@ -269,15 +287,15 @@ def _loss_metrics(stats: list[tuple[Sample, dict]], ranks: Ranks = ONE) -> dict[
 
 
 def sft_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg,
-               ranks: Ranks = ONE) -> UpdateResult:
+               ranks: Ranks = ONE, seed: int = 0) -> UpdateResult:
     """One step of supervised fine-tuning: token-mean negative log-likelihood of the trained tokens
-    (the mean over every rank's tokens)."""
+    (the mean over every rank's tokens), with LoRA dropout drawn from ``seed``."""
     result = UpdateResult(metrics={"update/steps": 0.0})
     train = [s for s in samples if s.tokens]
     total = int(ranks.sum([sum(s.tokens for s in train)])[0])
     losses = []
 
-    def loss_of(s: Sample, w: float) -> tuple[torch.Tensor, dict]:
+    def loss_of(s: Sample, w: float, w_token: float) -> tuple[torch.Tensor, dict]:
         lp = token_logprobs(policy, s.ids, s.mask)["logprobs"]
         s.new_logprobs = lp.detach()
         nll = -(lp * s.mask).sum() / max(total, 1)
@@ -285,8 +303,9 @@ def sft_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg,
         return nll, {}
 
     sft_cfg = _SftView(cfg)
-    _optimizer_step(policy, optimizer, train, loss_of, sft_cfg, record_grad_norms=True, result=result,
-                    ranks=ranks)
+    with policy.dropout(seed=seed + 7_919 * ranks.rank):
+        _optimizer_step(policy, optimizer, train, loss_of, sft_cfg, record_grad_norms=True,
+                        result=result, ranks=ranks)
     result.metrics = {"sft/loss": ranks.sum([sum(losses)])[0], "sft/grad_norm": result.metrics.get("grad/norm", 0.0),
                       "sft/tokens": float(total), **{k: v for k, v in result.metrics.items()
                                                      if k.startswith("update/")}}
