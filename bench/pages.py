@@ -74,6 +74,20 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def browser_cpu() -> dict[int, float]:
+    """CPU seconds so far of each Chromium process this script started (pid -> seconds)."""
+    import psutil
+    out = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "chrom" in child.name():
+                t = child.cpu_times()
+                out[child.pid] = t.user + t.system
+        except psutil.Error:
+            continue
+    return out
+
+
 def load(page, url: str, title: str, timeout_s: float) -> float:
     """Open ``url``; seconds until the page titled ``title`` has rendered and its script ended."""
     t0 = time.perf_counter()
@@ -187,6 +201,9 @@ def main() -> None:
             try:
                 rss_idle, cpu_idle, started = kib(proc.pid, "VmRSS"), cpu_s(proc.pid), time.time()
                 times: dict[str, list[float]] = {title: [] for _, title in pages}
+                # CPU seconds per load, browser (all its processes) and server: less sensitive
+                # than wall time to what else the machine runs.
+                cpus: dict[str, list[tuple[float, float]]] = {title: [] for _, title in pages}
                 with sync_playwright() as p:
                     browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
                     ctx = browser.new_context(viewport={"width": 1400, "height": 2400})
@@ -196,9 +213,13 @@ def main() -> None:
                         for path, title in pages[k:] + pages[:k]:
                             query = {"store": str(stores / store.name), "run": big_store.RUN,
                                      "step": step, **deep.get(path, {})}
+                            b0, s0 = browser_cpu(), cpu_s(proc.pid)
                             times[title].append(load(
                                 page, f"{url}/{path}?{urllib.parse.urlencode(query)}", title,
                                 args.timeout))
+                            b1 = browser_cpu()
+                            cpus[title].append((sum(v - b0.get(k, 0.0) for k, v in b1.items()),
+                                                cpu_s(proc.pid) - s0))
                             check_shown(page, title, deep.get(path, {}).get("traj"))
                             if args.shots and rnd == 0:
                                 Path(args.shots).mkdir(parents=True, exist_ok=True)
@@ -221,12 +242,16 @@ def main() -> None:
     print(f"store {store.name}: {store.stat().st_size / 2**20:.0f} MiB, run {big_store.RUN} "
           f"at step {step}; {args.repeats} warm loads per page, order rotated each round")
     print(f"{'page':10s} {'cold ms':>9s} {'warm ms (median)':>17s} {'warm min':>9s} "
-          f"{'warm max':>9s}")
+          f"{'warm max':>9s} {'warm CPU ms: browser':>21s} {'server':>7s}")
     for _, title in pages:
         cold, warm = times[title][0], times[title][1:]
         med = statistics.median(warm) if warm else float("nan")
         lo, hi = (min(warm), max(warm)) if warm else (float("nan"),) * 2
-        print(f"{title:10s} {1e3 * cold:9.0f} {1e3 * med:17.0f} {1e3 * lo:9.0f} {1e3 * hi:9.0f}")
+        warm_cpu = cpus[title][1:] or [(float("nan"),) * 2]
+        b_med = statistics.median(b for b, _ in warm_cpu)
+        s_med = statistics.median(s for _, s in warm_cpu)
+        print(f"{title:10s} {1e3 * cold:9.0f} {1e3 * med:17.0f} {1e3 * lo:9.0f} {1e3 * hi:9.0f} "
+              f"{1e3 * b_med:21.0f} {1e3 * s_med:7.0f}")
     for name, taken in acted.items():
         print(f"Replay {name}: median {1e3 * statistics.median(taken):.0f} ms, min "
               f"{1e3 * min(taken):.0f}, max {1e3 * max(taken):.0f} ({len(taken)} times; "
