@@ -270,7 +270,7 @@ def _metric(db, run_id, name, step):
     return float(m[m["step"] == step]["value"].iloc[0])
 
 
-def test_kl_reference_is_the_policy_after_sft_or_the_base_model(tmp_path, env):
+def test_kl_reference_is_the_policy_after_sft_or_the_base_model(tmp_path):
     cfg = _run_cfg(tmp_path)
     run = _train(cfg)
     [config] = [queries.run_config(c) for c in queries.runs(cfg.db)["config"]]
