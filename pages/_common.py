@@ -91,21 +91,22 @@ ONE_ENTRY_PER_PAGE = """<script>
   if (h.agentrlOneEntryPerPage) return;
   h.agentrlOneEntryPerPage = true;
   const push = h.pushState.bind(h);
-  let leaving = false;
+  let leaving = 0;  // when a link to another page was clicked (its path comes within seconds)
   document.addEventListener("click", (e) => {
     const a = e.target.closest && e.target.closest("a[href]");
-    if (!a || e.button !== 0 || e.ctrlKey || e.metaKey || e.shiftKey || a.target === "_blank") return;
+    if (!a || e.button !== 0 || e.ctrlKey || e.metaKey || e.shiftKey) return;
+    if (a.target === "_blank") return;
     const to = new URL(a.href, location.href);
-    leaving = to.origin === location.origin && to.pathname !== location.pathname;
+    leaving = to.origin === location.origin && to.pathname !== location.pathname ? Date.now() : 0;
   }, true);
-  window.addEventListener("popstate", () => { leaving = false; });
+  window.addEventListener("popstate", () => { leaving = 0; });
   h.pushState = (state, unused, url) => {
     const path = url == null ? location.pathname : new URL(url, location.href).pathname;
     if (path !== location.pathname) {
-      leaving = false;
+      leaving = 0;
       return push(state, unused, url);
     }
-    return leaving ? undefined : h.replaceState(state, unused, url);
+    return Date.now() - leaving < 30000 ? undefined : h.replaceState(state, unused, url);
   };
 })();
 </script>"""
