@@ -1,6 +1,8 @@
 """Every relative link in README.md and docs/*.md leads somewhere: the file exists and, when
 the link names a heading (`file.md#anchor`), that heading is in the file. Sections move between
-the README and docs/; a link copied along with its text keeps pointing from the old place."""
+the README and docs/; a link copied along with its text keeps pointing from the old place.
+Likewise every repository path they name in backticks (`core/envs/games/`, `storage/io.py`):
+the map of the code has to follow the code when files move."""
 from __future__ import annotations
 
 import re
@@ -13,6 +15,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)     # code blocks hold JSON and shell, not links
 CODE = re.compile(r"`[^`\n]*`")
+PATH = re.compile(r"(?<![\w./-])((?:core|storage|pages|bench|tests|docs|sample_runs)/[\w./*-]*|app\.py)")
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 
 
@@ -41,6 +44,13 @@ def broken(doc: Path) -> list[str]:
     return bad
 
 
+def missing_paths(text: str) -> list[str]:
+    """Repository paths named in inline code that are not in the checkout (globs allowed)."""
+    named = (m for code in CODE.findall(FENCE.sub("", text)) for m in PATH.findall(code))
+    paths = (m.split("::")[0].rstrip(".") for m in named)        # tests/x.py::test_y
+    return [p for p in paths if not (ROOT / p).exists() and not any(ROOT.glob(p))]
+
+
 def test_the_checker_sees_what_is_broken(tmp_path):
     (tmp_path / "there.md").write_text("# A heading\n")
     doc = tmp_path / "doc.md"
@@ -54,3 +64,13 @@ def test_the_checker_sees_what_is_broken(tmp_path):
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_exists(doc):
     assert broken(doc) == []
+
+
+def test_the_path_checker_sees_a_moved_file():
+    assert missing_paths("`core/envs/search.py` and `core/envs/apps*.py` (see `storage/io.py`)") \
+        == ["core/envs/search.py", "core/envs/apps*.py"]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_named_path_exists(doc):
+    assert missing_paths(doc.read_text()) == []
