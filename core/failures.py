@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from core.envs.search import parse_action
+from core.envs.search.env import parse_action
 from core.rewards import PROPER_ENDINGS, TOOL_ACTIONS
 
 if TYPE_CHECKING:

@@ -6,9 +6,9 @@ import sys
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from core.envs.apps import MAX_OBS_CHARS, AppsEnv, tool_text
-from core.envs.apps_api import ENDPOINTS, TYPES
-from core.envs.apps_tasks import COLLATERAL_TEST, TEMPLATES
+from core.envs.apps.env import MAX_OBS_CHARS, AppsEnv, tool_text
+from core.envs.apps.api import ENDPOINTS, TYPES
+from core.envs.apps.tasks import COLLATERAL_TEST, TEMPLATES
 from core.envs.base import REGISTRY, make_env
 from tests.conftest import ROOT
 
@@ -330,7 +330,7 @@ def test_code_with_a_syntax_error_is_invalid(episode):
 
 
 def test_environments_do_not_import_torch():
-    code = "import sys, core.envs.apps; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, core.envs.apps.env; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 

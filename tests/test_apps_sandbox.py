@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from core.envs.apps import MAX_OBS_CHARS, tool_text
-from core.envs.apps_sandbox import check_source, run_code
+from core.envs.apps.env import MAX_OBS_CHARS, tool_text
+from core.envs.apps.sandbox.parent import check_source, run_code
 from core.envs.base import make_env
 
 
@@ -35,7 +35,7 @@ def _sandbox_pids() -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if b"apps_sandbox_child.py" in (entry / "cmdline").read_bytes():
+                if b"sandbox/child.py" in (entry / "cmdline").read_bytes():
                     out.append(int(entry.name))
             except OSError:
                 pass

@@ -1,7 +1,7 @@
 import pytest
 
 from core.envs.base import Outcome, make_env
-from core.envs.search import INVALID_FEEDBACK, SearchEnv
+from core.envs.search.env import INVALID_FEEDBACK, SearchEnv
 from core.failures import FAILURE_CLASSES, classify, classify_trajectory, describe
 from core.trajectory import Trajectory, Turn
 

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from core.envs.base import REGISTRY, Task, make_env
-from core.envs.grid import INVALID_PENALTY, parse_answer, split_of
+from core.envs.games.grid import INVALID_PENALTY, parse_answer, split_of
 
 GRID_ACTIONS = ("Up", "Down", "Left", "Right")
 ENVS = ["frozenlake", "sokoban", "bandit"]
@@ -82,7 +82,7 @@ def test_envs_write_no_chat_markers(name):
 
 
 def test_envs_do_not_import_torch():
-    code = ("import sys; import core.envs.frozenlake, core.envs.sokoban, core.envs.bandit; "
+    code = ("import sys; import core.envs.games.frozenlake, core.envs.games.sokoban, core.envs.games.bandit; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -200,7 +200,7 @@ def test_frozenlake_slips_one_fifth_of_moves_sideways():
 
 
 def test_frozenlake_levels_have_paths_and_expert_mostly_wins():
-    from core.envs.frozenlake import shortest_path
+    from core.envs.games.frozenlake import shortest_path
     env = make_env("frozenlake")
     tasks = env.tasks("train", 100, 0)
     assert all(shortest_path(tuple(t.meta["lake"]), tuple(t.meta["start"])) >= 2 for t in tasks)
@@ -257,7 +257,7 @@ def test_sokoban_rejects_malformed_levels():
 
 
 def test_sokoban_every_level_solvable_and_expert_solves_it_optimally():
-    from core.envs.sokoban import Level, solve
+    from core.envs.games.sokoban import Level, solve
     env = make_env("sokoban")
     tasks = env.tasks("train", 150, 0) + env.tasks("heldout", 60, 3)
     rows = [tuple(t.meta["rows"]) for t in tasks]

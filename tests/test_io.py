@@ -155,7 +155,7 @@ def _apps_episodes():
     """Two real apps episodes, each as (generic record, the trainer's Trajectory of it): the
     expert's plan with one unread mail archived as well (collateral damage), and with one
     required archive left out (an unmet state test)."""
-    from core.envs.apps import tool_text
+    from core.envs.apps.env import tool_text
     from core.envs.base import make_env
     from core.trajectory import Trajectory, Turn
     env = make_env("apps", templates="archive_read_newsletters")

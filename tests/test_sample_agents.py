@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from core.envs.apps import make_task
-from core.envs.apps_tasks import COLLATERAL_TEST, TEMPLATES
+from core.envs.apps.env import make_task
+from core.envs.apps.tasks import COLLATERAL_TEST, TEMPLATES
 from core.envs.base import make_env
 from core.failures import classify_trajectory
 from core.trajectory import Trajectory, Turn

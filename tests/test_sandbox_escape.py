@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from core.envs import apps_sandbox
+from core.envs.apps.sandbox import parent as apps_sandbox
 from core.envs.base import make_env
 
 ESCAPE = """

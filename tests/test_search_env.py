@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from core.envs.base import REGISTRY, make_env
-from core.envs.search import (INVALID_FEEDBACK, SearchEnv, contains_answer, format_information,
+from core.envs.search.env import (INVALID_FEEDBACK, SearchEnv, contains_answer, format_information,
                               parse_action)
-from core.envs.world import RELATIONS, Doc, generate_world
+from core.envs.search.world import RELATIONS, Doc, generate_world
 from tests.conftest import ROOT
 
 
@@ -267,7 +267,7 @@ def test_expert_takes_over_a_partial_trajectory(env):
 
 def test_registered_and_torch_free():
     assert "search" in REGISTRY and make_env("search", topk=2, seed=3).topk == 2
-    code = "import sys, core.envs.search, core.rewards; sys.exit('torch' in sys.modules)"
+    code = "import sys, core.envs.search.env, core.rewards; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 

@@ -142,12 +142,30 @@ def observation_role(env: Environment) -> str:
     return role
 
 
+BUILTIN: dict[str, str] = {
+    "search": "core.envs.search.env", "apps": "core.envs.apps.env",
+    "frozenlake": "core.envs.games.frozenlake", "sokoban": "core.envs.games.sokoban",
+    "bandit": "core.envs.games.bandit"}
+"""The built-in environments' names and the modules that register them (imported on demand:
+apps and search pull in SQLite worlds and a BM25 index)."""
+
+
 def make_env(name: str, **kwargs: Any) -> Environment:
-    """Build env ``name``; kwargs are env options (e.g. topk, seed for the world)."""
+    """Build env ``name``; kwargs are env options (e.g. topk, seed for the world).
+
+    ``name`` is a registered or built-in name, or ``package.module:Factory`` for a user's
+    environment written against this protocol (``Factory(**kwargs)`` builds it)."""
     import importlib
+    if ":" in name and name not in REGISTRY:
+        module, _, attr = name.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"cannot load environment {name!r}: {exc}") from exc
+        return factory(**kwargs)
     if name not in REGISTRY:
         try:
-            importlib.import_module(f"core.envs.{name}")
+            importlib.import_module(BUILTIN.get(name, f"core.envs.{name}"))
         except ModuleNotFoundError as exc:
             raise ValueError(f"unknown environment {name!r}") from exc
     if name not in REGISTRY:

@@ -18,7 +18,7 @@ the task needs, each app's docs read before its first call) — and on a share o
 
 Slips that need to see data (every_match, marks_read, wrong_record, skips_reading, stale_read)
 read it from the observations the environment returned, as any agent would. The agent plays the
-real environment (core/envs/apps.py), whose unit tests on the final database grade every
+real environment (core/envs/apps/), whose unit tests on the final database grade every
 episode, so a slip shows up the way the env reports it: a failed ``no_collateral_damage`` test
 for unrequested changes, a failed state test for a missing or wrong write, or nothing at all
 when the slip happened not to matter (the afternoon was free). Templates with no slip here
@@ -46,8 +46,8 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the checkout
 
-from core.envs.apps import tool_text  # noqa: E402  (environments are torch-free)
-from core.envs.apps_tasks import TEMPLATES, Call  # noqa: E402
+from core.envs.apps.env import tool_text  # noqa: E402  (environments are torch-free)
+from core.envs.apps.tasks import TEMPLATES, Call  # noqa: E402
 from core.envs.base import make_env  # noqa: E402
 
 OBSERVATION = re.compile(r"<observation>(.*)</observation>", re.DOTALL)

@@ -1,9 +1,9 @@
 """Apps task templates about contacts and mail."""
 from __future__ import annotations
 
-from core.envs.apps_tasks import (Call, Final, Template, is_insert, is_update_of, mail_to,
+from core.envs.apps.tasks import (Call, Final, Template, is_insert, is_update_of, mail_to,
                                   person_params, pick_contacts, stamp, template)
-from core.envs.apps_world import DOMAINS, FIRST_NAMES, LAST_NAMES, RELATIONSHIPS
+from core.envs.apps.world import DOMAINS, FIRST_NAMES, LAST_NAMES, RELATIONSHIPS
 
 
 def _inbox(world, sender: str, subject: str, body: str, minutes_ago: int, read: bool) -> int:

@@ -6,7 +6,7 @@ description and typed parameters; ``call_api`` is the single entry point used by
 Bad calls raise ``ApiError`` with a message meant for the agent (which endpoint, which
 argument, what was expected): the environment turns it into an error observation.
 
-The endpoints live in ``apps_endpoints*.py``; importing ``apps_endpoints`` fills ``ENDPOINTS``.
+The endpoints live in ``endpoints/``; importing that package fills ``ENDPOINTS``.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from core.envs.apps_world import World, parse_time
+from core.envs.apps.world import World, parse_time
 
 TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
          "array": (list,)}

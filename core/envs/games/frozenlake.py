@@ -21,7 +21,7 @@ import itertools
 from collections import deque
 
 from core.envs.base import Outcome, StepResult, Task, register
-from core.envs.grid import (INVALID_PENALTY, MOVES, PERPENDICULAR, check_count,
+from core.envs.games.grid import (INVALID_PENALTY, MOVES, PERPENDICULAR, check_count,
                             check_split, digest, format_help, parse_answer, render, seeded_rng,
                             split_of, state_block, step_to)
 

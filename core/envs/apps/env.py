@@ -10,7 +10,7 @@ Observations come back as ``\\n<observation>JSON</observation>\\n``. A tool call
 (unknown endpoint, missing or mistyped argument, missing record) is a valid action with an error
 observation and ``StepResult.error``; text with no action, unparseable JSON or Python that does
 not parse is an invalid action. ``apis.show_docs`` is the documentation lookup (action_type
-"docs"). ``<code>`` runs in the isolated subprocess of apps_sandbox.py; its API calls are
+"docs"). ``<code>`` runs in the isolated subprocess of sandbox/; its API calls are
 executed here, exactly like tool calls, so both paths leave the same database.
 
 Each episode has its own in-memory SQLite world built from the task (``Task.meta``: template,
@@ -30,11 +30,10 @@ import json
 import re
 from typing import Any
 
-from core.envs import apps_endpoints  # noqa: F401  (registers the endpoints)
-from core.envs import apps_templates_mail, apps_templates_money, apps_templates_time  # noqa: F401
-from core.envs.apps_api import APPS, ENDPOINTS, ApiError, call_api
-from core.envs.apps_sandbox import SandboxResult, run_code
-from core.envs.apps_tasks import COLLATERAL_TEST, TEMPLATES, build, grade, rng_of
+from core.envs.apps import endpoints, templates  # noqa: F401  (register endpoints and templates)
+from core.envs.apps.api import APPS, ENDPOINTS, ApiError, call_api
+from core.envs.apps.sandbox.parent import SandboxResult, run_code
+from core.envs.apps.tasks import COLLATERAL_TEST, TEMPLATES, build, grade, rng_of
 from core.envs.base import Outcome, StepResult, Task, register
 
 SPLITS = ("train", "heldout")

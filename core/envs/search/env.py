@@ -10,7 +10,7 @@ Protocol (Search-R1, ``search_r1/llm_agent/generation.py``): in each turn the mo
 
 an answer ends the episode, and anything else gets Search-R1's fixed feedback message.
 
-Questions come from the seeded world in ``core/envs/world.py``. A task *template* is a chain of
+Questions come from the seeded world in ``world.py`` (this package). A task *template* is a chain of
 relations: ``capital`` ("What is the capital of Osk?") or ``capital>city_founded`` ("In what year
 was the capital of Osk founded?"). Two-hop questions need the first search's result (the bridge
 entity) to write the second query — the strategy outcome-only RL has to discover.
@@ -24,7 +24,7 @@ from functools import lru_cache
 from typing import Any, Sequence
 
 from core.envs.base import Outcome, StepResult, Task, register
-from core.envs.world import RELATIONS, WORLD_SEED, Doc, World, cached_world
+from core.envs.search.world import RELATIONS, WORLD_SEED, Doc, World, cached_world
 from core.rewards import exact_match, normalize_answer, token_f1
 
 SPLITS = ("train", "heldout")

@@ -1,9 +1,9 @@
-"""Endpoints of the wallet app: balance, transfers, payment requests (see apps_endpoints.py)."""
+"""Endpoints of the wallet app: balance, transfers, payment requests (see mail.py)."""
 from __future__ import annotations
 
-from core.envs.apps_api import (ApiError, as_cents, as_email, as_time, endpoint, found, limit_of,
+from core.envs.apps.api import (ApiError, as_cents, as_email, as_time, endpoint, found, limit_of,
                                 opt, req)
-from core.envs.apps_world import World, dollars, fmt_time
+from core.envs.apps.world import World, dollars, fmt_time
 
 
 # ---- wallet --------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from core.envs.base import Outcome, StepResult, Task, register
-from core.envs.grid import (INVALID_PENALTY, MOVES, check_count, check_split, digest,
+from core.envs.games.grid import (INVALID_PENALTY, MOVES, check_count, check_split, digest,
                             format_help, parse_answer, render, seeded_rng, split_of, state_block,
                             step_to)
 

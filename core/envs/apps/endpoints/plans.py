@@ -1,10 +1,10 @@
-"""Endpoints of the calendar, notes and todo apps (see apps_endpoints.py)."""
+"""Endpoints of the calendar, notes and todo apps (see mail.py)."""
 from __future__ import annotations
 
 from typing import Any
 
-from core.envs.apps_api import ApiError, as_time, endpoint, found, like, limit_of, opt, req
-from core.envs.apps_world import World, fmt_time
+from core.envs.apps.api import ApiError, as_time, endpoint, found, like, limit_of, opt, req
+from core.envs.apps.world import World, fmt_time
 
 
 # ---- calendar ------------------------------------------------------------------------------------

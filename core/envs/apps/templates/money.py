@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from core.envs.apps_tasks import (Call, Template, is_insert, is_update_of, mail_to, money_golds,
+from core.envs.apps.tasks import (Call, Template, is_insert, is_update_of, mail_to, money_golds,
                                   person_params, pick_contacts, template)
-from core.envs.apps_world import PAY_REASONS, dollars, fmt_time
+from core.envs.apps.world import PAY_REASONS, dollars, fmt_time
 
 
 def _balance(world) -> int:

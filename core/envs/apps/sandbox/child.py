@@ -1,6 +1,6 @@
 """The sandboxed side of the apps env's ``<code>`` action. Run as a script, never imported:
 
-    python -I -S apps_sandbox_child.py          (stdin/stdout are pipes to the parent)
+    python -I -S child.py                       (stdin/stdout are pipes to the parent)
 
 It imports nothing from the project. Protocol, one JSON object per line: the parent writes the job
 ``{"code", "guard", "cpu_s", "mem_mb", "max_calls", "max_output", "preload", "nofile", "root"}``
@@ -8,7 +8,7 @@ then one ``{"ok": result}`` or ``{"error": message}`` per API request; the child
 ``{"ready": true, "layers": [...]}`` once isolated (before the code runs, so the code cannot
 forge it), ``{"call": name, "args": {...}}`` per API call and finally
 ``{"done": true, "output": printed text, "error": message or null}``. The code can reach
-``os`` and write anything to the pipe: the parent checks every line (apps_sandbox.py).
+``os`` and write anything to the pipe: the parent checks every line (parent.py).
 
 Isolation is applied here, after the few modules the code may use are imported and before the
 untrusted code is compiled, in this order (each layer is best effort and reported in "layers"):

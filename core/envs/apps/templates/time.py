@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from core.envs.apps_tasks import (Call, Template, at, day, is_insert, is_update_of, mail_to,
+from core.envs.apps.tasks import (Call, Template, at, day, is_insert, is_update_of, mail_to,
                                   next_day, person_params, pick_contacts, template)
-from core.envs.apps_world import (EVENT_TITLES, LOCATIONS, TODO_LISTS, TODO_TITLES, fmt_time,
+from core.envs.apps.world import (EVENT_TITLES, LOCATIONS, TODO_LISTS, TODO_TITLES, fmt_time,
                                    parse_time)
 
 

@@ -1,5 +1,5 @@
 """The endpoints of the apps world, 40 in all: documentation, contacts and email here; calendar,
-notes and todo in apps_endpoints_plans.py; wallet in apps_endpoints_wallet.py (imported below).
+notes and todo in plans.py; wallet in wallet.py (the package imports all three).
 
 Each is ``fn(world, **arguments)`` returning JSON-able data; writes go through the store so they
 are logged as state diffs. Searches return at most ``limit`` rows (default 5-10, never more than
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.envs.apps_api import (ApiError, as_email, endpoint, found, like, limit_of, opt, req,
+from core.envs.apps.api import (ApiError, as_email, endpoint, found, like, limit_of, opt, req,
                                 show_docs)
-from core.envs.apps_world import World, fmt_time
+from core.envs.apps.world import World, fmt_time
 
 endpoint("apis.show_docs", "List the apps (no arguments), an app's endpoints (app), or one "
          "endpoint's full documentation (endpoint, e.g. 'email.send_email').",
@@ -209,6 +209,3 @@ def delete_email(world, email_id):
     world.store.delete("emails", email_id)
     return {"deleted": email_id}
 
-
-# Registers the remaining endpoints (kept in their own files by app).
-from core.envs import apps_endpoints_plans, apps_endpoints_wallet  # noqa: E402,F401

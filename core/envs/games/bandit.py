@@ -26,7 +26,7 @@ Invalid output ends the single-turn episode with RAGEN's -0.1 step reward and sc
 from __future__ import annotations
 
 from core.envs.base import Outcome, StepResult, Task, register
-from core.envs.grid import (INVALID_PENALTY, check_count, check_split, parse_answer,
+from core.envs.games.grid import (INVALID_PENALTY, check_count, check_split, parse_answer,
                             seeded_rng)
 
 LOW_PAYOUT = 0.1

@@ -5,7 +5,7 @@ Why a proxy and not a copy of the database: every call the code makes is execute
 parent, by the same ``handle_call`` as a ``<tool>`` action, so the episode's database ends up
 exactly as if the calls had been made one by one as tools, and each write is logged as a diff.
 
-Containment, outermost first (see apps_sandbox_child.py for how each is applied):
+Containment, outermost first (see child.py for how each is applied):
   1. here: the source is parsed and refused if it names anything starting with '__' or reads
      an attribute starting with '_' or a frame/code/traceback internal (gi_, cr_, ag_, f_, tb_,
      co_) — the routes from a plain object to ``os`` — before any process starts;
@@ -47,10 +47,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-CHILD = str(Path(__file__).with_name("apps_sandbox_child.py"))
+CHILD = str(Path(__file__).with_name("child.py"))
 MAX_CODE_CHARS = 20_000
 MAX_LINE_BYTES = 1 << 20
-SANDBOX_CHILD, SANDBOX_ROOT = "/sandbox/apps_sandbox_child.py", "/sandbox/root"
+SANDBOX_CHILD, SANDBOX_ROOT = "/sandbox/child.py", "/sandbox/root"
 _BLOCKED_ATTR = re.compile(r"^(_|gi_|cr_|ag_|f_|tb_|co_)")
 
 CallHandler = Callable[[str, Any], tuple[bool, Any]]

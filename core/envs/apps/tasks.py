@@ -14,7 +14,7 @@ A ``Template`` owns everything about one kind of task:
 test: the final database is diffed against the initial one and every changed row must be
 ``allowed`` — the task's own writes pass, anything else (an extra deletion, a mail to the wrong
 person, marking mail read) fails ``no_collateral_damage``. Templates are registered in
-``TEMPLATES`` by the apps_templates_*.py modules.
+``TEMPLATES`` by the modules of ``templates/``.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from core.envs.apps_world import World, diff_snapshots, fmt_time, generate_world
+from core.envs.apps.world import World, diff_snapshots, fmt_time, generate_world
 from core.rewards import exact_match
 
 ANSWER_TEST = "answer_matches"
