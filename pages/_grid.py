@@ -8,15 +8,18 @@ import html
 
 import pandas as pd
 
+from pages._common import readable
+
 CELL_CHARS = 400
 """Longer texts are cut (Replay shows them whole)."""
 
 
 def turn_grid(turns: pd.DataFrame, ids: list[str], field: str = "action") -> pd.DataFrame:
     """``turns[field]`` with a row per rollout (in the order of ``ids``) and a column per turn
-    (``turn 0``, ...); '' where a rollout had no such turn."""
+    (``turn 0``, ...); '' where a rollout had no such turn. Chat-template markers are left out
+    (a view for reading; Replay's token view keeps them)."""
     grid = turns.pivot_table(index="traj_id", columns="turn", values=field, aggfunc="first")
-    grid = grid.reindex(index=ids).fillna("").map(
+    grid = grid.reindex(index=ids).map(lambda s: readable(s) or "").map(
         lambda s: s if len(s) <= CELL_CHARS else s[:CELL_CHARS] + " ...")
     grid.columns = [f"turn {t}" for t in grid.columns]
     return grid

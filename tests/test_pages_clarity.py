@@ -63,6 +63,13 @@ def test_turn_grid_is_a_row_per_rollout_and_escaped():
     assert page.count("rgba(255,190,0,0.3)") == 1 + 3             # the marked header and cells
 
 
+def test_turn_grid_hides_chat_template_markers():
+    turns = pd.DataFrame({"traj_id": ["r0"], "turn": [0],
+                          "observation": ["<|im_end|>\n<|im_start|>user\nDoc 3: Paris<|im_end|>"]})
+    grid = _grid.turn_grid(turns, ["r0"], field="observation")
+    assert grid.at["r0", "turn 0"] == "Doc 3: Paris"
+
+
 def test_groups_page_shows_every_rollout_as_a_row(app, demo):
     run = demo[2]["demo-search-starpo"]
     group = SCRIPT_TRAJ.rsplit("-", 1)[0]
