@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
@@ -24,6 +25,8 @@ from core.algorithms import ALGORITHMS, ALGOS, GROUP_ALGOS  # noqa: F401 (re-exp
 from core.budget import ConfigError, available_memory, rollout_memory  # noqa: F401 (re-exported)
 
 ENVS = ("search", "apps", "frozenlake", "sokoban", "bandit")
+USER_ENV = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
+"""``--env package.module:Factory``: a user's environment (core/envs/base.py's protocol)."""
 MODELS = ("tiny", "smollm2-135m")
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 CLIP_MODES = ("ppo", "log")
@@ -331,7 +334,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             raise ConfigError(f"{fld}={getattr(cfg, fld)!r}: {why}")
 
     budget.check_sizes(cfg)
-    need(cfg.env in ENVS, "env", f"must be one of {', '.join(ENVS)}")
+    need(cfg.env in ENVS or USER_ENV.fullmatch(cfg.env) is not None, "env",
+         f"must be one of {', '.join(ENVS)} or package.module:Factory (a user's environment)")
     need(cfg.model in MODELS or Path(cfg.model).is_dir(), "model",
          f"must be one of {', '.join(MODELS)} or an existing local model directory")
     need(cfg.algo in ALGOS, "algo", f"must be one of {', '.join(ALGOS)}")
@@ -384,6 +388,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.outcome_metric in ("em", "f1"), "outcome_metric", "must be em or f1")
     for fld in ("env_options", "sft_env_options", "eval_env_options"):
         opts = parse_env_options(getattr(cfg, fld), fld)
+        if cfg.env not in ENVS:  # a user's environment takes the options it knows
+            continue
         unknown = sorted(set(opts) - set(ENV_OPTIONS.get(cfg.env, ())))
         need(not unknown, fld, f"unknown option(s) {', '.join(unknown)} for env {cfg.env}; "
              f"known: {', '.join(ENV_OPTIONS.get(cfg.env, ())) or 'none'}")

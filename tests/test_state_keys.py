@@ -5,8 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from core.config import ConfigError, TrainConfig, validate
 from core.credit import anchor_keys, gigpo
-from core.envs.base import make_env, observation_role
+from core.envs.base import Outcome, StepResult, Task, make_env, observation_role
 from core.rollout import Sampling, initial_state_key, record_turn
 from core.trajectory import Trajectory
 
@@ -105,43 +106,57 @@ def test_apps_key_changes_only_when_the_database_does():
     pytest.skip("this task's plan writes nothing")
 
 
+class FlipEpisode:
+    """A user's episode whose state flips between s0 and s1 at every step."""
+
+    def __init__(self, task):
+        self.task, self.n = task, 0
+
+    def reset(self):
+        return "Say anything."
+
+    def state_key(self):
+        return f"s{self.n % 2}"
+
+    def step(self, action_text):
+        self.n += 1
+        return StepResult("ok", done=False, valid=True, action_type="move",
+                          state_key=self.state_key(), info={"n": self.n})
+
+    def outcome(self):
+        return Outcome(score=0.0, success=False)
+
+
+class FlipEnv:
+    """A user's environment, loadable as ``--env tests.test_state_keys:FlipEnv``."""
+    name, stop_tags, system_prompt = "flip", ("</a>",), ""
+
+    def __init__(self, seed=0, **options):
+        self.options = options
+
+    def tasks(self, split, n, seed):
+        return [Task(task_id=f"t{i}", prompt="Say anything.", split=split) for i in range(n)]
+
+    def episode(self, task, seed):
+        return FlipEpisode(task)
+
+
+def test_user_env_by_module_path():
+    env = make_env("tests.test_state_keys:FlipEnv", seed=1, depth=3)
+    assert isinstance(env, FlipEnv) and env.options == {"depth": 3}
+    validate(TrainConfig(env="tests.test_state_keys:FlipEnv", env_options="depth=3"))
+    with pytest.raises(ValueError, match="cannot load"):
+        make_env("tests.test_state_keys:NoSuchEnv")
+    with pytest.raises(ConfigError, match="package.module:Factory"):
+        validate(TrainConfig(env="flip env"))
+
+
 def test_rollout_records_the_state_each_turn_acted_from():
     """Through the real batched rollout (tiny model): turn k's key is the state after turn k-1."""
-    import torch  # noqa: F401  (the policy needs it)
     from core.policy import load_policy
     from core.rollout import rollout
 
-    class Episode:
-        def __init__(self, task):
-            self.task, self.n = task, 0
-
-        def reset(self):
-            return "Say anything."
-
-        def state_key(self):
-            return f"s{self.n % 2}"
-
-        def step(self, action_text):
-            self.n += 1
-            from core.envs.base import StepResult
-            return StepResult("ok", done=False, valid=True, action_type="move",
-                              state_key=self.state_key(), info={"n": self.n})
-
-        def outcome(self):
-            from core.envs.base import Outcome
-            return Outcome(score=0.0, success=False)
-
-    class Env:
-        name, stop_tags, system_prompt = "flip", ("</a>",), ""
-
-        def tasks(self, split, n, seed):
-            from core.envs.base import Task
-            return [Task(task_id=f"t{i}", prompt="Say anything.") for i in range(n)]
-
-        def episode(self, task, seed):
-            return Episode(task)
-
-    env = Env()
+    env = make_env("tests.test_state_keys:FlipEnv")
     pol = load_policy("tiny", seed=0)
     trajs = rollout(pol, env, env.tasks("train", 1, 0), group_size=2, seed=0,
                     sampling=Sampling(max_turns=3, max_new_tokens=3, max_context=512))
