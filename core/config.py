@@ -1,6 +1,9 @@
 """One flat training configuration, its validation and its presets. Torch-free on purpose:
 the web app's launcher imports this module to build and validate forms.
 
+Environment options (``env_options`` text, ``env_kwargs``) live in core/env_options.py and are
+re-exported here.
+
 Every field has a docstring under it. ``TrainConfig.from_dict`` refuses unknown keys and wrong
 types, ``validate`` refuses out-of-range values; both name the bad field, before any work starts.
 
@@ -23,6 +26,7 @@ from typing import Any, Mapping
 from core import budget
 from core.algorithms import ALGORITHMS, ALGOS, GROUP_ALGOS  # noqa: F401 (re-exported)
 from core.budget import ConfigError, available_memory, rollout_memory  # noqa: F401 (re-exported)
+from core.env_options import ENV_OPTIONS, env_kwargs, parse_env_options  # noqa: F401 (re-exported)
 
 ENVS = ("search", "apps", "frozenlake", "sokoban", "bandit")
 USER_ENV = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
@@ -267,64 +271,6 @@ def _coerce(name: str, f: dataclasses.Field, value: Any) -> Any:
     if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
         raise ConfigError(f"{name} must be {typ.__name__}, got {type(value).__name__} {value!r}")
     return value
-
-
-ENV_OPTIONS: dict[str, tuple[str, ...]] = {
-    "search": ("two_hop_frac", "templates", "world_seed"),
-    "apps": ("templates", "code_cpu_s", "code_wall_s", "code_mem_mb"),
-    "frozenlake": ("size", "slip", "max_actions", "actions_per_turn"),
-    "sokoban": ("size", "max_actions", "actions_per_turn"),
-    "bandit": ("arms", "expert"),
-}
-"""Options each environment's constructor takes through env_options (topk and outcome_metric
-have their own fields; the env checks the values)."""
-
-
-def parse_env_options(text: str, field_name: str = "env_options") -> dict[str, Any]:
-    """'a=1,b=0.5,c=true,d=text' -> {'a': 1, 'b': 0.5, 'c': True, 'd': 'text'}; '' -> {}.
-
-    Values are tried as int, then float, then true/false, else kept as text. A value holding a
-    comma cannot be written (search/apps ``templates`` take ';' between names instead).
-    ConfigError, naming ``field_name``, for a malformed item or a repeated key."""
-    out: dict[str, Any] = {}
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        key, sep, raw = item.partition("=")
-        key, raw = key.strip(), raw.strip()
-        if not sep or not key.isidentifier() or not raw:
-            raise ConfigError(f"{field_name}={text!r}: {item!r} is not key=value "
-                              "(write options as key=value,key=value)")
-        if key in out:
-            raise ConfigError(f"{field_name}={text!r}: {key} given twice")
-        out[key] = _option_value(raw)
-    return out
-
-
-def _option_value(raw: str) -> Any:
-    for cast in (int, float):
-        try:
-            return cast(raw)
-        except ValueError:
-            pass
-    if raw.lower() in ("true", "false"):
-        return raw.lower() == "true"
-    return raw.replace(";", ",")
-
-
-def env_kwargs(cfg: TrainConfig, sft: bool = False, eval: bool = False) -> dict[str, Any]:
-    """Keyword arguments for make_env(cfg.env, ...): seed, topk, the search outcome metric,
-    env_options, and over them sft_env_options for the SFT demonstrations' env or
-    eval_env_options for the held-out evaluation's env."""
-    kwargs: dict[str, Any] = {"seed": cfg.seed, "topk": cfg.topk}
-    if cfg.env == "search":
-        kwargs["outcome_metric"] = cfg.outcome_metric
-    kwargs.update(parse_env_options(cfg.env_options, "env_options"))
-    if sft:
-        kwargs.update(parse_env_options(cfg.sft_env_options, "sft_env_options"))
-    if eval:
-        kwargs.update(parse_env_options(cfg.eval_env_options, "eval_env_options"))
-    return kwargs
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
