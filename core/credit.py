@@ -1,10 +1,11 @@
 """Credit assignment: trajectory rewards -> one advantage per trained token, by algorithm.
 
 Each credit step (``STEPS``, named by core/algorithms.py's registry; ``CREDIT`` maps every
-algorithm to its step) takes the step's scored trajectories and returns per-token advantages
-(one float tensor (T_i,) per trajectory, 0 on untrained tokens). It also fills, for the record,
-``traj.advantage`` (the trajectory's scalar advantage), ``traj.filtered`` (dropped from the
-update) and for turn-level methods ``traj.info["turn_advantages"]``.
+algorithm to its step) takes the step's scored trajectories and returns a ``Credit``: per-token
+advantages (one float tensor (T_i,) per trajectory, 0 on untrained tokens), per-turn advantages
+for turn-level methods and PPO's returns, parallel to the trajectories; the trainer hands them on
+to the update and the record. The trajectory's own fields ``traj.advantage`` (its scalar
+advantage) and ``traj.filtered`` (dropped from the update) are set too; ``traj.info`` is left alone.
 
     outcome                 the algorithm's outcome estimator (grpo, dr_grpo, rloo, loop):
                             the trajectory's advantage on every one of its tokens
@@ -17,6 +18,7 @@ After any of them, LOOP's filter drops trajectories with |A| < ``min_abs_advanta
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -24,6 +26,26 @@ import torch
 from core import algorithms
 from core.advantages import anchor_key, drop_small, gae, gigpo_step_advantages, starpo_s_keep
 from core.trajectory import Trajectory
+
+
+@dataclass
+class Credit:
+    """What credit assignment returns, one entry per trajectory of the batch, in its order."""
+    per_token: list[torch.Tensor]
+    """Advantage of every token (T_i,), 0 where untrained."""
+    turn_advantages: list[list[float] | None]
+    """Per-turn advantages (GiGPO); None where the method has one advantage per trajectory."""
+    returns: list[torch.Tensor | None]
+    """Per-token returns (T_i,), the value head's target (PPO); None otherwise."""
+
+    @classmethod
+    def outcome(cls, per_token: list[torch.Tensor]) -> "Credit":
+        return cls(per_token, [None] * len(per_token), [None] * len(per_token))
+
+    def part(self, start: int, stop: int) -> "Credit":
+        """The entries of trajectories ``start:stop`` (one rank's share of the batch)."""
+        return Credit(self.per_token[start:stop], self.turn_advantages[start:stop],
+                      self.returns[start:stop])
 
 
 def _mask(traj: Trajectory) -> torch.Tensor:
@@ -35,24 +57,24 @@ def _rewards(trajs: Sequence[Trajectory]) -> tuple[torch.Tensor, list[str]]:
             [t.group_id for t in trajs])
 
 
-def outcome(trajs: Sequence[Trajectory], cfg, values=None) -> list[torch.Tensor]:
+def outcome(trajs: Sequence[Trajectory], cfg, values=None) -> Credit:
     """Group-relative outcome advantage (the registry's estimator for ``cfg.algo``) spread over
     the trajectory's tokens."""
     estimator = algorithms.get(cfg.algo).estimator
     adv = estimator([t.reward for t in trajs], [t.group_id for t in trajs])  # (B,) float64
     for t, a in zip(trajs, adv.tolist()):
         t.advantage = a
-    return [a * _mask(t).float() for t, a in zip(trajs, adv.tolist())]
+    return Credit.outcome([a * _mask(t).float() for t, a in zip(trajs, adv.tolist())])
 
 
-def starpo_s(trajs: Sequence[Trajectory], cfg, values=None) -> list[torch.Tensor]:
+def starpo_s(trajs: Sequence[Trajectory], cfg, values=None) -> Credit:
     """GRPO advantages; groups outside the top ``starpo_keep`` by reward std are filtered."""
-    per_token = outcome(trajs, cfg)
+    credit = outcome(trajs, cfg)
     rewards, gids = _rewards(trajs)
     keep = starpo_s_keep(rewards, gids, cfg.starpo_keep)
     for t, k in zip(trajs, keep.tolist()):
         t.filtered = t.filtered or not k
-    return per_token
+    return credit
 
 
 def step_rewards(traj: Trajectory) -> list[float]:
@@ -74,25 +96,25 @@ def anchor_keys(traj: Trajectory) -> list[str]:
             else anchor_key(text) for turn, text in zip(traj.turns, seen)]
 
 
-def gigpo(trajs: Sequence[Trajectory], cfg, values=None) -> list[torch.Tensor]:
+def gigpo(trajs: Sequence[Trajectory], cfg, values=None) -> Credit:
     """GiGPO: episode advantage (GRPO) plus ``gigpo_weight`` x the anchor-state step advantage."""
-    episode = outcome(trajs, cfg)
+    outcome(trajs, cfg)  # the episode term, as each traj.advantage
     steps = gigpo_step_advantages([step_rewards(t) for t in trajs], [anchor_keys(t) for t in trajs],
                                   [t.group_id for t in trajs], gamma=cfg.gigpo_gamma)
-    out = []
-    for t, ep, st in zip(trajs, episode, steps):
+    out, turns = [], []
+    for t, st in zip(trajs, steps):
         per_turn = [t.advantage + cfg.gigpo_weight * a for a in st]
-        t.info["turn_advantages"] = per_turn
+        turns.append(per_turn)
         turn_of = torch.tensor(t.token_turn)
         adv = torch.zeros(len(t.token_ids))
         for k, a in enumerate(per_turn):
             adv[(turn_of == k) & _mask(t)] = a
         out.append(adv)
-    return out
+    return Credit(out, turns, [None] * len(out))
 
 
 def ppo(trajs: Sequence[Trajectory], cfg, values: Sequence[torch.Tensor] | None = None,
-        ) -> list[torch.Tensor]:
+        ) -> Credit:
     """GAE per trajectory (reward on its last trained token), whitened over all trained tokens."""
     if values is None:
         raise ValueError("ppo credit needs the value head's estimates")
@@ -110,29 +132,28 @@ def ppo(trajs: Sequence[Trajectory], cfg, values: Sequence[torch.Tensor] | None 
         mean, std = trained.mean(), trained.std()
         advs = [torch.where(_mask(t), (a - mean) / (std + 1e-8), torch.zeros_like(a))
                 for a, t in zip(advs, trajs)]
-    for t, a, ret in zip(trajs, advs, rets):
+    for t, a in zip(trajs, advs):
         m = _mask(t)
         t.advantage = float(a[m].mean()) if m.any() else 0.0
-        t.info["returns"] = ret
-    return advs
+    return Credit(advs, [None] * len(advs), rets)
 
 
-STEPS: dict[str, Callable[..., list[torch.Tensor]]] = {
+STEPS: dict[str, Callable[..., Credit]] = {
     "outcome": outcome, "starpo_s": starpo_s, "gigpo": gigpo, "gae": ppo,
 }
 """Credit step by name (core/algorithms.py ``CREDIT_STEPS``)."""
 
-CREDIT: dict[str, Callable[..., list[torch.Tensor]]] = {
+CREDIT: dict[str, Callable[..., Credit]] = {
     name: STEPS[algo.credit] for name, algo in algorithms.ALGORITHMS.items()
 }
 """Algorithm name -> its credit step, as the registry declares it."""
 
 
-def assign(trajs: Sequence[Trajectory], cfg, values=None) -> list[torch.Tensor]:
-    """Per-token advantages for ``cfg.algo``; then LOOP's |A| filter (``min_abs_advantage``)."""
-    per_token = CREDIT[cfg.algo](trajs, cfg, values)
+def assign(trajs: Sequence[Trajectory], cfg, values=None) -> Credit:
+    """Credit for ``cfg.algo``; then LOOP's |A| filter (``min_abs_advantage``)."""
+    credit = CREDIT[cfg.algo](trajs, cfg, values)
     if cfg.min_abs_advantage > 0 and trajs:
         keep = drop_small(torch.tensor([t.advantage for t in trajs]), cfg.min_abs_advantage)
         for t, k in zip(trajs, keep.tolist()):
             t.filtered = t.filtered or not k
-    return per_token
+    return credit

@@ -176,3 +176,16 @@ def number_demos(trajs: Sequence, prefix: str, first: int) -> None:
     """The same for SFT demonstrations (core.sft): ``{prefix}-d{index in the whole batch}``."""
     for i, t in enumerate(trajs):
         t.traj_id = t.group_id = f"{prefix}-d{first + i}"
+
+
+def gather_step(ranks: Ranks, trajs: Sequence, results) -> tuple[list, Any, list[int]] | None:
+    """On rank 0: every rank's step trajectories (in rank order), their stage results merged
+    (core/records.py ``StageResults.merge``) and each trajectory's rank; None on the others."""
+    parts = ranks.gather((list(trajs), results))
+    if parts is None:
+        return None
+    merged = parts[0][1]
+    for _, other in parts[1:]:
+        merged = merged.merge(other)
+    return ([t for part, _ in parts for t in part], merged,
+            [k for k, (part, _) in enumerate(parts) for _ in part])

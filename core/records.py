@@ -1,23 +1,61 @@
 """Trajectories -> rows of the store's tables (trajectories, rewards, turns, tokens, test_results).
 
 Rows come out as column dicts (one list per column), the cheapest shape for one bulk insert per
-table per step. Per-token training values that only exist after the update (advantage, the new
-and reference logprobs, the value estimate) are passed in ``token_values`` by trajectory id.
+table per step. What the stages after the rollout computed (per-turn advantages, per-token
+advantage / new and reference logprob / value, each trajectory's gradient norm) is not kept on the
+trajectory: the stages return it and the trainer hands it over in a ``StageResults``.
 """
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from core.diagnostics import COMPONENTS, success_of
 from core.trajectory import Trajectory
 
 TOKEN_VALUE_COLUMNS = ("advantage", "new_logprob", "ref_logprob", "value")
-_PRIVATE_INFO = ("token_entropy", "turn_advantages", "returns")
-"""Per-token / per-turn lists kept in Trajectory.info that have their own tables."""
+_PRIVATE_INFO = ("token_entropy",)
+"""Per-token lists the rollout keeps in Trajectory.info that have their own column."""
 
 
-def trajectory_rows(trajs: Sequence[Trajectory]) -> dict[str, list]:
+@dataclass
+class StageResults:
+    """The credit and update stages' results for the record, by trajectory id."""
+    turn_advantages: dict[str, list[float]] = field(default_factory=dict)
+    """Per-turn advantages (GiGPO); a trajectory without has its advantage on every turn."""
+    token_values: dict[str, dict[str, list]] = field(default_factory=dict)
+    """``TOKEN_VALUE_COLUMNS`` per token, None where the token is untrained."""
+    grad_norms: dict[str, float] = field(default_factory=dict)
+
+    def add_credit(self, trajs: Sequence[Trajectory], turn_advantages: Sequence) -> None:
+        """Credit's per-turn advantages of ``trajs`` (``Credit.turn_advantages``, in order)."""
+        self.turn_advantages.update({t.traj_id: list(a) for t, a in zip(trajs, turn_advantages)
+                                     if a is not None})
+
+    def add_update(self, samples: Sequence, grad_norms: Mapping[str, float]) -> None:
+        """The updated samples' per-token values (core/update.py ``Sample``) and the update's
+        per-trajectory gradient norms (``UpdateResult.grad_norms``)."""
+        for s in samples:
+            mask = s.mask[0].tolist()
+
+            def col(x):
+                return None if x is None else [float(v) if m else None
+                                               for v, m in zip(x[0].tolist(), mask)]
+            self.token_values[s.traj.traj_id] = {
+                "advantage": col(s.advantages), "new_logprob": col(s.new_logprobs),
+                "ref_logprob": col(s.ref_logprobs), "value": col(s.values)}
+        self.grad_norms.update(grad_norms)
+
+    def merge(self, other: "StageResults") -> "StageResults":
+        return StageResults({**self.turn_advantages, **other.turn_advantages},
+                            {**self.token_values, **other.token_values},
+                            {**self.grad_norms, **other.grad_norms})
+
+
+def trajectory_rows(trajs: Sequence[Trajectory], grad_norms: Mapping[str, float] | None = None,
+                    ) -> dict[str, list]:
+    grad_norms = grad_norms or {}
     cols: dict[str, list] = defaultdict(list)
     for t in trajs:
         cols["traj_id"].append(t.traj_id)
@@ -34,10 +72,9 @@ def trajectory_rows(trajs: Sequence[Trajectory]) -> dict[str, list]:
         cols["golds"].append(list(t.task.golds))
         cols["failure_class"].append(t.failure_class)
         cols["filtered"].append(bool(t.filtered))
-        cols["grad_norm"].append(t.info.get("grad_norm"))
+        cols["grad_norm"].append(grad_norms.get(t.traj_id))
         cols["response_tokens"].append(t.response_tokens)
-        cols["info"].append({k: v for k, v in t.info.items()
-                             if k not in _PRIVATE_INFO and k != "grad_norm"})
+        cols["info"].append({k: v for k, v in t.info.items() if k not in _PRIVATE_INFO})
     return dict(cols)
 
 
@@ -51,10 +88,12 @@ def reward_rows(trajs: Sequence[Trajectory]) -> dict[str, list]:
     return dict(cols)
 
 
-def turn_rows(trajs: Sequence[Trajectory]) -> dict[str, list]:
+def turn_rows(trajs: Sequence[Trajectory],
+              turn_advantages: Mapping[str, Sequence[float]] | None = None) -> dict[str, list]:
+    turn_advantages = turn_advantages or {}
     cols: dict[str, list] = defaultdict(list)
     for t in trajs:
-        turn_adv = t.info.get("turn_advantages")
+        turn_adv = turn_advantages.get(t.traj_id)
         for turn in t.turns:
             cols["traj_id"].append(t.traj_id)
             cols["turn"].append(turn.turn)
@@ -115,8 +154,13 @@ def test_rows(trajs: Sequence[Trajectory]) -> dict[str, list]:
     return dict(cols)
 
 
-def step_tables(trajs: Sequence[Trajectory], token_values=None) -> dict[str, dict[str, list]]:
-    """Every per-trajectory table of one step, ready for ``Recorder.record_step``."""
-    return {"trajectories": trajectory_rows(trajs), "rewards": reward_rows(trajs),
-            "turns": turn_rows(trajs), "tokens": token_rows(trajs, token_values),
+def step_tables(trajs: Sequence[Trajectory], results: StageResults | None = None,
+                ) -> dict[str, dict[str, list]]:
+    """Every per-trajectory table of one step, ready for ``Recorder.record_step``: the
+    trajectories as the rollout and rewards left them, with the stages' ``results``."""
+    results = results or StageResults()
+    return {"trajectories": trajectory_rows(trajs, results.grad_norms),
+            "rewards": reward_rows(trajs),
+            "turns": turn_rows(trajs, results.turn_advantages),
+            "tokens": token_rows(trajs, results.token_values),
             "test_results": test_rows(trajs)}

@@ -6,7 +6,9 @@ right after SFT (carrying step M), every ``eval_every`` RL steps and at the end.
 
     rollout -> rewards -> advantages -> loss + optimizer step -> record
 
-Every stage adds its rows to the step's record; the recorder writes them in one transaction.
+Every stage returns its results (trajectories, rewards on them, ``Credit``, ``UpdateResult``) and
+the step's record takes them (``_Step``: trajectories, ``StageResults``, metrics); the recorder
+writes the step in one transaction. Which tasks a step draws is core/schedule.py's.
 Ctrl-C stops after the current step (status 'stopped'); a crash marks the run 'failed' with the
 error; ``max_bad_steps`` consecutive non-finite updates stop the run as 'failed' (after recording
 the last one). Why an update was skipped is kept in ``runs.error`` beside its ``update/*`` metrics.
@@ -14,7 +16,6 @@ the last one). Why an update was skipped is kept in ``runs.error`` beside its ``
 from __future__ import annotations
 
 import contextlib
-import random
 import signal
 import time
 import traceback
@@ -28,25 +29,21 @@ from core.algorithms import needs_value_head
 from core.config import TrainConfig, env_kwargs, validate
 from core.credit import assign
 from core.diagnostics import entropy_mean, rollout_metrics, success_of
-from core.distributed import ONE, Ranks, number_demos, number_rollouts
+from core.distributed import ONE, Ranks, gather_step, number_demos, number_rollouts
 from core.envs.base import make_env
-from core.failures import classify_trajectory
 from core.policy import policy_from_config
-from core.records import step_tables
-from core.rewards import score
+from core.records import StageResults, step_tables
 from core.rollout import Sampling, rollout
+from core.schedule import Schedule, TrainingError, pool_size, task_pool  # noqa: F401 (re-exported)
+from core.scoring import score_all
 from core.sft import demonstrations
 from core.update import make_samples, policy_update, score_reference, score_values, sft_update
 
-POOL_SIZES = (256, 64, 16)
-"""Fallback pool sizes for an env that cannot make the default pool (``pool_size``)."""
+_task_pool = task_pool  # the name tests and older callers use
+
 PROGRESS = {"reward/mean": "reward", "success/rate": "success", "sft/loss": "sft_loss",
             "eval/success": "eval", "time/step_s": "step_s"}
 """Metrics shown on the progress bar, with their short labels."""
-
-
-class TrainingError(RuntimeError):
-    """The run cannot go on (e.g. too many consecutive non-finite updates)."""
 
 
 def train(cfg: TrainConfig, recorder, progress: bool = True, ranks: Ranks = ONE) -> str:
@@ -74,12 +71,11 @@ class _Run:
         self.rl_opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
         self.sampling = Sampling.from_config(cfg)
         self.eval_sampling = Sampling.from_config(cfg, eval=True)
-        self.pool = _task_pool(self.env, cfg)
-        self.sft_pool = _task_pool(self.sft_env, cfg) if cfg.sft_env_options else self.pool
         # Held-out evaluation may use its own options (eval_env_options) so its task set stays
         # fixed when the RL task mix changes.
         self.eval_env = make_env(cfg.env, **env_kwargs(cfg, eval=True)) if cfg.eval_env_options else self.env
-        self.eval_tasks = self.eval_env.tasks("heldout", cfg.eval_tasks, cfg.seed) if cfg.eval_tasks else []
+        self.schedule = Schedule(cfg, self.env, self.sft_env, self.eval_env)
+        self.eval_tasks = self.schedule.eval_tasks
         self.bad_steps, self.last_write_s, self.stop_requested = 0, 0.0, False
         self.finishing = False
         self.skip_note: str | None = None
@@ -133,11 +129,11 @@ class _Run:
         try:
             done = self.start()
             bar = tqdm(total=total, initial=max(done, 0), disable=not self.progress, unit="step")
-            if done < 0 and cfg.sft_steps == 0 and self._eval_on():
+            if done < 0 and cfg.sft_steps == 0 and self.schedule.eval_on():
                 self.write(0, self.evaluate(0))
             for step in range(max(done + 1, 1), total + 1):
                 record = self.sft_step(step) if step <= cfg.sft_steps else self.rl_step(step)
-                if self._eval_due(step):
+                if self.schedule.eval_due(step):
                     record.add(self.evaluate(step))
                 metrics = self.write(step, record)
                 # every rank stops after the same step (a Ctrl-C may reach them apart)
@@ -190,16 +186,6 @@ class _Run:
         finally:
             signal.signal(signal.SIGINT, previous)
 
-    def _eval_on(self) -> bool:
-        return self.cfg.eval_every > 0 and bool(self.eval_tasks)
-
-    def _eval_due(self, step: int) -> bool:
-        cfg = self.cfg
-        if not self._eval_on() or step < cfg.sft_steps:
-            return False
-        rl_index = step - cfg.sft_steps
-        return step == cfg.sft_steps or rl_index % cfg.eval_every == 0 or step == cfg.sft_steps + cfg.steps
-
     def save(self, step: int) -> None:
         if not self.ranks.main:  # the optimizer state is the same on every rank
             return
@@ -207,17 +193,6 @@ class _Run:
         checkpoint.save(checkpoint.checkpoint_dir(self.cfg, self.run_id), self.policy,
                         self.sft_opt if phase == "sft" else self.rl_opt, step, phase,
                         self.cfg.to_dict())
-
-    # -- tasks ------------------------------------------------------------------------------------
-    def tasks_for(self, index: int, count: int, salt: int, pool: list | None = None) -> list:
-        """``count`` train tasks for the index-th batch of a phase, cycling through the pool."""
-        pool = self.pool if pool is None else pool
-        order = list(range(len(pool)))
-        random.Random(self.cfg.seed * 31 + salt).shuffle(order)
-        return [pool[order[(index * count + j) % len(order)]] for j in range(count)]
-
-    def _seed(self, step: int) -> int:
-        return (self.cfg.seed * 100_003 + step) % (2 ** 31)
 
     # -- the steps --------------------------------------------------------------------------------
     def rl_step(self, step: int) -> "_Step":
@@ -227,80 +202,76 @@ class _Run:
             # the first RL step (or a resume from the last SFT checkpoint): the policy as SFT
             # left it becomes the KL reference; a resumed RL phase restored it from the checkpoint
             policy.freeze_reference()
-        tasks = self.tasks_for(step - cfg.sft_steps - 1, cfg.tasks_per_step, salt=0)
-        mine = ranks.block(len(tasks))  # this rank's whole groups
-        own = rollout(policy, self.env, tasks[mine.start:mine.stop], group_size=cfg.group_size,
-                      sampling=self.sampling, seed=(self._seed(step) + 7_919 * ranks.rank) % 2 ** 31,
-                      id_prefix=f"s{step}")
-        number_rollouts(own, f"s{step}", mine.start, cfg.group_size)
+        own = self._rollouts(self.env, self.schedule.rl_tasks(step), cfg.group_size, self.sampling,
+                             seed=(self.schedule.seed(step) + 7_919 * ranks.rank) % 2 ** 31,
+                             prefix=f"s{step}")
+        record = _Step(own)
         t1 = time.perf_counter()
-        for t in own:
-            t.rewards, t.reward = score(t, cfg)
-            t.failure_class = classify_trajectory(t)
+        score_all(own, cfg)
         t2 = time.perf_counter()
         critic = needs_value_head(cfg.algo)
         values = score_values(policy, own, cfg) if critic else [None] * len(own)
         # Advantages over the whole batch: every rank sees every rank's scored trajectories.
         batch, first = ranks.everyone(list(zip(own, values)))
         trajs = [t for t, _ in batch]
-        advantages = assign(trajs, cfg, [v for _, v in batch] if critic else None)
-        samples = make_samples(own, advantages[first:first + len(own)])
+        credit = assign(trajs, cfg, [v for _, v in batch] if critic else None).part(first, first + len(own))
+        record.results.add_credit(own, credit.turn_advantages)
+        samples = make_samples(own, credit.per_token, credit.returns)
         score_reference(policy, [s for s in samples if not s.traj.filtered], cfg)
-        result = policy_update(policy, self.rl_opt, samples, cfg, seed=self._seed(step), ranks=ranks)
+        result = policy_update(policy, self.rl_opt, samples, cfg, seed=self.schedule.seed(step), ranks=ranks)
+        record.add_update(samples, result)
         self._check_bad(result.bad, step)
         t3 = time.perf_counter()
         generated = sum(t.response_tokens for t in trajs)
-        metrics = {**rollout_metrics(trajs), **result.metrics,
-                   "policy/entropy": entropy_mean(trajs),
-                   "adv/mean": _mean([t.advantage for t in trajs]),
-                   "adv/abs_mean": _mean([abs(t.advantage) for t in trajs]),
-                   "adv/filtered_frac": _mean([float(t.filtered) for t in trajs]),
-                   "update/skipped": float(result.bad is not None or
-                                           "update/kl_aborted" in result.metrics),
-                   "time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/update_s": t3 - t2,
-                   "perf/tokens_per_s": generated / max(t1 - t0, 1e-9),
-                   "perf/generated_tokens": float(generated)}
+        record.metrics = {**rollout_metrics(trajs), **result.metrics,
+                          "policy/entropy": entropy_mean(trajs),
+                          "adv/mean": _mean([t.advantage for t in trajs]),
+                          "adv/abs_mean": _mean([abs(t.advantage) for t in trajs]),
+                          "adv/filtered_frac": _mean([float(t.filtered) for t in trajs]),
+                          "update/skipped": float(result.bad is not None or
+                                                  "update/kl_aborted" in result.metrics),
+                          "time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/update_s": t3 - t2,
+                          "perf/tokens_per_s": generated / max(t1 - t0, 1e-9),
+                          "perf/generated_tokens": float(generated)}
         if ranks.world > 1:
-            metrics["dist/ranks"] = float(ranks.world)
-        return _Step(t3 - t0, metrics, own, token_values(samples), result.module_norms)
+            record.metrics["dist/ranks"] = float(ranks.world)
+        record.work_s = t3 - t0
+        return record
 
     def sft_step(self, step: int) -> "_Step":
         cfg = self.cfg
         t0 = time.perf_counter()
-        tasks = self.tasks_for(step - 1, cfg.sft_batch_size, salt=1, pool=self.sft_pool)
+        tasks = self.schedule.sft_tasks(step)
         mine = self.ranks.block(len(tasks))
         demos = demonstrations(self.sft_env, tasks[mine.start:mine.stop], self.policy.tokenizer,
-                               self.sampling, seed=self._seed(step), id_prefix=f"s{step}")
+                               self.sampling, seed=self.schedule.seed(step), id_prefix=f"s{step}")
         number_demos(demos, f"s{step}", mine.start)
+        record = _Step(demos)
         t1 = time.perf_counter()
-        for t in demos:
-            t.rewards, t.reward = score(t, cfg)
-            t.failure_class = classify_trajectory(t)
+        score_all(demos, cfg)
         t2 = time.perf_counter()
         samples = make_samples(demos)
         result = sft_update(self.policy, self.sft_opt, samples, cfg, ranks=self.ranks,
-                            seed=self._seed(step))
+                            seed=self.schedule.seed(step))
+        record.add_update(samples, result)
         self._check_bad(result.bad, step)
         t3 = time.perf_counter()
         ok, reward, n = self.ranks.sum([sum(float(success_of(t)) for t in demos),
                                         sum(t.reward for t in demos), len(demos)])
-        metrics = {**result.metrics,
-                   "sft/demo_success": ok / n if n else 0.0,
-                   "sft/demo_reward": reward / n if n else 0.0,
-                   "time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/update_s": t3 - t2}
-        return _Step(t3 - t0, metrics, demos, token_values(samples), result.module_norms)
+        record.metrics = {**result.metrics,
+                          "sft/demo_success": ok / n if n else 0.0,
+                          "sft/demo_reward": reward / n if n else 0.0,
+                          "time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/update_s": t3 - t2}
+        record.work_s = t3 - t0
+        return record
 
     def evaluate(self, step: int) -> "_Step":
         """Held-out tasks, one rollout each at eval temperature, recorded with split 'eval'."""
         t0 = time.perf_counter()
-        mine = self.ranks.block(len(self.eval_tasks))
-        own = rollout(self.policy, self.eval_env, self.eval_tasks[mine.start:mine.stop], group_size=1,
-                      sampling=self.eval_sampling, seed=self.cfg.seed + 7 + 7_919 * self.ranks.rank,
-                      id_prefix=f"e{step}", split="eval") if mine else []
-        number_rollouts(own, f"e{step}", mine.start, 1)
-        for t in own:
-            t.rewards, t.reward = score(t, self.cfg)
-            t.failure_class = classify_trajectory(t)
+        own = self._rollouts(self.eval_env, self.eval_tasks, 1, self.eval_sampling,
+                             seed=self.cfg.seed + 7 + 7_919 * self.ranks.rank, prefix=f"e{step}",
+                             split="eval")
+        score_all(own, self.cfg)
         trajs, _ = self.ranks.everyone(own)
         roll = rollout_metrics(trajs)
         metrics = {"eval/success": roll["success/rate"], "eval/reward_mean": roll["reward/mean"],
@@ -310,7 +281,18 @@ class _Run:
         if self.progress:
             tqdm.write(f"step {step}: eval/success {metrics['eval/success']:.3f} "
                        f"on {len(trajs)} held-out tasks")
-        return _Step(None, metrics, own)
+        return _Step(own, metrics=metrics)
+
+    def _rollouts(self, env, tasks: list, group_size: int, sampling: Sampling, seed: int,
+                  prefix: str, split: str = "train") -> list:
+        """This rank's share of ``tasks`` (whole groups), rolled out from this rank's ``seed``
+        and numbered as one process would number them."""
+        mine = self.ranks.block(len(tasks))
+        own = rollout(self.policy, env, tasks[mine.start:mine.stop], group_size=group_size,
+                      sampling=sampling, seed=seed,
+                      id_prefix=prefix, split=split) if mine else []
+        number_rollouts(own, prefix, mine.start, group_size)
+        return own
 
     # -- recording --------------------------------------------------------------------------------
     def write(self, step: int, record: "_Step") -> dict:
@@ -318,13 +300,13 @@ class _Run:
         rewards, turns, tokens, per-module gradient norms and test results. Under torchrun rank 0
         gathers every rank's trajectories and writes them all, each with its ``rank``."""
         t_build = time.perf_counter()
-        parts = self.ranks.gather((record.trajs, record.token_values))
-        if parts is None:  # not rank 0: it records
+        gathered = gather_step(self.ranks, record.trajs, record.results)
+        if gathered is None:  # not rank 0: it records
             return record.metrics
-        tables = step_tables([t for trajs, _ in parts for t in trajs],
-                             {k: v for _, values in parts for k, v in values.items()})
+        trajs, results, rank_of = gathered
+        tables = step_tables(trajs, results)
         if self.ranks.world > 1:
-            tables["trajectories"]["rank"] = [k for k, (trajs, _) in enumerate(parts) for _ in trajs]
+            tables["trajectories"]["rank"] = rank_of
         norms = record.module_norms
         grad_rows = {"module": list(norms), "norm": list(norms.values())}
         metrics = record.metrics
@@ -349,60 +331,24 @@ class _Run:
 
 @dataclass
 class _Step:
-    """What one step hands to the recorder."""
-    work_s: float | None
-    """Rollout + reward + update seconds (None for an evaluation alone)."""
-    metrics: dict
+    """What one step hands to the recorder: its trajectories as rollout and rewards left them,
+    the later stages' results by trajectory (``StageResults``), metrics and module norms."""
     trajs: list
-    token_values: dict = field(default_factory=dict)
+    results: StageResults = field(default_factory=StageResults)
+    metrics: dict = field(default_factory=dict)
+    work_s: float | None = None
+    """Rollout + reward + update seconds (None for an evaluation alone)."""
     module_norms: dict = field(default_factory=dict)
+
+    def add_update(self, samples, result) -> None:
+        """The update's per-token values, per-trajectory and per-module gradient norms."""
+        self.results.add_update(samples, result.grad_norms)
+        self.module_norms = result.module_norms
 
     def add(self, other: "_Step") -> None:
         self.metrics.update(other.metrics)
         self.trajs = self.trajs + other.trajs
-        self.token_values.update(other.token_values)
-
-
-def token_values(samples) -> dict[str, dict[str, list]]:
-    """Per-token advantage / new / reference logprob / value, None where the token is untrained."""
-    out = {}
-    for s in samples:
-        mask = s.mask[0].tolist()
-
-        def col(x):
-            return None if x is None else [float(v) if m else None for v, m in zip(x[0].tolist(), mask)]
-        out[s.traj.traj_id] = {"advantage": col(s.advantages), "new_logprob": col(s.new_logprobs),
-                               "ref_logprob": col(s.ref_logprobs), "value": col(s.values)}
-    return out
-
-
-def pool_size(env, cfg: TrainConfig) -> int:
-    """How many train tasks the run draws once and cycles through: ``cfg.task_pool``; 0 = the
-    whole train split (``env.split_size('train')``), or, for an env that generates tasks without
-    bound, as many as the run will ask for, so no task repeats (at least 16)."""
-    if cfg.task_pool:
-        return cfg.task_pool
-    size_of = getattr(env, "split_size", None)
-    size = size_of("train") if callable(size_of) else None
-    if size is not None:
-        return int(size)
-    return max(cfg.steps * cfg.tasks_per_step, cfg.sft_steps * cfg.sft_batch_size, 16)
-
-
-def _task_pool(env, cfg: TrainConfig) -> list:
-    n = pool_size(env, cfg)
-    if cfg.task_pool:  # asked for: exactly that many, or a clear error
-        try:
-            return env.tasks("train", n, cfg.seed)
-        except ValueError as exc:
-            raise TrainingError(f"task_pool={n}: {exc}") from exc
-    # An env that cannot make as many as that (a user's small split) gives what it can.
-    for size in [n] + [p for p in POOL_SIZES if p < n]:
-        try:
-            return env.tasks("train", size, cfg.seed)
-        except ValueError:
-            continue
-    raise TrainingError(f"environment {env.name!r} cannot make {POOL_SIZES[-1]} train tasks")
+        self.results = self.results.merge(other.results)
 
 
 def _mean(xs) -> float:

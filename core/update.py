@@ -1,8 +1,8 @@
 """The optimisation stage: scored trajectories -> gradient steps on the LoRA adapters.
 
 One microbatch per trajectory (B = 1, no padding), gradients accumulated over a minibatch, so the
-norm of each trajectory's increment to the accumulated gradient is recorded as its own gradient
-norm (``trajectories.grad_norm``): a grad-norm spike can be traced to the trajectories behind it.
+norm of each trajectory's increment to the accumulated gradient is returned as its own gradient
+norm (``UpdateResult.grad_norms``, recorded as ``trajectories.grad_norm``): a grad-norm spike can be traced to the trajectories behind it.
 Each microbatch's loss is weighted so that the accumulated gradient equals the gradient of the
 whole minibatch's loss under the configured aggregation (core/losses.py decides the modes). PPO's
 value loss is the token mean over the same minibatch, whatever ``minibatches`` is: splitting a
@@ -58,12 +58,13 @@ class Sample:
 
 
 def make_samples(trajs: Sequence[Trajectory], advantages: Sequence[torch.Tensor] | None = None,
-                 ) -> list[Sample]:
+                 returns: Sequence[torch.Tensor | None] | None = None) -> list[Sample]:
+    """The trajectories as samples, with credit's per-token advantages and (PPO) returns."""
     out = []
     for i, t in enumerate(trajs):
         lp = torch.tensor([x if x is not None else 0.0 for x in t.logprobs], dtype=torch.float32)
         adv = advantages[i].float()[None] if advantages is not None else None
-        ret = t.info.get("returns")
+        ret = returns[i] if returns is not None else None
         out.append(Sample(traj=t, ids=torch.tensor([t.token_ids]),
                           mask=torch.tensor([t.trained], dtype=torch.bool), old_logprobs=lp[None],
                           advantages=adv,
@@ -99,6 +100,8 @@ def score_values(policy: Policy, trajs: Sequence[Trajectory], cfg) -> list[torch
 class UpdateResult:
     metrics: dict[str, float] = field(default_factory=dict)
     module_norms: dict[str, float] = field(default_factory=dict)
+    grad_norms: dict[str, float] = field(default_factory=dict)
+    """Trajectory id -> norm of its increment to the gradient (first epoch)."""
     bad: str | None = None
     """Why an optimizer step was skipped for non-finite values (None when all were fine)."""
 
@@ -141,7 +144,7 @@ def _optimizer_step(policy: Policy, optimizer, samples: Sequence[Sample],
             break
         loss.backward()
         if tracker is not None:
-            s.traj.info["grad_norm"] = tracker.increment()
+            result.grad_norms[s.traj.traj_id] = tracker.increment()
         stats.append((s, m))
     if ranks.world > 1:
         kl_sum, kl_tokens, bad = ranks.sum([_token_weighted(stats, "policy/approx_kl") *

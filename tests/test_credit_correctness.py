@@ -78,13 +78,13 @@ def _copies(traj, n):
     for i in range(n):
         t = pickle.loads(pickle.dumps(traj))
         t.traj_id = f"{traj.traj_id}-c{i}"
-        t.info["returns"] = torch.ones(len(t.token_ids))
         out.append(t)
     return out
 
 
 def _ppo_samples(trajs):
-    return make_samples(trajs, [torch.ones(len(t.token_ids)) for t in trajs])
+    return make_samples(trajs, [torch.ones(len(t.token_ids)) for t in trajs],
+                        returns=[torch.ones(len(t.token_ids)) for t in trajs])
 
 
 def test_value_head_gradient_is_the_same_for_1_2_and_4_minibatches(env):

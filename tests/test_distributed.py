@@ -56,7 +56,7 @@ def _update(trajs, cfg, ranks=Ranks()):
     """Credit over the whole batch, then this rank's block of whole groups through the update."""
     torch.manual_seed(0)
     pol = load_policy("tiny", seed=0)
-    advantages = assign(trajs, cfg)
+    advantages = assign(trajs, cfg).per_token
     mine = ranks.block(cfg.tasks_per_step)
     lo, hi = mine.start * G, mine.stop * G
     samples = make_samples(trajs[lo:hi], advantages[lo:hi])
@@ -64,7 +64,7 @@ def _update(trajs, cfg, ranks=Ranks()):
     opt = torch.optim.SGD(pol.trainable_parameters(), lr=cfg.lr)
     result = policy_update(pol, opt, samples, cfg, seed=3, ranks=ranks)
     adapter = {n: p.detach().clone() for n, p in pol.model.named_parameters() if "lora_" in n}
-    return adapter, result.metrics, {t.traj_id: t.info.get("grad_norm") for t in trajs[lo:hi]}
+    return adapter, result.metrics, {t.traj_id: result.grad_norms.get(t.traj_id) for t in trajs[lo:hi]}
 
 
 def _worker(rank: int, world: int, port: int, folder: str) -> None:

@@ -55,7 +55,7 @@ def test_one_lora_step_changes_adapter_keeps_base_and_follows_advantages(env):
     before_lp = [_mean_action_logprob(pol, t) for t in trajs]
     base = {n: p.detach().clone() for n, p in pol.model.named_parameters() if "lora_" not in n}
     lora = {n: p.detach().clone() for n, p in pol.model.named_parameters() if "lora_" in n}
-    samples = make_samples(trajs, assign(trajs, cfg))
+    samples = make_samples(trajs, assign(trajs, cfg).per_token)
     assert [t.advantage > 0 for t in trajs] == [True, False, False, True]
     score_reference(pol, samples, cfg)
     opt = torch.optim.AdamW(pol.trainable_parameters(), lr=cfg.lr)
@@ -74,7 +74,8 @@ def test_one_lora_step_changes_adapter_keeps_base_and_follows_advantages(env):
     assert result.metrics["grad/norm"] > 0
     assert math.isclose(result.metrics["policy/ratio_min"], 1.0, abs_tol=1e-3)
     assert set(result.module_norms) == set(pol.lora_modules())
-    assert all(t.info["grad_norm"] > 0 for t in trajs)
+    assert set(result.grad_norms) == {t.traj_id for t in trajs}
+    assert all(n > 0 for n in result.grad_norms.values())
 
 
 def test_per_trajectory_grad_norm_is_its_share_of_the_gradient(env):
@@ -83,17 +84,17 @@ def test_per_trajectory_grad_norm_is_its_share_of_the_gradient(env):
     trajs = _rollouts(pol, env, group_size=3, seed=1)
     for t, r in zip(trajs, [1.0, 0.0, 0.0]):
         t.reward = r
-    samples = make_samples(trajs, assign(trajs, cfg))
+    samples = make_samples(trajs, assign(trajs, cfg).per_token)
     opt = torch.optim.SGD(pol.trainable_parameters(), lr=0.0)
     result = policy_update(pol, opt, samples, cfg)
-    norms = [t.info["grad_norm"] for t in trajs]
+    norms = [result.grad_norms[t.traj_id] for t in trajs]
     assert all(n > 0 for n in norms)
     # increments add up to the total: the global norm is at most their sum, at least the largest
     assert max(norms) - 1e-6 <= result.metrics["grad/norm"] <= sum(norms) + 1e-6
     # a trajectory alone: its increment is the whole gradient
-    single = make_samples(trajs[:1], assign(trajs[:1] + trajs[1:2], cfg)[:1])
+    single = make_samples(trajs[:1], assign(trajs[:1] + trajs[1:2], cfg).per_token[:1])
     alone = policy_update(pol, opt, single, cfg)
-    assert math.isclose(trajs[0].info["grad_norm"], alone.metrics["grad/norm"], rel_tol=1e-4)
+    assert math.isclose(alone.grad_norms[trajs[0].traj_id], alone.metrics["grad/norm"], rel_tol=1e-4)
 
 
 def test_zero_advantage_trajectories_contribute_no_gradient(env):
@@ -102,9 +103,9 @@ def test_zero_advantage_trajectories_contribute_no_gradient(env):
     trajs = _rollouts(pol, env, group_size=2, seed=2)
     for t in trajs:
         t.reward = 0.5
-    samples = make_samples(trajs, assign(trajs, cfg))
+    samples = make_samples(trajs, assign(trajs, cfg).per_token)
     result = policy_update(pol, torch.optim.SGD(pol.trainable_parameters(), lr=0.1), samples, cfg)
-    assert [t.info["grad_norm"] for t in trajs] == [0.0, 0.0]
+    assert [result.grad_norms[t.traj_id] for t in trajs] == [0.0, 0.0]
     assert result.metrics["grad/norm"] == 0.0
 
 
@@ -125,7 +126,7 @@ def test_kl_to_sampling_policy_above_limit_aborts_the_update(env):
     trajs = _rollouts(pol, env, group_size=2, seed=4)
     for t, r in zip(trajs, [1.0, 0.0]):
         t.reward = r
-    samples = make_samples(trajs, assign(trajs, cfg))
+    samples = make_samples(trajs, assign(trajs, cfg).per_token)
     result = policy_update(pol, torch.optim.AdamW(pol.trainable_parameters(), lr=cfg.lr), samples, cfg)
     assert result.metrics["update/kl_aborted"] == 1.0
     assert result.metrics["update/steps"] == 1  # the first epoch ran at ratio 1, the second aborted
@@ -175,10 +176,11 @@ def test_gigpo_turn_advantages_land_on_their_turns_tokens():
     # both rollouts act from the task's first state; the replies to their first actions differ
     a = _fake("a", "g", 1.0, 2, obs=["x", "end"])
     b = _fake("b", "g", 0.0, 2, obs=["y", "end"])
-    per_token = CREDIT["gigpo"]([a, b], cfg)
+    credit = CREDIT["gigpo"]([a, b], cfg)
+    per_token = credit.per_token
     assert step_rewards(a) == [0.0, 1.0]
     assert anchor_keys(a)[0] == anchor_keys(b)[0] and anchor_keys(a)[1] != anchor_keys(b)[1]
-    ta, tb = a.info["turn_advantages"], b.info["turn_advantages"]
+    ta, tb = credit.turn_advantages
     assert ta[0] > a.advantage > 0 and tb[0] < b.advantage < 0  # the shared state adds step credit
     assert ta[1] == a.advantage and tb[1] == b.advantage  # turn 1 states differ: singletons
     assert torch.allclose(per_token[0][2:4], torch.tensor([ta[0]] * 2))
@@ -203,8 +205,9 @@ def test_min_abs_advantage_filter_and_ppo_returns():
     ppo_cfg = _cfg(algo="ppo", gamma=1.0, lam=1.0)
     trajs = [_fake("a", "g", 1.0, 2), _fake("b", "g", 0.0, 2)]
     values = [torch.zeros(len(t.token_ids)) for t in trajs]
-    adv = assign(trajs, ppo_cfg, values)
-    assert trajs[0].info["returns"][torch.tensor(trajs[0].trained)].tolist() == [1.0] * 4
+    credit = assign(trajs, ppo_cfg, values)
+    adv = credit.per_token
+    assert credit.returns[0][torch.tensor(trajs[0].trained)].tolist() == [1.0] * 4
     assert all(float(a[~torch.tensor(t.trained)].abs().sum()) == 0 for a, t in zip(adv, trajs))
     assert trajs[0].advantage > 0 > trajs[1].advantage
 
