@@ -17,10 +17,9 @@ Stop tags are cut exactly after the first closing tag (Search-R1). When a tag en
 to the cut; the replacement is what the next turn is conditioned on. Its first token's logprob
 comes from the same sampling distribution; any further ones are scored by a forward pass.
 
-Chat templates: environments produce plain text. The prompt is rendered with the policy
-tokenizer's own chat template; so is every observation of an env whose ``observation_role`` is
-``user`` (a new user message closing the model's turn and opening the next; RAGEN's games).
-``inline`` observations (Search-R1's ``<information>``) continue the model's own message verbatim.
+Chat templates and how a turn's tokens are written into the trajectory (roles, the loss mask,
+the cuts to ``max_obs_tokens`` and ``max_context``): core/transcript.py, shared with the SFT
+demonstrations; its names are re-exported here.
 
 ``final_answer_turn`` (Search-R1): a row still going after ``max_turns`` gets one more generation
 in which only an answer (``env.is_answer``) is executed; anything else is recorded unexecuted.
@@ -38,6 +37,8 @@ import torch
 
 from core.envs.base import Episode, Environment, StepResult, Task, observation_role
 from core.policy import Policy, token_logprobs, token_texts
+from core.transcript import (  # noqa: F401 (user_turn_text re-exported)
+    append_tokens, prompt_ids, record_turn, user_turn_text)
 from core.trajectory import Trajectory, Turn
 
 
@@ -81,34 +82,6 @@ class _Row:
     cut_text: str | None = None
     state_key: str | None = None
     """Key of the state the episode is in now (the next turn's anchor)."""
-
-
-def prompt_ids(tokenizer, system: str, user: str) -> list[int]:
-    """The chat-templated prompt ending with the assistant header (add_generation_prompt)."""
-    messages = ([{"role": "system", "content": system}] if system else []) + \
-        [{"role": "user", "content": user}]
-    if getattr(tokenizer, "chat_template", None):
-        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(out["input_ids"] if hasattr(out, "keys") else out)
-    text = "\n\n".join(m["content"] for m in messages) + "\n\n"
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
-_ACTION_MARK = "\x00ACTION\x00"
-
-
-def user_turn_text(tokenizer, text: str, final: bool = False) -> str:
-    """``text`` as the next user message after the model's action, in the tokenizer's own chat
-    template: what the template renders after an assistant message's content (its end marker),
-    then the user message, then (unless ``final``) the generation prompt. Without a template:
-    ``\\n\\n{text}\\n\\n``, like ``prompt_ids``."""
-    if not getattr(tokenizer, "chat_template", None):
-        return f"\n\n{text}\n\n"
-    messages = [{"role": "user", "content": "."}, {"role": "assistant", "content": _ACTION_MARK},
-                {"role": "user", "content": text}]
-    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=not final,
-                                             tokenize=False)
-    return rendered[rendered.index(_ACTION_MARK) + len(_ACTION_MARK):]
 
 
 def initial_state_key(episode: Episode) -> str | None:
@@ -355,66 +328,10 @@ def _checked(result):
     return result
 
 
-def record_turn(traj: Trajectory, tok, turn: int, action: str, action_ids: list[int],
-                action_logprobs: list[float | None] | None, result, sampling: Sampling,
-                latency: float = 0.0, action_truncated: bool = False,
-                state_key: str | None = None, role: str = "inline",
-                ) -> tuple[list[int], str | None]:
-    """Append one turn (action tokens, observation tokens, Turn record) to ``traj``.
-
-    The observation is cut to ``max_obs_tokens``; a ``user`` one is then wrapped in the
-    tokenizer's chat template (``user_turn_text``), and the whole cut to the room left in
-    ``max_context``. ``state_key`` is the state the turn acted from.
-    Returns (observation token ids, finish reason or None while the episode goes on).
-    """
-    append_tokens(traj, action_ids, "action", turn, logprobs=action_logprobs)
-    obs_ids = tok.encode(result.observation, add_special_tokens=False) if result.observation else []
-    truncated = len(obs_ids) > sampling.max_obs_tokens
-    obs_ids = obs_ids[:sampling.max_obs_tokens]
-    shown = tok.decode(obs_ids) if truncated else result.observation
-    if role == "user" and result.observation:
-        wrapped = user_turn_text(tok, shown, final=result.done)
-        obs_ids = tok.encode(wrapped, add_special_tokens=False)
-        special = set(getattr(tok, "all_special_ids", ()) or ())
-        if action_ids and action_ids[-1] in special:  # the action already ended with EOS:
-            end = tok.convert_ids_to_tokens(action_ids[-1])  # do not close the turn twice
-            if isinstance(end, str) and wrapped.startswith(end):
-                obs_ids = tok.encode(wrapped[len(end):], add_special_tokens=False)
-    room = sampling.max_context - len(traj.token_ids) - (0 if result.done else 1)
-    full = len(obs_ids) > room
-    if full:
-        obs_ids, truncated = obs_ids[:max(room, 0)], True
-    append_tokens(traj, obs_ids, "observation", turn)
-    if full:  # cut for room: store what the context got (markers and all)
-        shown = tok.decode(obs_ids)
-    traj.turns.append(Turn(
-        turn=turn, action=action, observation=shown,
-        valid=result.valid, action_type=result.action_type, parsed=result.parsed,
-        error=result.error, state_diff=result.state_diff, obs_truncated=truncated,
-        action_truncated=action_truncated, latency_s=latency, step_reward=result.reward,
-        action_tokens=len(action_ids), state_key=state_key, info=dict(result.info or {})))
-    if result.done:
-        if result.action_type == "answer":
-            return obs_ids, "answered"
-        return obs_ids, "done" if result.valid else "invalid"
-    if full or len(traj.token_ids) >= sampling.max_context:
-        return obs_ids, "context_full"
-    return obs_ids, None
-
-
 def _unfed(row: _Row, obs_ids: list[int]) -> list[int]:
     """Tokens of this turn the cache has not seen: the action's tail after the last fed token."""
     fed_in_turn = row.fed - (len(row.traj.token_ids) - len(obs_ids) - len(row.gen))
     return row.gen[fed_in_turn:] + obs_ids
-
-
-def append_tokens(traj: Trajectory, ids: list[int], role: str, turn: int,
-            logprobs: list[float | None] | None = None) -> None:
-    traj.token_ids.extend(ids)
-    traj.roles.extend([role] * len(ids))
-    traj.trained.extend([role == "action"] * len(ids))
-    traj.logprobs.extend(logprobs if logprobs is not None else [None] * len(ids))
-    traj.token_turn.extend([turn] * len(ids))
 
 
 def _finish(row: _Row, reason: str) -> None:
