@@ -19,6 +19,8 @@ The network stays in eval mode; only the update's forward and backward switch Lo
 Logprobs are computed only at scored positions (the model's own tokens), in chunks of rows of the
 (N, vocab) logits under activation checkpointing, so the 49k-wide logits of a whole batch never
 exist at once, in the forward pass or the backward pass.
+
+Each token's text for the record (``token_texts``) lives in core/token_text.py, re-exported here.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from core.algorithms import needs_value_head
+from core.token_text import token_texts  # noqa: F401 (re-exported)
 
 REFERENCE = "reference"
 """Name of the frozen adapter that is the KL reference (``Policy.freeze_reference``)."""
@@ -355,60 +358,3 @@ def _scatter(parts: list[torch.Tensor], score: torch.Tensor, like: torch.Tensor)
     flat = torch.cat(parts) if parts else like.new_zeros(0)
     out = like.new_zeros(score.shape, dtype=torch.float32)
     return out.masked_scatter(score, flat.float()) if flat.numel() else out
-
-
-# -- token text -----------------------------------------------------------------------------------
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, reversed: printable stand-in character -> the byte it encodes."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    chars = keep[:]
-    extra = 0
-    for b in range(256):
-        if b not in keep:
-            keep.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {chr(c): b for b, c in zip(keep, chars)}
-
-
-_BYTES = _byte_decoder()
-
-
-def _is_byte_level(tokenizer) -> bool:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    return backend is not None and type(backend.decoder).__name__ == "ByteLevel"
-
-
-def token_texts(tokenizer, ids: list[int]) -> list[str]:
-    """Text of each token such that ``''.join(token_texts(ids)) == tokenizer.decode(ids)``.
-
-    A character split over several byte-level tokens is attributed to the token that completes
-    it (earlier ones get ''), so concatenation never produces stray replacement characters.
-    """
-    import codecs
-    if not _is_byte_level(tokenizer):
-        return _texts_by_prefix(tokenizer, ids)
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    texts = []
-    for piece in tokenizer.convert_ids_to_tokens(list(ids)):
-        raw = b"".join(bytes([_BYTES[c]]) if c in _BYTES else c.encode() for c in piece)
-        texts.append(decoder.decode(raw))
-    if texts:
-        texts[-1] += decoder.decode(b"", final=True)
-    return texts
-
-
-def _texts_by_prefix(tokenizer, ids: list[int]) -> list[str]:
-    """Fallback for non-byte-level tokenizers: difference of successive prefix decodes (O(n^2))."""
-    texts, prev = [], ""
-    for i in range(len(ids)):
-        cur = tokenizer.decode(ids[:i + 1])
-        if (cur.endswith("\ufffd") and i + 1 < len(ids)) or not cur.startswith(prev):
-            texts.append("")
-            continue
-        texts.append(cur[len(prev):])
-        prev = cur
-    full = tokenizer.decode(list(ids))
-    if "".join(texts) != full:  # a decoder that rewrites earlier text: keep the contract whole
-        texts = [""] * (len(ids) - 1) + [full]
-    return texts
