@@ -26,11 +26,13 @@ class Schedule:
         self.cfg = cfg
         self.pool = task_pool(env, cfg)
         # SFT demonstrations may come from differently mixed train tasks (sft_env_options).
-        self.sft_pool = task_pool(sft_env, cfg) if sft_env is not None and sft_env is not env else self.pool
+        own_sft = sft_env is not None and sft_env is not env
+        self.sft_pool = task_pool(sft_env, cfg) if own_sft else self.pool
         # Held-out evaluation may use its own options (eval_env_options) so its task set stays
         # fixed when the RL task mix changes.
         eval_env = env if eval_env is None else eval_env
-        self.eval_tasks = eval_env.tasks("heldout", cfg.eval_tasks, cfg.seed) if cfg.eval_tasks else []
+        self.eval_tasks = (eval_env.tasks("heldout", cfg.eval_tasks, cfg.seed)
+                           if cfg.eval_tasks else [])
 
     def rl_tasks(self, step: int) -> list:
         """The ``tasks_per_step`` tasks of RL step ``step`` (numbered after the SFT steps)."""
@@ -60,7 +62,8 @@ class Schedule:
         if not self.eval_on() or step < cfg.sft_steps:
             return False
         rl_index = step - cfg.sft_steps
-        return step == cfg.sft_steps or rl_index % cfg.eval_every == 0 or step == cfg.sft_steps + cfg.steps
+        return (step == cfg.sft_steps or rl_index % cfg.eval_every == 0
+                or step == cfg.sft_steps + cfg.steps)
 
 
 def pool_size(env, cfg: TrainConfig) -> int:

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from core import checkpoint
 from core.algorithms import needs_value_head
 from core.config import TrainConfig, env_kwargs, validate
-from core.credit import assign
+from core.credit import Credit, assign
 from core.diagnostics import entropy_mean, rollout_metrics, success_of
 from core.distributed import ONE, Ranks, gather_step, number_demos, number_rollouts
 from core.envs.base import make_env
@@ -196,47 +196,65 @@ class _Run:
 
     # -- the steps --------------------------------------------------------------------------------
     def rl_step(self, step: int) -> "_Step":
-        cfg, policy, ranks = self.cfg, self.policy, self.ranks
+        """rollout -> rewards -> advantages -> loss + optimizer step; each stage's result goes to
+        the step's record."""
+        cfg, policy = self.cfg, self.policy
         t0 = time.perf_counter()
         if cfg.kl_reference == "sft" and not policy.has_reference:
             # the first RL step (or a resume from the last SFT checkpoint): the policy as SFT
             # left it becomes the KL reference; a resumed RL phase restored it from the checkpoint
             policy.freeze_reference()
+        # -- rollout: this rank's whole groups
         own = self._rollouts(self.env, self.schedule.rl_tasks(step), cfg.group_size, self.sampling,
-                             seed=(self.schedule.seed(step) + 7_919 * ranks.rank) % 2 ** 31,
+                             seed=(self.schedule.seed(step) + 7_919 * self.ranks.rank) % 2 ** 31,
                              prefix=f"s{step}")
         record = _Step(own)
         t1 = time.perf_counter()
+        # -- rewards
         score_all(own, cfg)
         t2 = time.perf_counter()
-        critic = needs_value_head(cfg.algo)
-        values = score_values(policy, own, cfg) if critic else [None] * len(own)
-        # Advantages over the whole batch: every rank sees every rank's scored trajectories.
-        batch, first = ranks.everyone(list(zip(own, values)))
-        trajs = [t for t, _ in batch]
-        credit = assign(trajs, cfg, [v for _, v in batch] if critic else None).part(first, first + len(own))
+        # -- advantages, over every rank's trajectories
+        credit, trajs = self._credit(own)
         record.results.add_credit(own, credit.turn_advantages)
+        # -- loss + optimizer step
         samples = make_samples(own, credit.per_token, credit.returns)
         score_reference(policy, [s for s in samples if not s.traj.filtered], cfg)
-        result = policy_update(policy, self.rl_opt, samples, cfg, seed=self.schedule.seed(step), ranks=ranks)
+        result = policy_update(policy, self.rl_opt, samples, cfg, seed=self.schedule.seed(step),
+                               ranks=self.ranks)
         record.add_update(samples, result)
         self._check_bad(result.bad, step)
         t3 = time.perf_counter()
-        generated = sum(t.response_tokens for t in trajs)
-        record.metrics = {**rollout_metrics(trajs), **result.metrics,
-                          "policy/entropy": entropy_mean(trajs),
-                          "adv/mean": _mean([t.advantage for t in trajs]),
-                          "adv/abs_mean": _mean([abs(t.advantage) for t in trajs]),
-                          "adv/filtered_frac": _mean([float(t.filtered) for t in trajs]),
-                          "update/skipped": float(result.bad is not None or
-                                                  "update/kl_aborted" in result.metrics),
-                          "time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/update_s": t3 - t2,
-                          "perf/tokens_per_s": generated / max(t1 - t0, 1e-9),
-                          "perf/generated_tokens": float(generated)}
-        if ranks.world > 1:
-            record.metrics["dist/ranks"] = float(ranks.world)
+        record.metrics = self._rl_metrics(trajs, result, t1 - t0, t2 - t1, t3 - t2)
         record.work_s = t3 - t0
         return record
+
+    def _credit(self, own: list) -> tuple[Credit, list]:
+        """This rank's share of the batch's credit, and the whole batch: group statistics (and
+        StarPO-S's top groups, PPO's whitening) need every rank's scored trajectories."""
+        critic = needs_value_head(self.cfg.algo)
+        values = score_values(self.policy, own, self.cfg) if critic else [None] * len(own)
+        batch, first = self.ranks.everyone(list(zip(own, values)))
+        trajs = [t for t, _ in batch]
+        credit = assign(trajs, self.cfg, [v for _, v in batch] if critic else None)
+        return credit.part(first, first + len(own)), trajs
+
+    def _rl_metrics(self, trajs: list, result, rollout_s: float, reward_s: float,
+                    update_s: float) -> dict:
+        generated = sum(t.response_tokens for t in trajs)
+        metrics = {**rollout_metrics(trajs), **result.metrics,
+                   "policy/entropy": entropy_mean(trajs),
+                   "adv/mean": _mean([t.advantage for t in trajs]),
+                   "adv/abs_mean": _mean([abs(t.advantage) for t in trajs]),
+                   "adv/filtered_frac": _mean([float(t.filtered) for t in trajs]),
+                   "update/skipped": float(result.bad is not None or
+                                           "update/kl_aborted" in result.metrics),
+                   "time/rollout_s": rollout_s, "time/reward_s": reward_s,
+                   "time/update_s": update_s,
+                   "perf/tokens_per_s": generated / max(rollout_s, 1e-9),
+                   "perf/generated_tokens": float(generated)}
+        if self.ranks.world > 1:
+            metrics["dist/ranks"] = float(self.ranks.world)
+        return metrics
 
     def sft_step(self, step: int) -> "_Step":
         cfg = self.cfg
@@ -261,7 +279,8 @@ class _Run:
         record.metrics = {**result.metrics,
                           "sft/demo_success": ok / n if n else 0.0,
                           "sft/demo_reward": reward / n if n else 0.0,
-                          "time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/update_s": t3 - t2}
+                          "time/rollout_s": t1 - t0, "time/reward_s": t2 - t1,
+                          "time/update_s": t3 - t2}
         record.work_s = t3 - t0
         return record
 

@@ -64,7 +64,7 @@ class Trajectory:
     """Sampling policy's logprob of each action token; None elsewhere."""
     token_turn: list[int] = field(default_factory=list)
     """Turn index each token belongs to (-1 for the prompt)."""
-    # Filled by later stages.
+    # Filled by the reward and credit stages (the trajectory's own outcome, not per-token data).
     rewards: dict[str, float] = field(default_factory=dict)
     """Reward components: outcome, format, cost, process."""
     reward: float = 0.0
@@ -73,6 +73,9 @@ class Trajectory:
     filtered: bool = False
     failure_class: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    """The rollout's own extras (episode seed; ``token_entropy``, which has its own column),
+    recorded as ``trajectories.info``. The stages after rewards do not write here: they return
+    their results (``Credit``, ``UpdateResult``) and the record takes them (``StageResults``)."""
 
     @property
     def num_turns(self) -> int:

@@ -2,7 +2,8 @@
 
 One microbatch per trajectory (B = 1, no padding), gradients accumulated over a minibatch, so the
 norm of each trajectory's increment to the accumulated gradient is returned as its own gradient
-norm (``UpdateResult.grad_norms``, recorded as ``trajectories.grad_norm``): a grad-norm spike can be traced to the trajectories behind it.
+norm (``UpdateResult.grad_norms``, recorded as ``trajectories.grad_norm``): a grad-norm spike
+can be traced to the trajectories behind it.
 Each microbatch's loss is weighted so that the accumulated gradient equals the gradient of the
 whole minibatch's loss under the configured aggregation (core/losses.py decides the modes). PPO's
 value loss is the token mean over the same minibatch, whatever ``minibatches`` is: splitting a
