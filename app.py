@@ -30,6 +30,11 @@ PAGES = [
     st.Page("pages/failures.py", title="Failures", url_path="failures"),
     st.Page("pages/train.py", title="Train", url_path="train"),
 ]
+# Pages that use the sidebar's step: Replay and Groups show that step, Dynamics marks it on the
+# run's curves. Runs, Failures and Train show whole runs (Failures filters steps itself), so the
+# picker is hidden there rather than shown doing nothing; its value is kept for the way back.
+# (Comments, not a string: Streamlit's magic would draw a string on every page.)
+STEP_PAGES = ("Replay", "Groups", "Dynamics")
 
 
 def _short_id(run_id: str) -> str:
@@ -84,8 +89,8 @@ def _redraw_on_new_step(store: str, run_id: str, shown_last: int) -> None:
         st.rerun()
 
 
-def run_picker() -> None:
-    """Sidebar: which run (of which store) and which step every page shows."""
+def run_picker(with_step: bool) -> None:
+    """Sidebar: which run (of which store) every page shows, and which step (``with_step``)."""
     table = c.run_table()
     readable = table[table["run_id"].notna()] if not table.empty else table
     st.session_state["_picked_step"] = None
@@ -111,17 +116,20 @@ def run_picker() -> None:
             "Follow the live run", value=True, key="follow_live",
             help=f"Re-reads the run every {FOLLOW_S} s and redraws the page when a step lands."):
         st.fragment(lambda: _redraw_on_new_step(store, run_id, last), run_every=FOLLOW_S)()
+    if not with_step:
+        st.sidebar.caption("Stores: " + ", ".join(queries.store_dirs()))
+        return
     steps = c.read_or_stop(c.load_steps, store, run_id, last)
     if not steps:
         st.sidebar.caption("This run recorded no trajectories (metrics only).")
         return
     step = c.url_select("Step", steps, key="step", param="step", default=steps[-1], cast=int,
-                        container=st.sidebar, format_func=str)
+                        container=st.sidebar, format_func=str, persist_state="session")
     st.session_state["_picked_step"] = step
     st.sidebar.caption(f"{len(steps)} steps with trajectories · stores: "
                        + ", ".join(queries.store_dirs()))
 
 
 nav = st.navigation(PAGES)
-run_picker()
+run_picker(with_step=nav.title in STEP_PAGES)
 nav.run()

@@ -1,4 +1,5 @@
-"""Alarms over a run's metric curves: gradient-norm spikes and the onset of collapse.
+"""Alarms over a run's metric curves: gradient-norm spikes and the onset of collapse; and what
+a run's KL curve was measured against.
 
 Pure functions over pandas Series indexed by step; the Dynamics page draws what they return.
 """
@@ -112,3 +113,41 @@ def collapse_alarms(wide: pd.DataFrame, single_turn: bool = False) -> list[dict]
                            "message": f"over {REPEAT_LEVEL:.0%} of rollouts repeat an "
                                       "action sequence that failed"})
     return sorted(alarms, key=lambda a: a["step"])
+
+
+KL_MEASURE = ("policy/kl is measured against {reference}{penalty} (k3 estimate over the trained "
+              "tokens); policy/approx_kl against the policy that sampled the step's rollouts.")
+
+
+def kl_reference_note(config: dict, imported: bool = False) -> str:
+    """What a run's policy/kl was measured against, read from its config.
+
+    ``kl_reference`` is ``sft`` (the policy at the start of RL: the LoRA adapter frozen after the
+    SFT warm start; the default since the key exists) or ``base`` (adapters off). Runs recorded
+    before the key existed always used the base model. An imported run's KL is its trainer's."""
+    if imported:
+        return ("policy/kl and policy/approx_kl as the trainer that recorded it measured them "
+                "(its reference model is not recorded here).")
+    choice = config.get("kl_reference")
+    if choice is None:
+        reference = ("the base model (LoRA adapters off): this run was recorded before the "
+                     "reference became configurable")
+    elif choice == "base":
+        reference = "the base model (LoRA adapters off), as configured (`kl_reference` = base)"
+    elif choice == "sft":
+        sft = config.get("sft_steps")
+        if sft == 0:
+            reference = ("the policy at the start of RL (`kl_reference` = sft): this run had no "
+                         "SFT steps, so that is the base model")
+        else:
+            after = f"the {sft} SFT steps" if isinstance(sft, int) else "the SFT warm start"
+            reference = ("the policy at the start of RL: a frozen copy of the LoRA adapter taken "
+                         f"after {after} (`kl_reference` = sft)")
+    else:
+        reference = "a reference this app does not know (an unrecognised `kl_reference`)"
+    coef = config.get("kl_coef")
+    penalty = ""
+    if isinstance(coef, (int, float)):
+        penalty = (f"; penalised with `kl_coef` = {coef:g}" if coef > 0
+                   else "; `kl_coef` = 0: measured, not penalised")
+    return KL_MEASURE.format(reference=reference, penalty=penalty)

@@ -42,9 +42,10 @@ if len(alarms) > SHOWN_ALARMS:
         st.dataframe(pd.DataFrame(alarms[SHOWN_ALARMS:]), hide_index=True)
 
 
+# Longer series are drawn as lines only: the browser draws each marker as an SVG element of its
+# own, and 12 charts x 3,125 markers took seconds to render on the 100k bench store. (A comment:
+# a string here would be drawn on the page by Streamlit's magic.)
 MARKERS_UP_TO = 300
-"""Longer series are drawn as lines only: the browser draws each marker as an SVG element of its
-own, and 12 charts x 3,125 markers took seconds to render on the 100k bench store."""
 
 
 def line_mode(points: int) -> str:
@@ -66,8 +67,34 @@ def spaced(steps: list[int], span: float, most: int = ALARM_LINES_DRAWN) -> list
     return kept
 
 
-def chart(names: list[str], title: str, key: str, band: tuple[str, str] | None = None) -> None:
-    """Lines for the ``names`` this run recorded; alarms drawn as vertical lines."""
+# One x range for every step-axis chart, the run's steps: charts stacked in a column line up, so
+# a spike, an alarm or the picked step sits at the same height-aligned x everywhere (plotly's
+# autorange gave a curve recorded only in RL steps a range of its own).
+FIRST, LAST = int(wide.index.min()), int(wide.index.max())
+PAD = max(0.5, 0.02 * (LAST - FIRST))  # half a step at least: bars at the ends stay whole
+X_RANGE = [FIRST - PAD, LAST + PAD]
+
+
+def framed(fig: go.Figure, title: str | None, height: int = 300) -> go.Figure:
+    """The layout every step-axis chart shares: the run's x range, fixed side margins (so plot
+    areas in a column are equally wide), the legend in rows under the plot (a legend on the
+    right took up to a third of a half-width chart, and its long names ran into the edge), and
+    a dashed line at the sidebar's step."""
+    fig.update_layout(title=title, height=height, margin={"t": 40 if title else 20, "b": 10,
+                                                          "l": 60, "r": 20},
+                      showlegend=True,  # also for one trace: the metric's name, as stored
+                      legend={"orientation": "h", "x": 0, "xanchor": "left", "y": -0.25,
+                              "yanchor": "top"})
+    fig.update_xaxes(title_text="step", range=X_RANGE, autorange=False)
+    if pick.step is not None:
+        fig.add_vline(x=pick.step, line={"color": "grey", "dash": "dash", "width": 1})
+    return fig
+
+
+def chart(names: list[str], title: str, key: str, band: tuple[str, str] | None = None,
+          note: str | None = None) -> None:
+    """Lines for the ``names`` this run recorded; alarms drawn as vertical lines; ``note`` as a
+    caption under the chart."""
     present = [n for n in names if n in wide.columns]
     if not present:
         st.caption(f"{title}: not recorded in this run ({', '.join(names)}).")
@@ -96,33 +123,45 @@ def chart(names: list[str], title: str, key: str, band: tuple[str, str] | None =
                 y=[v for _ in steps for v in (lo, hi, None)], mode="lines",
                 name=f"{kind} alarm", line={"dash": dash, "color": colour, "width": 1},
                 hovertemplate=f"{kind} alarm at step %{{x}}<extra></extra>"))
-    fig.update_layout(title=title, xaxis_title="step", height=300, margin={"t": 40, "b": 30})
-    st.plotly_chart(fig, key=key)
+    st.plotly_chart(framed(fig, title), key=key)
+    if note:
+        st.caption(note)
 
 
-left, right = st.columns(2)
-with left:
-    chart(["reward/mean"], "Reward (mean ± std)", "dyn_reward", band=("reward/mean", "reward/std"))
-    chart(["success/rate", "eval/success", "success/pass@G", "success/pass@g"], "Success",
-          "dyn_success")
-    chart(["policy/entropy"], "Entropy", "dyn_entropy")
-    chart(["policy/clipfrac", "policy/clipfrac_low", "policy/clipfrac_high"], "Clip fraction",
-          "dyn_clip")
-    chart(["env/turns_mean", "env/valid_action_ratio"], "Turns and valid actions", "dyn_turns")
-with right:
-    chart(["reward/group_std_mean", "reward/frac_zero_std"], "In-group reward std, zero-std groups",
-          "dyn_groupstd")
-    chart(["policy/kl", "policy/approx_kl"], "KL (to the reference; approx. to the sampler)",
-          "dyn_kl")
-    chart(["response/length_mean"], "Response length (tokens)", "dyn_length")
-    chart(["collapse/repeat_frac", "collapse/repeat_fail_frac"],
-          "Repeated action sequences (all; failed only)", "dyn_repeat")
-    chart(["sft/loss", "value/loss"], "SFT and value loss", "dyn_losses")
+if pick.step is not None:
+    st.caption(f"The grey dashed line on each chart marks step {pick.step}, the step picked in "
+               "the sidebar (the one Replay and Groups show).")
+imported = c.text_of(pick.run.get("source")) not in (None, "trainer")
+# Row by row, not column by column: a caption under one chart keeps its neighbour level with it.
+ROWS = [
+    (dict(names=["reward/mean"], title="Reward (mean ± std)", key="dyn_reward",
+          band=("reward/mean", "reward/std")),
+     dict(names=["reward/group_std_mean", "reward/frac_zero_std"],
+          title="In-group reward std, zero-std groups", key="dyn_groupstd")),
+    (dict(names=["success/rate", "eval/success", "success/pass@G", "success/pass@g"],
+          title="Success", key="dyn_success"),
+     dict(names=["policy/kl", "policy/approx_kl"], key="dyn_kl",
+          title="KL (to the reference; approx. to the sampler)",
+          note=_signals.kl_reference_note(pick.config, imported=imported))),
+    (dict(names=["policy/entropy"], title="Entropy", key="dyn_entropy"),
+     dict(names=["response/length_mean"], title="Response length (tokens)", key="dyn_length")),
+    (dict(names=["policy/clipfrac", "policy/clipfrac_low", "policy/clipfrac_high"],
+          title="Clip fraction", key="dyn_clip"),
+     dict(names=["collapse/repeat_frac", "collapse/repeat_fail_frac"],
+          title="Repeated action sequences (all; failed only)", key="dyn_repeat")),
+    (dict(names=["env/turns_mean", "env/valid_action_ratio"], title="Turns and valid actions",
+          key="dyn_turns"),
+     dict(names=["sft/loss", "value/loss"], title="SFT and value loss", key="dyn_losses")),
+]
+for row in ROWS:
+    for column, spec in zip(st.columns(2), row):
+        with column:
+            chart(**spec)
 timings = [n for n in wide.columns if n.startswith("time/") and n != "time/step_s"]
 if timings:
     fig = go.Figure([go.Bar(x=wide.index, y=wide[n], name=c.plot_text(n)) for n in timings])
-    fig.update_layout(barmode="stack", title="Phase timings (s)", xaxis_title="step", height=300)
-    st.plotly_chart(fig, key="dyn_timings")
+    fig.update_layout(barmode="stack")
+    st.plotly_chart(framed(fig, "Phase timings (s)"), key="dyn_timings")
 others = st.multiselect("Any other recorded metric", sorted(wide.columns), key="dyn_more")
 if others:
     chart(others, "Chosen metrics", "dyn_more_chart")
@@ -140,8 +179,8 @@ fig = go.Figure([go.Scatter(x=sp.index, y=sp["value"], mode=line_mode(len(sp)), 
 spikes = [int(s) for s in sp.index[sp["spike"]]]
 fig.add_trace(go.Scatter(x=spikes, y=sp.loc[spikes, "value"], mode="markers", name="spike",
                          marker={"size": 14, "color": "red", "symbol": "x"}))
-fig.update_layout(xaxis_title="step", height=320, margin={"t": 20, "b": 30})
-event = st.plotly_chart(fig, key="dyn_grad", on_select="rerun", selection_mode="points")
+event = st.plotly_chart(framed(fig, None, height=320), key="dyn_grad", on_select="rerun",
+                        selection_mode="points")
 st.caption(f"Spike: norm above the median of the previous {_signals.SPIKE_WINDOW} steps + "
            f"{_signals.SPIKE_K:g} × 1.4826 × MAD (a robust five-sigma), and above "
            f"{_signals.SPIKE_FLOOR:g} (norms near 0 are never spikes). "

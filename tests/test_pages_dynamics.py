@@ -1,0 +1,132 @@
+"""Dynamics read as one picture, through Streamlit's AppTest: every step-axis chart spans the
+run's steps (so charts line up), legends sit outside the plot, the KL chart says what it was
+measured against, and the sidebar's step is marked on every chart; the step picker shows only on
+the pages that use it. tests/test_browser_dynamics.py checks the same in a real browser.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pages import _signals
+from storage.recorder import Recorder
+from tests.test_pages import app, demo, texts  # noqa: F401  (fixtures)
+
+# SFT steps 1-20, then one RL step (21): most curves hold only step 21.
+SAMPLE_STORE, SAMPLE_RUN = "sample_runs/search_smollm2.duckdb", "20261129-215645-4187b5"
+
+
+def step_charts(at) -> list[dict]:
+    """The plotly specs of the page's charts whose x axis is the step."""
+    specs = [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
+    return [s for s in specs if s["layout"].get("xaxis", {}).get("title", {}).get("text") == "step"]
+
+
+def kl_caption(at) -> str:
+    return next(t for t in texts(at, "caption") if "policy/kl" in t)
+
+
+def _kl_run(path, config: dict) -> str:
+    """A run with KL metrics over steps 3-5 and the given extra config."""
+    rec = Recorder(path)
+    run_id = rec.start_run({"env": "bandit", "model": "tiny", "algo": "grpo", **config}, name="kl")
+    for step in (3, 4, 5):
+        rec.record_step(step, metrics={"policy/kl": 0.01 * step, "reward/mean": 0.5})
+    rec.finish("finished")
+    return run_id
+
+
+# -- one x range -----------------------------------------------------------------------------------
+def test_every_step_chart_spans_the_runs_steps(app):
+    at = app("dynamics", store_dir="sample_runs", store=SAMPLE_STORE, run=SAMPLE_RUN)
+    charts = step_charts(at)
+    assert len(charts) >= 10
+    ranges = {tuple(c["layout"]["xaxis"].get("range") or ()) for c in charts}
+    assert len(ranges) == 1, ranges                   # one range: the charts line up
+    lo, hi = ranges.pop()
+    assert lo <= 1 and hi >= 21 and hi - lo < 22, (lo, hi)   # the run's steps, a little margin
+
+
+# -- legends ---------------------------------------------------------------------------------------
+def test_legends_lie_below_the_plot_across_its_width(app, demo):
+    at = app("dynamics", store=demo[1], run=demo[2]["demo-search-starpo"])
+    for chart in step_charts(at):
+        legend = chart["layout"].get("legend", {})
+        assert legend.get("orientation") == "h" and legend.get("y", 1) < 0, legend
+
+
+# -- what KL is measured against -------------------------------------------------------------------
+@pytest.mark.parametrize("config,says", [
+    ({}, "base model (LoRA adapters off): this run was recorded before"),
+    ({"kl_reference": "base", "sft_steps": 4}, "base model (LoRA adapters off), as configured"),
+    ({"kl_reference": "sft", "sft_steps": 4},
+     "policy at the start of RL: a frozen copy of the LoRA adapter taken after the 4 SFT steps"),
+    ({"kl_reference": "sft", "sft_steps": 0}, "no SFT steps, so that is the base model"),
+])
+def test_kl_reference_sentence_follows_the_config(config, says):
+    assert says in _signals.kl_reference_note(config)
+
+
+def test_kl_chart_of_a_sample_run_says_it_was_the_base_model(app):
+    at = app("dynamics", store_dir="sample_runs", store=SAMPLE_STORE, run=SAMPLE_RUN)
+    assert "base model (LoRA adapters off): this run was recorded before" in kl_caption(at)
+
+
+def test_kl_chart_of_a_new_run_says_it_was_the_policy_after_sft(app, tmp_path):
+    path = tmp_path / "kl" / "kl.duckdb"
+    path.parent.mkdir()
+    run_id = _kl_run(path, {"kl_reference": "sft", "sft_steps": 2, "kl_coef": 0.001})
+    at = app("dynamics", store_dir=str(path.parent), store=str(path), run=run_id)
+    caption = kl_caption(at)
+    assert "frozen copy of the LoRA adapter taken after the 2 SFT steps" in caption
+    assert "0.001" in caption
+
+
+def test_an_imported_runs_kl_is_the_other_trainers(app, tmp_path):
+    path = tmp_path / "imp" / "imp.duckdb"
+    path.parent.mkdir()
+    rec = Recorder(path)
+    run_id = rec.start_run({"env": "search", "model": "verl", "algo": "grpo"}, name="imp",
+                           source="import")
+    rec.record_step(1, metrics={"policy/kl": 0.02})
+    rec.finish("finished")
+    at = app("dynamics", store_dir=str(path.parent), store=str(path), run=run_id)
+    assert "trainer that recorded it" in kl_caption(at)
+
+
+# -- the sidebar's step ----------------------------------------------------------------------------
+def _marked_steps(chart: dict) -> set:
+    return {(s.get("x0"), s.get("x1")) for s in chart["layout"].get("shapes", [])}
+
+
+def test_dynamics_marks_the_sidebar_step_on_every_chart(app, demo):
+    at = app("dynamics", store=demo[1], run=demo[2]["demo-search-starpo"])
+    step = at.selectbox(key="step").value
+    assert step == 11
+    for chart in step_charts(at):
+        assert (11, 11) in _marked_steps(chart), chart["layout"].get("title")
+    at.selectbox(key="step").set_value(5).run()
+    for chart in step_charts(at):
+        assert _marked_steps(chart) == {(5, 5)}, chart["layout"].get("title")
+    assert any("step 5" in t and "sidebar" in t for t in texts(at, "caption"))
+
+
+def test_the_step_picker_shows_only_where_a_page_uses_it(app, demo):
+    run = demo[2]["demo-search-starpo"]
+    for page, shown in (("replay", True), ("groups", True), ("dynamics", True),
+                        ("runs", False), ("failures", False), ("train", False)):
+        at = app(page, store=demo[1], run=run)
+        keys = [s.key for s in at.sidebar.selectbox]
+        assert ("step" in keys) is shown, (page, keys)
+
+
+def test_the_picked_step_survives_a_visit_to_a_page_without_it(app, demo):
+    at = app("replay", store=demo[1], run=demo[2]["demo-search-starpo"])
+    at.selectbox(key="step").set_value(5).run()
+    at = at.switch_page("pages/runs.py").run()
+    assert not at.exception
+    assert "step" not in [s.key for s in at.sidebar.selectbox]
+    at = at.switch_page("pages/replay.py").run()
+    assert not at.exception
+    assert at.selectbox(key="step").value == 5
