@@ -76,8 +76,11 @@ def gigpo_steps(trajs: pd.DataFrame, turns: pd.DataFrame, gamma: float = 0.95,
             g = rs[t] + gamma * g
             returns[t] = g
         seen = [prompt.get(tid)] + mine["observation"].tolist()[:-1]
-        for (t, obs_before), ret, r in zip(zip(mine["turn"], seen), returns, rs):
-            rows.append({"traj_id": tid, "turn": int(t), "anchor": _anchor(obs_before)[:8],
+        # the env's state key when recorded (core/credit.py anchor_keys), else the observation
+        keys = mine["state_key"].tolist() if "state_key" in mine else [None] * len(mine)
+        for t, obs_before, key, ret, r in zip(mine["turn"], seen, keys, returns, rs):
+            state = "state:" + key if isinstance(key, str) else obs_before
+            rows.append({"traj_id": tid, "turn": int(t), "anchor": _anchor(state)[:8],
                          "return": ret, "reward": r})
     out = pd.DataFrame(rows, columns=["traj_id", "turn", "anchor", "return", "reward"])
     # the trainer's step advantages (core/algorithms.py), over this one group's turns
