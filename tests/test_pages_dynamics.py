@@ -5,13 +5,14 @@ the pages that use it. tests/test_browser_dynamics.py checks the same in a real 
 """
 from __future__ import annotations
 
+import ast
 import json
 
 import pytest
 
 from pages import _signals
 from storage.recorder import Recorder
-from tests.test_pages import app, demo, texts  # noqa: F401  (fixtures)
+from tests.test_pages import ROOT, app, demo, texts  # noqa: F401  (fixtures)
 
 # SFT steps 1-20, then one RL step (21): most curves hold only step 21.
 SAMPLE_STORE, SAMPLE_RUN = "sample_runs/search_smollm2.duckdb", "20261129-215645-4187b5"
@@ -130,3 +131,14 @@ def test_the_picked_step_survives_a_visit_to_a_page_without_it(app, demo):
     at = at.switch_page("pages/replay.py").run()
     assert not at.exception
     assert at.selectbox(key="step").value == 5
+
+
+# -- no stray text ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("script", ["app.py", "pages/dynamics.py"])
+def test_no_bare_string_after_the_docstring(script):
+    """Streamlit's magic draws a bare string statement of a page script on the page: a constant's
+    "docstring" (MARKERS_UP_TO's, STEP_PAGES') showed above the Dynamics title / on every page."""
+    body = ast.parse((ROOT / script).read_text()).body
+    stray = [n.lineno for n in body[1:] if isinstance(n, ast.Expr)
+             and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)]
+    assert stray == [], f"{script}: bare strings at lines {stray}"

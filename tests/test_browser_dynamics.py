@@ -1,0 +1,235 @@
+"""The Dynamics page read as one picture in a 1280 x 900 window, in a real headless Chromium
+(Debian's package through playwright): every step-axis chart has the run's step range and the
+charts of a column put a step at the same pixel; every legend lies whole inside its chart and off
+the plot (also in an 800 px window); the KL chart says, under it, what it was measured against;
+the sidebar's step is drawn on every chart and follows the picker, which pages showing whole
+runs hide (keeping its value).
+tests/test_pages_dynamics.py checks the same through AppTest.
+
+Run alone: ``.venv/bin/python -m pytest -q tests/test_browser_dynamics.py``.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+from storage.recorder import Recorder
+from tests.app_fixtures import RUN_NAMES, make_demo_store
+from tests.test_browser import (CHROMIUM, CHROMIUM_ARGS, ROOT, no_exception, settle, start_app,
+                                stop_app)
+
+pytestmark = pytest.mark.browser
+WIDTH, HEIGHT = 1280, 900
+# SFT steps 1-20, then one RL step (21): most of its curves hold only step 21.
+SAMPLE_STORE, SAMPLE_RUN = "sample_runs/search_smollm2.duckdb", "20261129-215645-4187b5"
+
+
+def _sft_reference_run(path: Path) -> str:
+    """A run recorded with the KL reference this trainer uses now (the adapter after SFT)."""
+    rec = Recorder(path)
+    run_id = rec.start_run({"env": "bandit", "model": "tiny", "algo": "grpo", "sft_steps": 3,
+                            "kl_reference": "sft", "kl_coef": 0.001}, name="kl-after-sft")
+    for step in range(1, 4):
+        rec.record_step(step, metrics={"sft/loss": 1.0 / step})
+    for step in range(4, 9):
+        rec.record_step(step, metrics={"reward/mean": 0.1 * step, "policy/kl": 0.01 * step,
+                                       "policy/approx_kl": 0.001, "grad/norm": 0.3})
+    rec.finish("finished")
+    return run_id
+
+
+@pytest.fixture(scope="module")
+def server():
+    """(base URL, demo store, {run name: run_id}) of an app serving the sample runs and a store
+    holding the demo runs (tests/app_fixtures.py) and one run with kl_reference = sft."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip("no chromium browser installed (Debian package 'chromium')")
+    base = Path("tmp") / f"browser-dynamics-{os.getpid()}"
+    shutil.rmtree(ROOT / base, ignore_errors=True)
+    stores = base / "stores"
+    (ROOT / stores).mkdir(parents=True)
+    store = stores / "demo.duckdb"
+    runs = dict(zip(RUN_NAMES, make_demo_store(ROOT / store)))
+    runs["kl-after-sft"] = _sft_reference_run(ROOT / store)
+    env = dict(os.environ, AGENTRL_STORE_DIRS=os.pathsep.join(["sample_runs", str(stores)]),
+               AGENTRL_RUNS_DIR=str(base / "runs"), STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
+    log = open(ROOT / base / "server.log", "wb")
+    proc = None
+    try:
+        proc, url = start_app(env, log)
+        yield url, str(store), runs
+    finally:
+        if proc is not None:
+            stop_app(proc)
+        log.close()
+        shutil.rmtree(ROOT / base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def browser(server):
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    ctx = browser.new_context(viewport={"width": WIDTH, "height": HEIGHT})
+    pg = ctx.new_page()
+    yield pg
+    ctx.close()
+
+
+def goto(page, url: str, path: str, title: str, **params) -> None:
+    page.goto(f"{url}/{path}" + (f"?{urllib.parse.urlencode(params)}" if params else ""))
+    page.get_by_role("heading", name=title, exact=True).first.wait_for(timeout=60_000)
+    settle(page)
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stSkeleton\"]')", timeout=30_000)
+    page.wait_for_timeout(1500)          # charts draw after the script has run
+
+
+# Per plotly chart of the page: its title, the container's box, the x axis's range and title,
+# the plot area's box, the page x of two steps, the legend's box, its items' boxes and whether it
+# scrolls, and the x of each shape (plotly's own layout objects, as drawn).
+CHARTS_JS = """(steps) => [...document.querySelectorAll('[data-testid=stPlotlyChart]')].map(ch => {
+    const box = e => { const r = e.getBoundingClientRect();
+                       return [r.left, r.top, r.right, r.bottom]; };
+    const gd = ch.querySelector('.js-plotly-plot');
+    const L = gd._fullLayout, x = L.xaxis;
+    const plot = gd.querySelector('.nsewdrag');
+    const left = gd.getBoundingClientRect().left + L._size.l;
+    const legend = gd.querySelector('.legend');
+    const bar = legend && legend.querySelector('.scrollbar');
+    return {title: L.title && L.title.text, chart: box(ch), range: x.range,
+            x_title: x.title && x.title.text, plot: plot && box(plot),
+            at: steps.map(s => left + x.l2p(s)),
+            legend: legend && box(legend),
+            items: legend ? [...legend.querySelectorAll('.traces')].map(box) : [],
+            scrolls: !!(bar && +bar.getAttribute('height') > 0),
+            shapes: (L.shapes || []).map(s => [s.x0, s.x1])};
+})"""
+
+
+def step_charts(page, steps=(0, 1)) -> list[dict]:
+    charts = page.evaluate(CHARTS_JS, list(steps))
+    return [c for c in charts if c["x_title"] == "step"]
+
+
+def _inside(inner, outer, tol=1.0) -> bool:
+    return (inner[0] >= outer[0] - tol and inner[1] >= outer[1] - tol
+            and inner[2] <= outer[2] + tol and inner[3] <= outer[3] + tol)
+
+
+def _overlap(a, b) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+# -- one x range -----------------------------------------------------------------------------------
+def test_step_charts_share_the_runs_range_and_line_up(page, server):
+    url, _, _ = server
+    goto(page, url, "dynamics", "Dynamics", store=SAMPLE_STORE, run=SAMPLE_RUN)
+    charts = step_charts(page, steps=(1, 21))
+    assert len(charts) >= 10, [c["title"] for c in charts]
+    ranges = {tuple(round(v, 6) for v in c["range"]) for c in charts}
+    assert len(ranges) == 1, {c["title"]: c["range"] for c in charts}
+    lo, hi = ranges.pop()
+    assert lo <= 1 and hi >= 21 and hi - lo < 22, (lo, hi)
+    columns: dict[tuple, list[dict]] = {}
+    for c in charts:                     # the charts of a column, and the full-width ones
+        columns.setdefault((round(c["chart"][0]), round(c["chart"][2])), []).append(c)
+    assert len(columns) == 3 and min(len(c) for c in columns.values()) >= 2, columns.keys()
+    for column in columns.values():
+        for c in column:                 # step 1 and step 21 at the same pixel in each chart
+            for got, want in zip(c["at"], column[0]["at"]):
+                assert abs(got - want) <= 1, (c["title"], c["at"], column[0]["at"])
+    no_exception(page)
+
+
+# -- legends ---------------------------------------------------------------------------------------
+# 1280: a laptop; 800: a window beside an editor, where the right-hand legends of before covered
+# the plot (a 64 px plot under a 179 px legend on the sample search run's reward chart). At 1280
+# they fitted, with no pixel to spare: the reward legend's right edge was the chart's.
+@pytest.mark.parametrize("which,width", [("demo", WIDTH), ("sample", WIDTH), ("sample", 800)])
+def test_every_legend_is_whole_inside_its_chart(page, server, which, width):
+    url, store, runs = server
+    page.set_viewport_size({"width": width, "height": HEIGHT})
+    if which == "demo":   # the most legend entries: three clip fractions, alarm lines, a band
+        goto(page, url, "dynamics", "Dynamics", store=store, run=runs["demo-search-starpo"])
+    else:
+        goto(page, url, "dynamics", "Dynamics", store=SAMPLE_STORE, run=SAMPLE_RUN)
+    charts = [c for c in step_charts(page) if c["legend"]]
+    assert len(charts) >= 5
+    for c in charts:
+        assert _inside(c["legend"], c["chart"]), (c["title"], c["legend"], c["chart"])
+        for item in c["items"]:
+            assert _inside(item, c["chart"]), (c["title"], item, c["chart"])
+        assert not c["scrolls"], f"{c['title']}: the legend scrolls (entries hidden)"
+        assert not _overlap(c["legend"], c["plot"]), (c["title"], c["legend"], c["plot"])
+    no_exception(page)
+
+
+# -- what KL is measured against -------------------------------------------------------------------
+def _text_under_kl(page) -> str:
+    """The text of the first caption below the KL chart, in the KL chart's column."""
+    return page.evaluate("""() => {
+        const kl = [...document.querySelectorAll('[data-testid=stPlotlyChart]')].find(ch =>
+            ch.querySelector('.js-plotly-plot')._fullLayout.title.text.includes('KL (to the'));
+        const r = kl.getBoundingClientRect();
+        const below = [...document.querySelectorAll('[data-testid=stCaptionContainer]')]
+            .filter(e => { const b = e.getBoundingClientRect();
+                           return b.top >= r.bottom - 1 && b.left >= r.left - 1
+                                  && b.right <= r.right + 1; })
+            .sort((a, b) => a.getBoundingClientRect().top - b.getBoundingClientRect().top);
+        return below.length ? below[0].textContent : '';
+    }""")
+
+
+def test_kl_chart_says_what_it_was_measured_against(page, server):
+    url, store, runs = server
+    goto(page, url, "dynamics", "Dynamics", store=SAMPLE_STORE, run=SAMPLE_RUN)
+    text = _text_under_kl(page)
+    assert "measured against the base model (LoRA adapters off)" in text, text
+    assert "recorded before the reference became configurable" in text, text
+    goto(page, url, "dynamics", "Dynamics", store=store, run=runs["kl-after-sft"])
+    text = _text_under_kl(page)
+    assert "a frozen copy of the LoRA adapter taken after the 3 SFT steps" in text, text
+    no_exception(page)
+
+
+# -- the sidebar's step ----------------------------------------------------------------------------
+def _step_picker(page):
+    return page.locator('[data-testid="stSidebar"]').get_by_role("combobox", name="Step")
+
+
+def test_the_sidebar_step_is_marked_and_hidden_where_unused(page, server):
+    url, store, runs = server
+    run = runs["demo-search-starpo"]
+    goto(page, url, "dynamics", "Dynamics", store=store, run=run, step=5)
+    charts = step_charts(page)
+    assert charts and all([5, 5] in c["shapes"] for c in charts), \
+        {c["title"]: c["shapes"] for c in charts}
+    picker = _step_picker(page)
+    picker.click()
+    page.get_by_role("option", name="8", exact=True).click()
+    settle(page)
+    page.wait_for_timeout(1500)
+    charts = step_charts(page)
+    assert all(c["shapes"] == [[8, 8]] for c in charts), {c["title"]: c["shapes"] for c in charts}
+    sidebar = page.locator('[data-testid="stSidebar"]')
+    for title in ("Runs", "Failures", "Train"):         # whole-run pages: no step picker
+        sidebar.get_by_role("link", name=title, exact=True).click()
+        page.get_by_role("heading", name=title, exact=True).first.wait_for(timeout=60_000)
+        settle(page)
+        assert _step_picker(page).count() == 0, title
+    sidebar.get_by_role("link", name="Replay", exact=True).click()
+    page.get_by_role("heading", name="Replay", exact=True).first.wait_for(timeout=60_000)
+    settle(page)
+    assert _step_picker(page).input_value() == "8"        # kept through the other pages
+    no_exception(page)
