@@ -115,8 +115,9 @@ def collapse_alarms(wide: pd.DataFrame, single_turn: bool = False) -> list[dict]
     return sorted(alarms, key=lambda a: a["step"])
 
 
-KL_MEASURE = ("policy/kl is measured against {reference}{penalty} (k3 estimate over the trained "
-              "tokens); policy/approx_kl against the policy that sampled the step's rollouts.")
+KL_MEASURE = ("policy/kl (k3 estimate over the trained tokens) is measured against "
+              "{reference}{penalty}; policy/approx_kl against the policy that sampled the step's "
+              "rollouts.")
 
 
 def kl_reference_note(config: dict, imported: bool = False) -> str:
