@@ -130,6 +130,10 @@ def run_picker(with_step: bool) -> None:
                        + ", ".join(queries.store_dirs()))
 
 
-nav = st.navigation(PAGES)
-run_picker(with_step=nav.title in STEP_PAGES)
-nav.run()
+# Streamlit runs this file as __main__. A process started with multiprocessing's "spawn" from a
+# process that ran the app (e.g. torchrun workers after page tests) re-imports it as __mp_main__,
+# where no Streamlit runtime exists: draw nothing there.
+if __name__ == "__main__":
+    nav = st.navigation(PAGES)
+    run_picker(with_step=nav.title in STEP_PAGES)
+    nav.run()

@@ -90,10 +90,11 @@ def run_row(job: dict) -> dict | None:
     return None if runs.empty else runs.iloc[0].to_dict()
 
 
+# (comments, not docstrings: Streamlit draws a page script's bare strings on the page)
 CURVES = ("eval/success", "success/rate", "reward/mean")
-"""Left axis: held-out success (what a demo is about), train success and reward."""
+# left axis: held-out success (what a demo is about), train success and reward
 LOSSES = ("sft/loss", "policy/pg_loss")
-"""Right axis: losses, whose scale (an SFT loss starts near 10) would flatten the rest."""
+# right axis: losses, whose scale (an SFT loss starts near 10) would flatten the rest
 
 
 def curves(long) -> go.Figure:

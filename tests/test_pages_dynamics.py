@@ -134,7 +134,8 @@ def test_the_picked_step_survives_a_visit_to_a_page_without_it(app, demo):
 
 
 # -- no stray text ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("script", ["app.py", "pages/dynamics.py"])
+@pytest.mark.parametrize("script", ["app.py"] + sorted(
+    str(p.relative_to(ROOT)) for p in (ROOT / "pages").glob("[!_]*.py")))
 def test_no_bare_string_after_the_docstring(script):
     """Streamlit's magic draws a bare string statement of a page script on the page: a constant's
     "docstring" (MARKERS_UP_TO's, STEP_PAGES') showed above the Dynamics title / on every page."""
