@@ -352,8 +352,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     # always pulls the same arm: held-out success 0); Dr.GRPO then teaches the higher-EV arm:
     # held-out success 0 -> 1.0 (n=32) by RL step 5, seed 0, ~3 min on 2 CPU cores. GRPO's std
     # normalisation blows up the noise of the risky arm's 0/1 payouts and did not learn in 10
-    # steps; lr above 1e-3 wrecks the format in one update.
+    # steps; lr above 1e-3 wrecks the format in one update. task_pool=256 (the pool size these
+    # figures and the collapse sample run were measured with): which arm the coin-flip demos
+    # happen to favour depends on the tasks drawn, and with the whole split seed 0's SFT already
+    # favours the better arm (held-out 1.0 before any RL: nothing left for the demo to show).
     "workshop-demo": dict(env="bandit", model="tiny", algo="dr_grpo", steps=10, sft_steps=30,
+                          task_pool=256,
                           env_options="expert=uniform", sft_lr=5e-3, lr=1e-3,
                           lora_targets="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,"
                                        "lm_head",
@@ -363,7 +367,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # demonstrations teaches the format; GRPO at temperature 0.7 (EM + 0.2 x retrieval hit) on the
     # same mix gives groups that disagree. The held-out set stays the original 75%-two-hop one.
     # (SFT on 10% two-hop then RL on 75% two-hop left every RL group at reward 0: pass@G = 0.)
-    "search-smollm2": dict(env="search", model="smollm2-135m", algo="grpo", steps=10,
+    # task_pool=256: the pool the sample run was recorded with (`make.sh search` reproduces it).
+    "search-smollm2": dict(env="search", model="smollm2-135m", algo="grpo", steps=10, task_pool=256,
                            sft_steps=20, group_size=8, tasks_per_step=4, max_turns=4,
                            lr=2e-4, sft_lr=2e-4, temperature=0.7, eval_every=5, eval_tasks=100,
                            env_options="two_hop_frac=0.5", sft_env_options="two_hop_frac=0.5",
