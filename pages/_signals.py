@@ -152,29 +152,3 @@ def kl_reference_note(config: dict, imported: bool = False) -> str:
         penalty = (f"; penalised with `kl_coef` = {coef:g}" if coef > 0
                    else "; `kl_coef` = 0: measured, not penalised")
     return KL_MEASURE.format(reference=reference, penalty=penalty)
-
-
-ENVELOPE_BUCKETS = 400
-"""Buckets of a long curve drawn (about a half-width chart's pixel columns): more points than
-pixels cost the browser time and show nothing more."""
-
-
-def envelope(series: pd.Series, buckets: int = ENVELOPE_BUCKETS) -> pd.Series:
-    """The points of a curve worth drawing: cut into ``buckets`` runs of consecutive points, each
-    run keeps its first, minimum, maximum and last point (in step order), so the drawn line
-    covers the same pixels as the whole curve -- every peak and dip is a recorded (step, value).
-
-        keep(b) = {first(b), argmin(b), argmax(b), last(b)}
-        b = points [floor(i n / buckets), floor((i + 1) n / buckets)),  i = 0 .. buckets - 1
-
-    A series of at most 4 * ``buckets`` points is returned whole."""
-    s = series.dropna()
-    if len(s) <= 4 * buckets:
-        return s
-    values = s.to_numpy(dtype=float)
-    edges = np.linspace(0, len(values), buckets + 1).astype(int)
-    keep = set()
-    for lo, hi in zip(edges[:-1], edges[1:]):
-        part = values[lo:hi]
-        keep.update((lo, lo + int(np.argmin(part)), lo + int(np.argmax(part)), hi - 1))
-    return s.iloc[sorted(keep)]

@@ -44,9 +44,7 @@ if len(alarms) > SHOWN_ALARMS:
 
 # Longer series are drawn as lines only: the browser draws each marker as an SVG element of its
 # own, and 12 charts x 3,125 markers took seconds to render on the 100k bench store. (A comment:
-# a string here would be drawn on the page by Streamlit's magic.) Longer still, only a curve's
-# envelope is drawn (_signals.envelope: the same pixels from ~1,600 points), which cut the
-# browser's plotly time on that store from 0.9 s to 0.4 s per load of this page.
+# a string here would be drawn on the page by Streamlit's magic.)
 MARKERS_UP_TO = 300
 
 
@@ -104,12 +102,11 @@ def chart(names: list[str], title: str, key: str, band: tuple[str, str] | None =
     fig = go.Figure()
     if band and set(band) <= set(wide.columns):
         mean, std = wide[band[0]], wide[band[1]]
-        upper, lower = _signals.envelope(mean + std), _signals.envelope(mean - std)
-        fig.add_trace(go.Scatter(x=list(upper.index) + list(lower.index[::-1]),
-                                 y=list(upper) + list(lower[::-1]), fill="toself",
+        fig.add_trace(go.Scatter(x=list(wide.index) + list(wide.index[::-1]),
+                                 y=list(mean + std) + list((mean - std)[::-1]), fill="toself",
                                  line={"width": 0}, opacity=0.2, name=f"{band[0]} ± {band[1]}"))
     for n in present:
-        s = _signals.envelope(wide[n])
+        s = wide[n].dropna()
         fig.add_trace(go.Scatter(x=s.index, y=s.values, mode=line_mode(len(s)),
                                  name=c.plot_text(n)))
     if alarms:
@@ -174,14 +171,10 @@ st.subheader("Gradient norm and spikes")
 if "grad/norm" not in wide.columns:
     c.stop("No gradient norms recorded in this run (imported runs carry none).")
 sp = spike_table(pick.store, pick.run_id, pick.last_step)
-# Envelopes of the long curves (as on the charts above); every spike keeps its own marker, and
-# every step can be picked under the chart.
-norm, med, thr = (_signals.envelope(sp[k]) for k in ("value", "median", "threshold"))
-fig = go.Figure([go.Scatter(x=norm.index, y=norm.values, mode=line_mode(len(norm)),
-                            name="grad/norm"),
-                 go.Scatter(x=med.index, y=med.values, mode="lines", name="rolling median",
+fig = go.Figure([go.Scatter(x=sp.index, y=sp["value"], mode=line_mode(len(sp)), name="grad/norm"),
+                 go.Scatter(x=sp.index, y=sp["median"], mode="lines", name="rolling median",
                             line={"dash": "dash"}),
-                 go.Scatter(x=thr.index, y=thr.values, mode="lines", name="spike threshold",
+                 go.Scatter(x=sp.index, y=sp["threshold"], mode="lines", name="spike threshold",
                             line={"dash": "dot"})])
 spikes = [int(s) for s in sp.index[sp["spike"]]]
 fig.add_trace(go.Scatter(x=spikes, y=sp.loc[spikes, "value"], mode="markers", name="spike",

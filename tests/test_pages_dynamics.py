@@ -143,26 +143,3 @@ def test_no_bare_string_after_the_docstring(script):
     stray = [n.lineno for n in body[1:] if isinstance(n, ast.Expr)
              and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)]
     assert stray == [], f"{script}: bare strings at lines {stray}"
-
-
-# -- long curves -----------------------------------------------------------------------------------
-def test_a_long_curve_is_drawn_as_its_envelope():
-    """At most 4 points a bucket, all recorded ones, and every bucket's peak and dip kept: the
-    drawn line covers what the whole curve would (issue #15: Dynamics <= 2 s on 3,125 steps)."""
-    import numpy as np
-    import pandas as pd
-    rng = np.random.default_rng(0)
-    s = pd.Series(rng.normal(size=3125), index=range(1, 3126))
-    s.iloc[1234] = 50.0                                  # one spike, one dip: both must survive
-    s.iloc[2345] = -50.0
-    drawn = _signals.envelope(s, buckets=100)
-    assert len(drawn) <= 400 and drawn.index.is_monotonic_increasing
-    assert (drawn == s.loc[drawn.index]).all()           # recorded (step, value) pairs only
-    assert drawn.index[0] == 1 and drawn.index[-1] == 3125
-    assert drawn.max() == 50.0 and drawn.min() == -50.0
-    edges = np.linspace(0, 3125, 101).astype(int)        # each bucket's extremes are drawn
-    for lo, hi in zip(edges[:-1], edges[1:]):
-        part = s.iloc[lo:hi]
-        assert part.idxmax() in drawn.index and part.idxmin() in drawn.index
-    short = s.iloc[:300]
-    assert _signals.envelope(short, buckets=100).equals(short)   # short curves whole
