@@ -11,103 +11,40 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from storage import queries
 from tests.app_fixtures import SCRIPT_TEXT, SCRIPT_TRAJ, SPIKE_STEP, SPIKE_TRAJ, make_demo_store
+from tests.browser_harness import ROOT, launched_browser, new_page, scratch_dir, served_app
+# Re-exported: bench/pages.py and docs/screenshots.py serve and drive the app with these.
+from tests.browser_harness import CHROMIUM, CHROMIUM_ARGS, start_app, stop_app  # noqa: F401
+from tests.browser_harness import _free_port, _wait_healthy  # noqa: F401
 
 pytestmark = pytest.mark.browser
-ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 PAGES = {"": "Runs", "replay": "Replay", "groups": "Groups", "dynamics": "Dynamics",
          "failures": "Failures", "train": "Train"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"streamlit exited with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise RuntimeError("streamlit did not become healthy")
-
-
-def start_app(env: dict, log) -> tuple[subprocess.Popen, str]:
-    """``streamlit run app.py`` on a free local port with ``env``, once healthy: (process, URL).
-    (bench/pages.py serves its store the same way.)"""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
-         "--server.headless", "true", "--server.address", "127.0.0.1",
-         "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc)
-    except BaseException:
-        stop_app(proc)
-        raise
-    return proc, url
-
-
-def stop_app(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.fixture(scope="module")
 def server():
     """(base URL, demo store path, {name: run_id}, runs dir) of a served app on the demo store."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip("no chromium browser installed (Debian package 'chromium')")
-    # Under the project's ignored tmp/, named relative to the root: paths the pages show (and
-    # the screenshots keep) are then the project's own, not this machine's.
-    base = Path("tmp") / f"browser-{os.getpid()}"
-    shutil.rmtree(ROOT / base, ignore_errors=True)
+    base = scratch_dir("browser")
     stores, runs = base / "stores", base / "runs"
     (ROOT / stores).mkdir(parents=True)
     ids = make_demo_store(ROOT / stores / "demo.duckdb")
     names = dict(zip(["demo-search-starpo", "demo-apps-rloo", "imported-verl", "crashed-run"], ids))
-    env = dict(os.environ, AGENTRL_STORE_DIRS=os.pathsep.join([str(stores), str(runs)]),
-               AGENTRL_RUNS_DIR=str(runs), STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
-    log = open(ROOT / base / "server.log", "wb")
-    proc = None
-    try:
-        proc, url = start_app(env, log)
-        yield url, str(stores / "demo.duckdb"), names, ROOT / runs
-    finally:
-        _stop_job(ROOT / runs)
-        if proc is not None:
-            stop_app(proc)
-        log.close()
-        shutil.rmtree(ROOT / base, ignore_errors=True)
+    with served_app(base, [stores, runs], runs) as url:
+        try:
+            yield url, str(stores / "demo.duckdb"), names, ROOT / runs
+        finally:
+            _stop_job(ROOT / runs)
 
 
 def _stop_job(runs: Path) -> None:
@@ -126,21 +63,16 @@ def _stop_job(runs: Path) -> None:
 
 @pytest.fixture(scope="module")
 def browser(server):
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with launched_browser() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture
 def page(browser):
-    ctx = browser.new_context(viewport={"width": 1400, "height": 2400})
-    pg = ctx.new_page()
-    pg.dialogs = []
-    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
-    yield pg
-    ctx.close()
+    with new_page(browser, 1400, 2400) as pg:
+        pg.dialogs = []
+        pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
+        yield pg
 
 
 @pytest.fixture(scope="module")

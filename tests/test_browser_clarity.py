@@ -8,18 +8,15 @@ Run alone: ``.venv/bin/python -m pytest -q tests/test_browser_clarity.py``.
 """
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import urllib.parse
-from pathlib import Path
 
 import pytest
 
 from storage import queries
 from tests.app_fixtures import RUN_NAMES, SCRIPT_TEXT, SCRIPT_TRAJ, make_demo_store
-from tests.test_browser import (CHROMIUM, CHROMIUM_ARGS, ROOT, _stop_job, _trainer_available,
-                                no_exception, settle, start_app, stop_app)
+from tests.browser_harness import ROOT, browser_fixtures, scratch_dir, served_app
+from tests.test_browser import _stop_job, _trainer_available, no_exception, settle
 
 pytestmark = pytest.mark.browser
 WIDTH, HEIGHT = 1280, 900
@@ -36,45 +33,20 @@ LIVE_MARKUP = "[data-testid=stMain] [data-testid=stHtml] :is(script, img, b)"  #
 def server():
     """(base URL, demo store, runs dir) of an app serving the sample runs, the demo store
     (tests/app_fixtures.py) and a Train page's own store."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip("no chromium browser installed (Debian package 'chromium')")
-    base = Path("tmp") / f"browser-clarity-{os.getpid()}"
-    shutil.rmtree(ROOT / base, ignore_errors=True)
+    base = scratch_dir("browser-clarity")
     runs, stores = base / "runs", base / "stores"
     (ROOT / runs).mkdir(parents=True)
     (ROOT / stores).mkdir(parents=True)
     demo = dict(zip(RUN_NAMES, make_demo_store(ROOT / stores / "demo.duckdb")))
     dirs = (SAMPLES, str(stores), str(runs))
-    env = dict(os.environ, AGENTRL_STORE_DIRS=os.pathsep.join(dirs),
-               AGENTRL_RUNS_DIR=str(runs), STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
-    log = open(ROOT / base / "server.log", "wb")
-    proc = None
-    try:
-        proc, url = start_app(env, log)
-        yield url, (str(stores / "demo.duckdb"), demo), runs, dirs
-    finally:
-        _stop_job(ROOT / runs)
-        if proc is not None:
-            stop_app(proc)
-        log.close()
-        shutil.rmtree(ROOT / base, ignore_errors=True)
+    with served_app(base, dirs, runs) as url:
+        try:
+            yield url, (str(stores / "demo.duckdb"), demo), runs, dirs
+        finally:
+            _stop_job(ROOT / runs)
 
 
-@pytest.fixture(scope="module")
-def browser(server):
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser):
-    ctx = browser.new_context(viewport={"width": WIDTH, "height": HEIGHT})
-    pg = ctx.new_page()
-    yield pg
-    ctx.close()
+browser, page = browser_fixtures(WIDTH, HEIGHT)
 
 
 def goto(page, url: str, path: str, title: str, **params) -> None:

@@ -10,8 +10,6 @@ Run alone: ``.venv/bin/python -m pytest -q tests/test_browser_dynamics.py``.
 """
 from __future__ import annotations
 
-import os
-import shutil
 import urllib.parse
 from pathlib import Path
 
@@ -19,8 +17,8 @@ import pytest
 
 from storage.recorder import Recorder
 from tests.app_fixtures import RUN_NAMES, make_demo_store
-from tests.test_browser import (CHROMIUM, CHROMIUM_ARGS, ROOT, no_exception, settle, start_app,
-                                stop_app)
+from tests.browser_harness import ROOT, browser_fixtures, scratch_dir, served_app
+from tests.test_browser import no_exception, settle
 
 pytestmark = pytest.mark.browser
 WIDTH, HEIGHT = 1280, 900
@@ -46,44 +44,17 @@ def _sft_reference_run(path: Path) -> str:
 def server():
     """(base URL, demo store, {run name: run_id}) of an app serving the sample runs and a store
     holding the demo runs (tests/app_fixtures.py) and one run with kl_reference = sft."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip("no chromium browser installed (Debian package 'chromium')")
-    base = Path("tmp") / f"browser-dynamics-{os.getpid()}"
-    shutil.rmtree(ROOT / base, ignore_errors=True)
+    base = scratch_dir("browser-dynamics")
     stores = base / "stores"
     (ROOT / stores).mkdir(parents=True)
     store = stores / "demo.duckdb"
     runs = dict(zip(RUN_NAMES, make_demo_store(ROOT / store)))
     runs["kl-after-sft"] = _sft_reference_run(ROOT / store)
-    env = dict(os.environ, AGENTRL_STORE_DIRS=os.pathsep.join(["sample_runs", str(stores)]),
-               AGENTRL_RUNS_DIR=str(base / "runs"), STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
-    log = open(ROOT / base / "server.log", "wb")
-    proc = None
-    try:
-        proc, url = start_app(env, log)
+    with served_app(base, ["sample_runs", stores], base / "runs") as url:
         yield url, str(store), runs
-    finally:
-        if proc is not None:
-            stop_app(proc)
-        log.close()
-        shutil.rmtree(ROOT / base, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def browser(server):
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser):
-    ctx = browser.new_context(viewport={"width": WIDTH, "height": HEIGHT})
-    pg = ctx.new_page()
-    yield pg
-    ctx.close()
+browser, page = browser_fixtures(WIDTH, HEIGHT)
 
 
 def goto(page, url: str, path: str, title: str, **params) -> None:

@@ -9,9 +9,7 @@ Run alone: ``.venv/bin/python -m pytest -q tests/test_browser_failures.py``.
 """
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import urllib.parse
 from pathlib import Path
 
@@ -20,8 +18,8 @@ import pytest
 from storage import queries
 from storage.recorder import Recorder
 from tests.app_fixtures import INVALID_FEEDBACK, RUN_NAMES, SCRIPT_TRAJ, make_demo_store
-from tests.test_browser import (CHROMIUM, CHROMIUM_ARGS, ROOT, no_exception, settle, start_app,
-                                stop_app)
+from tests.browser_harness import ROOT, browser_fixtures, scratch_dir, served_app
+from tests.test_browser import no_exception, settle
 
 pytestmark = pytest.mark.browser
 WIDTH, HEIGHT = 1280, 900
@@ -57,44 +55,17 @@ def _record_chat_run(path: Path) -> str:
 def server():
     """(base URL, store path, {run name: run_id}) of an app on the demo store plus a run whose
     observations carry chat-template markers."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip("no chromium browser installed (Debian package 'chromium')")
-    base = Path("tmp") / f"browser-failures-{os.getpid()}"
-    shutil.rmtree(ROOT / base, ignore_errors=True)
+    base = scratch_dir("browser-failures")
     stores = base / "stores"
     (ROOT / stores).mkdir(parents=True)
     store = stores / "demo.duckdb"
     names = dict(zip(RUN_NAMES, make_demo_store(ROOT / store)))
     names["chat-markers"] = _record_chat_run(ROOT / store)
-    env = dict(os.environ, AGENTRL_STORE_DIRS=str(stores), AGENTRL_RUNS_DIR=str(base / "runs"),
-               STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
-    log = open(ROOT / base / "server.log", "wb")
-    proc = None
-    try:
-        proc, url = start_app(env, log)
+    with served_app(base, [stores], base / "runs") as url:
         yield url, str(store), names
-    finally:
-        if proc is not None:
-            stop_app(proc)
-        log.close()
-        shutil.rmtree(ROOT / base, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def browser(server):
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser):
-    ctx = browser.new_context(viewport={"width": WIDTH, "height": HEIGHT})
-    pg = ctx.new_page()
-    yield pg
-    ctx.close()
+browser, page = browser_fixtures(WIDTH, HEIGHT)
 
 
 def goto(page, server, path: str, title: str, run: str = "demo-search-starpo", **params) -> None:

@@ -12,9 +12,7 @@ Run alone: ``.venv/bin/python -m pytest -q tests/test_browser_runs.py``.
 """
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import urllib.parse
 from pathlib import Path
 
@@ -22,8 +20,8 @@ import pytest
 
 from storage import queries
 from storage.recorder import Recorder
-from tests.test_browser import (CHROMIUM, CHROMIUM_ARGS, ROOT, no_exception, settle, start_app,
-                                stop_app)
+from tests.browser_harness import ROOT, browser_fixtures, scratch_dir, served_app
+from tests.test_browser import no_exception, settle
 
 pytestmark = pytest.mark.browser
 ANSWERS = {"older": "Phoenix", "newer": "Dragon"}   # what each run's trajectories answered
@@ -50,43 +48,16 @@ def _record_demo_run(path: Path, answer: str) -> str:
 def server():
     """(base URL, store path, {'older': run_id, 'newer': run_id}) of an app serving one store
     with two runs named ``demo``, and the committed sample runs."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip("no chromium browser installed (Debian package 'chromium')")
-    base = Path("tmp") / f"browser-runs-{os.getpid()}"
-    shutil.rmtree(ROOT / base, ignore_errors=True)
+    base = scratch_dir("browser-runs")
     stores = base / "stores"
     (ROOT / stores).mkdir(parents=True)
     store = stores / "store.duckdb"
     ids = {which: _record_demo_run(ROOT / store, answer) for which, answer in ANSWERS.items()}
-    env = dict(os.environ, AGENTRL_STORE_DIRS=os.pathsep.join([str(stores), "sample_runs"]),
-               AGENTRL_RUNS_DIR=str(base / "runs"), STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
-    log = open(ROOT / base / "server.log", "wb")
-    proc = None
-    try:
-        proc, url = start_app(env, log)
+    with served_app(base, [stores, "sample_runs"], base / "runs") as url:
         yield url, str(store), ids
-    finally:
-        if proc is not None:
-            stop_app(proc)
-        log.close()
-        shutil.rmtree(ROOT / base, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def browser(server):
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser):
-    ctx = browser.new_context(viewport={"width": 1400, "height": 2400})
-    pg = ctx.new_page()
-    yield pg
-    ctx.close()
+browser, page = browser_fixtures(1400, 2400)
 
 
 def _goto(page, url: str, path: str, title: str, **params) -> None:

@@ -7,16 +7,14 @@ brackets alone is not enough). Run alone: ``.venv/bin/python -m pytest -q tests/
 """
 from __future__ import annotations
 
-import os
-import shutil
 import urllib.parse
-from pathlib import Path
 
 import pytest
 
 from storage import db
 from tests.app_fixtures import RUN_NAMES, SCRIPT_TRAJ, make_demo_store
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, ROOT, settle, start_app, stop_app
+from tests.browser_harness import ROOT, launched_browser, new_page, scratch_dir, served_app
+from tests.test_browser import settle
 
 pytestmark = pytest.mark.browser
 URL, WWW, MAIL = "https://evil.example/x", "www.evil.example", "a@evil.example"
@@ -46,10 +44,7 @@ COUNT_JS = """() => {
 @pytest.fixture(scope="module")
 def hostile_app():
     """(base URL, store path, run id) of a served app on a store with hostile identifiers."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip("no chromium browser installed (Debian package 'chromium')")
-    base = Path("tmp") / f"hostile-links-{os.getpid()}"
-    shutil.rmtree(ROOT / base, ignore_errors=True)
+    base = scratch_dir("hostile-links")
     stores = base / "stores"
     (ROOT / stores).mkdir(parents=True)
     path = ROOT / stores / "demo.duckdb"
@@ -59,28 +54,14 @@ def hostile_app():
                          for col in HOSTILE)
         con.execute(f"UPDATE trajectories SET {sets} WHERE run_id = ?", [*HOSTILE.values(), run])
         con.execute("UPDATE turns SET action_type = ? WHERE run_id = ?", [ACTION_TYPE, run])
-    env = dict(os.environ, AGENTRL_STORE_DIRS=str(stores), AGENTRL_RUNS_DIR=str(base / "runs"),
-               STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
-    log = open(ROOT / base / "server.log", "wb")
-    proc = None
-    try:
-        proc, url = start_app(env, log)
+    with served_app(base, [stores], base / "runs") as url:
         yield url, str(stores / "demo.duckdb"), run
-    finally:
-        if proc is not None:
-            stop_app(proc)
-        log.close()
-        shutil.rmtree(ROOT / base, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def page(hostile_app):
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        pg = browser.new_context(viewport={"width": 1400, "height": 2400}).new_page()
+    with launched_browser() as browser, new_page(browser, 1400, 2400) as pg:
         yield pg
-        browser.close()
 
 
 @pytest.mark.parametrize("path,title,params", PAGES, ids=[p[1] for p in PAGES])
