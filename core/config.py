@@ -23,7 +23,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from core import budget
+from core import algorithms, budget  # noqa: F401 (algorithms re-exported: pages reach core only
+#                                     through this torch-free module)
 from core.algorithms import ALGORITHMS, ALGOS, GROUP_ALGOS  # noqa: F401 (re-exported)
 from core.budget import ConfigError, available_memory, rollout_memory  # noqa: F401 (re-exported)
 from core.env_options import ENV_OPTIONS, env_kwargs, parse_env_options  # noqa: F401 (re-exported)

@@ -22,7 +22,7 @@ import hashlib
 import numpy as np
 import pandas as pd
 
-from core import algorithms
+from core.config import algorithms  # the registry, through the one core module pages import
 
 
 def _one_group(name: str):
