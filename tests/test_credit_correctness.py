@@ -6,7 +6,6 @@ also across ``--resume``."""
 import json
 import os
 import pickle
-import socket
 import warnings
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from core.trainer import TrainingError, train
 from core.update import make_samples, policy_update, score_reference, sft_update
 from storage import queries
 from storage.recorder import Recorder
+from tests.test_distributed import _free_port
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -127,12 +127,6 @@ def _rank_worker(rank: int, world: int, port: int, folder: str) -> None:
         (Path(folder) / f"rank{rank}.pkl").write_bytes(pickle.dumps(opt.grads))
     finally:
         ranks.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_value_head_gradient_on_two_ranks_with_two_minibatches(env, tmp_path):
