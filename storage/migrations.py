@@ -90,7 +90,33 @@ def m003_turn_state(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE turns ADD COLUMN info JSON")
 
 
-MIGRATIONS = [m001_initial, m002_imports, m003_turn_state]
+def m004_turn_analyses(con: duckdb.DuckDBPyConnection) -> None:
+    """Per-turn analyses of recorded trajectories.
+
+    * ``branches``: one row per branch-from-turn continuation (core/branch.py). ``kind`` is
+      ``resample`` (a new action sampled at the turn) or ``keep`` (the recorded action kept, new
+      samples after it); the continuation itself is an ordinary trajectory with split 'branch'.
+    * ``turn_signals``: per-turn quantities computed after or during recording (``info_gain``,
+      ``progress``, ``prm``, ``q``, ``v``, ...), one row per (trajectory, turn, name).
+    * ``embeddings``: a cached vector per trajectory and embedding model (failure clusters), so
+      a page never embeds on load.
+    """
+    con.execute("""
+        CREATE TABLE branches (
+            run_id VARCHAR, traj_id VARCHAR, turn INTEGER, kind VARCHAR,
+            child_traj_id VARCHAR, return DOUBLE, checkpoint_step INTEGER,
+            job_id VARCHAR, seed INTEGER)""")
+    con.execute("""
+        CREATE TABLE turn_signals (
+            run_id VARCHAR, step INTEGER, traj_id VARCHAR, turn INTEGER, name VARCHAR,
+            value DOUBLE, source VARCHAR)       -- train | branch | analysis""")
+    con.execute("""
+        CREATE TABLE embeddings (
+            run_id VARCHAR, traj_id VARCHAR, model VARCHAR, text_hash VARCHAR,
+            vector FLOAT[], created_at TIMESTAMP)""")
+
+
+MIGRATIONS = [m001_initial, m002_imports, m003_turn_state, m004_turn_analyses]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
