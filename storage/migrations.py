@@ -116,7 +116,24 @@ def m004_turn_analyses(con: duckdb.DuckDBPyConnection) -> None:
             vector FLOAT[], created_at TIMESTAMP)""")
 
 
-MIGRATIONS = [m001_initial, m002_imports, m003_turn_state, m004_turn_analyses]
+def m005_failure_clusters(con: duckdb.DuckDBPyConnection) -> None:
+    """Failure clusters of a run (core/clusters.py), computed by a job from ``embeddings``.
+
+    One row per clustered (failing) trajectory: its ``cluster`` (0.. k-1, by size), its cosine
+    ``distance`` to the cluster's centroid (the smallest are the cluster's most central members)
+    and the cluster's distinguishing ``terms`` (class-based TF-IDF), repeated per member so that
+    a page reads one table. ``k`` and ``silhouette`` describe the whole clustering. A new job
+    replaces the run's rows for that embedding ``model``.
+    """
+    con.execute("""
+        CREATE TABLE failure_clusters (
+            run_id VARCHAR, model VARCHAR, traj_id VARCHAR, step INTEGER, cluster INTEGER,
+            distance DOUBLE, terms VARCHAR, k INTEGER, silhouette DOUBLE,
+            created_at TIMESTAMP)""")
+
+
+MIGRATIONS = [m001_initial, m002_imports, m003_turn_state, m004_turn_analyses,
+              m005_failure_clusters]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
