@@ -28,6 +28,7 @@ from core import algorithms, budget  # noqa: F401 (algorithms re-exported: pages
 from core.algorithms import ALGORITHMS, ALGOS, GROUP_ALGOS  # noqa: F401 (re-exported)
 from core.budget import ConfigError, available_memory, rollout_memory  # noqa: F401 (re-exported)
 from core.env_options import ENV_OPTIONS, env_kwargs, parse_env_options  # noqa: F401 (re-exported)
+from core.envs import plugins as env_plugins  # torch-free: reads package metadata only
 
 ENVS = ("search", "apps", "frozenlake", "sokoban", "bandit")
 USER_ENV = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
@@ -60,7 +61,8 @@ def by_algo(value: float | str):
 class TrainConfig:
     # -- what to train -------------------------------------------------------------------------
     env: str = "search"
-    """Environment: search | apps | frozenlake | sokoban | bandit."""
+    """Environment: search | apps | frozenlake | sokoban | bandit | package.module:Factory | an
+    installed plugin's name (docs/environments.md)."""
     model: str = "tiny"
     """tiny (random 2-layer Llama, SmolLM2 tokenizer) | smollm2-135m | a local HF model dir."""
     algo: str = "grpo"
@@ -281,8 +283,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             raise ConfigError(f"{fld}={getattr(cfg, fld)!r}: {why}")
 
     budget.check_sizes(cfg)
-    need(cfg.env in ENVS or USER_ENV.fullmatch(cfg.env) is not None, "env",
-         f"must be one of {', '.join(ENVS)} or package.module:Factory (a user's environment)")
+    need(cfg.env in ENVS or USER_ENV.fullmatch(cfg.env) is not None
+         or cfg.env in env_plugins.installed(), "env",
+         f"must be one of {', '.join(ENVS)}, package.module:Factory (a user's environment) or "
+         f"an installed plugin's name ({env_plugins.GROUP} entry points)")
     need(cfg.model in MODELS or Path(cfg.model).is_dir(), "model",
          f"must be one of {', '.join(MODELS)} or an existing local model directory")
     need(cfg.algo in ALGOS, "algo", f"must be one of {', '.join(ALGOS)}")

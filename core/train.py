@@ -89,8 +89,27 @@ def resolve_config(args: argparse.Namespace) -> TrainConfig:
     if layers.get("resume"):
         base = _stored_config(layers.get("db", TrainConfig.db), layers["resume"])
         base.update({k: v for k, v in layers.items()})
-        return validate(TrainConfig.from_dict(base))
-    return validate(TrainConfig.from_dict(layers))
+        return checked_env(validate(TrainConfig.from_dict(base)))
+    return checked_env(validate(TrainConfig.from_dict(layers)))
+
+
+def checked_env(cfg: TrainConfig) -> TrainConfig:
+    """A user's environment (``package.module:Factory`` or an installed plugin) is imported,
+    built with the run's options and checked against the protocol here, so a broken one is
+    refused with its name (exit 2) before the model loads. Built-in environments pass as is."""
+    from core.config import ENVS, env_kwargs
+    if cfg.env in ENVS:
+        return cfg
+    from core.envs import plugins
+    layers = [{}, *([{"sft": True}] if cfg.sft_env_options else []),
+              *([{"eval": True}] if cfg.eval_env_options else [])]
+    try:
+        for layer in layers:
+            env = plugins.build(cfg.env, **env_kwargs(cfg, **layer))
+            plugins.check(env, cfg.env, need_expert=cfg.sft_steps > 0, seed=cfg.seed)
+    except plugins.PluginError as exc:
+        raise ConfigError(str(exc)) from exc
+    return cfg
 
 
 def _yaml_keys(path: str) -> dict:

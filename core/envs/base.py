@@ -153,16 +153,16 @@ apps and search pull in SQLite worlds and a BM25 index)."""
 def make_env(name: str, **kwargs: Any) -> Environment:
     """Build env ``name``; kwargs are env options (e.g. topk, seed for the world).
 
-    ``name`` is a registered or built-in name, or ``package.module:Factory`` for a user's
-    environment written against this protocol (``Factory(**kwargs)`` builds it)."""
+    ``name`` is a registered or built-in name, ``package.module:Factory`` for a user's
+    environment written against this protocol (``Factory(**kwargs)`` builds it), or the name an
+    installed package declares in the ``agentrl.environments`` entry points
+    (core/envs/plugins.py). A plugin that cannot be built raises ``PluginError`` (a ValueError)
+    naming it."""
     import importlib
-    if ":" in name and name not in REGISTRY:
-        module, _, attr = name.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"cannot load environment {name!r}: {exc}") from exc
-        return factory(**kwargs)
+    from core.envs import plugins
+    if name not in REGISTRY and name not in BUILTIN and (
+            ":" in name or name in plugins.installed()):
+        return plugins.build(name, **kwargs)
     if name not in REGISTRY:
         try:
             importlib.import_module(BUILTIN.get(name, f"core.envs.{name}"))

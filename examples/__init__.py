@@ -1,0 +1,1 @@
+"""Example environments written only against the public protocol (core/envs/base.py)."""
