@@ -5,6 +5,11 @@ One file per run, replaced atomically (write to a temp file, then rename), so a 
 moment leaves either the previous checkpoint or the new one, never a torn file. ``--resume``
 loads it, deletes whatever the store recorded after its step, and continues from the next step:
 nothing recorded before the checkpoint is lost, nothing after it is duplicated.
+
+Adapter snapshots (``adapter_every``): besides that one file, ``adapters/step-N.pt`` keeps the
+LoRA adapter (+ value head) as it was after step N (step 0: before any training), never replaced
+by a later step, so branch-from-turn rollouts (core/branch.py) can sample with the policy as it
+was when a trajectory was recorded. Written atomically like the checkpoint.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from pathlib import Path
 import torch
 
 FILE = "checkpoint.pt"
+ADAPTERS = "adapters"
 
 
 def checkpoint_dir(cfg, run_id: str) -> Path:
@@ -84,3 +90,57 @@ def restore(ckpt: Checkpoint, policy, optimizer) -> None:
     optimizer.load_state_dict(ckpt.optimizer)
 
 
+
+
+# -- adapter snapshots ----------------------------------------------------------------------------
+def snapshot_path(directory: Path, step: int) -> Path:
+    return Path(directory) / ADAPTERS / f"step-{int(step)}.pt"
+
+
+def save_adapter(directory: Path, policy, step: int) -> Path:
+    """Keep the adapter (+ value head) as it is after ``step`` in ``adapters/step-N.pt``."""
+    from peft import get_peft_model_state_dict
+    target = snapshot_path(directory, step)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    state = {"step": int(step),
+             "adapter": get_peft_model_state_dict(policy.model, save_embedding_layers=False),
+             "value_head": policy.value_head.state_dict() if policy.value_head is not None else None}
+    tmp = target.with_suffix(".pt.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, target)
+    return target
+
+
+def adapter_steps(directory: Path) -> list[int]:
+    """Steps with a kept adapter snapshot, ascending (none when the directory does not exist)."""
+    folder = Path(directory) / ADAPTERS
+    steps = []
+    for path in folder.glob("step-*.pt") if folder.is_dir() else []:
+        try:
+            steps.append(int(path.stem.removeprefix("step-")))
+        except ValueError:
+            continue
+    return sorted(steps)
+
+
+def nearest_adapter(directory: Path, step: int) -> int | None:
+    """The latest snapshot step <= ``step``, or None when there is none."""
+    before = [s for s in adapter_steps(directory) if s <= step]
+    return before[-1] if before else None
+
+
+def load_adapter(directory: Path, step: int) -> dict:
+    """The snapshot of ``step``: {"step", "adapter", "value_head"}."""
+    return torch.load(snapshot_path(directory, step), map_location="cpu", weights_only=True)
+
+
+def put_adapter(snapshot: dict, policy) -> None:
+    """Load a snapshot's adapter (and value head) into ``policy``; refuse one that does not fit."""
+    from peft import set_peft_model_state_dict
+    result = set_peft_model_state_dict(policy.model, snapshot["adapter"])
+    unexpected = list(getattr(result, "unexpected_keys", []))
+    if unexpected:
+        raise RuntimeError(f"adapter snapshot does not fit the model: unexpected keys "
+                           f"{unexpected[:3]}")
+    if snapshot.get("value_head") is not None and policy.value_head is not None:
+        policy.value_head.load_state_dict(snapshot["value_head"])
