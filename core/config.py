@@ -96,6 +96,10 @@ class TrainConfig:
     """Number of held-out tasks per evaluation."""
     checkpoint_every: int = 1
     """Save LoRA adapter + optimizer state every N steps (needed by --resume)."""
+    adapter_every: int = 10
+    """Keep a snapshot of the LoRA adapter (``adapters/step-N.pt`` in the run's checkpoint dir)
+    before training, every N steps, at every evaluation and at the end, so branch-from-turn
+    rollouts (core/branch.py) can sample with the policy as it was; 0 = keep none."""
 
     # -- rollout -------------------------------------------------------------------------------
     max_turns: int = 4
@@ -309,6 +313,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.eval_every >= 0, "eval_every", "must be >= 0")
     need(cfg.eval_tasks >= 0, "eval_tasks", "must be >= 0")
     need(cfg.checkpoint_every >= 1, "checkpoint_every", "must be >= 1")
+    need(cfg.adapter_every >= 0, "adapter_every", "must be >= 0")
     need(cfg.topk >= 1, "topk", "must be >= 1")
     need(cfg.lora_rank >= 1, "lora_rank", "must be >= 1")
     need(cfg.lora_alpha > 0, "lora_alpha", "must be > 0")

@@ -25,7 +25,6 @@ import torch
 from tqdm import tqdm
 
 from core import checkpoint
-from core import device as devices
 from core.algorithms import needs_value_head
 from core.config import TrainConfig, env_kwargs, validate
 from core.credit import Credit, assign
@@ -38,8 +37,7 @@ from core.rollout import Sampling, rollout
 from core.schedule import Schedule, TrainingError, pool_size, task_pool  # noqa: F401 (re-exported)
 from core.scoring import score_all
 from core.sft import demonstrations
-from core.update import (carry_second_moments, make_samples, policy_update, score_reference,
-                         score_values, sft_update)
+from core.update import make_samples, policy_update, score_reference, score_values, sft_update
 
 _task_pool = task_pool  # the name tests and older callers use
 
@@ -66,11 +64,7 @@ class _Run:
         self.env = make_env(cfg.env, **env_kwargs(cfg))
         # SFT demonstrations may come from differently mixed train tasks (sft_env_options).
         self.sft_env = make_env(cfg.env, **env_kwargs(cfg, sft=True)) if cfg.sft_env_options else self.env
-        # one GPU per rank under torchrun (cuda:LOCAL_RANK); ConfigError for a GPU not there
-        self.device = devices.resolve(cfg.device, ranks.local_rank, ranks.world)
-        ranks.use_device(self.device)
-        self.policy = policy_from_config(cfg, device=self.device)
-        self.clock = devices.StepClock(self.device)
+        self.policy = policy_from_config(cfg)
         params = self.policy.trainable_parameters()
         ranks.sync_parameters(params)
         self.sft_opt = torch.optim.AdamW(params, lr=cfg.sft_lr, weight_decay=0.0)
@@ -93,10 +87,8 @@ class _Run:
         """Start a new run or reopen cfg.resume; return the last completed step (-1 if none)."""
         cfg = self.cfg
         if not cfg.resume:
-            # the config as given, plus what this machine and model made of it (device, prompt
-            # format, LoRA modules): extra keys, which --resume ignores
-            self.run_id = self.ranks.broadcast(self.recorder.start_run(
-                config={**cfg.to_dict(), **self.policy.resolved()}, name=cfg.name or None))
+            self.run_id = self.ranks.broadcast(
+                self.recorder.start_run(config=cfg.to_dict(), name=cfg.name or None))
             return -1
         self.run_id = cfg.resume
         self.recorder.resume_run(self.run_id)
@@ -142,9 +134,7 @@ class _Run:
             if done < 0 and cfg.sft_steps == 0 and self.schedule.eval_on():
                 self.write(0, self.evaluate(0))
             for step in range(max(done + 1, 1), total + 1):
-                self.clock.start()
                 record = self.sft_step(step) if step <= cfg.sft_steps else self.rl_step(step)
-                record.metrics.update(self.clock.metrics())  # GPU peak memory and time (CUDA)
                 if self.schedule.eval_due(step):
                     record.add(self.evaluate(step))
                 metrics = self.write(step, record)
@@ -226,11 +216,6 @@ class _Run:
             # the first RL step (or a resume from the last SFT checkpoint): the policy as SFT
             # left it becomes the KL reference; a resumed RL phase restored it from the checkpoint
             policy.freeze_reference()
-        if cfg.rl_moments == "sft":
-            # the first RL step after SFT (or a resume from SFT's last checkpoint): RL's AdamW
-            # starts from SFT's second moments, not the fresh state whose first step moves
-            # every weight by lr (core/update.py carry_second_moments); no-op once RL has stepped
-            carry_second_moments(self.sft_opt, self.rl_opt)
         # -- rollout: this rank's whole groups
         own = self._rollouts(self.env, self.schedule.rl_tasks(step), cfg.group_size, self.sampling,
                              seed=(self.schedule.seed(step) + 7_919 * self.ranks.rank) % 2 ** 31,
