@@ -37,6 +37,7 @@ MODELS = ("tiny", "smollm2-135m")
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 CLIP_MODES = ("ppo", "log")
 KL_REFERENCES = ("sft", "base")
+RL_MOMENTS = ("sft", "fresh")
 
 
 class _ByAlgo:
@@ -149,6 +150,11 @@ class TrainConfig:
     """AdamW learning rate for RL updates."""
     sft_lr: float = 2e-4
     """AdamW learning rate for the SFT warm start."""
+    rl_moments: str = "sft"
+    """How the RL optimizer starts after an SFT warm start. sft: from SFT's AdamW second moments
+    (and step count; momentum zero), so the first RL steps move the adapter in proportion to the
+    RL gradient; fresh: a new AdamW, whose first step moves every weight by the full lr whatever
+    the gradient (one such step at lr 2e-4 halved the search policy's held-out success)."""
     sft_batch_size: int = 8
     """Demonstrations per SFT step."""
     kl_coef: float = by_algo(0.001)
@@ -322,6 +328,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(0 < cfg.lr < 1, "lr", "must be in (0, 1)")
     need(0 < cfg.sft_lr < 1, "sft_lr", "must be in (0, 1)")
     need(cfg.sft_batch_size >= 1, "sft_batch_size", "must be >= 1")
+    need(cfg.rl_moments in RL_MOMENTS, "rl_moments", f"must be one of {', '.join(RL_MOMENTS)}")
     need(cfg.kl_coef >= 0, "kl_coef", "must be >= 0")
     need(cfg.kl_reference in KL_REFERENCES, "kl_reference",
          f"must be one of {', '.join(KL_REFERENCES)}")

@@ -37,7 +37,8 @@ from core.rollout import Sampling, rollout
 from core.schedule import Schedule, TrainingError, pool_size, task_pool  # noqa: F401 (re-exported)
 from core.scoring import score_all
 from core.sft import demonstrations
-from core.update import make_samples, policy_update, score_reference, score_values, sft_update
+from core.update import (carry_second_moments, make_samples, policy_update, score_reference,
+                         score_values, sft_update)
 
 _task_pool = task_pool  # the name tests and older callers use
 
@@ -216,6 +217,11 @@ class _Run:
             # the first RL step (or a resume from the last SFT checkpoint): the policy as SFT
             # left it becomes the KL reference; a resumed RL phase restored it from the checkpoint
             policy.freeze_reference()
+        if cfg.rl_moments == "sft":
+            # the first RL step after SFT (or a resume from SFT's last checkpoint): RL's AdamW
+            # starts from SFT's second moments, not the fresh state whose first step moves
+            # every weight by lr (core/update.py carry_second_moments); no-op once RL has stepped
+            carry_second_moments(self.sft_opt, self.rl_opt)
         # -- rollout: this rank's whole groups
         own = self._rollouts(self.env, self.schedule.rl_tasks(step), cfg.group_size, self.sampling,
                              seed=(self.schedule.seed(step) + 7_919 * self.ranks.rank) % 2 ** 31,

@@ -316,6 +316,41 @@ def sft_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg,
     return result
 
 
+def carry_second_moments(before, after) -> int:
+    """Start ``after``, a fresh AdamW over the same parameters (RL's), from the second moments
+    ``before`` (SFT's) gathered; return how many parameters were seeded (0: nothing to carry).
+
+    AdamW moves a weight by lr * m_hat / (sqrt(v_hat) + eps). From a fresh state the first step
+    has m_hat = g and v_hat = g^2, so every weight with any gradient moves by the full lr,
+    sign(g) * lr, however small g is: one RL step on mostly zero-variance groups (gradient norm
+    0.07) moved each LoRA weight of a sharp post-SFT policy by 2e-4 and halved held-out success.
+    Seeded with SFT's v (and its step count, so the bias correction 1 - beta2^k stays that of
+    v's history), the first RL step is lr * m_hat / sqrt(v_sft): in proportion to how the RL
+    gradient compares with the gradients the adapter was trained with. The first moment starts
+    at zero (SFT's direction is not RL's) under the carried step count, so it is barely
+    bias-corrected: the first RL steps ramp up as the momentum fills (1 - beta1^k of a full
+    step after k steps once SFT ran a few dozen steps), a warm-up that needs no schedule.
+    """
+    if after.state or not before.state:
+        return 0
+    seeded = 0
+    for group_b, group_a in zip(before.param_groups, after.param_groups):
+        for p_b, p_a in zip(group_b["params"], group_a["params"]):
+            if p_b is not p_a:
+                raise ValueError("carry_second_moments needs two optimizers over the same parameters")
+            old = before.state.get(p_b)
+            if not old or "exp_avg_sq" not in old:
+                continue
+            after.state[p_a] = {"step": old["step"].clone() if torch.is_tensor(old["step"])
+                                else torch.tensor(float(old["step"])),
+                                "exp_avg": torch.zeros_like(p_a, memory_format=torch.preserve_format),
+                                "exp_avg_sq": old["exp_avg_sq"].clone()}
+            if "max_exp_avg_sq" in old and group_a.get("amsgrad"):
+                after.state[p_a]["max_exp_avg_sq"] = old["max_exp_avg_sq"].clone()
+            seeded += 1
+    return seeded
+
+
 class _SftView:
     """The config as SFT sees it: its loss weights itself (token mean), so weights are 1."""
 
