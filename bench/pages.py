@@ -18,6 +18,10 @@ its script finished (the ``data-test-script-state`` of Streamlit's root element 
 ``notRunning``) and no element placeholder (``stSkeleton``) is left. Memory is the server
 process's peak resident set (``VmHWM``) after all loads. Target: app memory <= 1 GB.
 
+After the deep-link rounds, ``--repeats`` rounds of in-app page changes (a click on each page's
+sidebar link, the browser keeping its loaded scripts, as a user moving between pages does) are
+timed the same way.
+
 Then, on Replay, ``--repeats`` changes of the token view's 'Colour by' and clicks on its
 'Next'/'Prev' turn buttons are timed until the new legend / turn caption is drawn and the script
 ended (target <= 0.5 s), and the server's CPU seconds over the whole benchmark are printed.
@@ -143,6 +147,21 @@ def interactions(page, repeats: int, timeout_s: float) -> dict[str, list[float]]
     return out
 
 
+def switch(page, title: str, timeout_s: float) -> float:
+    """Click the sidebar's link to the page ``title``; seconds until it has rendered and its
+    script ended. This is the in-app page change (no reload: the browser keeps its JS loaded),
+    as opposed to ``load``'s full page load by deep link."""
+    link = page.locator('[data-testid="stSidebarNavLink"]', has_text=title).first
+    t0 = time.perf_counter()
+    link.click()
+    page.wait_for_function(LOADED_JS, arg=title, polling=20, timeout=timeout_s * 1e3)
+    elapsed = time.perf_counter() - t0
+    errors = page.locator('[data-testid="stException"]')
+    if errors.count():
+        raise RuntimeError(f"{title}: the page raised: {errors.first.inner_text()[:500]}")
+    return elapsed
+
+
 def check_shown(page, title: str, traj: str | None) -> None:
     """The deep link was honoured: the big run is picked (and Replay shows the trajectory), so
     the time was that of the page on the large run, not of an empty state."""
@@ -226,6 +245,15 @@ def main() -> None:
                                 page.screenshot(path=str(Path(args.shots) / f"{path}.png"))
                         print(f"round {rnd + 1} of {1 + args.repeats} done", file=sys.stderr,
                               flush=True)
+                    # In-app page changes: the run picked by the last deep link stays picked.
+                    switched: dict[str, list[float]] = {title: [] for _, title in pages}
+                    for rnd in range(args.repeats if len(pages) > 1 else 0):
+                        k = rnd % len(pages)
+                        for path, title in pages[k:] + pages[:k]:
+                            if page.locator("h1").first.inner_text().strip() == title:
+                                continue
+                            switched[title].append(switch(page, title, args.timeout))
+                            check_shown(page, title, None)
                     acted = {}
                     if "replay" in dict(pages):
                         query = {"store": str(stores / store.name), "run": big_store.RUN,
@@ -242,7 +270,8 @@ def main() -> None:
     print(f"store {store.name}: {store.stat().st_size / 2**20:.0f} MiB, run {big_store.RUN} "
           f"at step {step}; {args.repeats} warm loads per page, order rotated each round")
     print(f"{'page':10s} {'cold ms':>9s} {'warm ms (median)':>17s} {'warm min':>9s} "
-          f"{'warm max':>9s} {'warm CPU ms: browser':>21s} {'server':>7s}")
+          f"{'warm max':>9s} {'warm CPU ms: browser':>21s} {'server':>7s} "
+          f"{'in-app change ms (median, max)':>31s}")
     for _, title in pages:
         cold, warm = times[title][0], times[title][1:]
         med = statistics.median(warm) if warm else float("nan")
@@ -250,8 +279,10 @@ def main() -> None:
         warm_cpu = cpus[title][1:] or [(float("nan"),) * 2]
         b_med = statistics.median(b for b, _ in warm_cpu)
         s_med = statistics.median(s for _, s in warm_cpu)
+        sw = switched[title]
+        sw_text = (f"{1e3 * statistics.median(sw):.0f}, {1e3 * max(sw):.0f}" if sw else "-")
         print(f"{title:10s} {1e3 * cold:9.0f} {1e3 * med:17.0f} {1e3 * lo:9.0f} {1e3 * hi:9.0f} "
-              f"{1e3 * b_med:21.0f} {1e3 * s_med:7.0f}")
+              f"{1e3 * b_med:21.0f} {1e3 * s_med:7.0f} {sw_text:>31s}")
     for name, taken in acted.items():
         print(f"Replay {name}: median {1e3 * statistics.median(taken):.0f} ms, min "
               f"{1e3 * min(taken):.0f}, max {1e3 * max(taken):.0f} ({len(taken)} times; "
