@@ -34,6 +34,8 @@ ENVS = ("search", "apps", "frozenlake", "sokoban", "bandit")
 USER_ENV = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
 """``--env package.module:Factory``: a user's environment (core/envs/base.py's protocol)."""
 MODELS = ("tiny", "smollm2-135m")
+ENDPOINT_PREFIX = "openai:"
+"""``--model openai:URL``: an OpenAI-compatible server as the policy (core/collection.py)."""
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 CLIP_MODES = ("ppo", "log")
 KL_REFERENCES = ("sft", "base")
@@ -65,7 +67,11 @@ class TrainConfig:
     """Environment: search | apps | frozenlake | sokoban | bandit | package.module:Factory | an
     installed plugin's name (docs/environments.md)."""
     model: str = "tiny"
-    """tiny (random 2-layer Llama, SmolLM2 tokenizer) | smollm2-135m | a local HF model dir."""
+    """tiny (random 2-layer Llama, SmolLM2 tokenizer) | smollm2-135m | a local HF model dir
+    | openai:URL, an OpenAI-compatible server as the policy: it collects and evaluates, nothing
+    is trained (docs/integrations.md)."""
+    model_name: str = ""
+    """With --model openai:URL: the server's name of the model, sent with every request."""
     algo: str = "grpo"
     """Algorithm (core/algorithms.py): grpo | dr_grpo | rloo | ppo | starpo_s | gigpo | loop."""
     name: str = ""
@@ -227,6 +233,22 @@ class TrainConfig:
     checkpoint_dir: str = ""
     """Where adapters are saved (default: next to the database, under checkpoints/RUN_ID)."""
 
+    # -- an endpoint policy (--model openai:URL; core/endpoint.py, core/collection.py) ----------
+    endpoint_concurrency: int = 8
+    """Requests in flight at once (each episode waits for its own)."""
+    endpoint_timeout: float = 120.0
+    """Seconds one request may take before it counts as timed out (and is retried)."""
+    endpoint_retries: int = 3
+    """Retries of a request that timed out, lost its connection, got a 5xx, a 429 or a reply that
+    is not a chat completion; after them the trajectory ends as endpoint_error."""
+    endpoint_backoff: float = 1.0
+    """Seconds before the first retry, doubling after each (at most 30 s); a 429's Retry-After
+    is honoured instead (at most 60 s)."""
+    endpoint_logprobs: bool = True
+    """Ask the server for each action token's logprob (recorded as tokens.logprob)."""
+    endpoint_top_logprobs: int = 0
+    """Also ask for each token's top-k alternatives (0-20), kept in turns.info."""
+
     # ------------------------------------------------------------------------------------------
     def __post_init__(self) -> None:
         # Fields still at their by_algo default take the algorithm's value; an unknown algo is
@@ -297,7 +319,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          or cfg.env in env_plugins.installed(), "env",
          f"must be one of {', '.join(ENVS)}, package.module:Factory (a user's environment) or "
          f"an installed plugin's name ({env_plugins.GROUP} entry points)")
-    need(cfg.model in MODELS or Path(cfg.model).is_dir(), "model",
+    _check_endpoint(cfg, need)
+    need(cfg.model.startswith(ENDPOINT_PREFIX) or cfg.model in MODELS
+         or Path(cfg.model).is_dir(), "model",
          f"must be one of {', '.join(MODELS)} or an existing local model directory")
     need(cfg.algo in ALGOS, "algo", f"must be one of {', '.join(ALGOS)}")
     need(cfg.steps >= 0, "steps", "must be >= 0")
@@ -360,6 +384,33 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(bool(cfg.db.strip()), "db", "must name a database file")
     budget.check_memory(cfg)
     return cfg
+
+
+def _check_endpoint(cfg: TrainConfig, need) -> None:
+    """The endpoint fields' ranges; for ``--model openai:URL`` an http(s) URL that carries no
+    credentials (the key comes from the environment only, so it never reaches the store) and a
+    model name."""
+    from urllib.parse import urlsplit
+    need(1 <= cfg.endpoint_concurrency <= 256, "endpoint_concurrency", "must be in 1..256")
+    need(cfg.endpoint_timeout > 0, "endpoint_timeout", "must be > 0")
+    need(0 <= cfg.endpoint_retries <= 20, "endpoint_retries", "must be in 0..20")
+    need(cfg.endpoint_backoff >= 0, "endpoint_backoff", "must be >= 0")
+    need(0 <= cfg.endpoint_top_logprobs <= 20, "endpoint_top_logprobs", "must be in 0..20")
+    if not cfg.model.startswith(ENDPOINT_PREFIX):
+        return
+    try:
+        url = urlsplit(cfg.model[len(ENDPOINT_PREFIX):])
+        port_ok = url.port is None or url.port > 0
+    except ValueError:
+        url, port_ok = None, False
+    need(url is not None and port_ok and url.scheme in ("http", "https") and bool(url.hostname),
+         "model", "openai:URL needs an http:// or https:// URL, e.g. "
+         "openai:http://127.0.0.1:8000/v1")
+    need(url.username is None and url.password is None and not url.query, "model",
+         "the URL must not carry credentials or a query: put the API key in "
+         "AGENTRL_OPENAI_API_KEY (or OPENAI_API_KEY)")
+    need(bool(cfg.model_name.strip()), "model_name",
+         "--model openai:URL needs --model-name, the server's name of the model")
 
 
 # Presets the CLI (--preset) and the app's launcher offer. Values override TrainConfig defaults.

@@ -155,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
         if ranks is not None:
             ranks.close()
         return 2
+    from core.config import ENDPOINT_PREFIX
+    if cfg.model.startswith(ENDPOINT_PREFIX):  # a server as the policy: collects, never trains
+        from core.collection import main as collect_main
+        return collect_main(cfg, args, ranks)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from core.distributed import ONE
