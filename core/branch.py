@@ -1,0 +1,616 @@
+"""Branch-from-turn counterfactual rollouts: which turn lost the reward? (AgentPRM-style
+Monte-Carlo values of a recorded trajectory's states and actions.)
+
+For each asked turn t of a recorded trajectory:
+
+* rebuild the state before turn t: a fresh episode of the same task and episode seed, replaying the
+  recorded actions a_0..a_{t-1}; every replayed observation must equal the recorded one, else the
+  job is refused naming the first differing turn (``ReplayMismatch``);
+* K continuations that sample a new action at t (``resample``) and K that keep the recorded a_t
+  and sample from t+1 on (``keep``), each to the end of the episode, with the policy as it was
+  (the nearest adapter snapshot at or before the one that sampled the trajectory) and fresh
+  episode seeds after the replay (stochastic worlds: slips);
+* all continuations of all turns go through one batched rollout (the engine of core/rollout.py:
+  one shared KV cache, rows leave as their episodes end).
+
+Estimates, with R the continuation's return (its reward as trained on, core/rewards.py)::
+
+    V(s_t)      = mean of R over the resample continuations
+    Q(s_t, a_t) = mean of R over the keep continuations
+    A_t         = Q(s_t, a_t) - V(s_t)
+
+with 95% percentile-bootstrap intervals (``BOOTSTRAP`` resamples of each set, seeded), and the
+worst turn argmin_t A_t: the turn whose recorded action lost the most value, "the turn that lost
+the reward".
+
+CLI (exit 0 with the estimates recorded; 2 with a message and nothing written for bad input)::
+
+    python -m core.branch --db PATH --run RUN_ID --traj TRAJ_ID [--turns all|0,2] --k 8 [--seed S]
+        [--export FILE.jsonl|FILE.parquet]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+
+MAX_K = 64
+BOOTSTRAP = 2000
+KINDS = ("resample", "keep")
+
+
+class BranchError(ValueError):
+    """Bad input: the job cannot run (CLI exit 2, nothing written)."""
+
+
+class ReplayMismatch(BranchError):
+    def __init__(self, turn: int, why: str):
+        self.turn = turn
+        super().__init__(f"replay differs from the record at turn {turn}: {why}; the "
+                         "trajectory's environment cannot be rebuilt as recorded")
+
+
+# -- estimates (pure) -----------------------------------------------------------------------------
+def bootstrap_ci(values, seed: int, n: int = BOOTSTRAP, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values``: the (1-level)/2 and (1+level)/2
+    quantiles of mean(values[idx]) over ``n`` resamples idx ~ Uniform{0..m-1}^m."""
+    x = np.asarray(values, dtype=float)
+    if x.size == 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(n, x.size))].mean(axis=1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def diff_ci(keep, resample, seed: int, n: int = BOOTSTRAP, level: float = 0.95):
+    """Bootstrap interval of mean(keep) - mean(resample), the two sets resampled independently."""
+    q, v = np.asarray(keep, dtype=float), np.asarray(resample, dtype=float)
+    if q.size == 0 or v.size == 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    d = (q[rng.integers(0, q.size, size=(n, q.size))].mean(axis=1)
+         - v[rng.integers(0, v.size, size=(n, v.size))].mean(axis=1))
+    lo, hi = np.quantile(d, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def estimate(returns: dict[int, dict[str, list[float]]], seed: int = 0) -> list[dict]:
+    """Per turn: v = mean(resample returns), q = mean(keep returns), a = q - v, and their 95%
+    bootstrap intervals (v_lo, v_hi, q_lo, q_hi, a_lo, a_hi), n = continuations per kind."""
+    rows = []
+    for turn in sorted(returns):
+        keep, resample = returns[turn].get("keep", []), returns[turn].get("resample", [])
+        v = float(np.mean(resample)) if resample else float("nan")
+        q = float(np.mean(keep)) if keep else float("nan")
+        v_lo, v_hi = bootstrap_ci(resample, seed * 1_009 + turn * 2 + 0)
+        q_lo, q_hi = bootstrap_ci(keep, seed * 1_009 + turn * 2 + 1)
+        a_lo, a_hi = diff_ci(keep, resample, seed * 1_013 + turn)
+        rows.append({"turn": turn, "v": v, "q": q, "a": q - v, "v_lo": v_lo, "v_hi": v_hi,
+                     "q_lo": q_lo, "q_hi": q_hi, "a_lo": a_lo, "a_hi": a_hi,
+                     "n": float(min(len(keep), len(resample)))})
+    return rows
+
+
+def worst_turn(rows: list[dict]) -> int | None:
+    """The turn with the lowest A = Q - V < 0 (the earliest among equals); None when no turn's
+    recorded action lost value (every A >= 0) or there are no rows."""
+    lost = [r for r in rows if np.isfinite(r["a"]) and r["a"] < 0]
+    return min(lost, key=lambda r: (r["a"], r["turn"]))["turn"] if lost else None
+
+
+# -- replay ---------------------------------------------------------------------------------------
+def _same_observation(replayed: str, recorded: str | None, truncated: bool) -> bool:
+    recorded = recorded or ""
+    if not truncated:
+        return replayed == recorded
+    # a cut observation is the decoded prefix of its tokens: its last character may be a
+    # partial one, so compare up to it
+    return replayed.startswith(recorded[:-1])
+
+
+def _not_executed(turn: dict) -> bool:
+    """The final-answer turn recorded an action it did not execute (core/rollout.py)."""
+    return str(turn.get("error") or "").startswith("final-answer turn")
+
+
+def replay(env, task, episode_seed: int, recorded: list[dict], upto: int):
+    """A fresh episode of ``task`` with ``episode_seed`` after the recorded actions
+    a_0..a_{upto-1}: returns (episode, first message, state key now, done, last StepResult).
+    Raises ``ReplayMismatch`` at the first turn whose observation, state or end differs."""
+    from core.rollout import initial_state_key
+    episode = env.episode(task, seed=episode_seed)
+    first = episode.reset()
+    key, done, result = initial_state_key(episode), False, None
+    for k in range(upto):
+        rec = recorded[k]
+        if done:
+            raise ReplayMismatch(k, "the replayed episode had already ended")
+        if rec.get("state_key") is not None and key is not None and str(key) != rec["state_key"]:
+            raise ReplayMismatch(k, f"state {key!r} instead of {rec['state_key']!r}")
+        if _not_executed(rec):
+            done = True
+            continue
+        try:
+            result = episode.step(rec["action"])
+        except Exception as exc:
+            raise ReplayMismatch(k, f"the environment raised {type(exc).__name__}: {exc}") from exc
+        if not _same_observation(result.observation, rec.get("observation"),
+                                 bool(rec.get("obs_truncated"))):
+            raise ReplayMismatch(k, "the observation differs")
+        key, done = result.state_key, bool(result.done)
+    return episode, first, key, done, result
+
+
+def reseed(episode, seed: int) -> None:
+    """Fresh randomness for a continuation after the replay: the episode's ``reseed(seed)`` when
+    it has one, else its ``rng`` when that is a ``random.Random`` (the grid games' slips)."""
+    if callable(getattr(episode, "reseed", None)):
+        episode.reseed(seed)
+    elif isinstance(getattr(episode, "rng", None), random.Random):
+        episode.rng.seed(seed)
+
+
+# -- the job --------------------------------------------------------------------------------------
+@dataclass
+class Job:
+    """A validated branch job: everything needed before the model loads."""
+    db: str
+    run_id: str
+    traj_id: str
+    step: int
+    split: str
+    cfg: object
+    env: object
+    task: object
+    episode_seed: int
+    turns: list[int]
+    k: int
+    seed: int
+    recorded: list[dict]
+    tokens: object
+    """The parent's tokens (DataFrame ordered by pos)."""
+    ckpt_dir: Path
+    snapshot_step: int
+    sampled_by: int
+    """The snapshot step that sampled the trajectory (the one before its step; an evaluation's
+    own step); ``snapshot_step`` is the nearest kept one at or before it."""
+    job_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+
+
+def parse_turns(spec: str, n: int) -> list[int]:
+    if n == 0:
+        raise BranchError("the trajectory has no turns to branch from")
+    if spec.strip().lower() == "all":
+        return list(range(n))
+    try:
+        turns = sorted({int(p) for p in spec.split(",") if p.strip()})
+    except ValueError:
+        raise BranchError(f"--turns must be 'all' or comma-separated turn numbers, got {spec!r}")
+    if not turns:
+        raise BranchError("--turns names no turn")
+    bad = [t for t in turns if not 0 <= t < n]
+    if bad:
+        raise BranchError(f"turn {bad[0]} is out of range: the trajectory has turns 0..{n - 1}")
+    return turns
+
+
+def _config(config: dict):
+    from core.config import TrainConfig
+    known = {f.name for f in fields(TrainConfig)}
+    try:
+        return TrainConfig(**{k: v for k, v in config.items() if k in known})
+    except Exception as exc:
+        raise BranchError(f"the run's configuration cannot be rebuilt: {exc}") from exc
+
+
+def _find_task(cfg, env, split: str, task_id: str):
+    """The recorded task, drawn again the way the trainer drew it (core/schedule.py)."""
+    from core.config import env_kwargs
+    from core.envs.base import make_env
+    from core.schedule import Schedule
+    sft_env = make_env(cfg.env, **env_kwargs(cfg, sft=True)) if cfg.sft_env_options else env
+    eval_env = make_env(cfg.env, **env_kwargs(cfg, eval=True)) if cfg.eval_env_options else env
+    schedule = Schedule(cfg, env, sft_env, eval_env)
+    pools = [(eval_env, schedule.eval_tasks)] if split == "eval" else \
+        [(sft_env, schedule.sft_pool), (env, schedule.pool)] if split == "sft" else \
+        [(env, schedule.pool), (sft_env, schedule.sft_pool)]
+    for owner, pool in pools:
+        for task in pool:
+            if task.task_id == task_id:
+                return owner, task
+    raise BranchError(f"task {task_id!r} is not among the run's {split} tasks drawn again from "
+                      "its configuration: the environment cannot be rebuilt")
+
+
+def prepare_job(db: str, run_id: str, traj_id: str, turns: str = "all", k: int = 8,
+                seed: int = 0) -> Job:
+    """Check everything that can be checked before the model loads; BranchError if bad."""
+    from core import checkpoint
+    from core.config import env_kwargs
+    from core.envs.base import make_env
+    from storage import branches
+    from storage.db import StoreError
+    if not 1 <= k <= MAX_K:
+        raise BranchError(f"--k must be between 1 and {MAX_K}, got {k}")
+    if not Path(db).is_file():
+        raise BranchError(f"no store at {db}")
+    try:
+        data = branches.parent(db, run_id, traj_id)
+    except StoreError as exc:
+        raise BranchError(str(exc)) from exc
+    if data is None:
+        raise BranchError(f"no run {run_id!r} in {db}")
+    if data["source"] != "trainer":
+        raise BranchError(f"run {run_id!r} was imported ({data['source']}): its environment and "
+                          "policy cannot be rebuilt here; branch rollouts need a run this trainer "
+                          "recorded")
+    traj = data["traj"]
+    if traj is None:
+        raise BranchError(f"no trajectory {traj_id!r} in run {run_id!r}")
+    split = str(traj.get("split") or "train")
+    if split == "branch":
+        raise BranchError(f"{traj_id!r} is itself a branch continuation; branch the trajectory it "
+                          "came from")
+    info = traj.get("info")
+    info = json.loads(info) if isinstance(info, str) else (info or {})
+    if "episode_seed" not in info:
+        raise BranchError(f"{traj_id!r} has no recorded episode seed: its episode cannot be "
+                          "replayed")
+    turn_list = parse_turns(turns, len(data["turns"]))
+    cfg = _config(data["config"])
+    for key in ("env", "model", "algo"):
+        if key not in data["config"]:
+            raise BranchError(f"the run's configuration has no {key!r}")
+    try:
+        env = make_env(cfg.env, **env_kwargs(cfg, eval=split == "eval", sft=split == "sft"))
+    except Exception as exc:
+        raise BranchError(f"environment {cfg.env!r} cannot be rebuilt: {exc}") from exc
+    try:
+        env, task = _find_task(cfg, env, split, str(traj["task_id"]))
+    except BranchError:
+        raise
+    except Exception as exc:
+        raise BranchError(f"the run's tasks cannot be drawn again: {exc}") from exc
+    step = int(traj["step"])
+    ckpt_dir = checkpoint.checkpoint_dir(cfg.replace(db=str(db)), run_id)
+    sampled_by = step if split == "eval" else max(step - 1, 0)
+    snap = checkpoint.nearest_adapter(ckpt_dir, sampled_by)
+    if snap is None:
+        raise BranchError(f"run {run_id!r} has no saved adapter at or before step {sampled_by} "
+                          f"(looked in {ckpt_dir.name}/{checkpoint.ADAPTERS}/ next to the store); "
+                          "train with adapter_every > 0 to keep them")
+    job = Job(db=str(db), run_id=run_id, traj_id=traj_id, step=step, split=split, cfg=cfg,
+              env=env, task=task, episode_seed=int(info["episode_seed"]), turns=turn_list, k=k,
+              seed=seed, recorded=data["turns"], tokens=data["tokens"], ckpt_dir=ckpt_dir,
+              snapshot_step=snap, sampled_by=sampled_by)
+    # the whole recorded episode must replay before any model work
+    replay(env, task, job.episode_seed, job.recorded, len(job.recorded))
+    return job
+
+
+# -- the continuations ----------------------------------------------------------------------------
+def _turn_objects(recorded: list[dict], upto: int) -> list:
+    """The recorded turns 0..upto-1 as ``Turn`` records (a continuation's history)."""
+    from core.trajectory import Turn
+
+    def load(v):
+        if isinstance(v, str):
+            try:
+                return json.loads(v)
+            except ValueError:
+                return None
+        return v if isinstance(v, (dict, list)) else None
+    out = []
+    for rec in recorded[:upto]:
+        out.append(Turn(turn=int(rec["turn"]), action=str(rec.get("action") or ""),
+                        observation=str(rec.get("observation") or ""),
+                        valid=bool(rec.get("action_valid")),
+                        action_type=str(rec.get("action_type") or "invalid"),
+                        parsed=load(rec.get("parsed")), error=rec.get("error") or None,
+                        state_diff=load(rec.get("state_diff")),
+                        obs_truncated=bool(rec.get("obs_truncated")),
+                        action_truncated=bool(rec.get("action_truncated")),
+                        step_reward=float(rec.get("step_reward") or 0.0),
+                        state_key=rec.get("state_key") or None, info=load(rec.get("info")) or {}))
+    return out
+
+
+def child_seed(seed: int, turn: int, kind: str, i: int) -> int:
+    """The continuation's episode seed (fresh randomness after the replay)."""
+    return (seed * 1_000_003 + turn * 7_919 + KINDS.index(kind) * 4_099 + i * 31 + 17) % 2 ** 31
+
+
+@dataclass
+class Start:
+    """One continuation before it runs: its trajectory so far, its episode, its next turn."""
+    traj: object
+    episode: object
+    next_turn: int
+    state_key: str | None
+    done_reason: str | None = None
+    """Set when the episode already ended (a kept final action): nothing left to sample."""
+
+
+def starts(job: Job, tokenizer) -> list[Start]:
+    """K resample and K keep continuations per asked turn, each replayed to its starting state."""
+    from core.envs.base import Outcome
+    from core.transcript import prompt_ids
+    from core.trajectory import Trajectory
+    tok = job.tokens
+    out = []
+    for turn in job.turns:
+        for kind in KINDS:
+            upto = turn if kind == "resample" else turn + 1
+            prefix = tok[tok["turn"] < upto]
+            for i in range(job.k):
+                episode, first, key, done, last = replay(job.env, job.task, job.episode_seed,
+                                                         job.recorded, upto)
+                if i == 0 and kind == "resample":
+                    want = prompt_ids(tokenizer, job.env.system_prompt, first)
+                    have = [int(x) for x in tok[tok["turn"] < 0]["token_id"]]
+                    if want != have:
+                        raise ReplayMismatch(-1, "the prompt's tokens differ (another tokenizer "
+                                                 "or system prompt)")
+                seed = child_seed(job.seed, turn, kind, i)
+                reseed(episode, seed)
+                traj = Trajectory(
+                    traj_id=f"{job.traj_id}~b{turn}{kind[0]}{i}", task=job.task, split="branch",
+                    group_id=f"{job.traj_id}~b{turn}{kind[0]}",
+                    turns=_turn_objects(job.recorded, upto),
+                    info={"episode_seed": seed,
+                          "branch": {"parent": job.traj_id, "turn": turn, "kind": kind,
+                                     "job_id": job.job_id, "checkpoint_step": job.snapshot_step,
+                                     "seed": job.seed}})
+                traj.token_ids = [int(x) for x in prefix["token_id"]]
+                traj.roles = [str(r) for r in prefix["role"]]
+                # the history's own actions count as the episode's (cost per token), whatever
+                # mask the parent's split applied; nothing of a continuation is ever trained
+                traj.trained = [r == "action" for r in traj.roles]
+                traj.logprobs = [None if lp is None or lp != lp else float(lp)
+                                 for lp in prefix["logprob"]]
+                traj.token_turn = [int(x) for x in prefix["turn"]]
+                start = Start(traj, episode, upto, key)
+                if done:
+                    start.done_reason = _ended(job.recorded[upto - 1], last)
+                    try:
+                        traj.outcome = episode.outcome()
+                    except Exception as exc:
+                        traj.outcome = Outcome(score=0.0, success=False, info={"error": repr(exc)})
+                    traj.finish_reason = start.done_reason
+                out.append(start)
+    return out
+
+
+def _ended(rec: dict, result) -> str:
+    if result is None or _not_executed(rec):
+        return "max_turns"
+    if result.action_type == "answer":
+        return "answered"
+    return "done" if result.valid else "invalid"
+
+
+def continue_all(policy, env, items: list[Start], sampling, seed: int, progress=None) -> list:
+    """Run every unfinished continuation to its episode's end in ONE batch (the rollout engine of
+    core/rollout.py: shared KV cache, left-padded chunks, rows leave as their episodes end).
+    Rows start at different turns; each carries its own turn counter. Returns the trajectories."""
+    import torch
+
+    from core.rollout import (_act, _Batch, _fill_missing_logprobs, _finish, _Row, _take,
+                              sample_next)
+    from core.policy import token_texts
+    generator = torch.Generator().manual_seed(seed)
+    last = sampling.max_turns - 1 + int(sampling.final_answer_turn)
+    rows, turn_of = [], {}
+    for s in items:
+        if s.done_reason is not None:
+            continue
+        row = _Row(traj=s.traj, episode=s.episode, pending=list(s.traj.token_ids),
+                   state_key=s.state_key)
+        turn_of[id(row)] = s.next_turn
+        if s.next_turn > last:
+            _finish(row, "max_turns")
+        elif len(row.traj.token_ids) >= sampling.max_context:
+            _finish(row, "context_full")
+        else:
+            rows.append(row)
+    was_training = policy.model.training
+    policy.model.eval()
+    total, rounds = len(rows), 0
+    try:
+        with torch.no_grad():
+            batch, eos = _Batch(policy, rows), policy.eos_ids
+            while batch.rows:
+                for row in batch.rows:
+                    row.gen, row.gen_lp, row.gen_ent, row.text, row.prev_text = [], [], [], "", ""
+                    row.stopped, row.cut_text = None, None
+                    row.budget = min(sampling.max_new_tokens,
+                                     sampling.max_context - len(row.traj.token_ids))
+                logits = batch.feed([row.pending for row in batch.rows])
+                for row in batch.rows:
+                    row.pending = []
+                while True:
+                    tokens, logp, entropy = sample_next(logits, sampling.temperature,
+                                                        sampling.top_p, generator)
+                    for b, row in enumerate(batch.rows):
+                        if row.stopped is None:
+                            _take(row, int(tokens[b]), logp[b], float(entropy[b]),
+                                  env.stop_tags, eos, policy.tokenizer)
+                    if all(row.stopped is not None for row in batch.rows):
+                        break
+                    logits = batch.feed([[row.gen[-1]] if row.stopped is None else []
+                                         for row in batch.rows])
+                for row in batch.rows:
+                    turn = turn_of[id(row)]
+                    turn_of[id(row)] = turn + 1
+                    _act(row, turn, sampling, policy.tokenizer, env,
+                         final=sampling.final_answer_turn and turn == sampling.max_turns)
+                    if not row.done and turn >= last:
+                        _finish(row, "max_turns")
+                batch.keep([i for i, row in enumerate(batch.rows) if not row.done])
+                rounds += 1
+                if progress is not None:
+                    progress(total - len(batch.rows), total, rounds)
+    finally:
+        policy.model.train(was_training)
+    trajs = [s.traj for s in items]
+    _fill_missing_logprobs(policy, [r.traj for r in rows], sampling.temperature)
+    for traj in trajs:
+        traj.token_text = token_texts(policy.tokenizer, traj.token_ids)
+    return trajs
+
+
+# -- recording and export -------------------------------------------------------------------------
+@dataclass
+class Result:
+    job: Job
+    children: list
+    rows: list[dict]
+    """``estimate`` per turn."""
+    worst: int | None
+    seconds: float = 0.0
+
+
+def returns_of(children: list) -> dict[int, dict[str, list[float]]]:
+    out: dict[int, dict[str, list[float]]] = {}
+    for t in children:
+        b = t.info["branch"]
+        out.setdefault(b["turn"], {k: [] for k in KINDS})[b["kind"]].append(float(t.reward))
+    return out
+
+
+def record(result: Result) -> None:
+    """The job in one transaction (storage/branches.py): continuations (split 'branch', never
+    trained), one ``branches`` row each, the per-turn summary in ``turn_signals``."""
+    import pandas as pd
+
+    from core.records import step_tables
+    from storage import branches
+    job = result.job
+    tables = step_tables(result.children)
+    tokens = tables["tokens"]
+    tokens["trained"] = [False] * len(tokens["trained"])  # no optimiser ever saw them
+    brows = [{"traj_id": job.traj_id, "turn": t.info["branch"]["turn"],
+              "kind": t.info["branch"]["kind"], "child_traj_id": t.traj_id,
+              "return": float(t.reward), "checkpoint_step": job.snapshot_step,
+              "job_id": job.job_id, "seed": job.seed} for t in result.children]
+    srows = [{"traj_id": job.traj_id, "turn": r["turn"], "name": name, "value": float(r[name]),
+              "source": "branch"}
+             for r in result.rows for name in ("q", "v", "a", "q_lo", "q_hi", "v_lo", "v_hi",
+                                               "a_lo", "a_hi", "n")]
+    for r in result.rows:
+        srows.append({"traj_id": job.traj_id, "turn": r["turn"], "name": "worst",
+                      "value": float(r["turn"] == result.worst), "source": "branch"})
+    branches.write_job(job.db, job.run_id, job.step, job.traj_id, job.turns, tables,
+                       pd.DataFrame(brows), pd.DataFrame(srows))
+
+
+def export_rows(job: Job, rows: list[dict]) -> list[dict]:
+    """AgentPRM's labels, one per turn: (state text, action, Q, V, A). The state is the context the
+    policy saw before acting (decoded tokens of the prompt and turns before)."""
+    tok = job.tokens
+    out = []
+    for r in rows:
+        t = r["turn"]
+        state = "".join(str(x) for x in tok[tok["turn"] < t]["text"])
+        out.append({"run_id": job.run_id, "traj_id": job.traj_id, "turn": t, "state": state,
+                    "action": str(job.recorded[t].get("action") or ""), "q": r["q"], "v": r["v"],
+                    "a": r["a"], "q_lo": r["q_lo"], "q_hi": r["q_hi"], "v_lo": r["v_lo"],
+                    "v_hi": r["v_hi"], "k": job.k, "checkpoint_step": job.snapshot_step})
+    return out
+
+
+def export(job: Job, rows: list[dict], path: str) -> Path:
+    """Write ``export_rows`` as JSONL (``.jsonl``) or Parquet (``.parquet``)."""
+    import pandas as pd
+    target = Path(path)
+    data = export_rows(job, rows)
+    if target.suffix == ".parquet":
+        pd.DataFrame(data).to_parquet(target, index=False)
+    else:
+        with open(target, "w", encoding="utf-8") as f:
+            for d in data:
+                f.write(json.dumps(d, ensure_ascii=False) + "\n")
+    return target
+
+
+# -- run ------------------------------------------------------------------------------------------
+def run_job(job: Job, progress=None) -> Result:
+    """Load the policy as it was, run every continuation in one batch, score and estimate."""
+    import torch
+
+    from core import checkpoint
+    from core.policy import policy_from_config
+    from core.rollout import Sampling
+    from core.scoring import score_all
+    t0 = time.perf_counter()
+    if job.cfg.threads:
+        torch.set_num_threads(job.cfg.threads)
+    policy = policy_from_config(job.cfg)
+    checkpoint.put_adapter(checkpoint.load_adapter(job.ckpt_dir, job.snapshot_step), policy)
+    # the policy's own sampling (training temperature) even for an evaluation trajectory: a
+    # greedy evaluation would make the K continuations one
+    sampling = Sampling.from_config(job.cfg)
+    items = starts(job, policy.tokenizer)
+    children = continue_all(policy, job.env, items, sampling, seed=job.seed, progress=progress)
+    score_all(children, job.cfg)
+    rows = estimate(returns_of(children), seed=job.seed)
+    return Result(job, children, rows, worst_turn(rows), time.perf_counter() - t0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m core.branch", description=__doc__.split("\n")[0])
+    parser.add_argument("--db", required=True, help="the store (DuckDB file)")
+    parser.add_argument("--run", required=True, help="run id")
+    parser.add_argument("--traj", required=True, help="trajectory id")
+    parser.add_argument("--turns", default="all", help="all | comma-separated turns (0-based)")
+    parser.add_argument("--k", type=int, default=8, help=f"continuations per turn and kind (1..{MAX_K})")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--export", metavar="FILE", help="also write (state, action, Q, V, A) per "
+                        "turn to FILE (.jsonl or .parquet)")
+    args = parser.parse_args(argv)
+    if args.export and Path(args.export).suffix not in (".jsonl", ".parquet"):
+        print("error: --export must end in .jsonl or .parquet", file=sys.stderr)
+        return 2
+    try:
+        job = prepare_job(args.db, args.run, args.traj, args.turns, args.k, args.seed)
+    except BranchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    exact = "" if job.snapshot_step == job.sampled_by else \
+        f" (nearest kept at or before step {job.sampled_by}, which sampled it)"
+    print(f"branching {job.traj_id} (step {job.step}, {job.split}) at turns "
+          f"{','.join(map(str, job.turns))}: {2 * job.k * len(job.turns)} continuations, "
+          f"adapter of step {job.snapshot_step}{exact}", flush=True)
+
+    def progress(done, total, rounds):
+        print(f"progress {done}/{total} continuations finished after {rounds} turns", flush=True)
+    try:
+        result = run_job(job, progress=progress)
+    except BranchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    record(result)
+    print(f"{'turn':>4} {'V':>7} {'Q':>7} {'A':>7}  A 95% interval")
+    for r in result.rows:
+        mark = "  <- lost the most" if r["turn"] == result.worst else ""
+        print(f"{r['turn']:>4} {r['v']:7.3f} {r['q']:7.3f} {r['a']:7.3f}  "
+              f"[{r['a_lo']:.3f}, {r['a_hi']:.3f}]{mark}")
+    print(f"recorded job {job.job_id}: {len(result.children)} continuations in "
+          f"{result.seconds:.1f} s; worst turn "
+          f"{'none (no recorded action lost value)' if result.worst is None else result.worst}",
+          flush=True)
+    if args.export:
+        print(f"exported {export(job, result.rows, args.export)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
