@@ -1,0 +1,196 @@
+"""storage.integrations.trl.RecorderCallback on a real TRL GRPOTrainer (tiny model, 2 steps):
+what the store holds afterwards, and that every page opens the run.
+
+TRL is optional (requirements-trl.txt; .ci/run installs it): without it these tests are skipped.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import duckdb
+import pytest
+
+pytest.importorskip("trl", reason="TRL is optional: install requirements-trl.txt "
+                                  "(pip install --no-deps -r requirements-trl.txt) to run this")
+
+import streamlit as st  # noqa: E402
+import streamlit.testing.v1.app_test as app_test  # noqa: E402
+from streamlit.runtime.pages_manager import PagesManager  # noqa: E402
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from storage import queries  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+G, PROMPTS, STEPS, NEW_TOKENS = 4, 2, 2, 6
+
+
+def format_reward(completions, **kw) -> list[float]:
+    """Half the completions score (a letter first): spread inside groups."""
+    return [1.0 if c[-1]["content"][:1].isalpha() else 0.0 for c in completions]
+
+
+def length_reward(completions, **kw) -> list[float]:
+    return [len(c[-1]["content"]) / 100 for c in completions]
+
+
+@pytest.fixture(scope="module")
+def trl_run(tmp_path_factory):
+    """(store path, callback) after 2 GRPOTrainer steps recorded by the callback."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import GRPOConfig, GRPOTrainer
+
+    from core.policy import load_base_model, load_tokenizer
+    from storage.integrations.trl import RecorderCallback
+
+    torch.set_num_threads(1)
+    base = tmp_path_factory.mktemp("trl")
+    tok = load_tokenizer("tiny")
+    model = load_base_model("tiny", vocab_size=len(tok))
+    model.requires_grad_(True)
+    prompts = [[{"role": "user", "content": "Name a colour."}],
+               [{"role": "user", "content": "Say <b>hi</b> & go"}]]
+    data = Dataset.from_list([{"prompt": p} for p in prompts] * (STEPS + 1))
+    args = GRPOConfig(
+        output_dir=str(base / "out"), per_device_train_batch_size=PROMPTS * G, num_generations=G,
+        max_completion_length=NEW_TOKENS, temperature=1.0, beta=0.01, learning_rate=1e-4,
+        max_steps=STEPS, logging_steps=1, report_to="none", save_strategy="no", use_cpu=True,
+        bf16=False, seed=0, shuffle_dataset=False, dataloader_num_workers=0, disable_tqdm=True,
+        reward_weights=[1.0, 0.5])
+    lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+                      bias="none", task_type="CAUSAL_LM")
+    trainer = GRPOTrainer(model=model, reward_funcs=[format_reward, length_reward], args=args,
+                          train_dataset=data, processing_class=tok, peft_config=lora)
+    callback = RecorderCallback(base / "trl.duckdb", run_name="trl grpo test")
+    trainer.add_callback(callback)  # the one line a TRL user adds
+    trainer.train()
+    return base / "trl.duckdb", callback
+
+
+def rows(path, sql, *params):
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return con.execute(sql, list(params)).fetchall()
+    finally:
+        con.close()
+
+
+def test_run_row_and_config(trl_run):
+    path, cb = trl_run
+    (run_id, name, status, source, config), = rows(
+        path, "SELECT run_id, name, status, source, config FROM runs")
+    assert (run_id, name, status, source) == (cb.run_id, "trl grpo test", "finished", "trl")
+    for key in ('"env": "trl"', '"algo":', '"model":', '"num_generations": 4',
+                '"reward_funcs": ["format_reward", "length_reward"]'):
+        assert key in config
+
+
+def test_every_completion_is_a_trajectory_in_groups_of_G(trl_run):
+    path, cb = trl_run
+    got = rows(path, "SELECT step, group_id, count(*), count(DISTINCT task_id) FROM trajectories "
+                     "GROUP BY ALL ORDER BY ALL")
+    assert [r[0] for r in got] == [1, 1, 2, 2]  # TRL's global_step numbering
+    assert all(r[2] == G and r[3] == 1 for r in got)
+    (n, ntraj), = rows(path, "SELECT count(*), count(DISTINCT traj_id) FROM trajectories")
+    assert n == ntraj == STEPS * PROMPTS * G
+
+
+def test_reward_components_add_up_to_trl_reward(trl_run):
+    path, _ = trl_run
+    comps = rows(path, "SELECT traj_id, component, value FROM rewards ORDER BY ALL")
+    by = {}
+    for tid, c, v in comps:
+        by.setdefault(tid, {})[c] = v
+    trajs = dict(rows(path, "SELECT traj_id, reward FROM trajectories"))
+    assert by.keys() == trajs.keys()
+    for tid, c in by.items():
+        assert {"outcome", "format", "cost", "process", "format_reward", "length_reward"} <= c.keys()
+        assert c["format"] == c["format_reward"]  # weight 1, named as the format component
+        assert math.isclose(c["outcome"], 0.5 * c["length_reward"], abs_tol=1e-9)  # weighted
+        assert math.isclose(c["outcome"] + c["format"] + c["cost"] + c["process"], trajs[tid],
+                            abs_tol=1e-9)
+
+
+def test_advantages_are_trl_grpo_advantages(trl_run):
+    path, _ = trl_run
+    got = rows(path, "SELECT group_id, list(reward ORDER BY traj_id), "
+                     "list(advantage ORDER BY traj_id) FROM trajectories GROUP BY group_id")
+    for _, rewards, advs in got:
+        mean = sum(rewards) / G
+        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (G - 1))
+        for r, a in zip(rewards, advs):
+            assert math.isclose(a, (r - mean) / (std + 1e-4), rel_tol=1e-4, abs_tol=1e-5)
+
+
+def test_tokens_prompt_and_action_with_logprobs_entropies_and_mask(trl_run):
+    path, _ = trl_run
+    (tid, step, n_action, n_prompt), = rows(
+        path, "SELECT traj_id, step, count(*) FILTER (role = 'action'), "
+              "count(*) FILTER (role = 'prompt') FROM tokens WHERE traj_id = 's1-g1-r2' GROUP BY ALL")
+    assert step == 1 and 1 <= n_action <= NEW_TOKENS and n_prompt > 5
+    toks = rows(path, "SELECT pos, role, trained, logprob, entropy, ref_logprob, advantage, turn, "
+                      "text FROM tokens WHERE traj_id = ? ORDER BY pos", tid)
+    assert [t[0] for t in toks] == list(range(len(toks)))
+    assert "Say <b>hi</b> & go" in "".join(t[8] for t in toks if t[1] == "prompt")
+    adv, = rows(path, "SELECT advantage FROM trajectories WHERE traj_id = ?", tid)[0]
+    for pos, role, trained, lp, ent, ref, a, turn, _ in toks:
+        if role == "prompt":
+            assert not trained and lp is None and turn == -1
+        else:
+            assert trained and turn == 0 and math.isclose(a, adv)
+            assert lp < 0 and ent > 0 and ref < 0  # sampling logprob, entropy, reference
+    # the recorded action text is what TRL decoded for the completion
+    action, = rows(path, "SELECT action FROM turns WHERE traj_id = ?", tid)[0]
+    assert "".join(t[8] for t in toks if t[1] == "action").strip() == action.strip()
+
+
+def test_trl_metrics_mapped_onto_our_names(trl_run):
+    path, _ = trl_run
+    names = {(s, n) for s, n in rows(path, "SELECT step, name FROM metrics")}
+    for step in (1, 2):
+        for name in ("reward/mean", "reward/std", "reward/group_std_mean", "reward/frac_zero_std",
+                     "success/rate", "policy/kl", "policy/entropy", "policy/clipfrac",
+                     "grad/norm", "response/length_mean", "env/turns_mean", "time/step_s",
+                     "time/record_s", "trl/reward", "trl/kl"):
+            assert (step, name) in names, (step, name)
+    ours, trls = rows(path, "SELECT max(value) FILTER (name = 'reward/mean'), "
+                            "max(value) FILTER (name = 'trl/reward') FROM metrics WHERE step = 1")[0]
+    assert math.isclose(ours, trls, rel_tol=1e-5)
+
+
+def test_one_transaction_per_step_and_cost_measured(trl_run):
+    _, cb = trl_run
+    assert len(cb.record_s) == STEPS and all(0 < s < 5 for s in cb.record_s)
+
+
+# -- the pages open the run ---------------------------------------------------------------------
+class _NavigationPagesManager(PagesManager):
+    def __init__(self, *args, **kwargs):  # as tests/test_pages.py: keep st.navigation's state
+        super().__init__(*args, **kwargs)
+        PagesManager.uses_pages_directory = False
+
+
+@pytest.mark.parametrize("page,params,expect", [
+    ("runs", {}, "trl grpo test"),
+    ("replay", {"step": 1, "traj": "s1-g1-r2", "turn": 0}, "group s1-g1"),
+    ("groups", {"step": 1, "group": "s1-g0"}, "stored advantage"),
+    ("dynamics", {}, "grad/norm"),
+    ("failures", {}, f"{STEPS * PROMPTS * G} trajectories match")])
+def test_pages_open_the_trl_run(trl_run, monkeypatch, page, params, expect):
+    path, cb = trl_run
+    monkeypatch.setattr(app_test, "PagesManager", _NavigationPagesManager)
+    monkeypatch.setenv(queries.STORE_DIRS_ENV, str(path.parent))
+    monkeypatch.chdir(ROOT)
+    st.cache_data.clear()
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
+    at.query_params.update({"store": str(path), "run": cb.run_id,
+                            **{k: str(v) for k, v in params.items()}})
+    at = at.switch_page(f"pages/{page}.py").run()
+    assert not at.exception, at.exception
+    shown = " ".join([str(e.value) for kind in ("markdown", "caption", "subheader", "info")
+                      for e in getattr(at, kind)]
+                     + [f.value.to_string() + " ".join(map(str, f.value.columns))
+                        for f in at.dataframe])
+    assert expect in shown
