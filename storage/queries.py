@@ -386,3 +386,106 @@ def _plain(value):
     if isinstance(value, (pd.Timestamp, datetime)):
         return value.isoformat()
     return value
+
+
+# -- per-turn signals (turn_signals, migration m004) -----------------------------------------------
+def _has_table(con, name: str) -> bool:
+    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
+                            [name]).fetchone()[0])
+
+
+def turn_signals(path: str | Path, run_id: str, traj_ids: list[str],
+                 names: list[str] | None = None) -> pd.DataFrame:
+    """Per-turn signals of ``traj_ids`` (traj_id, turn, name, value, source), by trajectory and
+    turn; empty for a store recorded before the table existed (schema < 4) or when none was
+    computed."""
+    cols = ["traj_id", "turn", "name", "value", "source"]
+    with db.reading(path) as con:
+        check_version(con, where=str(path))
+        if not traj_ids or not _has_table(con, "turn_signals"):
+            return pd.DataFrame(columns=cols)
+        sql = ("SELECT traj_id, turn, name, value, source FROM turn_signals WHERE run_id = ? "
+               "AND traj_id IN (SELECT unnest(?))")
+        params: list = [run_id, list(traj_ids)]
+        if names:
+            sql += " AND name IN (SELECT unnest(?))"
+            params.append(list(names))
+        return con.execute(sql + " ORDER BY traj_id, turn, name", params).df()
+
+
+def signal_by_turn(path: str | Path, run_id: str, name: str = "info_gain") -> pd.DataFrame:
+    """Mean of one per-turn signal by step and turn index over the run's training trajectories
+    (step, turn, mean, n); empty when the store has no turn_signals table or none of ``name``."""
+    with db.reading(path) as con:
+        check_version(con, where=str(path))
+        if not _has_table(con, "turn_signals"):
+            return pd.DataFrame(columns=["step", "turn", "mean", "n"])
+        return con.execute(
+            "SELECT step, turn, avg(value) AS mean, count(*) AS n FROM turn_signals "
+            "WHERE run_id = ? AND name = ? AND source = 'train' GROUP BY step, turn "
+            "ORDER BY step, turn", [run_id, name]).df()
+
+
+# -- branch-from-turn analyses (branches + turn_signals source 'branch', core/branch.py) -----------
+BRANCH_SIGNALS = ["v", "q", "a", "v_lo", "v_hi", "q_lo", "q_hi", "a_lo", "a_hi", "n", "worst"]
+
+
+def branch_estimates(path: str | Path, run_id: str, traj_id: str) -> pd.DataFrame:
+    """Per analysed turn of ``traj_id``: V, Q, A = Q - V with their intervals, n continuations per
+    kind, worst (1.0 on the turn that lost the most); empty when never branched (or schema < 4)."""
+    with db.reading(path) as con:
+        check_version(con, where=str(path))
+        if not _has_table(con, "turn_signals"):
+            return pd.DataFrame(columns=["turn", *BRANCH_SIGNALS])
+        long = con.execute("SELECT turn, name, value FROM turn_signals WHERE run_id = ? AND "
+                           "traj_id = ? AND source = 'branch'", [run_id, traj_id]).df()
+    if long.empty:
+        return pd.DataFrame(columns=["turn", *BRANCH_SIGNALS])
+    wide = long.pivot_table(index="turn", columns="name", values="value", aggfunc="last")
+    return wide.reindex(columns=BRANCH_SIGNALS).reset_index().sort_values("turn")
+
+
+def branch_children(path: str | Path, run_id: str, traj_id: str) -> pd.DataFrame:
+    """The continuations of ``traj_id``: (turn, kind, child_traj_id, return, success,
+    finish_reason, num_turns, step, checkpoint_step, job_id, seed), by turn and kind."""
+    cols = ["turn", "kind", "child_traj_id", "return", "success", "finish_reason", "num_turns",
+            "step", "checkpoint_step", "job_id", "seed"]
+    with db.reading(path) as con:
+        check_version(con, where=str(path))
+        if not _has_table(con, "branches"):
+            return pd.DataFrame(columns=cols)
+        return con.execute(
+            "SELECT b.turn, b.kind, b.child_traj_id, b.return, t.success, t.finish_reason, "
+            "t.num_turns, t.step, b.checkpoint_step, b.job_id, b.seed FROM branches b "
+            "LEFT JOIN trajectories t ON t.run_id = b.run_id AND t.traj_id = b.child_traj_id "
+            "WHERE b.run_id = ? AND b.traj_id = ? ORDER BY b.turn, b.kind, b.child_traj_id",
+            [run_id, traj_id]).df()
+
+
+def branch_parent(path: str | Path, run_id: str, child_traj_id: str) -> dict | None:
+    """For a continuation: {traj_id (its parent), turn, kind, step}; None for any other."""
+    with db.reading(path) as con:
+        check_version(con, where=str(path))
+        if not _has_table(con, "branches"):
+            return None
+        row = con.execute(
+            "SELECT b.traj_id, b.turn, b.kind, t.step FROM branches b LEFT JOIN trajectories t "
+            "ON t.run_id = b.run_id AND t.traj_id = b.traj_id "
+            "WHERE b.run_id = ? AND b.child_traj_id = ?", [run_id, child_traj_id]).fetchone()
+    return None if row is None else {"traj_id": row[0], "turn": int(row[1]), "kind": row[2],
+                                     "step": None if row[3] is None else int(row[3])}
+
+
+def branch_worst_turns(path: str | Path, run_id: str, traj_ids: list[str]) -> pd.DataFrame:
+    """Of ``traj_ids``, those with a branch analysis: (traj_id, analysed turns, worst turn or NULL
+    when no recorded action lost value)."""
+    cols = ["traj_id", "turns", "worst_turn"]
+    with db.reading(path) as con:
+        check_version(con, where=str(path))
+        if not traj_ids or not _has_table(con, "turn_signals"):
+            return pd.DataFrame(columns=cols)
+        return con.execute(
+            "SELECT traj_id, count(*) AS turns, "
+            "min(turn) FILTER (WHERE value = 1.0) AS worst_turn FROM turn_signals "
+            "WHERE run_id = ? AND traj_id IN (SELECT unnest(?)) AND source = 'branch' "
+            "AND name = 'worst' GROUP BY traj_id ORDER BY traj_id", [run_id, list(traj_ids)]).df()
