@@ -2,6 +2,7 @@
 
     python -m storage.io import FILE --db PATH [--format jsonl|verl|trl] [--run-name NAME]
                                     [--run-id ID] [--replace]
+    python -m storage.io follow DIR --db PATH --format verl|trl|jsonl [--run-id ID] [--poll S]
     python -m storage.io export --db PATH --run RUN_ID --out FILE [--format jsonl|parquet]
                                 [--partitioned] [--split S] [--success true|false]
                                 [--failure-class C] [--step-min N] [--step-max N]
@@ -26,6 +27,10 @@ delete its trajectories). An import that stops part-way (an unreadable file, the
 keeps what it wrote, and its run is marked ``failed`` with the reason and an ``imports`` row;
 it is never left ``running``. Rows pass the recorder's cleaning (storage/recorder.py) on their
 way in. Exit status 1 if any line failed, 2 if nothing could be read or the import stopped.
+
+Follow (storage/follow.py) watches a directory another trainer writes into (verl's
+``rollout_data_dir``, TRL's completions folder, an agent loop's JSONL) and imports each new
+complete file or line as it appears, until Ctrl-C.
 
 Export (storage/export.py) writes one run, or a filtered selection of its trajectories, as
 generic JSONL (export -> import round trips), as one flattened Parquet file, or with
@@ -143,8 +148,11 @@ def _classifier():
 
 def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
                 run_name: str | None = None, run_id: str | None = None, replace: bool = False,
-                batch_size: int = 200, max_line_bytes: int = MAX_LINE_BYTES) -> ImportReport:
-    """Import ``source`` into the store at ``db_path``; see the module docstring."""
+                batch_size: int = 200, max_line_bytes: int = MAX_LINE_BYTES,
+                live: bool = False) -> ImportReport:
+    """Import ``source`` into the store at ``db_path``; see the module docstring. ``live``
+    (storage/follow.py: more files will follow) leaves the run ``running`` instead of
+    ``finished``."""
     source = Path(source)
     if not source.exists():
         raise FileNotFoundError(f"no such file or directory: {source}")
@@ -189,7 +197,7 @@ def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
         raise
     if report.lines == 0:
         raise ValueError(f"no records found in {source} (format {fmt})")
-    _finish_import(db_path, run_id, fmt, run, report)
+    _finish_import(db_path, run_id, fmt, run, report, live=live)
     return report
 
 
@@ -306,7 +314,8 @@ WHERE run_id = $run AND split = 'eval' AND success IS NOT NULL GROUP BY step
 """
 
 
-def _finish_import(db_path, run_id, fmt, run, report, stopped: str | None = None) -> None:
+def _finish_import(db_path, run_id, fmt, run, report, stopped: str | None = None,
+                   live: bool = False) -> None:
     """Provenance row, config, metrics and final status (``failed`` with the reason if the
     import ``stopped``) of a run that imports created."""
     with db.writing(db_path) as con:
@@ -325,7 +334,8 @@ def _finish_import(db_path, run_id, fmt, run, report, stopped: str | None = None
         con.execute("INSERT INTO metrics BY NAME " + DERIVED_METRICS_SQL, {"run": run_id})
         con.execute("UPDATE runs SET status = ?, error = ?, updated_at = ?, "
                     "last_step = (SELECT max(step) FROM trajectories WHERE run_id = ?) "
-                    "WHERE run_id = ?", ["failed" if stopped else "finished", stopped, now(),
+                    "WHERE run_id = ?", ["failed" if stopped else "running" if live
+                                         else "finished", stopped, now(),
                                          run_id, run_id])
         con.execute("INSERT INTO imports VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [run_id, clean_text(report.source), fmt, now(), report.lines,
@@ -357,6 +367,14 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("--replace", action="store_true",
                      help="replace trajectories already in the run (default: skip them)")
     imp.add_argument("--max-line-bytes", type=int, default=MAX_LINE_BYTES)
+    fol = sub.add_parser("follow", help="import each new complete file of DIR as it appears, "
+                                        "until Ctrl-C (verl rollout dumps, TRL completions, JSONL)")
+    fol.add_argument("dir", help="the directory the other trainer writes into")
+    fol.add_argument("--db", required=True, help="the DuckDB store (created if missing)")
+    fol.add_argument("--format", choices=FORMATS, required=True)
+    fol.add_argument("--run-name", help="name shown in the app (default: the directory's name)")
+    fol.add_argument("--run-id", help="run to import into (default: the one `import DIR` uses)")
+    fol.add_argument("--poll", type=float, default=1.0, help="seconds between looks (default 1)")
     exp = sub.add_parser("export", help="export a run (or a filtered selection) to JSONL/Parquet")
     exp.add_argument("--db", required=True)
     exp.add_argument("--run", help="run id (with --partitioned, default: every run)")
@@ -404,6 +422,9 @@ def _export(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command == "follow":
+            from storage import follow
+            return follow.main(args)
         return _import(args) if args.command == "import" else _export(args)
     except (db.StoreError, OSError, ValueError, duckdb.Error) as exc:
         print(f"error: {clean_text(str(exc))}", file=sys.stderr)
