@@ -220,6 +220,15 @@ class TrainConfig:
     """Weight of the cost component (the component itself is <= 0)."""
     w_process: float = 0.0
     """Weight of the process component."""
+    w_info_gain: float = 0.0
+    """Weight of the dense information-gain credit (IGPO, core/info_gain.py): each turn's gain in
+    the policy's probability of the gold answer, normalised within its task group, added to that
+    turn's action tokens' advantage (not to the trajectory's total reward). Envs with gold
+    answers (search); 0 = off."""
+    record_info_gain: bool = True
+    """Measure and record each turn's answer probability and information gain (turn_signals) on
+    envs with gold answers even when w_info_gain is 0: one teacher-forced forward pass per turn
+    of every training trajectory."""
     cost_per_turn: float = 0.0
     """Cost charged per turn."""
     cost_per_token: float = 0.0
@@ -373,6 +382,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.kl_abort > 0, "kl_abort", "must be > 0")
     need(cfg.max_bad_steps >= 1, "max_bad_steps", "must be >= 1")
     need(cfg.outcome_metric in ("em", "f1"), "outcome_metric", "must be em or f1")
+    need(cfg.w_info_gain >= 0, "w_info_gain", "must be >= 0")
     for fld in ("env_options", "sft_env_options", "eval_env_options"):
         opts = parse_env_options(getattr(cfg, fld), fld)
         if cfg.env not in ENVS:  # a user's environment takes the options it knows

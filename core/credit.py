@@ -14,7 +14,10 @@ advantage) and ``traj.filtered`` (dropped from the update) are set too; ``traj.i
     gigpo                   A = A_episode + w * A_step per turn (anchor-state step groups)
     gae (ppo)               GAE over trained tokens with the value head's estimates, reward on
                             each trajectory's last trained token, whitened over the batch (verl)
-After any of them, LOOP's filter drops trajectories with |A| < ``min_abs_advantage``.
+After any of them, LOOP's filter drops trajectories with |A| < ``min_abs_advantage``, and with
+``w_info_gain`` > 0 each turn's information gain (IGPO, core/info_gain.py), normalised within its
+task group (core/algorithms.py ``info_gain_turn_advantages``), is added x ``w_info_gain`` to that
+turn's action tokens and to its recorded turn advantage.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import torch
 
 from core import algorithms
 from core.advantages import anchor_key, drop_small, gae, gigpo_step_advantages, starpo_s_keep
+from core.algorithms import info_gain_turn_advantages
 from core.trajectory import Trajectory
 
 
@@ -149,11 +153,37 @@ CREDIT: dict[str, Callable[..., Credit]] = {
 """Algorithm name -> its credit step, as the registry declares it."""
 
 
-def assign(trajs: Sequence[Trajectory], cfg, values=None) -> Credit:
-    """Credit for ``cfg.algo``; then LOOP's |A| filter (``min_abs_advantage``)."""
+def assign(trajs: Sequence[Trajectory], cfg, values=None,
+           info_gains: Sequence[Sequence[float] | None] | None = None) -> Credit:
+    """Credit for ``cfg.algo``; then LOOP's |A| filter (``min_abs_advantage``); then the dense
+    information-gain credit (``w_info_gain``; ``info_gains``: each trajectory's per-turn gains,
+    None where none was measured)."""
     credit = CREDIT[cfg.algo](trajs, cfg, values)
     if cfg.min_abs_advantage > 0 and trajs:
         keep = drop_small(torch.tensor([t.advantage for t in trajs]), cfg.min_abs_advantage)
         for t, k in zip(trajs, keep.tolist()):
             t.filtered = t.filtered or not k
+    if getattr(cfg, "w_info_gain", 0.0) > 0 and info_gains is not None:
+        credit = add_info_gain(credit, trajs, info_gains, cfg.w_info_gain)
     return credit
+
+
+def add_info_gain(credit: Credit, trajs: Sequence[Trajectory],
+                  info_gains: Sequence[Sequence[float] | None], weight: float) -> Credit:
+    """A_token += weight x A_{i,k} on turn k's action tokens, A_{i,k} the group-normalised gain
+    of turn k (the last turn has none: its credit is the outcome's)."""
+    if len(info_gains) != len(trajs):
+        raise ValueError(f"{len(info_gains)} gain lists for {len(trajs)} trajectories")
+    dense = info_gain_turn_advantages([list(g or []) for g in info_gains],
+                                      [t.group_id for t in trajs])
+    per_token, turns = [], []
+    for t, adv, base, d in zip(trajs, credit.per_token, credit.turn_advantages, dense):
+        adv = adv.clone()
+        per_turn = list(base) if base is not None else [t.advantage] * t.num_turns
+        turn_of, mask = torch.tensor(t.token_turn), _mask(t)
+        for k, a in enumerate(d[:len(per_turn)]):
+            adv[(turn_of == k) & mask] += weight * a
+            per_turn[k] += weight * a
+        per_token.append(adv)
+        turns.append(per_turn if d or base is not None else None)
+    return Credit(per_token, turns, credit.returns)

@@ -27,6 +27,8 @@ class StageResults:
     token_values: dict[str, dict[str, list]] = field(default_factory=dict)
     """``TOKEN_VALUE_COLUMNS`` per token, None where the token is untrained."""
     grad_norms: dict[str, float] = field(default_factory=dict)
+    turn_signals: list[dict] = field(default_factory=list)
+    """``turn_signals`` rows (traj_id, turn, name, value, source), e.g. core/info_gain.py's."""
 
     def add_credit(self, trajs: Sequence[Trajectory], turn_advantages: Sequence) -> None:
         """Credit's per-turn advantages of ``trajs`` (``Credit.turn_advantages``, in order)."""
@@ -50,7 +52,8 @@ class StageResults:
     def merge(self, other: "StageResults") -> "StageResults":
         return StageResults({**self.turn_advantages, **other.turn_advantages},
                             {**self.token_values, **other.token_values},
-                            {**self.grad_norms, **other.grad_norms})
+                            {**self.grad_norms, **other.grad_norms},
+                            self.turn_signals + other.turn_signals)
 
 
 def trajectory_rows(trajs: Sequence[Trajectory], grad_norms: Mapping[str, float] | None = None,
@@ -81,7 +84,8 @@ def trajectory_rows(trajs: Sequence[Trajectory], grad_norms: Mapping[str, float]
 def reward_rows(trajs: Sequence[Trajectory]) -> dict[str, list]:
     cols: dict[str, list] = defaultdict(list)
     for t in trajs:
-        for name in COMPONENTS:
+        # the four fixed components, then any dense one measured for it (info_gain)
+        for name in list(COMPONENTS) + [k for k in t.rewards if k not in COMPONENTS]:
             cols["traj_id"].append(t.traj_id)
             cols["component"].append(name)
             cols["value"].append(float(t.rewards.get(name, 0.0)))
@@ -163,4 +167,10 @@ def step_tables(trajs: Sequence[Trajectory], results: StageResults | None = None
             "rewards": reward_rows(trajs),
             "turns": turn_rows(trajs, results.turn_advantages),
             "tokens": token_rows(trajs, results.token_values),
-            "test_results": test_rows(trajs)}
+            "test_results": test_rows(trajs),
+            "turn_signals": _signal_columns(results.turn_signals)}
+
+
+def _signal_columns(rows: Sequence[dict]) -> dict[str, list]:
+    names = ("traj_id", "turn", "name", "value", "source")
+    return {n: [r[n] for r in rows] for n in names} if rows else {}

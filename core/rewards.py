@@ -10,6 +10,11 @@ recorded as its own row in the ``rewards`` table:
 
     total = w_outcome * outcome + w_format * format + w_cost * cost + w_process * process
 
+One dense signal is measured per turn rather than per trajectory: ``info_gain`` (core/info_gain.py,
+IGPO), the rise of the policy's teacher-forced probability of the gold answer over each turn. It
+is recorded as its own component (the trajectory's sum of gains) but stays out of the total: with
+``w_info_gain`` > 0 it is paid turn by turn as credit (core/credit.py), not as reward.
+
 Answer matching follows Search-R1's ``qa_em`` grader: normalise (lower-case, drop ASCII
 punctuation, drop the whole words a/an/the, collapse whitespace), then compare with each gold.
 """
@@ -170,6 +175,10 @@ COMPONENTS: dict[str, tuple[Callable[["Trajectory", "TrainConfig"], float], str]
     "cost": (cost_reward, "w_cost"),
     "process": (lambda traj, cfg: process_reward(traj), "w_process"),
 }
+
+
+DENSE_COMPONENTS: dict[str, str] = {"info_gain": "w_info_gain"}
+"""Per-turn signals recorded as a component, paid as turn-level credit, not in the total."""
 
 
 def score(traj: "Trajectory", cfg: "TrainConfig") -> tuple[dict[str, float], float]:

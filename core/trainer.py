@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from core import checkpoint
+from core import checkpoint, info_gain
 from core.algorithms import needs_value_head
 from core.config import TrainConfig, env_kwargs, validate
 from core.credit import Credit, assign
@@ -230,9 +230,10 @@ class _Run:
         t1 = time.perf_counter()
         # -- rewards
         score_all(own, cfg)
+        gains = self._info_gain(own, record)
         t2 = time.perf_counter()
         # -- advantages, over every rank's trajectories
-        credit, trajs = self._credit(own)
+        credit, trajs = self._credit(own, gains)
         record.results.add_credit(own, credit.turn_advantages)
         # -- loss + optimizer step
         samples = make_samples(own, credit.per_token, credit.returns)
@@ -246,14 +247,31 @@ class _Run:
         record.work_s = t3 - t0
         return record
 
-    def _credit(self, own: list) -> tuple[Credit, list]:
+    def _info_gain(self, own: list, record: "_Step") -> list:
+        """Each trajectory's per-turn information gains (core/info_gain.py; None where its task
+        has no gold answer or it is off); the trajectory's sum becomes its ``info_gain`` reward
+        component and every turn's answer_prob / info_gain goes to ``turn_signals``."""
+        cfg = self.cfg
+        if not (cfg.record_info_gain or cfg.w_info_gain > 0):
+            return [None] * len(own)
+        signals = info_gain.measure(self.policy, own)
+        for t in own:
+            if t.traj_id in signals:
+                t.rewards["info_gain"] = signals[t.traj_id].total
+        record.results.turn_signals += info_gain.signal_rows(own, signals)
+        return [signals[t.traj_id].gains if t.traj_id in signals else None for t in own]
+
+    def _credit(self, own: list, gains: list | None = None) -> tuple[Credit, list]:
         """This rank's share of the batch's credit, and the whole batch: group statistics (and
-        StarPO-S's top groups, PPO's whitening) need every rank's scored trajectories."""
+        StarPO-S's top groups, PPO's whitening, information gain's group normalisation) need
+        every rank's scored trajectories."""
         critic = needs_value_head(self.cfg.algo)
         values = score_values(self.policy, own, self.cfg) if critic else [None] * len(own)
-        batch, first = self.ranks.everyone(list(zip(own, values)))
-        trajs = [t for t, _ in batch]
-        credit = assign(trajs, self.cfg, [v for _, v in batch] if critic else None)
+        gains = gains if gains is not None else [None] * len(own)
+        batch, first = self.ranks.everyone(list(zip(own, values, gains)))
+        trajs = [t for t, _, _ in batch]
+        credit = assign(trajs, self.cfg, [v for _, v, _ in batch] if critic else None,
+                        info_gains=[g for _, _, g in batch])
         return credit.part(first, first + len(own)), trajs
 
     def _rl_metrics(self, trajs: list, result, rollout_s: float, reward_s: float,

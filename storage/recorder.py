@@ -35,7 +35,8 @@ import pandas as pd
 from storage import db
 from storage.migrations import migrate, prepare
 
-STEP_TABLES = ("metrics", "trajectories", "rewards", "turns", "tokens", "grad_stats", "test_results")
+STEP_TABLES = ("metrics", "trajectories", "rewards", "turns", "tokens", "grad_stats", "test_results",
+               "turn_signals")
 JSON_COLUMNS = {"trajectories": ("golds", "info"), "turns": ("parsed", "state_diff", "info")}
 RUN_STATUSES = ("running", "finished", "failed", "stopped")
 

@@ -1,0 +1,182 @@
+"""Information gain per turn (IGPO): the formulas by hand, the batched teacher-forced measurement
+against one-at-a-time scoring, the dense credit on each turn's action tokens, and a real training
+step recording turn_signals into a DuckDB store that the queries read back."""
+import math
+
+import pytest
+import torch
+
+from core.algorithms import info_gain_turn_advantages
+from core.config import ConfigError, TrainConfig, validate
+from core.credit import Credit, add_info_gain
+from core.envs.base import Task, make_env
+from core.info_gain import (ANSWER_OPEN, action_starts, answer_probability, measure, signal_rows,
+                            turn_gains)
+from core.policy import load_policy, token_logprobs
+from core.rollout import Sampling, rollout
+from core.trainer import train
+from core.trajectory import Trajectory, Turn
+from storage import queries
+from storage.recorder import Recorder
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+# -- the formulas, by hand ------------------------------------------------------------------------
+def test_answer_probability_is_the_geometric_mean_of_token_probabilities():
+    assert answer_probability([math.log(0.5), math.log(0.125)]) == pytest.approx(0.25)
+    assert answer_probability([math.log(0.9)]) == pytest.approx(0.9)
+    with pytest.raises(ValueError):
+        answer_probability([])
+
+
+def test_turn_gains_are_differences_of_consecutive_probabilities():
+    # p_0 = 0.1 before any turn, 0.4 after turn 0, 0.3 after turn 1 (turn 2 is the last)
+    assert turn_gains([0.1, 0.4, 0.3]) == pytest.approx([0.3, -0.1])
+    assert turn_gains([0.2]) == []  # a one-turn trajectory: its only turn keeps the outcome
+
+
+def test_turn_advantages_are_normalised_within_the_task_group():
+    adv = info_gain_turn_advantages([[0.5, 0.1], [0.0], [0.2]], ["g", "g", "h"])
+    # group g: gains 0.5, 0.1, 0.0 -> mean 0.2, unbiased std sqrt(0.14 / 2) = 0.264575
+    std = math.sqrt(0.07)
+    assert adv[0] == pytest.approx([0.3 / std, -0.1 / std], rel=1e-5)
+    assert adv[1] == pytest.approx([-0.2 / std], rel=1e-5)
+    assert adv[2] == [0.0]  # a group with one gain has nothing to compare with
+    assert info_gain_turn_advantages([[0.1, 0.1]], ["g"]) == [[0.0, 0.0]]
+    with pytest.raises(ValueError):
+        info_gain_turn_advantages([[float("nan")]], ["g"])
+
+
+# -- the measurement ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny():
+    return load_policy("tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def search_trajs(tiny):
+    env = make_env("search", seed=0, topk=2)
+    return rollout(tiny, env, env.tasks("train", 2, 0), group_size=2, seed=0, id_prefix="s",
+                   sampling=Sampling(max_turns=3, max_new_tokens=8, max_obs_tokens=48,
+                                     temperature=1.0))
+
+
+def test_batched_measurement_equals_scoring_each_context_alone(tiny, search_trajs):
+    signals = measure(tiny, search_trajs, batch=3)  # batches mix trajectories and lengths
+    assert set(signals) == {t.traj_id for t in search_trajs}
+    tok = tiny.tokenizer
+    for t in search_trajs:
+        s = signals[t.traj_id]
+        assert len(s.probs) == t.num_turns and len(s.gains) == t.num_turns - 1
+        gold = tok.encode(t.task.golds[0], add_special_tokens=False)
+        for k, start in enumerate(action_starts(t)):
+            ids = t.token_ids[:start] + tok.encode(ANSWER_OPEN, add_special_tokens=False) + gold
+            mask = [False] * (len(ids) - len(gold)) + [True] * len(gold)
+            with torch.no_grad():
+                lp = token_logprobs(tiny, torch.tensor([ids]), torch.tensor([mask]))["logprobs"][0]
+            alone = math.exp(float(lp[torch.tensor(mask)].mean()))
+            assert s.probs[k] == pytest.approx(alone, rel=1e-4, abs=1e-9)
+        assert s.gains == pytest.approx(turn_gains(s.probs))
+        assert s.total == pytest.approx(s.probs[-1] - s.probs[0], abs=1e-12)
+    rows = signal_rows(search_trajs, signals)
+    first = [r for r in rows if r["traj_id"] == search_trajs[0].traj_id]
+    assert [(r["turn"], r["name"]) for r in first] == (
+        [(k - 1, "answer_prob") for k in range(search_trajs[0].num_turns)]
+        + [(k, "info_gain") for k in range(search_trajs[0].num_turns - 1)])
+
+
+def test_trajectories_without_gold_answers_are_skipped(tiny, search_trajs):
+    t = search_trajs[0]
+    no_gold = Trajectory(traj_id="x", group_id="x", task=Task("t", "q"), turns=t.turns,
+                         token_ids=t.token_ids, roles=t.roles, token_turn=t.token_turn,
+                         trained=t.trained)
+    assert measure(tiny, [no_gold]) == {}
+
+
+# -- the dense credit -----------------------------------------------------------------------------
+def _fake(traj_id, group, turns):
+    """2 prompt tokens, then per turn 2 action tokens and 1 observation token."""
+    t = Trajectory(traj_id=traj_id, group_id=group, task=Task("t", "q", golds=("a",)))
+    t.token_ids, t.roles, t.trained, t.token_turn = [0, 0], ["prompt"] * 2, [False] * 2, [-1, -1]
+    for k in range(turns):
+        t.token_ids += [1, 1, 2]
+        t.roles += ["action", "action", "observation"]
+        t.trained += [True, True, False]
+        t.token_turn += [k, k, k]
+        t.turns.append(Turn(turn=k, action="a", observation="o", valid=True))
+    return t
+
+
+def test_dense_credit_lands_on_each_turns_action_tokens():
+    a, b = _fake("a", "g", 3), _fake("b", "g", 2)
+    a.advantage, b.advantage = 1.0, -1.0
+    base = Credit.outcome([1.0 * torch.tensor(a.trained).float(),
+                           -1.0 * torch.tensor(b.trained).float()])
+    gains = [[0.5, 0.1], [0.0]]
+    out = add_info_gain(base, [a, b], gains, weight=0.5)
+    std = math.sqrt(0.07)
+    d = [[0.3 / std, -0.1 / std], [-0.2 / std]]
+    expect_a = [1.0 + 0.5 * d[0][0], 1.0 + 0.5 * d[0][1], 1.0]  # the last turn: outcome only
+    assert out.turn_advantages[0] == pytest.approx(expect_a, rel=1e-5)
+    assert out.turn_advantages[1] == pytest.approx([-1.0 + 0.5 * d[1][0], -1.0], rel=1e-5)
+    tokens = out.per_token[0].tolist()
+    assert tokens[:2] == [0.0, 0.0]  # prompt
+    assert tokens[2:4] == pytest.approx([expect_a[0]] * 2, rel=1e-5) and tokens[4] == 0.0
+    assert tokens[5:7] == pytest.approx([expect_a[1]] * 2, rel=1e-5) and tokens[7] == 0.0
+    assert tokens[8:10] == pytest.approx([1.0, 1.0])
+    # a trajectory with no measured gains keeps its credit
+    same = add_info_gain(base, [a, b], [None, None], weight=0.5)
+    assert torch.equal(same.per_token[0], base.per_token[0]) and same.turn_advantages == [None, None]
+
+
+def test_w_info_gain_is_validated():
+    with pytest.raises(ConfigError, match="w_info_gain"):
+        validate(TrainConfig(w_info_gain=-1.0))
+
+
+# -- a real training step -------------------------------------------------------------------------
+def test_training_step_records_info_gain_and_trains_on_it(tmp_path):
+    db_path = tmp_path / "ig.duckdb"
+    cfg = TrainConfig(env="search", model="tiny", algo="grpo", steps=1, group_size=2,
+                      tasks_per_step=2, max_turns=3, max_new_tokens=8, max_obs_tokens=48,
+                      eval_every=0, w_info_gain=1.0, db=str(db_path),
+                      checkpoint_dir=str(tmp_path / "ckpt"))
+    rec = Recorder(db_path)
+    run_id = train(cfg, rec, progress=False)
+    trajs = queries.trajectories(db_path, run_id)
+    ids = list(trajs["traj_id"])
+    assert len(ids) == 4
+    sig = queries.turn_signals(db_path, run_id, ids)
+    rewards = queries.rewards(db_path, run_id, ids)
+    turns = queries.turns(db_path, run_id, ids)
+    gains, groups = [], []
+    for _, t in trajs.iterrows():
+        mine = sig[sig.traj_id == t.traj_id]
+        n = int(t.num_turns)
+        assert sorted(mine[mine.name == "answer_prob"].turn) == list(range(-1, n - 1))
+        g = mine[mine.name == "info_gain"].sort_values("turn")
+        assert list(g.turn) == list(range(n - 1)) and set(mine.source) == {"train"}
+        probs = mine[mine.name == "answer_prob"].sort_values("turn").value.tolist()
+        assert g.value.tolist() == pytest.approx(turn_gains(probs))
+        component = rewards[(rewards.traj_id == t.traj_id) & (rewards.component == "info_gain")]
+        assert component.value.tolist() == pytest.approx([sum(g.value)], abs=1e-9)
+        gains.append(g.value.tolist())
+        groups.append(t.group_id)
+    # the recorded turn advantages are the outcome advantage (0: tiny never answers right)
+    # plus w_info_gain x the group-normalised gain, and the last turn has the outcome's alone
+    dense = info_gain_turn_advantages(gains, groups)
+    for (_, t), d in zip(trajs.iterrows(), dense):
+        adv = turns[turns.traj_id == t.traj_id].sort_values("turn").advantage.tolist()
+        assert adv == pytest.approx([t.advantage + x for x in d] + [t.advantage], abs=1e-6)
+    assert any(abs(x) > 0 for d in dense for x in d)  # the signal trained something
+    by_turn = queries.signal_by_turn(db_path, run_id)
+    assert set(by_turn.turn) == set(range(int(trajs.num_turns.max()) - 1))
+    assert by_turn.n.sum() == sum(len(g) for g in gains)
+
+
+def test_queries_cope_with_stores_recorded_before_turn_signals():
+    store = "sample_runs/search_smollm2.duckdb"
+    run = queries.runs(store).run_id.iloc[0]
+    assert queries.signal_by_turn(store, run).empty
+    assert queries.turn_signals(store, run, ["nope"]).empty
