@@ -5,7 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from pages import _common as c
-from pages import _credit, _grid
+from pages import _branches, _credit, _grid
 
 c.ensure_app()
 pick = c.picked()
@@ -79,6 +79,8 @@ if not turns.empty:
     steps = steps.merge(stored, on=["traj_id", "turn"], how="left")
     shared = steps.groupby("anchor")["traj_id"].transform("size")
     st.dataframe(steps.assign(anchor_size=shared), key="groups_gigpo", hide_index=True)
+
+_branches.group_panel(pick, ids)
 
 with st.expander("Open a rollout in Replay"):
     for tid in ids:

@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from pages import _common as c
-from pages import _panels, _tokens
+from pages import _branches, _panels, _tokens
 
 c.ensure_app()
 pick = c.picked()
@@ -15,6 +15,9 @@ st.title("Replay")
 if pick.step is None:
     c.stop("This run recorded no trajectories (metrics only): nothing to replay.")
 trajs = c.read_or_stop(c.load_trajectories, pick.store, pick.run_id, pick.last_step, pick.step)
+if st.query_params.get("traj") and st.query_params["traj"] not in set(trajs["traj_id"]):
+    # a link to a trajectory recorded since the cached read (a branch job's continuation)
+    trajs = c.read_or_stop(_branches.fresh_trajectories, pick)
 if trajs.empty:
     c.stop(f"Step {pick.step} recorded no trajectories.")
 
@@ -127,6 +130,9 @@ if not tests.empty:
     st.markdown(f"**Tests** · {int(tests['passed'].sum())} of {len(tests)} passed")
     st.dataframe(tests.drop(columns="traj_id"), key="replay_tests", hide_index=True)
 
+# -- branches --------------------------------------------------------------------------------------
+_branches.panel(pick, traj_id, row, n)
+
 # -- tags ------------------------------------------------------------------------------------------
 st.subheader("Tags")
 _panels.tag_form(pick, traj_id, "replay")
@@ -137,8 +143,10 @@ tokens = c.load_tokens(pick.store, pick.run_id, traj_id)
 if tokens.empty:
     st.info("No token records for this trajectory (imported runs carry text only).")
 else:
-    # Held-out evaluations and rollouts filtered out of the update train nothing, by design.
-    updated = row["split"] != "eval" and not c.flag(row["filtered"])
+    # Held-out evaluations, rollouts filtered out of the update and an endpoint's collection
+    # rounds (split 'collect', core/collection.py) and branch continuations (core/branch.py)
+    # train nothing, by design.
+    updated = row["split"] not in ("eval", "collect", "branch") and not c.flag(row["filtered"])
 
     @st.fragment
     def token_view() -> None:

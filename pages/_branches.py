@@ -1,0 +1,235 @@
+"""Replay's "Branches" panel and Groups' "where values fell": branch-from-turn analyses
+(core/branch.py) of recorded trajectories, and branch jobs launched from the page.
+
+A job is its own process (``python -m core.branch``, an argument list, no shell), like the Train
+page's training jobs (pages/_jobs.py): its output goes to a log under ``<runs dir>/logs/`` and it
+is remembered in ``<runs dir>/branch_job.json``, so a reload or another tab still sees it. Stop
+kills it: the job writes everything in one transaction at its end, so a stopped job leaves nothing.
+The store, run and trajectory come from the sidebar's pick and the recorded list, never typed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import plotly.graph_objects as go
+import psutil
+import streamlit as st
+
+from pages import _common as c
+from pages import _jobs
+from storage import queries
+
+MAX_K = 64  # core/branch.py's MAX_K (pages do not import it: it pulls in numpy and the model code)
+TURNS_RE = re.compile(r"all|\d{1,4}(,\d{1,4})*")
+PROGRESS_RE = re.compile(r"progress (\d+)/(\d+)")
+_CHILDREN: dict[int, subprocess.Popen] = {}
+
+
+# -- jobs ------------------------------------------------------------------------------------------
+def job_file():
+    return _jobs.runs_dir() / "branch_job.json"
+
+
+def _alive(pid: int) -> bool:
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        return child.poll() is None
+    try:  # started by an earlier server process: is it still our branch job?
+        proc = psutil.Process(pid)
+        return "core.branch" in proc.cmdline() and proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, ValueError):
+        return False
+
+
+def current() -> dict | None:
+    try:
+        job = json.loads(job_file().read_text())
+    except (OSError, ValueError):
+        return None
+    job["alive"] = _alive(int(job.get("pid", -1)))
+    child = _CHILDREN.get(int(job.get("pid", -1)))
+    job["exit"] = None if child is None else child.poll()
+    return job
+
+
+def launch(store: str, run_id: str, traj_id: str, turns: str, k: int, seed: int) -> dict:
+    """Start one branch job; refuse while another runs or for malformed turns / K."""
+    running = current()
+    if running and running["alive"]:
+        raise _jobs.JobError(f"a branch job is already running (trajectory "
+                             f"{running['traj_id']!r}); stop it or wait for it to finish")
+    turns = turns.replace(" ", "") or "all"
+    if not TURNS_RE.fullmatch(turns):
+        raise _jobs.JobError(f"turns {turns!r}: 'all' or comma-separated turn numbers")
+    if not 1 <= int(k) <= MAX_K:
+        raise _jobs.JobError(f"K must be between 1 and {MAX_K}")
+    args = [sys.executable, "-m", "core.branch", "--db", str(store), "--run", str(run_id),
+            "--traj", str(traj_id), "--turns", turns, "--k", str(int(k)), "--seed", str(int(seed))]
+    logs = _jobs.runs_dir() / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"branch-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    with open(log_path, "wb") as log:
+        child = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=_jobs.ROOT,
+                                 env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    _CHILDREN[child.pid] = child
+    job = {"pid": child.pid, "store": str(store), "run_id": run_id, "traj_id": traj_id,
+           "log": str(log_path), "args": args[1:], "started_at": time.strftime("%H:%M:%S")}
+    tmp = job_file().with_suffix(".tmp")
+    tmp.write_text(json.dumps(job, indent=1))
+    tmp.replace(job_file())
+    return {**job, "alive": True, "exit": None}
+
+
+def stop(job: dict) -> None:
+    """Kill the job: it has written nothing yet (one transaction at its very end)."""
+    if not job or not _alive(int(job["pid"])):
+        raise _jobs.JobError("no branch job is running")
+    try:
+        os.kill(int(job["pid"]), signal.SIGTERM)
+    except ProcessLookupError:
+        raise _jobs.JobError("the branch job has already ended") from None
+
+
+def progress_of(log: str) -> tuple[int, int] | None:
+    found = PROGRESS_RE.findall(log)
+    return (int(found[-1][0]), int(found[-1][1])) if found else None
+
+
+def fresh_trajectories(pick: c.Pick) -> pd.DataFrame:
+    """The picked step's trajectories read now (not cached): continuations recorded since."""
+    return queries.trajectories(pick.store, pick.run_id, pick.step)
+
+
+# -- the Replay panel ------------------------------------------------------------------------------
+def chart(est: pd.DataFrame) -> go.Figure:
+    """V and Q along the turns with their 95% intervals; the worst turn shaded."""
+    fig = go.Figure()
+    for name, colour in (("v", "#1f77b4"), ("q", "#d62728")):
+        fig.add_trace(go.Scatter(
+            x=est["turn"], y=est[name], mode="lines+markers", name=name.upper(),
+            line={"color": colour},
+            error_y={"type": "data", "symmetric": False, "array": est[f"{name}_hi"] - est[name],
+                     "arrayminus": est[name] - est[f"{name}_lo"]}))
+    worst = est[est["worst"] == 1.0]["turn"].tolist()
+    for t in worst:
+        fig.add_vrect(x0=t - 0.4, x1=t + 0.4, fillcolor="#ff7f0e", opacity=0.2, line_width=0,
+                      annotation_text="lost the most", annotation_position="top left")
+    fig.update_layout(height=320, margin={"l": 50, "r": 20, "t": 30, "b": 40},
+                      xaxis={"title": "turn", "dtick": 1}, yaxis={"title": "mean return"},
+                      legend={"orientation": "h", "y": -0.25})
+    return fig
+
+
+def panel(pick: c.Pick, traj_id: str, row: dict, n_turns: int) -> None:
+    """The Branches panel of one trajectory in Replay."""
+    st.subheader("Branches: which turn lost the reward?")
+    if row.get("split") == "branch":
+        parent = c.read_or_stop(queries.branch_parent, pick.store, pick.run_id, traj_id)
+        if parent:
+            how = ("a new action sampled there" if parent["kind"] == "resample" else
+                   "the recorded action kept, new samples after it")
+            st.caption(f"A continuation of {c.safe_label(parent['traj_id'])} from turn "
+                       f"{parent['turn']} ({how}); nothing of it was trained.")
+            if parent["step"] is not None:
+                c.replay_link(pick, parent["step"], parent["traj_id"], "Back to the trajectory "
+                              "it branched from")
+        return
+    st.caption("For each turn t: K continuations that sample a new action at t give V(s_t); K "
+               "that keep the recorded action and sample after it give Q(s_t, a_t); A = Q - V. "
+               "The turn with the lowest A < 0 is the one whose action lost the most.")
+    job_controls(pick, traj_id, n_turns)
+    est = c.read_or_stop(queries.branch_estimates, pick.store, pick.run_id, traj_id)
+    if est.empty:
+        st.info("Branch values not computed yet for this trajectory.")
+        return
+    st.plotly_chart(chart(est), key="branch_chart")
+    worst = est[est["worst"] == 1.0]["turn"].tolist()
+    st.markdown(f"**The turn that lost the reward: {int(worst[0])}**" if worst else
+                "No recorded action lost value (every A >= 0).")
+    st.dataframe(est.drop(columns="worst"), key="branch_table", hide_index=True)
+    kids = c.read_or_stop(queries.branch_children, pick.store, pick.run_id, traj_id)
+    if not kids.empty:
+        snap = kids["checkpoint_step"].iloc[0]
+        st.caption(f"{len(kids)} continuations, sampled with the adapter of step {int(snap)} "
+                   f"(job {c.safe_label(kids['job_id'].iloc[0])}, seed {int(kids['seed'].iloc[0])}).")
+        kids = kids.assign(replay=[c.replay_url(pick, int(s), t) for s, t in
+                                   zip(kids["step"], kids["child_traj_id"])])
+        with st.expander("Continuations (open one in Replay)"):
+            st.dataframe(kids.drop(columns=["job_id", "seed", "step"]), key="branch_kids",
+                         hide_index=True, column_config={
+                             "replay": st.column_config.LinkColumn("replay", display_text="open")})
+
+
+def job_controls(pick: c.Pick, traj_id: str, n_turns: int) -> None:
+    job = current()
+    mine = job is not None and job.get("traj_id") == traj_id and job.get("store") == pick.store \
+        and job.get("run_id") == pick.run_id
+    if job and job["alive"]:
+        if mine:
+            st.fragment(_running, run_every=1.0)()
+        else:
+            st.info(f"A branch job is running on {c.safe_label(job['traj_id'])}; one at a time.")
+        return
+    with st.form("branch_form"):
+        a, b, d = st.columns(3)
+        k = a.number_input("K (continuations per turn and kind)", 1, MAX_K, 8, key="branch_k")
+        turns = b.text_input("Turns", "all", key="branch_turns",
+                             help=f"all, or turn numbers 0..{max(n_turns - 1, 0)} with commas")
+        seed = d.number_input("Seed", 0, 2 ** 31 - 1, 0, key="branch_seed")
+        go_ = st.form_submit_button("Branch from every turn" if turns == "all" else "Branch")
+    if go_:
+        try:
+            launch(pick.store, pick.run_id, traj_id, turns, int(k), int(seed))
+            st.rerun()
+        except _jobs.JobError as exc:
+            st.error(str(exc))
+    if mine and not job["alive"]:
+        tail = _jobs.log_tail(job, lines=12)
+        if "recorded job" in tail:
+            st.success("The last branch job on this trajectory finished.")
+        elif tail.strip():
+            st.error("The last branch job on this trajectory did not record anything:")
+            st.code(tail, language=None)
+
+
+def _running() -> None:
+    job = current()
+    if job is None or not job["alive"]:
+        c.load_trajectories.clear()  # its continuations are new trajectories of this step
+        st.rerun()
+        return
+    tail = _jobs.log_tail(job, lines=40)
+    done = progress_of(tail)
+    st.progress(0.0 if done is None or not done[1] else done[0] / done[1],
+                text="loading the model and replaying" if done is None else
+                f"{done[0]} of {done[1]} continuations finished")
+    if st.button("Stop the branch job", key="branch_stop"):
+        try:
+            stop(job)
+        except _jobs.JobError as exc:
+            st.error(str(exc))
+
+
+# -- Groups ----------------------------------------------------------------------------------------
+def group_panel(pick: c.Pick, ids: list[str]) -> None:
+    """Per turn, how many of the group's analysed rollouts lost the most value at that turn."""
+    st.subheader("Where values fell (branch analyses)")
+    worst = c.read_or_stop(queries.branch_worst_turns, pick.store, pick.run_id, list(ids))
+    if worst.empty:
+        st.info("No rollout of this group has branch values yet (Replay's Branches panel "
+                "computes them).")
+        return
+    counts = worst["worst_turn"].dropna().astype(int).value_counts().sort_index()
+    table = pd.DataFrame({"turn": counts.index, "rollouts whose value fell most here":
+                          counts.values})
+    st.caption(f"{len(worst)} of {len(ids)} rollouts analysed; "
+               f"{int(worst['worst_turn'].isna().sum())} lost value at no turn.")
+    st.dataframe(table, key="groups_branch_worst", hide_index=True)

@@ -1,0 +1,118 @@
+"""Replay's Branches panel and Groups' "where values fell" through Streamlit's AppTest, on a copy
+of the demo store holding a branch analysis written by storage/branches.py (the job's real write
+path); and a branch job launched from the page as its own process, whose refusal the page shows."""
+from __future__ import annotations
+
+import shutil
+import time
+
+import pandas as pd
+import pytest
+
+from pages import _branches
+from storage import branches, queries
+from tests.app_fixtures import SCRIPT_TRAJ
+from tests.test_pages import app, demo, texts  # noqa: F401  (AppTest fixtures)
+
+STEP = 4
+GROUP = SCRIPT_TRAJ.rsplit("-", 1)[0]
+
+
+def _analyse(store: str, run_id: str, traj_id: str, returns: dict) -> list[str]:
+    """Record an analysis of ``traj_id``: {turn: {kind: [returns]}}; returns the child ids."""
+    kids, brows = [], []
+    for turn, kinds in returns.items():
+        for kind, values in kinds.items():
+            for i, r in enumerate(values):
+                kid = f"{traj_id}~b{turn}{kind[0]}{i}"
+                kids.append(kid)
+                brows.append({"traj_id": traj_id, "turn": turn, "kind": kind,
+                              "child_traj_id": kid, "return": r, "checkpoint_step": 3,
+                              "job_id": "j1", "seed": 0})
+    trajs = {"traj_id": kids, "group_id": [k[:-1] for k in kids], "task_id": ["t"] * len(kids),
+             "split": ["branch"] * len(kids), "reward": [b["return"] for b in brows],
+             "num_turns": [1] * len(kids), "success": [b["return"] > 0 for b in brows],
+             "finish_reason": ["done"] * len(kids)}
+    turns = {"traj_id": kids, "turn": [0] * len(kids), "action": ["<search>x</search>"] * len(kids),
+             "observation": ["obs"] * len(kids), "action_valid": [True] * len(kids)}
+    from core.branch import estimate, worst_turn  # pure functions (numpy only)
+    rows = estimate(returns, seed=0)
+    worst = worst_turn(rows)
+    sig = [{"traj_id": traj_id, "turn": r["turn"], "name": n, "value": float(r[n]),
+            "source": "branch"} for r in rows for n in ("v", "q", "a", "v_lo", "v_hi", "q_lo",
+                                                        "q_hi", "a_lo", "a_hi", "n")]
+    sig += [{"traj_id": traj_id, "turn": r["turn"], "name": "worst",
+             "value": float(r["turn"] == worst), "source": "branch"} for r in rows]
+    branches.write_job(store, run_id, STEP, traj_id, sorted(returns),
+                       {"trajectories": trajs, "turns": turns}, pd.DataFrame(brows),
+                       pd.DataFrame(sig))
+    return kids
+
+
+@pytest.fixture
+def analysed(demo, tmp_path):
+    """A copy of the demo store where SCRIPT_TRAJ has branch values: turn 1 lost the reward."""
+    base = tmp_path / "stores"
+    base.mkdir()
+    store = str(base / "demo.duckdb")
+    shutil.copy(demo[1], store)
+    run = demo[2]["demo-search-starpo"]
+    kids = _analyse(store, run, SCRIPT_TRAJ, {0: {"resample": [1.0, 0.0, 1.0, 1.0],
+                                                  "keep": [1.0, 1.0, 0.0, 1.0]},
+                                              1: {"resample": [1.0, 1.0, 0.0, 1.0],
+                                                  "keep": [0.0, 0.0, 0.0, 0.0]}})
+    return str(base), store, run, kids
+
+
+def test_replay_without_an_analysis_says_not_computed_and_offers_the_job(app, demo):
+    at = app("replay", store=demo[1], run=demo[2]["demo-search-starpo"], step=STEP,
+             traj=SCRIPT_TRAJ)
+    assert not at.exception
+    assert "Branch values not computed yet for this trajectory." in texts(at, "info")
+    assert at.number_input(key="branch_k").value == 8
+
+
+def test_replay_shows_values_worst_turn_and_opens_a_continuation(app, analysed):
+    base, store, run, kids = analysed
+    at = app("replay", store_dir=base, store=store, run=run, step=STEP, traj=SCRIPT_TRAJ)
+    assert not at.exception
+    assert any("The turn that lost the reward: 1" in m for m in texts(at, "markdown"))
+    table = next(f.value for f in at.dataframe if "q_lo" in f.value.columns)
+    assert table["v"].tolist() == [0.75, 0.75] and table["q"].tolist() == [0.75, 0.0]
+    assert any("16 continuations, sampled with the adapter of step 3" in c
+               for c in texts(at, "caption"))
+    at = app("replay", store_dir=base, store=store, run=run, step=STEP, traj=kids[-1])
+    assert not at.exception
+    assert any(f"A continuation of {SCRIPT_TRAJ[:2]}" in c for c in texts(at, "caption"))
+
+
+def test_groups_counts_where_values_fell(app, analysed):
+    base, store, run, _ = analysed
+    at = app("groups", store_dir=base, store=store, run=run, step=STEP, group=GROUP)
+    assert not at.exception
+    table = next(f.value for f in at.dataframe
+                 if "rollouts whose value fell most here" in f.value.columns)
+    assert table.to_dict("list") == {"turn": [1], "rollouts whose value fell most here": [1]}
+
+
+def test_a_job_launched_from_the_page_runs_apart_and_its_refusal_is_shown(app, demo):
+    at = app("replay", store=demo[1], run=demo[2]["demo-search-starpo"], step=STEP,
+             traj=SCRIPT_TRAJ)
+    at.number_input(key="branch_k").set_value(2)
+    at.button[[b.label for b in at.button].index("Branch from every turn")].click().run()
+    job = _branches.current()
+    assert job is not None and job["traj_id"] == SCRIPT_TRAJ
+    deadline = time.time() + 120
+    while _branches.current()["alive"] and time.time() < deadline:
+        time.sleep(0.5)
+    assert _branches.current()["exit"] == 2
+    at.run()
+    assert "The last branch job on this trajectory did not record anything:" in texts(at, "error")
+    assert queries.branch_children(demo[1], demo[2]["demo-search-starpo"], SCRIPT_TRAJ).empty
+
+
+def test_bad_turns_or_k_are_refused_before_a_process_starts():
+    with pytest.raises(Exception, match="turns"):
+        _branches.launch("s.duckdb", "r", "t", "1;rm", 2, 0)
+    with pytest.raises(Exception, match="K must be"):
+        _branches.launch("s.duckdb", "r", "t", "all", 0, 0)
