@@ -8,6 +8,17 @@ step, recording it, and marking the run 'stopped'.
 
 ``AGENTRL_RUNS_DIR`` replaces ``runs`` (tests point it at a temporary directory). Every run is
 recorded into ``<runs dir>/store.duckdb``; the user picks no path, so a job cannot write outside it.
+
+The form never takes a path or a module typed by the user: it offers the built-in models and
+environments, installed environment plugins (entry points), and an allow-list whoever serves the
+app sets (``allowed_models``, ``allowed_envs``):
+
+* ``AGENTRL_MODEL_DIRS``: directories separated by ``os.pathsep``; each sub-directory holding a
+  ``config.json`` (a Hugging Face model) and each ``*.gguf`` file in them is offered.
+* ``AGENTRL_ENV_MODULES``: ``package.module:Factory`` entries separated by commas.
+
+``command`` refuses anything else, so a crafted request cannot make a job read another path or
+import another module.
 """
 from __future__ import annotations
 
@@ -23,10 +34,12 @@ from pathlib import Path
 
 import psutil
 
-from core.config import MODELS, TrainConfig, validate
+from core.config import ENVS, MODELS, USER_ENV, TrainConfig, env_plugins, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS_DIR_ENV = "AGENTRL_RUNS_DIR"
+MODEL_DIRS_ENV = "AGENTRL_MODEL_DIRS"
+ENV_MODULES_ENV = "AGENTRL_ENV_MODULES"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _CHILDREN: dict[int, subprocess.Popen] = {}   # jobs this server process started (reaped by poll)
 
@@ -58,10 +71,14 @@ def check_name(name: str) -> str:
 def command(cfg: TrainConfig, name: str) -> list[str]:
     """The trainer's argument list: every field that differs from the defaults, plus the
     contract's flags always, the fixed store and the run name."""
-    # The form offers named models only; a model directory or checkpoint_dir would let a job
-    # read or write outside the store, so the launcher refuses them (the CLI still takes them).
-    if cfg.model not in MODELS:
-        raise JobError(f"model {cfg.model!r}: the launcher trains one of {', '.join(MODELS)}")
+    # Only what the form offers: a model path or module a request made up would let a job read
+    # files or run code the person serving the app did not choose (the CLI still takes them).
+    if cfg.model not in MODELS and cfg.model not in allowed_models():
+        raise JobError(f"model {cfg.model!r}: the launcher trains {', '.join(MODELS)} or a model "
+                       f"the {MODEL_DIRS_ENV} allow-list offers")
+    if cfg.env not in allowed_envs():
+        raise JobError(f"env {cfg.env!r}: the launcher trains the built-in environments, "
+                       f"installed plugins or one the {ENV_MODULES_ENV} allow-list names")
     if cfg.checkpoint_dir or cfg.resume:
         raise JobError("checkpoint_dir and resume are not launcher settings: checkpoints go "
                        "next to the store")
@@ -76,6 +93,74 @@ def command(cfg: TrainConfig, name: str) -> list[str]:
         if f.name in always or value != getattr(defaults, f.name):
             args += ["--" + f.name.replace("_", "-"), str(value)]
     return args + ["--db", str(store_path()), "--name", check_name(name)]
+
+
+def allowed_models() -> dict[str, str]:
+    """{model path: label} of the models ``AGENTRL_MODEL_DIRS`` offers: every sub-directory
+    holding a config.json and every *.gguf file of each listed directory (not deeper)."""
+    offered: dict[str, str] = {}
+    for entry in os.environ.get(MODEL_DIRS_ENV, "").split(os.pathsep):
+        base = Path(entry.strip()).expanduser()
+        if not entry.strip() or not base.is_dir():
+            continue
+        base = base.resolve()
+        for child in sorted(base.iterdir()):
+            if ((child.is_dir() and (child / "config.json").is_file())
+                    or (child.suffix == ".gguf" and child.is_file())):
+                offered[str(child)] = f"{child.name} ({base})"
+    return offered
+
+
+def allowed_envs() -> list[str]:
+    """The environments the launcher trains: built-in, installed plugins (entry points), then
+    the ``package.module:Factory`` entries of ``AGENTRL_ENV_MODULES`` (see ``ignored_envs``)."""
+    listed = [e.strip() for e in os.environ.get(ENV_MODULES_ENV, "").split(",")]
+    plugins = sorted(env_plugins.installed())
+    return list(dict.fromkeys([*ENVS, *plugins, *(e for e in listed if USER_ENV.fullmatch(e))]))
+
+
+def ignored_envs() -> list[str]:
+    """Entries of ``AGENTRL_ENV_MODULES`` that are not ``package.module:Factory``."""
+    listed = [e.strip() for e in os.environ.get(ENV_MODULES_ENV, "").split(",")]
+    return [e for e in listed if e and not USER_ENV.fullmatch(e)]
+
+
+PROBE = ("import json, torch; ok = torch.cuda.is_available(); n = torch.cuda.device_count() "
+         "if ok else 0; print(json.dumps({'cuda': ok, 'count': n, 'names': "
+         "[torch.cuda.get_device_name(i) for i in range(n)], 'torch': torch.__version__}))")
+_PROBED: dict = {}
+
+
+def accelerator() -> dict:
+    """What the trainer's own interpreter sees: {'cuda': bool, 'count': n, 'names': [...]} (or
+    {'error': ...}). Asked once per server process, in a child process: pages never import
+    torch, and only torch itself can say whether its build sees a GPU (a CPU-only torch on a GPU
+    machine does not)."""
+    if not _PROBED:
+        try:
+            out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
+                                 timeout=120, cwd=ROOT, stdin=subprocess.DEVNULL)
+            _PROBED.update(json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0
+                           else {"error": (out.stderr.strip().splitlines() or ["failed"])[-1]})
+        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+            _PROBED.update({"error": f"{type(exc).__name__}: {exc}"})
+    return dict(_PROBED)
+
+
+def job_device(requested: str = "auto") -> tuple[str, str]:
+    """(device, why) the job will use for ``--device requested`` on this machine: auto is
+    cuda when the trainer's torch sees a GPU, else cpu (core/device.py decides the same way)."""
+    seen = accelerator()
+    if "error" in seen:
+        return "cpu", f"could not ask torch whether a GPU is present ({seen['error']})"
+    gpus = ", ".join(seen.get("names") or []) or "none"
+    if requested == "cpu":
+        return "cpu", "asked for"
+    if seen.get("cuda"):
+        return ("cuda" if requested == "auto" else requested), f"GPUs: {gpus}"
+    if requested == "auto":
+        return "cpu", "torch sees no CUDA GPU on this machine"
+    return requested, "but torch sees no CUDA GPU here: the job will refuse to start"
 
 
 def _alive(pid: int) -> bool:

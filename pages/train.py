@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import plotly.graph_objects as go
 import streamlit as st
 
-from core.config import ALGOS, ENVS, MODELS, PRESETS, ConfigError, TrainConfig
+from core.config import ALGOS, ENVS as ENVS_BUILTIN, MODELS, PRESETS, ConfigError, TrainConfig
 from pages import _common as c
 from pages import _jobs
 from storage import db, queries
@@ -19,12 +20,19 @@ st.title("Train")
 # Drawn last (after a launch has been handled) but shown first: the job is what a user watches.
 job_area = st.container()
 st.subheader("New job")
+# Models and environments: the built-in ones and the allow-list the server's environment sets
+# (pages/_jobs.py), never a path or module typed into the form.
+MODEL_LABELS = {**{m: m for m in MODELS}, **_jobs.allowed_models()}
+HAS_DEVICE = "device" in {f.name for f in fields(TrainConfig)}  # the trainer's --device flag
 FIELDS = {  # form field -> (label, kind)
-    "env": ("Environment", ENVS), "model": ("Model", MODELS), "algo": ("Algorithm", ALGOS),
+    "env": ("Environment", tuple(_jobs.allowed_envs())),
+    "model": ("Model", tuple(MODEL_LABELS)), "algo": ("Algorithm", ALGOS),
     "group_size": ("Group size G", int), "tasks_per_step": ("Tasks per step", int),
     "max_turns": ("Max turns", int), "temperature": ("Temperature", float),
     "lr": ("Learning rate", float), "lora_rank": ("LoRA rank", int), "steps": ("RL steps", int),
     "sft_steps": ("SFT steps", int), "seed": ("Seed", int),
+    "env_options": ("Environment options", str),
+    **({"device": ("Device", ("auto", "cpu", "cuda"))} if HAS_DEVICE else {}),
 }
 
 
@@ -53,12 +61,18 @@ st.caption("A preset fills in the form; workshop-demo trains the bandit task on 
            + str(_jobs.store_path()) + ".")
 
 with st.form("train_form"):
-    cols = st.columns(4)  # three rows: the launch button stays in a laptop's window
+    cols = st.columns(4)  # four rows: the launch button stays in a laptop's window
     values = {}
     for i, (name, (label, kind)) in enumerate(FIELDS.items()):
         box = cols[i % 4]
-        if isinstance(kind, tuple):
+        if name == "model":
+            values[name] = box.selectbox(label, kind, key=f"train_{name}",
+                                         format_func=lambda m: MODEL_LABELS.get(m, m))
+        elif isinstance(kind, tuple):
             values[name] = box.selectbox(label, kind, key=f"train_{name}")
+        elif kind is str:
+            values[name] = box.text_input(label, key=f"train_{name}",
+                                          help="key=value,key=value, passed to the environment")
         elif kind is int:
             values[name] = box.number_input(label, step=1, key=f"train_{name}")
         else:
@@ -67,6 +81,22 @@ with st.form("train_form"):
     run_name = name_box.text_input("Run name", key="train_name",
                                    help="letters, digits, '.', '_' and '-'")
     submitted = launch_box.form_submit_button("Launch training", key="train_launch")
+
+requested = values.get("device", "auto")
+device, why = _jobs.job_device(requested)
+st.caption(f"The job will train on **{device}** (device {requested}: {c.safe_label(why, 200)})"
+           + ("" if HAS_DEVICE else " · this trainer has no --device flag: it trains on the CPU"))
+allow_note = []
+if len(MODEL_LABELS) > len(MODELS):
+    allow_note.append(f"{len(MODEL_LABELS) - len(MODELS)} model(s) from {_jobs.MODEL_DIRS_ENV}")
+if len(FIELDS["env"][1]) > len(ENVS_BUILTIN):
+    allow_note.append(f"{len(FIELDS['env'][1]) - len(ENVS_BUILTIN)} plugin environment(s)")
+st.caption("Offered besides the built-in ones: " + (", ".join(allow_note) or "nothing")
+           + f". Set `{_jobs.MODEL_DIRS_ENV}` and `{_jobs.ENV_MODULES_ENV}` before starting the "
+           "app to offer more (docs/environments.md).")
+for bad in _jobs.ignored_envs():
+    st.warning(f"`{_jobs.ENV_MODULES_ENV}`: ignored {c.safe_label(bad, 80)}, which is not "
+               "package.module:Factory")
 
 if submitted:
     try:
