@@ -336,7 +336,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.steps >= 0, "steps", "must be >= 0")
     need(cfg.sft_steps >= 0, "sft_steps", "must be >= 0")
     need(cfg.group_size >= 1, "group_size", "must be >= 1")
-    need(cfg.group_size >= 2 or cfg.algo not in GROUP_ALGOS, "group_size",
+    # an endpoint policy trains nothing: one rollout per task is a plain evaluation
+    need(cfg.group_size >= 2 or cfg.algo not in GROUP_ALGOS
+         or cfg.model.startswith(ENDPOINT_PREFIX), "group_size",
          f"{cfg.algo} compares rollouts within a group: needs group_size >= 2")
     need(cfg.tasks_per_step >= 1, "tasks_per_step", "must be >= 1")
     need(cfg.max_turns >= 1, "max_turns", "must be >= 1")

@@ -26,6 +26,7 @@ env receives and the store keeps ends with its closing tag, as our own rollouts'
 """
 from __future__ import annotations
 
+import codecs
 import http.client
 import json
 import os
@@ -167,7 +168,7 @@ def action_pieces(action: str, tokens: Sequence[tuple[str, float]] | None,
     out: list[tuple[str, float | None]] = []
     pos = 0
     for text, logprob in tokens or ():
-        if not text or not action.startswith(text, pos):
+        if not action.startswith(text, pos):
             break
         out.append((text, logprob))
         pos += len(text)
@@ -281,9 +282,16 @@ def _logprobs(block) -> tuple[list | None, list | None]:
     if not isinstance(block, dict) or not isinstance(block.get("content"), list):
         return None, None
     tokens, top = [], []
+    # A token's text from its bytes where the server sends them: a character split across
+    # tokens then reads "" for its first part and whole for the last (the texts spell the
+    # content), where the token strings would hold a broken character each.
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for entry in block["content"]:
-        tokens.append((str(entry["token"]), float(entry["logprob"])))
-        top.append([(str(a["token"]), float(a["logprob"])) for a in entry.get("top_logprobs") or ()])
+        raw = entry.get("bytes")
+        text = decoder.decode(bytes(raw)) if isinstance(raw, list) else str(entry["token"])
+        tokens.append((text, float(entry["logprob"])))
+        top.append([(str(a["token"]), float(a["logprob"]))
+                    for a in entry.get("top_logprobs") or ()])
     return tokens, (top if any(top) else None)
 
 

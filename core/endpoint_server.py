@@ -17,7 +17,7 @@ followed by that variable's value (a key never appears on a command line), else 
 Faults (``--faults FILE.json``, or ``server.faults`` when started in-process with ``serve``): a list
 of rules, each ``{"fault": KIND, "when": TEXT, "times": N, ...}``. A request whose messages
 contain ``when`` (every request when absent) gets the first rule that still has ``times`` left
-(-1 = always). KIND: ``timeout`` (sleep ``delay`` seconds, default 30, then answer), ``500``,
+(-1 = always). KIND: ``timeout`` (sleep ``delay`` seconds, default 30, then a 503), ``500``,
 ``503``, ``429`` (with ``Retry-After: retry_after``), ``malformed`` (a 200 whose body is not JSON),
 ``reply`` (answer ``text`` instead of sampling, cut at ``stop`` like a real answer, its logprobs
 scored by the model), ``401``.
@@ -25,6 +25,7 @@ scored by the model), ``401``.
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import threading
 import time
@@ -57,7 +58,8 @@ class ChatModel:
 
     def complete(self, messages: list[dict], *, max_tokens: int, temperature: float, top_p: float,
                  seed: int | None, stop: list[str], top_k: int, reply: str | None = None) -> dict:
-        """{"text", "finish_reason", "tokens": [(text, logprob, [(alt, logprob), ...])], usage}."""
+        """{"text", "finish_reason", "tokens": [(text, bytes, logprob, [(alt, logprob), ...])],
+        "usage"}."""
         tok = self.tokenizer
         ids = self.prompt_ids(messages)
         with self.lock, torch.no_grad():
@@ -72,20 +74,21 @@ class ChatModel:
         ended = bool(gen) and gen[-1] == eos
         if ended:
             gen, logps = gen[:-1], logps[:-1]
-        pieces, text = [], ""
-        for i in range(len(gen)):  # each token's text: what it adds to the decoded whole
-            upto = tok.decode(gen[:i + 1])
-            pieces.append(upto[len(text):] if upto.startswith(text) else tok.decode([gen[i]]))
-            text = upto
+        # Each token's text is what its bytes add to the UTF-8 decoded whole ("" for the first
+        # part of a character split across tokens), so the texts always spell the content.
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        raw = [token_bytes(tok, t) for t in gen]
+        pieces = [decoder.decode(b) for b in raw]
+        text = "".join(pieces) + decoder.decode(b"", final=True)
         cut = min([text.find(s) for s in stop if s and s in text], default=-1)
         finish = "stop" if ended or cut >= 0 else ("length" if len(gen) >= max_tokens else "stop")
         if cut >= 0:
             text = text[:cut]
         tokens, used = [], 0
-        for piece, (lp, alts) in zip(pieces, logps):  # the returned text's own tokens only
-            if used + len(piece) > len(text):
+        for piece, b, (lp, alts) in zip(pieces, raw, logps):  # the returned text's tokens only
+            if used + len(piece) > len(text) or (used == len(text) and cut >= 0):
                 break
-            tokens.append((piece, lp, [(tok.decode([a]), v) for a, v in alts[:top_k]]))
+            tokens.append((piece, b, lp, [(tok.decode([a]), v) for a, v in alts[:top_k]]))
             used += len(piece)
         return {"text": text, "finish_reason": finish, "tokens": tokens,
                 "usage": {"prompt_tokens": len(ids), "completion_tokens": len(gen),
@@ -122,6 +125,32 @@ class ChatModel:
         return float(logp[token]), list(zip(top.indices.tolist(), top.values.tolist()))
 
 
+def _byte_alphabet() -> dict[str, int]:
+    """Byte-level BPE's printable stand-in for each byte (GPT-2's bytes_to_unicode), inverted."""
+    keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1))
+            + list(range(ord("\xae"), ord("\xff") + 1)))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_OF = _byte_alphabet()
+
+
+def token_bytes(tok, token_id: int) -> bytes:
+    """The raw bytes of one token of a byte-level BPE vocabulary (its decoded text otherwise)."""
+    piece = tok.convert_ids_to_tokens(token_id)
+    if isinstance(piece, str) and piece and all(ch in _BYTE_OF for ch in piece) \
+            and token_id not in set(getattr(tok, "all_special_ids", ()) or ()):
+        return bytes(_BYTE_OF[ch] for ch in piece)
+    return tok.decode([token_id]).encode("utf-8")
+
+
 class FaultPlan:
     """The fault rules, consumed thread-safely (see the module docstring)."""
 
@@ -129,7 +158,8 @@ class FaultPlan:
         self.lock = threading.Lock()
         self.rules = [dict(r) for r in rules or []]
         self.seen: list[dict] = []
-        """Every request: its fault (or None) and whether it carried a key (never the key)."""
+        """Every request: its fault (or None), whether it carried the key (never the key), its
+        seed and messages."""
 
     def take(self, body_text: str) -> dict | None:
         with self.lock:
@@ -178,22 +208,26 @@ def make_handler(model: ChatModel, faults: FaultPlan, api_key: str | None):
                 return self._error(404, f"no route {self.path}")
             keyed = self.headers.get("Authorization") == f"Bearer {api_key}" if api_key else True
             rule = faults.take(raw)
-            with faults.lock:
-                faults.seen.append({"fault": rule.get("fault") if rule else None,
-                                    "authorized": keyed})
-            if not keyed or (rule and rule["fault"] == "401"):
-                return self._error(401, "invalid API key")
             try:
                 req = json.loads(raw)
                 messages = req["messages"]
             except (ValueError, KeyError, TypeError):
+                req, messages = {}, None
+            with faults.lock:
+                faults.seen.append({"fault": rule.get("fault") if rule else None,
+                                    "authorized": keyed, "seed": req.get("seed"),
+                                    "messages": messages})
+            if not keyed or (rule and rule["fault"] == "401"):
+                return self._error(401, "invalid API key")
+            if not isinstance(messages, list):
                 return self._error(400, "body must be JSON with messages")
             if int(req.get("n") or 1) != 1:
                 return self._error(400, "n > 1 is not supported")
             kind = rule["fault"] if rule else None
-            if kind == "timeout":
+            if kind == "timeout":  # the client has given up by now: answer without generating
                 time.sleep(float(rule.get("delay", 30)))
-            elif kind in ("500", "503"):
+                return self._error(503, "answered too late")
+            if kind in ("500", "503"):
                 return self._error(int(kind), "injected server error")
             elif kind == "429":
                 return self._error(429, "rate limited",
@@ -212,10 +246,10 @@ def make_handler(model: ChatModel, faults: FaultPlan, api_key: str | None):
             logprobs = None
             if req.get("logprobs"):
                 logprobs = {"content": [
-                    {"token": t, "logprob": lp, "bytes": list(t.encode()),
+                    {"token": t, "logprob": lp, "bytes": list(b),
                      "top_logprobs": [{"token": a, "logprob": v, "bytes": list(a.encode())}
                                       for a, v in alts]}
-                    for t, lp, alts in out["tokens"]]}
+                    for t, b, lp, alts in out["tokens"]]}
             body = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion",
                     "created": int(time.time()), "model": req.get("model", model.name),
                     "choices": [{"index": 0, "finish_reason": out["finish_reason"],
