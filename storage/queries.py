@@ -489,3 +489,56 @@ def branch_worst_turns(path: str | Path, run_id: str, traj_ids: list[str]) -> pd
             "min(turn) FILTER (WHERE value = 1.0) AS worst_turn FROM turn_signals "
             "WHERE run_id = ? AND traj_id IN (SELECT unnest(?)) AND source = 'branch' "
             "AND name = 'worst' GROUP BY traj_id ORDER BY traj_id", [run_id, list(traj_ids)]).df()
+
+
+# -- failure clusters (core/clusters.py writes them; a store before schema 5 has none) -----------
+def _has_table(con, name: str) -> bool:
+    return bool(con.execute("SELECT count(*) FROM information_schema.tables "
+                            "WHERE table_schema = 'main' AND table_name = ?", [name]).fetchone()[0])
+
+
+def failure_clusters(path: str | Path, run_id: str) -> dict[str, pd.DataFrame]:
+    """The run's latest failure clusters, read in one open; empty frames when none were computed.
+
+    ``clusters``: cluster, size, share (of the clustered trajectories), terms, central (the 3
+    members closest to the centroid, comma-separated), classes (failure classes by count), model,
+    k, silhouette, created_at. ``per_step``: step, cluster, n, share (of that step's clustered
+    failures). ``members``: traj_id, step, cluster, distance, failure_class, split, task_id."""
+    empty = {"clusters": pd.DataFrame(columns=["cluster", "size", "share", "terms", "central",
+                                               "classes", "model", "k", "silhouette",
+                                               "created_at"]),
+             "per_step": pd.DataFrame(columns=["step", "cluster", "n", "share"]),
+             "members": pd.DataFrame(columns=["traj_id", "step", "cluster", "distance",
+                                              "failure_class", "split", "task_id"])}
+    with db.reading(path) as con:
+        if check_version(con, where=str(path)) == 0:
+            raise db.StoreError(f"{path} is not a store of this project (no schema recorded)")
+        if not _has_table(con, "failure_clusters"):
+            return empty
+        # The newest clustering of the run (a job replaces one model's rows; two models' results
+        # may coexist: show the one computed last).
+        latest = """(SELECT model FROM failure_clusters WHERE run_id = ?
+                     ORDER BY created_at DESC LIMIT 1)"""
+        members = con.execute(f"""
+            SELECT f.traj_id, f.step, f.cluster, f.distance,
+                   coalesce(t.failure_class, 'unclassified') AS failure_class, t.split, t.task_id,
+                   f.terms, f.model, f.k, f.silhouette, f.created_at
+            FROM failure_clusters f
+            LEFT JOIN trajectories t ON t.run_id = f.run_id AND t.traj_id = f.traj_id
+            WHERE f.run_id = ? AND f.model = {latest}
+            ORDER BY f.cluster, f.distance, f.traj_id""", [run_id, run_id]).df()
+    if members.empty:
+        return empty
+    rows = []
+    for cid, g in members.groupby("cluster", sort=True):
+        classes = g["failure_class"].value_counts()
+        rows.append({"cluster": int(cid), "size": len(g), "share": len(g) / len(members),
+                     "terms": g["terms"].iloc[0], "central": ", ".join(g["traj_id"].head(3)),
+                     "classes": ", ".join(f"{k} {v}" for k, v in classes.items()),
+                     "model": g["model"].iloc[0], "k": int(g["k"].iloc[0]),
+                     "silhouette": g["silhouette"].iloc[0], "created_at": g["created_at"].iloc[0]})
+    per_step = members.groupby(["step", "cluster"], as_index=False).size().rename(
+        columns={"size": "n"})
+    per_step["share"] = per_step["n"] / per_step.groupby("step")["n"].transform("sum")
+    return {"clusters": pd.DataFrame(rows), "per_step": per_step,
+            "members": members[empty["members"].columns.tolist()]}

