@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from pages import _common as c
-from pages import _signals
+from pages import _info_gain, _signals
 from storage import queries
 
 c.ensure_app()
@@ -165,6 +165,9 @@ if timings:
 others = st.multiselect("Any other recorded metric", sorted(wide.columns), key="dyn_more")
 if others:
     chart(others, "Chosen metrics", "dyn_more_chart")
+
+# -- information gain (IGPO) -----------------------------------------------------------------------
+_info_gain.dynamics_panel(pick)
 
 # -- gradient spikes -------------------------------------------------------------------------------
 st.subheader("Gradient norm and spikes")

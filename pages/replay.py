@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from pages import _common as c
-from pages import _branches, _panels, _tokens
+from pages import _branches, _info_gain, _panels, _tokens
 
 c.ensure_app()
 pick = c.picked()
@@ -129,6 +129,9 @@ tests = c.load_tests(pick.store, pick.run_id, (traj_id,))
 if not tests.empty:
     st.markdown(f"**Tests** · {int(tests['passed'].sum())} of {len(tests)} passed")
     st.dataframe(tests.drop(columns="traj_id"), key="replay_tests", hide_index=True)
+
+# -- information gain (IGPO) -----------------------------------------------------------------------
+_info_gain.replay_panel(pick, traj_id, turns)
 
 # -- branches --------------------------------------------------------------------------------------
 _branches.panel(pick, traj_id, row, n)

@@ -2,7 +2,9 @@
 against one-at-a-time scoring, the dense credit on each turn's action tokens, and a real training
 step recording turn_signals into a DuckDB store that the queries read back."""
 import math
+from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -136,14 +138,20 @@ def test_w_info_gain_is_validated():
 
 
 # -- a real training step -------------------------------------------------------------------------
-def test_training_step_records_info_gain_and_trains_on_it(tmp_path):
-    db_path = tmp_path / "ig.duckdb"
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(store path, run id) of one real RL step of the tiny model on search, w_info_gain 1."""
+    base = tmp_path_factory.mktemp("ig")
+    db_path = base / "ig.duckdb"
     cfg = TrainConfig(env="search", model="tiny", algo="grpo", steps=1, group_size=2,
                       tasks_per_step=2, max_turns=3, max_new_tokens=8, max_obs_tokens=48,
                       eval_every=0, w_info_gain=1.0, db=str(db_path),
-                      checkpoint_dir=str(tmp_path / "ckpt"))
-    rec = Recorder(db_path)
-    run_id = train(cfg, rec, progress=False)
+                      checkpoint_dir=str(base / "ckpt"))
+    return db_path, train(cfg, Recorder(db_path), progress=False)
+
+
+def test_training_step_records_info_gain_and_trains_on_it(trained):
+    db_path, run_id = trained
     trajs = queries.trajectories(db_path, run_id)
     ids = list(trajs["traj_id"])
     assert len(ids) == 4
@@ -180,3 +188,52 @@ def test_queries_cope_with_stores_recorded_before_turn_signals():
     run = queries.runs(store).run_id.iloc[0]
     assert queries.signal_by_turn(store, run).empty
     assert queries.turn_signals(store, run, ["nope"]).empty
+
+
+# -- the pages ------------------------------------------------------------------------------------
+@pytest.fixture
+def open_page(monkeypatch, trained):
+    from streamlit.testing.v1 import AppTest
+    from streamlit.testing.v1 import app_test
+    import streamlit as st
+    from pages import _jobs
+    from tests.test_pages import APP, ROOT, _NavigationPagesManager
+    monkeypatch.setattr(app_test, "PagesManager", _NavigationPagesManager)
+    monkeypatch.setenv(_jobs.RUNS_DIR_ENV, str(trained[0].parent / "runs"))
+    monkeypatch.chdir(ROOT)
+    st.cache_data.clear()
+
+    def open_(page: str, store: str, **params) -> AppTest:
+        monkeypatch.setenv(queries.STORE_DIRS_ENV, str(Path(store).parent))
+        at = AppTest.from_file(APP, default_timeout=60).run()
+        at.query_params.update({"store": store, **{k: str(v) for k, v in params.items()}})
+        at = at.switch_page(f"pages/{page}.py").run()
+        assert not at.exception, at.exception
+        return at
+    return open_
+
+
+def test_replay_and_dynamics_show_the_gains(open_page, trained):
+    store, run_id = str(trained[0]), trained[1]
+    trajs = queries.trajectories(store, run_id)
+    t = trajs[trajs.num_turns == trajs.num_turns.max()].iloc[0]
+    at = open_page("replay", store, run=run_id, step=int(t.step), traj=t.traj_id)
+    assert "Information gain" in [h.value for h in at.subheader]
+    assert not any("Information gain not computed" in i.value for i in at.info)
+    table = next(f.value for f in at.dataframe if "info gain" in f.value.columns)
+    sig = queries.turn_signals(store, run_id, [t.traj_id], ["info_gain"]).sort_values("turn")
+    assert table["turn"].tolist() == list(range(int(t.num_turns)))
+    assert table["info gain"].iloc[:-1].tolist() == pytest.approx(sig.value.tolist())
+    assert pd.isna(table["info gain"].iloc[-1])  # the last turn keeps the outcome
+    at = open_page("dynamics", store, run=run_id)
+    assert "Information gain per turn" in [h.value for h in at.subheader]
+    assert not any("Information gain not computed" in i.value for i in at.info)
+    assert at.get("plotly_chart")  # the two charts (and the page's others) drew
+
+
+def test_pages_say_not_computed_on_a_store_recorded_before(open_page):
+    store = str(Path("sample_runs/search_smollm2.duckdb").resolve())
+    run_id = queries.runs(store).run_id.iloc[0]
+    for page in ("replay", "dynamics"):
+        at = open_page(page, store, run=run_id)
+        assert any("Information gain not computed yet" in i.value for i in at.info), page

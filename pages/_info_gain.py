@@ -1,0 +1,106 @@
+"""Information gain (IGPO, core/info_gain.py) on the pages: Replay's answer probability and gain
+along one trajectory's turns, Dynamics' mean gain per turn index.
+
+The trainer measures, before each turn's action, the policy's teacher-forced probability of the
+gold answer (the geometric mean of its tokens' probabilities); a turn's gain is how much that
+probability rose over the turn. Data come from ``turn_signals`` through storage/queries.py; runs
+recorded before it was measured, evaluation trajectories and envs without gold answers have
+none, and the panels say so.
+"""
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from pages import _common as c
+from storage import queries
+
+NOT_YET = ("Information gain not computed yet for this {what}: it is measured while training "
+           "on envs with gold answers (search), for training trajectories, in runs recorded "
+           "since it was added.")
+
+
+@st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
+def load_signals(store: str, run_id: str, traj_id: str) -> pd.DataFrame:
+    return queries.turn_signals(store, run_id, [traj_id], names=["answer_prob", "info_gain"])
+
+
+@st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
+def load_by_turn(store: str, run_id: str, last_step: int) -> pd.DataFrame:
+    return queries.signal_by_turn(store, run_id, "info_gain")
+
+
+def per_turn(signals: pd.DataFrame, turns: pd.DataFrame) -> pd.DataFrame:
+    """One row per turn: its action type, the answer probability before and after it and its
+    gain (the last turn has none: its reward is the outcome)."""
+    wide = signals.pivot_table(index="turn", columns="name", values="value", aggfunc="first")
+    prob = wide["answer_prob"] if "answer_prob" in wide else pd.Series(dtype=float)
+    gain = wide["info_gain"] if "info_gain" in wide else pd.Series(dtype=float)
+    rows = []
+    for t in turns.sort_values("turn").to_dict("records"):
+        k = int(t["turn"])
+        rows.append({"turn": k, "action": c.safe_label(c.text_of(t.get("action_type")) or ""),
+                     "p before": prob.get(k - 1), "p after": prob.get(k),
+                     "info gain": gain.get(k)})
+    return pd.DataFrame(rows)
+
+
+def replay_panel(pick, traj_id: str, turns: pd.DataFrame) -> None:
+    """Replay: the trajectory's answer probability along its turns and each turn's gain."""
+    st.subheader("Information gain")
+    signals = c.read_or_stop(load_signals, pick.store, pick.run_id, traj_id)
+    if signals.empty:
+        st.info(NOT_YET.format(what="trajectory"))
+        return
+    table = per_turn(signals, turns)
+    probs = signals[signals["name"] == "answer_prob"].sort_values("turn")
+    gains = table.dropna(subset=["info gain"])
+    fig = go.Figure([
+        go.Bar(x=gains["turn"], y=gains["info gain"], name="info gain (turn)"),
+        go.Scatter(x=probs["turn"] + 1, y=probs["value"], mode="lines+markers",
+                   name="p(gold) before the turn", yaxis="y2")])
+    fig.update_layout(height=280, margin={"l": 50, "r": 50, "t": 10, "b": 40},
+                      xaxis={"title": "turn", "dtick": 1},
+                      yaxis={"title": "gain"},
+                      yaxis2={"title": "p(gold)", "overlaying": "y", "side": "right",
+                              "rangemode": "tozero"},
+                      legend={"orientation": "h", "y": -0.25})
+    st.plotly_chart(fig, key="replay_info_gain")
+    st.dataframe(table, key="replay_info_gain_table", hide_index=True)
+    st.caption("p(gold): the policy's teacher-forced probability of the gold answer (geometric "
+               "mean over its tokens) from the context it acted from; a turn's gain is p after "
+               "it minus p before it. The last turn has no gain: its reward is the outcome.")
+
+
+def dynamics_panel(pick) -> None:
+    """Dynamics: mean information gain per turn index, over the run and step by step."""
+    st.subheader("Information gain per turn")
+    by_turn = c.read_or_stop(load_by_turn, pick.store, pick.run_id, pick.last_step)
+    if by_turn.empty:
+        st.info(NOT_YET.format(what="run"))
+        return
+    overall = (by_turn.assign(total=by_turn["mean"] * by_turn["n"]).groupby("turn")
+               .agg(total=("total", "sum"), n=("n", "sum")))
+    overall["mean"] = overall["total"] / overall["n"]
+    left, right = st.columns(2)
+    with left:
+        fig = go.Figure([go.Bar(x=overall.index, y=overall["mean"], name="mean gain",
+                                customdata=overall["n"],
+                                hovertemplate="turn %{x}: %{y:.4f} (n=%{customdata})")])
+        fig.update_layout(height=300, margin={"l": 50, "r": 10, "t": 30, "b": 40},
+                          title="Mean gain by turn index (whole run)",
+                          xaxis={"title": "turn", "dtick": 1}, yaxis={"title": "gain"})
+        st.plotly_chart(fig, key="dyn_info_gain_turn")
+    with right:
+        fig = go.Figure([go.Scatter(x=part["step"], y=part["mean"], mode="lines+markers",
+                                    name=f"turn {int(k)}")
+                         for k, part in by_turn.groupby("turn")])
+        fig.update_layout(height=300, margin={"l": 50, "r": 10, "t": 30, "b": 40},
+                          title="Mean gain per step, one line per turn index",
+                          xaxis={"title": "step"}, yaxis={"title": "gain"},
+                          legend={"orientation": "h", "y": -0.25})
+        st.plotly_chart(fig, key="dyn_info_gain_steps")
+    st.caption("Gain of a turn: how much it raised the policy's probability of the gold answer "
+               "(training trajectories; the final turn has none). A search turn that finds the "
+               "evidence should gain; one that does not, not.")
