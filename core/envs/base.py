@@ -25,6 +25,9 @@ Optional members (the rollout uses them when present):
     Episode.state_key()            the current state's key (the start's, before the first step)
 
 Everything is deterministic from (task, seed), so a recorded trajectory can be replayed.
+
+This protocol is the public API for users' environments (docs/environments.md, examples/guess.py):
+``--env package.module:Factory`` or an installed plugin's name (core/envs/plugins.py).
 """
 from __future__ import annotations
 
