@@ -7,7 +7,7 @@ import re
 import plotly.express as px
 import streamlit as st
 
-from pages import _common as c
+from pages import _clusterjob, _common as c
 from pages import _panels
 from storage import queries
 
@@ -23,6 +23,85 @@ def search(store: str, run_id: str, last_step: int, text: str, classes: tuple | 
     return queries.search_trajectories(store, run_id, text=text, step_range=step_range,
                                        classes=list(classes) if classes else None,
                                        splits=list(splits) if splits else None, success=success)
+
+
+@st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
+def load_clusters(store: str, run_id: str, last_step: int, computed: str):
+    """``computed``: when the last cluster job finished, so a new result is read once."""
+    return queries.failure_clusters(store, run_id)
+
+
+def cluster_panel(pick: c.Pick) -> None:
+    """Clusters of similar failures: computed by a job (core/clusters.py), only read here."""
+    st.subheader("Clusters of similar failures")
+    job = _clusterjob.state(pick.store, pick.run_id)
+    running = bool(job and job["alive"])
+    done_at = str(job.get("at", "")) if job and job.get("phase") == "done" else ""
+    found = c.read_or_stop(load_clusters, pick.store, pick.run_id, pick.last_step, done_at)
+    table, per_step, members = found["clusters"], found["per_step"], found["members"]
+    left, right = st.columns([1, 3])
+    if left.button("Recompute clusters" if not table.empty else "Compute clusters",
+                   key="cluster_start", disabled=running,
+                   help="Embeds this run's failing trajectories (actions, observation starts, "
+                        "errors) in a separate process, caches the vectors in the store and "
+                        "clusters them. Reruns embed only new trajectories."):
+        _clusterjob.launch(pick.store, pick.run_id)
+        st.rerun()
+    if running:
+        @st.fragment(run_every=2)
+        def progress():
+            now = _clusterjob.state(pick.store, pick.run_id) or {}
+            if not now.get("alive"):
+                st.rerun(scope="app")
+            total, done = int(now.get("total") or 0), int(now.get("done") or 0)
+            st.progress(done / total if total else 0.0,
+                        text=f"{now.get('phase', 'starting')}: {done} of {total} texts embedded"
+                             + (f" ({now['cached']} cached)" if now.get("cached") else ""))
+        with right:
+            progress()
+    elif job and job.get("phase") == "failed":
+        right.error("The cluster job failed:")
+        right.code(str(job.get("error", "")), language=None)
+    if table.empty:
+        if not running:
+            right.info("Not computed yet for this run: Compute clusters embeds its failing "
+                       "trajectories (or run `python -m core.clusters --db STORE --run RUN`).")
+        return
+    first = table.iloc[0]
+    score = "" if first["silhouette"] != first["silhouette"] else \
+        f", silhouette {first['silhouette']:.2f}"
+    st.caption(f"{len(members)} failing trajectories in {len(table)} clusters (k chosen by "
+               f"silhouette{score}); embedding {c.safe_label(first['model'])}, computed "
+               f"{str(first['created_at'])[:16]} UTC. Terms: what sets a cluster apart "
+               "(class-based TF-IDF); central: its most typical members.")
+    steps = members.groupby("traj_id")["step"].first().to_dict()
+    shown = table.assign(
+        share=(table["share"] * 100).round(1),
+        replay=[c.replay_url(pick, steps[t.split(", ")[0]], t.split(", ")[0])
+                for t in table["central"]])
+    st.dataframe(shown, key="cluster_table", hide_index=True,
+                 column_order=["cluster", "size", "share", "terms", "classes", "replay", "central"],
+                 column_config={"share": st.column_config.NumberColumn("share %"),
+                                "replay": st.column_config.LinkColumn(
+                                    "most central", display_text="open in Replay"),
+                                "classes": st.column_config.TextColumn("failure classes")})
+    names = {int(r.cluster): f"{int(r.cluster)}: {str(r.terms)[:40]}" for r in table.itertuples()}
+    if per_step["step"].nunique() > 1:
+        lines = per_step.assign(cluster=per_step["cluster"].map(
+            lambda k: c.plot_text(names[int(k)])), share=per_step["share"] * 100)
+        st.plotly_chart(px.line(lines, x="step", y="share", color="cluster", markers=True,
+                                height=320, title="Share of each step's failures per cluster (%)"),
+                        key="cluster_share")
+    pickable = list(names)
+    chosen = st.selectbox("Members of cluster", pickable, key="cluster_pick",
+                          format_func=lambda k: names[k])
+    own = members[members["cluster"] == chosen].head(200)
+    own = own.assign(replay=[c.replay_url(pick, s, t) for s, t in zip(own["step"], own["traj_id"])])
+    st.dataframe(own, key="cluster_members", hide_index=True,
+                 column_order=["replay", "traj_id", "step", "failure_class", "distance", "split",
+                               "task_id"],
+                 column_config={"replay": st.column_config.LinkColumn("Replay",
+                                                                      display_text="open")})
 
 
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
@@ -56,6 +135,8 @@ per_step = binned.groupby(["step", "failure_class"], as_index=False)["n"].sum()
 right.plotly_chart(px.bar(per_step, x="step", y="n", color="failure_class", height=320,
                           title="Failure classes per step" if width == 1
                           else f"Failure classes per {width} steps"), key="fail_per_step")
+
+cluster_panel(pick)
 
 # -- facets and search -----------------------------------------------------------------------------
 # Streamlit drops a widget's state when a run of another page does not draw it, so a visit to

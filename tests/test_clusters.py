@@ -99,3 +99,37 @@ def test_cli_refuses_bad_input(tmp_path, capsys):
     shutil.copy(GIGPO, store)
     assert clusters.main(["--db", str(store), "--run", "no-such-run"]) == 2
     assert "no run 'no-such-run'" in capsys.readouterr().err
+
+
+# -- the Failures page -----------------------------------------------------------------------------
+from tests.test_pages import app, demo  # noqa: E402,F401  (fixtures)
+
+
+def test_failures_page_launches_the_job_and_shows_clusters(app, tmp_path):
+    import time
+
+    from pages import _clusterjob
+    stores = tmp_path / "stores"
+    stores.mkdir()
+    store = stores / "gigpo.duckdb"
+    shutil.copy(GIGPO, store)
+    run_id = duckdb.connect(str(store), read_only=True).execute(
+        "SELECT run_id FROM runs").fetchone()[0]
+    at = app("failures", store_dir=str(stores), store=str(store), run=run_id)
+    assert not at.exception
+    assert any("Not computed yet" in i.value for i in at.info)
+    at.button(key="cluster_start").click().run()
+    assert not at.exception
+    deadline = time.monotonic() + 240
+    while (_clusterjob.state(str(store), run_id) or {}).get("alive"):
+        assert time.monotonic() < deadline, "cluster job did not finish"
+        time.sleep(1)
+    job = _clusterjob.state(str(store), run_id)
+    assert job["phase"] == "done", job
+    at.run()
+    assert not at.exception
+    table = next(f.value for f in at.dataframe if "terms" in f.value.columns)
+    assert table["size"].sum() == job["summary"]["failing"]
+    assert table["replay"].str.startswith("replay?").all()
+    members = next(f.value for f in at.dataframe if "distance" in f.value.columns)
+    assert (members["cluster"] == 0).all() and members["replay"].str.contains("traj=").all()
