@@ -180,15 +180,17 @@ def gigpo_step_advantages(step_rewards: list[list[float]], anchor_keys: list[lis
     return adv
 
 
-def info_gain_turn_advantages(gains: list[list[float]], group_ids: Sequence[Hashable]
-                              ) -> list[list[float]]:
+def info_gain_turn_advantages(gains: list[list[float]], group_ids: Sequence[Hashable],
+                              scale: bool = True) -> list[list[float]]:
     """IGPO's dense turn credit: each turn's information gain (core/info_gain.py, g_{i,k} =
     p_{i,k+1} - p_{i,k}) normalised over every gain in its trajectory's task group,
 
         A_{i,k} = (g_{i,k} - mean_group(g)) / (std_group(g) + 1e-6)     (std unbiased)
 
     one value per gain (turns 0..T_i-2; the final turn's credit is the outcome's). A group with
-    fewer than two gains, or all gains equal, carries no comparison: 0. The trainer adds
+    fewer than two gains, or all gains equal, carries no comparison: 0. ``scale=False`` only
+    centres, A_{i,k} = g_{i,k} - mean_group(g) (SPA's contributions keep the outcome's scale: a
+    head that learned little would otherwise have its noise blown up to unit size). The trainer adds
     ``w_info_gain`` x A_{i,k} to turn k's action tokens, on top of the algorithm's own credit.
 
     >>> info_gain_turn_advantages([[0.5, 0.0], [0.0]], ["g", "g"])[0][0] > 0
@@ -208,8 +210,8 @@ def info_gain_turn_advantages(gains: list[list[float]], group_ids: Sequence[Hash
             continue
         mean = math.fsum(values) / len(values)
         stats[gid] = (mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1)))
-    return [[(float(x) - stats[gid][0]) / (stats[gid][1] + EPS) if gid in stats else 0.0
-             for x in g] for g, gid in zip(gains, group_ids)]
+    return [[(float(x) - stats[gid][0]) / ((stats[gid][1] + EPS) if scale else 1.0)
+             if gid in stats else 0.0 for x in g] for g, gid in zip(gains, group_ids)]
 
 
 # -------------------------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ advantage) and ``traj.filtered`` (dropped from the update) are set too; ``traj.i
 After any of them, LOOP's filter drops trajectories with |A| < ``min_abs_advantage``, and with
 ``w_info_gain`` > 0 each turn's information gain (IGPO, core/info_gain.py), normalised within its
 task group (core/algorithms.py ``info_gain_turn_advantages``), is added x ``w_info_gain`` to that
-turn's action tokens and to its recorded turn advantage.
+turn's action tokens and to its recorded turn advantage; likewise with ``w_spa`` > 0 each turn's
+SPA progress contribution (core/progress.py).
 """
 from __future__ import annotations
 
@@ -154,10 +155,12 @@ CREDIT: dict[str, Callable[..., Credit]] = {
 
 
 def assign(trajs: Sequence[Trajectory], cfg, values=None,
-           info_gains: Sequence[Sequence[float] | None] | None = None) -> Credit:
+           info_gains: Sequence[Sequence[float] | None] | None = None,
+           progress: Sequence[Sequence[float] | None] | None = None) -> Credit:
     """Credit for ``cfg.algo``; then LOOP's |A| filter (``min_abs_advantage``); then the dense
     information-gain credit (``w_info_gain``; ``info_gains``: each trajectory's per-turn gains,
-    None where none was measured)."""
+    None where none was measured) and SPA's progress credit (``w_spa``; ``progress``: each
+    trajectory's per-turn contributions, core/progress.py)."""
     credit = CREDIT[cfg.algo](trajs, cfg, values)
     if cfg.min_abs_advantage > 0 and trajs:
         keep = drop_small(torch.tensor([t.advantage for t in trajs]), cfg.min_abs_advantage)
@@ -165,6 +168,8 @@ def assign(trajs: Sequence[Trajectory], cfg, values=None,
             t.filtered = t.filtered or not k
     if getattr(cfg, "w_info_gain", 0.0) > 0 and info_gains is not None:
         credit = add_info_gain(credit, trajs, info_gains, cfg.w_info_gain)
+    if getattr(cfg, "w_spa", 0.0) > 0 and progress is not None:
+        credit = add_turn_credit(credit, trajs, progress, cfg.w_spa, scale=False)
     return credit
 
 
@@ -172,10 +177,19 @@ def add_info_gain(credit: Credit, trajs: Sequence[Trajectory],
                   info_gains: Sequence[Sequence[float] | None], weight: float) -> Credit:
     """A_token += weight x A_{i,k} on turn k's action tokens, A_{i,k} the group-normalised gain
     of turn k (the last turn has none: its credit is the outcome's)."""
+    return add_turn_credit(credit, trajs, info_gains, weight)
+
+
+def add_turn_credit(credit: Credit, trajs: Sequence[Trajectory],
+                    info_gains: Sequence[Sequence[float] | None], weight: float,
+                    scale: bool = True) -> Credit:
+    """A_token += weight x A_{i,k} on turn k's action tokens, A_{i,k} turn k's value (an
+    information gain, an SPA contribution) z-scored over every value of its task group (only
+    centred with ``scale=False``); turns without a value keep their credit."""
     if len(info_gains) != len(trajs):
         raise ValueError(f"{len(info_gains)} gain lists for {len(trajs)} trajectories")
     dense = info_gain_turn_advantages([list(g or []) for g in info_gains],
-                                      [t.group_id for t in trajs])
+                                      [t.group_id for t in trajs], scale=scale)
     per_token, turns = [], []
     for t, adv, base, d in zip(trajs, credit.per_token, credit.turn_advantages, dense):
         adv = adv.clone()

@@ -25,6 +25,7 @@ import torch
 from tqdm import tqdm
 
 from core import checkpoint, info_gain
+from core import progress as spa
 from core.algorithms import needs_value_head
 from core.config import TrainConfig, env_kwargs, validate
 from core.credit import Credit, assign
@@ -80,6 +81,8 @@ class _Run:
         self.bad_steps, self.last_write_s, self.stop_requested = 0, 0.0, False
         self.finishing = False
         self.skip_note: str | None = None
+        self.spa_model = None
+        """SPA's progress head (core/progress.py), built at the first RL step with w_spa > 0."""
         """Why the last skipped update was skipped; stored in runs.error next to its metrics."""
         self.run_id = ""
 
@@ -231,9 +234,10 @@ class _Run:
         # -- rewards
         score_all(own, cfg)
         gains = self._info_gain(own, record)
+        contributions, spa_metrics = self._progress(own, record)
         t2 = time.perf_counter()
         # -- advantages, over every rank's trajectories
-        credit, trajs = self._credit(own, gains)
+        credit, trajs = self._credit(own, gains, contributions)
         record.results.add_credit(own, credit.turn_advantages)
         # -- loss + optimizer step
         samples = make_samples(own, credit.per_token, credit.returns)
@@ -243,7 +247,8 @@ class _Run:
         record.add_update(samples, result)
         self._check_bad(result.bad, step)
         t3 = time.perf_counter()
-        record.metrics = self._rl_metrics(trajs, result, t1 - t0, t2 - t1, t3 - t2)
+        record.metrics = {**self._rl_metrics(trajs, result, t1 - t0, t2 - t1, t3 - t2),
+                          **spa_metrics}
         record.work_s = t3 - t0
         return record
 
@@ -261,17 +266,36 @@ class _Run:
         record.results.turn_signals += info_gain.signal_rows(own, signals)
         return [signals[t.traj_id].gains if t.traj_id in signals else None for t in own]
 
-    def _credit(self, own: list, gains: list | None = None) -> tuple[Credit, list]:
+    def _progress(self, own: list, record: "_Step") -> tuple[list, dict]:
+        """SPA: fit the progress head on this step's outcomes, then each trajectory's per-turn
+        contributions (core/progress.py; None where it has none or w_spa is 0), recorded in
+        ``turn_signals`` as ``progress``; and the fit's metrics."""
+        cfg = self.cfg
+        if cfg.w_spa <= 0:
+            return [None] * len(own), {}
+        if self.spa_model is None:
+            self.spa_model = spa.ProgressModel(self.policy.base.config.hidden_size,
+                                               lr=cfg.spa_lr, seed=cfg.seed)
+        feats = spa.features(self.policy, own)
+        fit = self.spa_model.fit(feats, [t.rewards.get("outcome", 0.0) for t in own],
+                                 cfg.spa_fit_steps)
+        contributions = self.spa_model.predict(feats)
+        record.results.turn_signals += spa.signal_rows(own, contributions)
+        return contributions, {"spa/loss_before": fit.loss_before, "spa/loss_after": fit.loss_after}
+
+    def _credit(self, own: list, gains: list | None = None,
+                contributions: list | None = None) -> tuple[Credit, list]:
         """This rank's share of the batch's credit, and the whole batch: group statistics (and
         StarPO-S's top groups, PPO's whitening, information gain's group normalisation) need
         every rank's scored trajectories."""
         critic = needs_value_head(self.cfg.algo)
         values = score_values(self.policy, own, self.cfg) if critic else [None] * len(own)
         gains = gains if gains is not None else [None] * len(own)
-        batch, first = self.ranks.everyone(list(zip(own, values, gains)))
-        trajs = [t for t, _, _ in batch]
-        credit = assign(trajs, self.cfg, [v for _, v, _ in batch] if critic else None,
-                        info_gains=[g for _, _, g in batch])
+        contributions = contributions if contributions is not None else [None] * len(own)
+        batch, first = self.ranks.everyone(list(zip(own, values, gains, contributions)))
+        trajs = [b[0] for b in batch]
+        credit = assign(trajs, self.cfg, [b[1] for b in batch] if critic else None,
+                        info_gains=[b[2] for b in batch], progress=[b[3] for b in batch])
         return credit.part(first, first + len(own)), trajs
 
     def _rl_metrics(self, trajs: list, result, rollout_s: float, reward_s: float,

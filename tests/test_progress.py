@@ -1,0 +1,81 @@
+"""SPA-RL stepwise progress attribution: the loss by hand, the head learning which turn made the
+outcome, and a real training step recording each turn's contribution and training on it."""
+import pytest
+import torch
+
+from core.algorithms import info_gain_turn_advantages
+from core.config import ConfigError, TrainConfig, validate
+from core.progress import ProgressModel, action_ends, progress_loss
+from core.trainer import train
+from storage import queries
+from storage.recorder import Recorder
+from tests.test_info_gain import _fake
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_progress_loss_by_hand():
+    # trajectory 0: 0.5 + 0.25 - 1 = -0.25 -> 0.0625; trajectory 1: 1.0 - 0 -> 1.0; mean 0.53125
+    loss = progress_loss([torch.tensor([0.5, 0.25]), torch.tensor([1.0])], torch.tensor([1.0, 0.0]))
+    assert float(loss) == pytest.approx(0.53125)
+    with pytest.raises(ValueError):
+        progress_loss([torch.tensor([1.0])], torch.tensor([1.0, 0.0]))
+
+
+def test_spa_turn_advantages_are_centred_not_scaled():
+    adv = info_gain_turn_advantages([[0.5, 0.1], [0.0]], ["g", "g"], scale=False)
+    assert adv == [pytest.approx([0.3, -0.1]), pytest.approx([-0.2])]
+
+
+def test_action_ends_are_each_turns_last_action_token():
+    t = _fake("a", "g", 3)  # 2 prompt tokens, then per turn 2 action + 1 observation token
+    assert action_ends(t) == [3, 6, 9]
+
+
+def test_the_head_attributes_the_outcome_to_the_turn_that_made_it():
+    """Turns are 'good' (feature [0, 1]) or 'idle' ([1, 0]); the outcome counts good turns.
+    Fitted so contributions sum to outcomes, a good turn must get ~1 and an idle one ~0."""
+    good, idle = torch.tensor([0.0, 1.0]), torch.tensor([1.0, 0.0])
+    trajs = [[good, idle], [idle, idle], [idle, good, good], [good], [idle]]
+    feats = [torch.stack(t) for t in trajs]
+    outcomes = [1.0, 0.0, 2.0, 1.0, 0.0]
+    model = ProgressModel(hidden_size=2, lr=0.05, seed=0)
+    fit = model.fit(feats, outcomes, steps=400)
+    assert fit.loss_after < 1e-3 < fit.loss_before
+    c = model.predict(feats)
+    assert c[0] == pytest.approx([1.0, 0.0], abs=0.05)
+    assert c[2] == pytest.approx([0.0, 1.0, 1.0], abs=0.05)
+    assert model.predict([None]) == [None]
+
+
+def test_config_validates_spa_fields():
+    for bad in (dict(w_spa=-1.0), dict(spa_fit_steps=0), dict(spa_lr=0.0)):
+        with pytest.raises(ConfigError, match=list(bad)[0]):
+            validate(TrainConfig(**bad))
+
+
+def test_training_step_records_progress_and_trains_on_it(tmp_path):
+    db_path = tmp_path / "spa.duckdb"
+    cfg = TrainConfig(env="search", model="tiny", algo="grpo", steps=1, group_size=2,
+                      tasks_per_step=2, max_turns=3, max_new_tokens=8, max_obs_tokens=48,
+                      eval_every=0, w_spa=1.0, record_info_gain=False, db=str(db_path),
+                      checkpoint_dir=str(tmp_path / "ckpt"))
+    run_id = train(cfg, Recorder(db_path), progress=False)
+    trajs = queries.trajectories(db_path, run_id)
+    ids = list(trajs["traj_id"])
+    sig = queries.turn_signals(db_path, run_id, ids)
+    assert set(sig.name) == {"progress"}  # info gain was switched off
+    turns = queries.turns(db_path, run_id, ids)
+    values, groups = [], []
+    for _, t in trajs.iterrows():
+        mine = sig[sig.traj_id == t.traj_id].sort_values("turn")
+        assert mine.turn.tolist() == list(range(int(t.num_turns)))
+        values.append(mine.value.tolist())
+        groups.append(t.group_id)
+    dense = info_gain_turn_advantages(values, groups, scale=False)
+    for (_, t), d in zip(trajs.iterrows(), dense):
+        adv = turns[turns.traj_id == t.traj_id].sort_values("turn").advantage.tolist()
+        assert adv == pytest.approx([t.advantage + x for x in d], abs=1e-6)
+    m = queries.metrics(db_path, run_id)
+    names = set(m["name"])
+    assert {"spa/loss_before", "spa/loss_after"} <= names
