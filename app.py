@@ -1,7 +1,8 @@
 """Streamlit entry point: page config, navigation, and the run/step picker every page shares.
 
 Deep links: ``/PAGE?store=STORE&run=RUN_ID&step=N`` opens that run at that step on that page;
-Replay also reads ``traj`` and ``turn``, Groups ``group``, Dynamics ``spike``. Every page writes
+Replay also reads ``traj`` and ``turn``, Groups ``group``, Dynamics ``spike``,
+Compare ``a``, ``b`` (``RUN_ID:STEP``) and ``task``. Every page writes
 what it shows back into the URL (pages/_common.py: adopt_url, publish_url), so the address bar
 always holds a link to exactly the current view.
 
@@ -28,6 +29,7 @@ PAGES = [
     st.Page("pages/groups.py", title="Groups", url_path="groups"),
     st.Page("pages/dynamics.py", title="Dynamics", url_path="dynamics"),
     st.Page("pages/failures.py", title="Failures", url_path="failures"),
+    st.Page("pages/compare.py", title="Compare", url_path="compare"),
     st.Page("pages/train.py", title="Train", url_path="train"),
 ]
 # Pages that use the sidebar's step: Replay and Groups show that step, Dynamics marks it on the

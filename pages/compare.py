@@ -1,0 +1,148 @@
+"""Compare: checkpoint A vs B on held-out tasks -- solved in A / in B, gained and lost tasks with
+their failure classes before and after, the first turn where a task's two trajectories diverge,
+and aggregate shifts. Everything is computed in storage/evaldiff.py; this page only draws it.
+
+Deep link: ``/compare?store=S&run=R&a=RUN_A:STEP_A&b=RUN_B:STEP_B&task=TASK_ID``.
+"""
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+import streamlit as st
+
+from pages import _common as c
+from storage import queries
+
+c.ensure_app()
+
+
+@st.cache_data(ttl=c.RUN_TTL_S * 6, max_entries=c.MAX_ENTRIES, show_spinner=False)
+def load_evaluations(store: str):
+    return queries.evaluations(store)
+
+
+@st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
+def load_diff(store: str, a: str, b: str):
+    return queries.eval_diff(store, _parse(a), _parse(b))
+
+
+def _parse(option: str) -> tuple[str, int]:
+    run_id, step = option.rsplit(":", 1)
+    return run_id, int(step)
+
+
+def _replay(store: str, run_id: str, step: int, traj_id: str, turn: int | None = None) -> str:
+    params = {"store": store, "run": run_id, "step": int(step), "traj": traj_id}
+    return "replay?" + urlencode(params | ({"turn": int(turn)} if turn is not None else {}))
+
+
+pick = c.picked()
+st.title("Compare evaluations")
+evals = c.read_or_stop(load_evaluations, pick.store)
+if evals.empty:
+    c.stop("No held-out evaluation in this store: runs evaluate with `--eval-every N` (trajectories "
+           "of split 'eval'), and Compare sets two of them side by side.")
+names = {}
+for r in evals.itertuples():
+    label = f"{c.text_of(r.name) or r.run_id} · {r.run_id[-6:]} · step {int(r.step)}"
+    names[f"{r.run_id}:{int(r.step)}"] = f"{label} · {r.solved:.0%} solved of {int(r.tasks)} tasks"
+options = list(names)
+own = [o for o in options if _parse(o)[0] == pick.run_id]
+left, right = st.columns(2)
+a = c.url_select("A (before)", options, key="cmp_a", param="a",
+                 default=(own or options)[0], container=left, format_func=names.__getitem__)
+b = c.url_select("B (after)", options, key="cmp_b", param="b",
+                 default=(own or options)[-1], container=right, format_func=names.__getitem__)
+if a == b:
+    c.stop("A and B are the same evaluation: pick two.")
+try:
+    d = load_diff(pick.store, a, b)
+except ValueError as exc:
+    c.stop(str(exc))
+(run_a, step_a), (run_b, step_b) = _parse(a), _parse(b)
+cov, counts, paired = d["coverage"], d["counts"], d["paired"]
+
+# -- same tasks? -----------------------------------------------------------------------------------
+if not cov["same"]:
+    st.warning(
+        f"A and B did not use the same held-out tasks and seeds: {cov['only_a']} only in A, "
+        f"{cov['only_b']} only in B" + (f", {cov['seeds_differ']} tasks with other seeds"
+                                         if cov["seeds_differ"] else "")
+        + f". The comparison below covers the {cov['shared']} they share. To compare on one set, "
+          "evaluate both checkpoints with the same `--seed` and `eval_env_options`.")
+if paired.empty:
+    c.stop("A and B share no task: nothing to compare.")
+
+# -- the headline ----------------------------------------------------------------------------------
+m = st.columns(5)
+m[0].metric("solved in A", f"{d['solved']['A']} / {len(paired)}")
+m[1].metric("solved in B", f"{d['solved']['B']} / {len(paired)}",
+            delta=d["solved"]["B"] - d["solved"]["A"])
+m[2].metric("gained", counts["gained"])
+m[3].metric("lost", counts["lost"])
+m[4].metric("sign test p", f"{d['p_value']:.2g}",
+            help="Two-sided exact sign test of gained vs lost tasks (ties left out).")
+st.caption(f"Paired on task and episode seed: {counts['gained']} gained, {counts['lost']} lost, "
+           f"{counts['kept']} solved in both, {counts['unsolved']} in neither."
+           if cov["seeded"] else "Paired on task id (no episode seeds recorded).")
+
+# -- transitions -----------------------------------------------------------------------------------
+st.subheader("Failure class before and after")
+st.caption("Rows: the class of a task's trajectory in A; columns: in B. 'success' is a class, "
+           "so the 'success' column holds the gained tasks and the 'success' row the lost ones.")
+st.dataframe(d["transitions"], key="cmp_transitions")
+
+changed = paired[paired["change"].isin(["gained", "lost"])].copy()
+st.subheader(f"Gained and lost tasks ({len(changed)})")
+table = paired.assign(
+    replay_a=[_replay(pick.store, run_a, s, t) for s, t in zip(paired["step_a"], paired["traj_a"])],
+    replay_b=[_replay(pick.store, run_b, s, t) for s, t in zip(paired["step_b"], paired["traj_b"])])
+show_all = st.toggle("Show every paired task", key="cmp_all")
+shown = table if show_all else table[table["change"].isin(["gained", "lost"])]
+st.dataframe(shown, key="cmp_tasks", hide_index=True,
+             column_order=["change", "task_id", "class_a", "class_b", "replay_a", "replay_b",
+                           "seed"],
+             column_config={"class_a": st.column_config.TextColumn("class in A"),
+                            "class_b": st.column_config.TextColumn("class in B"),
+                            "replay_a": st.column_config.LinkColumn("A", display_text="open"),
+                            "replay_b": st.column_config.LinkColumn("B", display_text="open")})
+
+# -- one task side by side -------------------------------------------------------------------------
+st.subheader("Where the two trajectories of a task diverge")
+tasks = (changed if not changed.empty else paired)["task_id"].tolist() + \
+    [t for t in paired["task_id"] if t not in set(changed["task_id"])]
+task = c.url_select("Task", tasks, key="cmp_task", param="task", format_func=str)
+row = paired[paired["task_id"] == task].iloc[0]
+turns = d["turns"]
+ta = turns[(turns["side"] == "A") & (turns["traj_id"] == row["traj_a"])].reset_index(drop=True)
+tb = turns[(turns["side"] == "B") & (turns["traj_id"] == row["traj_b"])].reset_index(drop=True)
+at = queries.first_divergence(ta, tb)
+if at is None:
+    st.info("The two trajectories are identical turn for turn.")
+else:
+    st.caption(f"{c.safe_label(row['change'])}: the first {at} turn(s) are identical; they "
+               f"diverge at turn {at}. Class in A: {c.safe_label(row['class_a'])}; "
+               f"in B: {c.safe_label(row['class_b'])}.")
+cols = st.columns(2)
+for col, side, frame, run_id, step, traj in ((cols[0], "A", ta, run_a, row["step_a"], row["traj_a"]),
+                                             (cols[1], "B", tb, run_b, row["step_b"], row["traj_b"])):
+    with col:
+        st.page_link(c.REPLAY, label=c.safe_label(f"{side}: {traj} in Replay", 80),
+                     query_params={"store": pick.store, "run": run_id, "step": str(int(step)),
+                                   "traj": str(traj), "turn": str(at or 0)})
+        shown_turn = at if at is not None else 0
+        if at is not None and shown_turn >= len(frame):
+            st.text(f"(ended after {len(frame)} turns)")
+            continue
+        for i in range(shown_turn, min(len(frame), shown_turn + 2)):
+            st.text(f"turn {i} action")
+            st.code(c.readable(frame.at[i, "action"]) or "", language=None, wrap_lines=True)
+            st.text(f"turn {i} observation")
+            st.code(c.readable(frame.at[i, "observation"]) or "", language=None, wrap_lines=True)
+
+# -- aggregates ------------------------------------------------------------------------------------
+st.subheader("Aggregate shifts")
+st.caption("Means over each evaluation's trajectories (all of them, paired or not). Tool calls "
+           "are search/tool/code/docs/api actions; a repeated action is an action text that "
+           "already occurred earlier in the same trajectory.")
+st.dataframe(d["aggregates"].round(3), key="cmp_aggregates", hide_index=True)
