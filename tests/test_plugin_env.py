@@ -99,6 +99,11 @@ def test_an_installed_plugin_is_found_by_its_entry_point_name(tmp_path, monkeypa
     assert cfg.env == "guess-demo"
     with pytest.raises(plugins.PluginError, match=r"broken-demo \(nosuch_pkg_h17.mod:Env\)"):
         make_env("broken-demo")
+    # the command line finds them the same way (only the package is on its path)
+    proc = _cli(["--env", "broken-demo", "--db", str(tmp_path / "x.duckdb"), *SMALL],
+                pythonpath=tmp_path, timeout=120)
+    assert proc.returncode == 2 and "environment plugin broken-demo (nosuch_pkg_h17.mod:Env): " \
+        "importing module 'nosuch_pkg_h17.mod' failed" in proc.stderr, proc.stderr
 
 
 # -- broken plugins --------------------------------------------------------------------------------
