@@ -36,6 +36,8 @@ USER_ENV = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
 MODELS = ("tiny", "smollm2-135m")
 ENDPOINT_PREFIX = "openai:"
 """``--model openai:URL``: an OpenAI-compatible server as the policy (core/collection.py)."""
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+"""``--device``: auto (CUDA when present, else CPU) | cpu | cuda | cuda:N (core/device.py)."""
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 CLIP_MODES = ("ppo", "log")
 KL_REFERENCES = ("sft", "base")
@@ -67,9 +69,9 @@ class TrainConfig:
     """Environment: search | apps | frozenlake | sokoban | bandit | package.module:Factory | an
     installed plugin's name (docs/environments.md)."""
     model: str = "tiny"
-    """tiny (random 2-layer Llama, SmolLM2 tokenizer) | smollm2-135m | a local HF model dir
-    | openai:URL, an OpenAI-compatible server as the policy: it collects and evaluates, nothing
-    is trained (docs/integrations.md)."""
+    """tiny (random 2-layer Llama, SmolLM2 tokenizer) | smollm2-135m | a local Hugging Face
+    causal-LM directory | a local FILE.gguf (docs/models.md) | openai:URL, an OpenAI-compatible
+    server as the policy: it collects and evaluates, nothing is trained (docs/integrations.md)."""
     model_name: str = ""
     """With --model openai:URL: the server's name of the model, sent with every request."""
     algo: str = "grpo"
@@ -148,8 +150,10 @@ class TrainConfig:
     lora_dropout: float = 0.0
     """Dropout on the LoRA adapters' input, in the update's forward and backward only (SFT and
     RL); sampling, scoring and evaluation never drop out."""
-    lora_targets: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
-    """Comma-separated module names wrapped by LoRA."""
+    lora_targets: str = "all-linear"
+    """Comma-separated module names wrapped by LoRA, or all-linear: every linear layer the model
+    has except its output head (q_proj..down_proj on Llama/Qwen2/Mistral, c_attn/c_proj/c_fc on
+    GPT-2); the resolved names are recorded in the run's config as lora_target_modules."""
 
     # -- optimisation --------------------------------------------------------------------------
     lr: float = 1e-4
@@ -248,6 +252,9 @@ class TrainConfig:
     # -- plumbing ------------------------------------------------------------------------------
     threads: int = 0
     """torch threads (0 = torch's default)."""
+    device: str = "auto"
+    """auto (CUDA when torch sees a GPU, else CPU) | cpu | cuda | cuda:N; the resolved device is
+    recorded in the run's config as device_resolved (core/device.py)."""
     checkpoint_dir: str = ""
     """Where adapters are saved (default: next to the database, under checkpoints/RUN_ID)."""
 
@@ -338,9 +345,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          f"must be one of {', '.join(ENVS)}, package.module:Factory (a user's environment) or "
          f"an installed plugin's name ({env_plugins.GROUP} entry points)")
     _check_endpoint(cfg, need)
-    need(cfg.model.startswith(ENDPOINT_PREFIX) or cfg.model in MODELS
-         or Path(cfg.model).is_dir(), "model",
-         f"must be one of {', '.join(MODELS)} or an existing local model directory")
+    need(cfg.model.startswith(ENDPOINT_PREFIX) or cfg.model in MODELS or Path(cfg.model).is_dir()
+         or (cfg.model.endswith(".gguf") and Path(cfg.model).is_file()), "model",
+         f"must be one of {', '.join(MODELS)}, an existing local model directory or a .gguf file")
     need(cfg.algo in ALGOS, "algo", f"must be one of {', '.join(ALGOS)}")
     need(cfg.steps >= 0, "steps", "must be >= 0")
     need(cfg.sft_steps >= 0, "sft_steps", "must be >= 0")
@@ -405,6 +412,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         need(not unknown, fld, f"unknown option(s) {', '.join(unknown)} for env {cfg.env}; "
              f"known: {', '.join(ENV_OPTIONS.get(cfg.env, ())) or 'none'}")
     need(cfg.threads >= 0, "threads", "must be >= 0")
+    need(DEVICE.fullmatch(cfg.device.strip().lower()) is not None, "device",
+         "must be auto, cpu, cuda or cuda:N")
     need(bool(cfg.db.strip()), "db", "must name a database file")
     budget.check_memory(cfg)
     return cfg

@@ -22,7 +22,11 @@ numbers of trainable trajectories (filtered ones). DDP would reduce on every bac
 ``no_sync`` bookkeeping and equal backward counts); one reduction after the accumulation is the
 same arithmetic, once per optimizer step.
 
-The trainer keeps the policy on the CPU, so its gradients are CPU tensors and the backend is gloo.
+Backends: the process group is gloo (configuration, trajectories and metrics are Python objects
+and CPU numbers). Each rank trains on ``cuda:LOCAL_RANK`` when ``--device`` gives it a GPU
+(core/device.py): one rank per GPU. When every rank has one, ``use_device`` opens a second group
+on NCCL for the gradient and parameter tensors, which then never leave the GPUs; when any rank is
+on the CPU they go through gloo as CPU tensors (copied off and back on the GPU ranks).
 Held-out evaluation and SFT demonstrations are split across ranks the same way.
 """
 from __future__ import annotations
@@ -61,16 +65,53 @@ class Ranks:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    tensor_group: Any = None
+    """The NCCL group for gradients and parameters when every rank is on a GPU (``use_device``);
+    None: the default gloo group, through CPU copies."""
+    backend: str = "gloo"
+    """Which backend the gradient and parameter tensors travel on: nccl or gloo."""
 
     @classmethod
     def from_env(cls) -> "Ranks":
-        """Join torchrun's process group (gloo) when ``WORLD_SIZE`` > 1; else one process."""
+        """Join torchrun's process group (gloo) when ``WORLD_SIZE`` > 1; else one process.
+        ``use_device`` adds the NCCL group once the ranks' devices are known."""
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
             return cls()
         if not dist.is_initialized():
             dist.init_process_group("gloo", timeout=TIMEOUT)
         return cls(rank=dist.get_rank(), world=dist.get_world_size(),
                    local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+
+    def use_device(self, device: torch.device) -> None:
+        """Train on ``device`` (this rank's): when every rank's is a GPU, gradients and parameters
+        are reduced with NCCL on the GPUs; otherwise with gloo on CPU copies. Every rank calls it."""
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        if self.world == 1:  # nothing to reduce
+            return
+        kinds, _ = self.everyone([device.type])
+        if all(k == "cuda" for k in kinds) and dist.is_nccl_available():
+            self.tensor_group = dist.new_group(backend="nccl", timeout=TIMEOUT)
+            self.backend = "nccl"
+        else:
+            self.tensor_group, self.backend = None, "gloo"
+
+    def _reduce_flat(self, flat: torch.Tensor, op: str) -> torch.Tensor:
+        """All-reduce (``sum``) or broadcast from rank 0 (``broadcast``) one flat tensor, on the
+        NCCL group where there is one, else on gloo through a CPU copy; returns the result on
+        ``flat``'s device."""
+        if self.tensor_group is not None:
+            if op == "sum":
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.tensor_group)
+            else:
+                dist.broadcast(flat, src=0, group=self.tensor_group)
+            return flat
+        host = flat.cpu()
+        if op == "sum":
+            dist.all_reduce(host, op=dist.ReduceOp.SUM)
+        else:
+            dist.broadcast(host, src=0)
+        return host.to(flat.device)
 
     @property
     def main(self) -> bool:
@@ -138,8 +179,7 @@ class Ranks:
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        flat = self._reduce_flat(torch.cat([p.grad.reshape(-1) for p in params]), "sum")
         offset = 0
         for p in params:
             n = p.grad.numel()
@@ -151,8 +191,8 @@ class Ranks:
         if self.world == 1:
             return
         with torch.no_grad():
-            flat = torch.cat([p.detach().reshape(-1) for p in params])
-            dist.broadcast(flat, src=0)
+            flat = self._reduce_flat(torch.cat([p.detach().reshape(-1) for p in params]),
+                                     "broadcast")
             offset = 0
             for p in params:
                 p.copy_(flat[offset:offset + p.numel()].view_as(p))

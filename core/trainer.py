@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from core import checkpoint, info_gain
 from core import progress as spa
+from core import device as devices
 from core.algorithms import needs_value_head
 from core.config import TrainConfig, env_kwargs, validate
 from core.credit import Credit, assign
@@ -66,7 +67,11 @@ class _Run:
         self.env = make_env(cfg.env, **env_kwargs(cfg))
         # SFT demonstrations may come from differently mixed train tasks (sft_env_options).
         self.sft_env = make_env(cfg.env, **env_kwargs(cfg, sft=True)) if cfg.sft_env_options else self.env
-        self.policy = policy_from_config(cfg)
+        # one GPU per rank under torchrun (cuda:LOCAL_RANK); ConfigError for a GPU not there
+        self.device = devices.resolve(cfg.device, ranks.local_rank, ranks.world)
+        ranks.use_device(self.device)
+        self.policy = policy_from_config(cfg, device=self.device)
+        self.clock = devices.StepClock(self.device)
         params = self.policy.trainable_parameters()
         ranks.sync_parameters(params)
         self.sft_opt = torch.optim.AdamW(params, lr=cfg.sft_lr, weight_decay=0.0)
@@ -91,8 +96,10 @@ class _Run:
         """Start a new run or reopen cfg.resume; return the last completed step (-1 if none)."""
         cfg = self.cfg
         if not cfg.resume:
-            self.run_id = self.ranks.broadcast(
-                self.recorder.start_run(config=cfg.to_dict(), name=cfg.name or None))
+            # the config as given, plus what this machine and model made of it (device, prompt
+            # format, LoRA modules): extra keys, which --resume ignores
+            self.run_id = self.ranks.broadcast(self.recorder.start_run(
+                config={**cfg.to_dict(), **self.policy.resolved()}, name=cfg.name or None))
             return -1
         self.run_id = cfg.resume
         self.recorder.resume_run(self.run_id)
@@ -138,7 +145,9 @@ class _Run:
             if done < 0 and cfg.sft_steps == 0 and self.schedule.eval_on():
                 self.write(0, self.evaluate(0))
             for step in range(max(done + 1, 1), total + 1):
+                self.clock.start()
                 record = self.sft_step(step) if step <= cfg.sft_steps else self.rl_step(step)
+                record.metrics.update(self.clock.metrics())  # GPU peak memory and time (CUDA)
                 if self.schedule.eval_due(step):
                     record.add(self.evaluate(step))
                 metrics = self.write(step, record)
