@@ -198,14 +198,14 @@ class Follower:
         self.report.trajectories += rep.imported
         self.report.skipped += rep.skipped
         self.report.failed += rep.failed
-        for line in rep.errors[:5]:
-            self._error(name, line)
+        for line in rep.errors[:5]:  # a whole file's errors name it already, a line range's not
+            self._error(name, line) if "#" in name else self._error(None, line)
         self.log(clean_text(f"imported {name}: {rep.imported} new, {rep.skipped} already "
                             f"present, {rep.failed} failed"))
         return 1
 
-    def _error(self, name: str, message: str) -> None:
-        text = clean_text(f"{name}: {message}")
+    def _error(self, name: str | None, message: str) -> None:
+        text = clean_text(f"{name}: {message}" if name else message)
         if len(self.report.errors) < 100:
             self.report.errors.append(text)
         self.log(f"error: {text}")
