@@ -229,15 +229,29 @@ class TrainConfig:
     the policy's probability of the gold answer, normalised within its task group, added to that
     turn's action tokens' advantage (not to the trajectory's total reward). Envs with gold
     answers (search); 0 = off."""
+    record_info_gain: bool = True
+    """Measure and record each turn's answer probability and information gain (turn_signals) on
+    envs with gold answers even when w_info_gain is 0: one teacher-forced forward pass per turn
+    of every training trajectory."""
+    w_info_gain: float = 0.0
+    """Weight of the dense information-gain credit (IGPO, core/info_gain.py): each turn's gain in
+    the policy's probability of the gold answer, normalised within its task group, added to that
+    turn's action tokens' advantage (not to the trajectory's total reward). Envs with gold
+    answers (search); 0 = off."""
     w_spa: float = 0.0
     """Weight of SPA-RL's stepwise progress credit (core/progress.py): a head on the policy's
     hidden state at each action's end, fitted every RL step so a trajectory's per-turn
     contributions sum to its outcome; each turn's contribution, centred within its task group,
     is added to that turn's action tokens' advantage. 0 = off."""
+    w_prm: float = 0.0
+    """Weight of the process reward model (AgentPRM, core/prm.py): a head on the same hidden
+    states fitted every RL step to Monte-Carlo Q labels (mean outcome of the group's rollouts
+    that took the same action from the same state); its score of each turn, centred within
+    the task group, is added to that turn's action tokens' advantage. 0 = off."""
     spa_fit_steps: int = 20
-    """Adam steps fitting the progress head on each RL step's trajectories."""
+    """Adam steps fitting the progress head (and the PRM head) on each RL step's trajectories."""
     spa_lr: float = 1e-2
-    """Learning rate of the progress head."""
+    """Learning rate of the progress head (and the PRM head)."""
     record_info_gain: bool = True
     """Measure and record each turn's answer probability and information gain (turn_signals) on
     envs with gold answers even when w_info_gain is 0: one teacher-forced forward pass per turn
@@ -402,6 +416,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.outcome_metric in ("em", "f1"), "outcome_metric", "must be em or f1")
     need(cfg.w_info_gain >= 0, "w_info_gain", "must be >= 0")
     need(cfg.w_spa >= 0, "w_spa", "must be >= 0")
+    need(cfg.w_prm >= 0, "w_prm", "must be >= 0")
     need(cfg.spa_fit_steps >= 1, "spa_fit_steps", "must be >= 1")
     need(0 < cfg.spa_lr < 1, "spa_lr", "must be in (0, 1)")
     for fld in ("env_options", "sft_env_options", "eval_env_options"):

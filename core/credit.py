@@ -18,7 +18,8 @@ After any of them, LOOP's filter drops trajectories with |A| < ``min_abs_advanta
 ``w_info_gain`` > 0 each turn's information gain (IGPO, core/info_gain.py), normalised within its
 task group (core/algorithms.py ``info_gain_turn_advantages``), is added x ``w_info_gain`` to that
 turn's action tokens and to its recorded turn advantage; likewise with ``w_spa`` > 0 each turn's
-SPA progress contribution (core/progress.py).
+SPA progress contribution (core/progress.py) and with ``w_prm`` > 0 each turn's process reward
+model score (core/prm.py), both centred within the group rather than scaled.
 """
 from __future__ import annotations
 
@@ -156,11 +157,13 @@ CREDIT: dict[str, Callable[..., Credit]] = {
 
 def assign(trajs: Sequence[Trajectory], cfg, values=None,
            info_gains: Sequence[Sequence[float] | None] | None = None,
-           progress: Sequence[Sequence[float] | None] | None = None) -> Credit:
+           progress: Sequence[Sequence[float] | None] | None = None,
+           prm: Sequence[Sequence[float] | None] | None = None) -> Credit:
     """Credit for ``cfg.algo``; then LOOP's |A| filter (``min_abs_advantage``); then the dense
     information-gain credit (``w_info_gain``; ``info_gains``: each trajectory's per-turn gains,
     None where none was measured) and SPA's progress credit (``w_spa``; ``progress``: each
-    trajectory's per-turn contributions, core/progress.py)."""
+    trajectory's per-turn contributions, core/progress.py) and the process reward model's
+    scores (``w_prm``; ``prm``, core/prm.py)."""
     credit = CREDIT[cfg.algo](trajs, cfg, values)
     if cfg.min_abs_advantage > 0 and trajs:
         keep = drop_small(torch.tensor([t.advantage for t in trajs]), cfg.min_abs_advantage)
@@ -170,6 +173,8 @@ def assign(trajs: Sequence[Trajectory], cfg, values=None,
         credit = add_info_gain(credit, trajs, info_gains, cfg.w_info_gain)
     if getattr(cfg, "w_spa", 0.0) > 0 and progress is not None:
         credit = add_turn_credit(credit, trajs, progress, cfg.w_spa, scale=False)
+    if getattr(cfg, "w_prm", 0.0) > 0 and prm is not None:
+        credit = add_turn_credit(credit, trajs, prm, cfg.w_prm, scale=False)
     return credit
 
 

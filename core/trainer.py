@@ -25,6 +25,7 @@ import torch
 from tqdm import tqdm
 
 from core import checkpoint, info_gain
+from core import prm
 from core import progress as spa
 from core import device as devices
 from core.algorithms import needs_value_head
@@ -87,6 +88,8 @@ class _Run:
         self.finishing = False
         self.skip_note: str | None = None
         self.spa_model = None
+        self.prm_model = None
+        """AgentPRM's process reward head (core/prm.py), built at the first RL step with w_prm > 0."""
         """SPA's progress head (core/progress.py), built at the first RL step with w_spa > 0."""
         """Why the last skipped update was skipped; stored in runs.error next to its metrics."""
         self.run_id = ""
@@ -243,10 +246,13 @@ class _Run:
         # -- rewards
         score_all(own, cfg)
         gains = self._info_gain(own, record)
-        contributions, spa_metrics = self._progress(own, record)
+        # SPA's progress head and the PRM read the same hidden states at each action's end
+        feats = spa.features(policy, own) if cfg.w_spa > 0 or cfg.w_prm > 0 else None
+        contributions, spa_metrics = self._progress(own, record, feats)
+        prm_scores, prm_metrics = self._prm(own, record, feats)
         t2 = time.perf_counter()
         # -- advantages, over every rank's trajectories
-        credit, trajs = self._credit(own, gains, contributions)
+        credit, trajs = self._credit(own, gains, contributions, prm_scores)
         record.results.add_credit(own, credit.turn_advantages)
         # -- loss + optimizer step
         samples = make_samples(own, credit.per_token, credit.returns)
@@ -257,7 +263,7 @@ class _Run:
         self._check_bad(result.bad, step)
         t3 = time.perf_counter()
         record.metrics = {**self._rl_metrics(trajs, result, t1 - t0, t2 - t1, t3 - t2),
-                          **spa_metrics}
+                          **spa_metrics, **prm_metrics}
         record.work_s = t3 - t0
         return record
 
@@ -275,7 +281,7 @@ class _Run:
         record.results.turn_signals += info_gain.signal_rows(own, signals)
         return [signals[t.traj_id].gains if t.traj_id in signals else None for t in own]
 
-    def _progress(self, own: list, record: "_Step") -> tuple[list, dict]:
+    def _progress(self, own: list, record: "_Step", feats: list | None) -> tuple[list, dict]:
         """SPA: fit the progress head on this step's outcomes, then each trajectory's per-turn
         contributions (core/progress.py; None where it has none or w_spa is 0), recorded in
         ``turn_signals`` as ``progress``; and the fit's metrics."""
@@ -292,8 +298,24 @@ class _Run:
         record.results.turn_signals += spa.signal_rows(own, contributions)
         return contributions, {"spa/loss_before": fit.loss_before, "spa/loss_after": fit.loss_after}
 
-    def _credit(self, own: list, gains: list | None = None,
-                contributions: list | None = None) -> tuple[Credit, list]:
+    def _prm(self, own: list, record: "_Step", feats: list | None) -> tuple[list, dict]:
+        """AgentPRM: fit the process reward head on this step's Monte-Carlo Q labels, then its
+        score of every turn (core/prm.py; None where none or w_prm is 0), recorded in
+        ``turn_signals`` as ``q`` and ``prm``; and the fit's metrics."""
+        cfg = self.cfg
+        if cfg.w_prm <= 0:
+            return [None] * len(own), {}
+        if self.prm_model is None:
+            self.prm_model = prm.PrmModel(self.policy.base.config.hidden_size, lr=cfg.spa_lr,
+                                          seed=cfg.seed + 1)
+        labels = prm.labels_for(own)
+        fit = self.prm_model.fit(feats, labels, cfg.spa_fit_steps)
+        scores = self.prm_model.predict(feats)
+        record.results.turn_signals += prm.signal_rows(own, labels, scores)
+        return scores, {"prm/loss_before": fit.loss_before, "prm/loss_after": fit.loss_after}
+
+    def _credit(self, own: list, gains: list | None = None, contributions: list | None = None,
+                prm_scores: list | None = None) -> tuple[Credit, list]:
         """This rank's share of the batch's credit, and the whole batch: group statistics (and
         StarPO-S's top groups, PPO's whitening, information gain's group normalisation) need
         every rank's scored trajectories."""
@@ -301,10 +323,12 @@ class _Run:
         values = score_values(self.policy, own, self.cfg) if critic else [None] * len(own)
         gains = gains if gains is not None else [None] * len(own)
         contributions = contributions if contributions is not None else [None] * len(own)
-        batch, first = self.ranks.everyone(list(zip(own, values, gains, contributions)))
+        prm_scores = prm_scores if prm_scores is not None else [None] * len(own)
+        batch, first = self.ranks.everyone(list(zip(own, values, gains, contributions, prm_scores)))
         trajs = [b[0] for b in batch]
         credit = assign(trajs, self.cfg, [b[1] for b in batch] if critic else None,
-                        info_gains=[b[2] for b in batch], progress=[b[3] for b in batch])
+                        info_gains=[b[2] for b in batch], progress=[b[3] for b in batch],
+                        prm=[b[4] for b in batch])
         return credit.part(first, first + len(own)), trajs
 
     def _rl_metrics(self, trajs: list, result, rollout_s: float, reward_s: float,

@@ -1,0 +1,121 @@
+"""A process reward model from Monte-Carlo labels (AgentPRM), trained on line.
+
+Labels: Q(s, a), the mean outcome of the rollouts that took action a from state s. On line, the
+rollouts of one task group are those continuations: every trajectory of the group that reached
+anchor state s (core/credit.py ``anchor_keys``, the env's state key) and took the same action
+there (same text, whitespace-normalised) counts, at whatever turn it got there:
+
+    Q(s_{i,t}, a_{i,t}) = mean { R_j : j in group(i), some turn u of j has (s_{j,u}, a_{j,u}) =
+                                                                       (s_{i,t}, a_{i,t}) }
+
+(R the outcome component). Branch-from-turn rollouts (``branches``, kind ``keep``) are the
+offline version of the same label. The process reward model is a linear head on the policy's
+hidden state at the end of the action (core/progress.py ``features``), fitted every RL step by
+mean squared error to that step's labels; its scores, centred within the task group, times
+``w_prm`` are added to each turn's action tokens' advantage (core/credit.py ``add_turn_credit``).
+Recorded per turn in ``turn_signals``: ``q`` (the label) and ``prm`` (the model's score).
+The head is not saved in checkpoints.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from core.trajectory import Trajectory
+
+
+def _action_key(text: str) -> str:
+    return " ".join((text or "").split())
+
+
+def mc_q_labels(anchors: Sequence[Sequence[str]], actions: Sequence[Sequence[str]],
+                outcomes: Sequence[float], group_ids: Sequence[str]) -> list[list[float]]:
+    """Q per (trajectory, turn): the mean outcome of the group's trajectories that took the same
+    action from the same anchor state (each trajectory counted once per pair).
+
+    >>> mc_q_labels([["s0", "s1"], ["s0"], ["s0"]], [["a", "b"], ["a"], ["c"]],
+    ...             [1.0, 0.0, 0.0], ["g", "g", "g"])
+    [[0.5, 1.0], [0.5], [0.0]]
+    """
+    if not len(anchors) == len(actions) == len(outcomes) == len(group_ids):
+        raise ValueError("anchors, actions, outcomes and group_ids need one entry per trajectory")
+    members: dict[tuple, set[int]] = defaultdict(set)
+    for i, (states, acts) in enumerate(zip(anchors, actions)):
+        if len(states) != len(acts):
+            raise ValueError(f"trajectory {i}: {len(states)} anchor states but {len(acts)} actions")
+        for s, a in zip(states, acts):
+            members[(group_ids[i], s, _action_key(a))].add(i)
+    return [[sum(float(outcomes[j]) for j in members[(group_ids[i], s, _action_key(a))])
+             / len(members[(group_ids[i], s, _action_key(a))]) for s, a in zip(states, acts)]
+            for i, (states, acts) in enumerate(zip(anchors, actions))]
+
+
+def labels_for(trajs: Sequence[Trajectory]) -> list[list[float]]:
+    """``mc_q_labels`` of trajectories as the trainer holds them (outcome component as R)."""
+    from core.credit import anchor_keys
+    return mc_q_labels([anchor_keys(t) for t in trajs], [[u.action for u in t.turns] for t in trajs],
+                       [t.rewards.get("outcome", 0.0) for t in trajs], [t.group_id for t in trajs])
+
+
+@dataclass
+class FitResult:
+    loss_before: float
+    loss_after: float
+
+
+class PrmModel:
+    """The process reward head, fitted by mean squared error to per-turn Q labels."""
+
+    def __init__(self, hidden_size: int, lr: float = 1e-2, seed: int = 0):
+        gen = torch.Generator().manual_seed(seed)
+        self.head = nn.Linear(hidden_size, 1)
+        with torch.no_grad():
+            self.head.weight.normal_(0.0, 1e-3, generator=gen)
+            self.head.bias.zero_()
+        self.opt = torch.optim.Adam(self.head.parameters(), lr=lr)
+
+    def predict(self, feats: Sequence[torch.Tensor | None]) -> list[list[float] | None]:
+        with torch.no_grad():
+            return [self.head(f).squeeze(-1).tolist() if f is not None else None for f in feats]
+
+    def fit(self, feats: Sequence[torch.Tensor | None], labels: Sequence[Sequence[float]],
+            steps: int) -> FitResult:
+        """``steps`` full-batch Adam steps on mean((prm(s_t, a_t) - Q_t)^2) over every turn."""
+        pairs = [(f, torch.tensor(q, dtype=torch.float32)) for f, q in zip(feats, labels)
+                 if f is not None and len(q) == f.shape[0]]
+        if not pairs:
+            return FitResult(0.0, 0.0)
+        x = torch.cat([f for f, _ in pairs])
+        y = torch.cat([q for _, q in pairs])
+
+        def loss() -> torch.Tensor:
+            return ((self.head(x).squeeze(-1) - y) ** 2).mean()
+        with torch.no_grad():
+            before = float(loss())
+        for _ in range(steps):
+            self.opt.zero_grad()
+            value = loss()
+            value.backward()
+            self.opt.step()
+        with torch.no_grad():
+            after = float(loss())
+        return FitResult(before, after)
+
+
+def signal_rows(trajs: Sequence[Trajectory], labels: Sequence[Sequence[float]],
+                scores: Sequence[list[float] | None]) -> list[dict]:
+    """``turn_signals`` rows ``q`` (the Monte-Carlo label) and ``prm`` (the model's score)."""
+    rows = []
+    for t, qs, ps in zip(trajs, labels, scores):
+        if ps is None:
+            continue
+        for k, (q, p) in enumerate(zip(qs, ps)):
+            rows.append({"traj_id": t.traj_id, "turn": k, "name": "q", "value": float(q),
+                         "source": "train"})
+            rows.append({"traj_id": t.traj_id, "turn": k, "name": "prm", "value": float(p),
+                         "source": "train"})
+    return rows

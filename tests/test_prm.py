@@ -1,0 +1,77 @@
+"""AgentPRM on line: Monte-Carlo Q labels by hand, the head regressing them, and a real training
+step recording q / prm per turn and training on the centred scores."""
+import pytest
+import torch
+
+from core.algorithms import info_gain_turn_advantages
+from core.config import ConfigError, TrainConfig, validate
+from core.prm import PrmModel, labels_for, mc_q_labels
+from core.trainer import train
+from storage import queries
+from storage.recorder import Recorder
+from tests.test_info_gain import _fake
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_q_labels_are_mean_outcomes_of_the_groups_rollouts_through_the_same_state_and_action():
+    anchors = [["s0", "s1"], ["s0", "s1"], ["s0"], ["s0"]]
+    actions = [["search x", "answer 1"], ["search  x", "answer 2"], ["answer 2"], ["search x"]]
+    outcomes = [1.0, 0.0, 0.0, 1.0]
+    q = mc_q_labels(anchors, actions, outcomes, ["g", "g", "g", "h"])
+    # (s0, search x) in group g: trajectories 0 and 1 (whitespace-normalised) -> (1 + 0) / 2
+    assert q[0] == [0.5, 1.0] and q[1] == [0.5, 0.0]
+    assert q[2] == [0.0]
+    assert q[3] == [1.0]  # group h is another task: its rollouts do not mix with g's
+    with pytest.raises(ValueError):
+        mc_q_labels([["s0"]], [["a", "b"]], [1.0], ["g"])
+
+
+def test_labels_from_trajectories_use_state_keys_and_the_outcome():
+    a, b = _fake("a", "g", 2), _fake("b", "g", 2)
+    for t, r in ((a, 1.0), (b, 0.0)):
+        t.rewards = {"outcome": r}
+        for u in t.turns:
+            u.state_key = f"cell{u.turn}"
+    b.turns[1].action = "other"
+    assert labels_for([a, b]) == [[0.5, 1.0], [0.5, 0.0]]
+
+
+def test_the_head_regresses_the_labels():
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    model = PrmModel(hidden_size=2, lr=0.05, seed=0)
+    fit = model.fit([x[:2], x[2:]], [[0.2, 0.8], [1.0]], steps=500)
+    assert fit.loss_after < 1e-4 < fit.loss_before
+    assert model.predict([x])[0] == pytest.approx([0.2, 0.8, 1.0], abs=0.02)
+
+
+def test_w_prm_is_validated():
+    with pytest.raises(ConfigError, match="w_prm"):
+        validate(TrainConfig(w_prm=-0.5))
+
+
+def test_training_step_records_q_and_prm_and_trains_on_them(tmp_path):
+    db_path = tmp_path / "prm.duckdb"
+    cfg = TrainConfig(env="search", model="tiny", algo="grpo", steps=1, group_size=2,
+                      tasks_per_step=2, max_turns=2, max_new_tokens=8, max_obs_tokens=48,
+                      eval_every=0, w_prm=1.0, record_info_gain=False, db=str(db_path),
+                      checkpoint_dir=str(tmp_path / "ckpt"))
+    run_id = train(cfg, Recorder(db_path), progress=False)
+    trajs = queries.trajectories(db_path, run_id)
+    ids = list(trajs["traj_id"])
+    sig = queries.turn_signals(db_path, run_id, ids)
+    assert set(sig.name) == {"q", "prm"}
+    turns = queries.turns(db_path, run_id, ids)
+    scores, groups = [], []
+    for _, t in trajs.iterrows():
+        mine = sig[sig.traj_id == t.traj_id]
+        for name in ("q", "prm"):
+            assert sorted(mine[mine.name == name].turn) == list(range(int(t.num_turns)))
+        assert (mine[mine.name == "q"].value == 0.0).all()  # tiny never answers right
+        scores.append(mine[mine.name == "prm"].sort_values("turn").value.tolist())
+        groups.append(t.group_id)
+    dense = info_gain_turn_advantages(scores, groups, scale=False)
+    for (_, t), d in zip(trajs.iterrows(), dense):
+        adv = turns[turns.traj_id == t.traj_id].sort_values("turn").advantage.tolist()
+        assert adv == pytest.approx([t.advantage + x for x in d], abs=1e-6)
+    assert {"prm/loss_before", "prm/loss_after"} <= set(queries.metrics(db_path, run_id)["name"])
