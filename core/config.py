@@ -229,15 +229,6 @@ class TrainConfig:
     the policy's probability of the gold answer, normalised within its task group, added to that
     turn's action tokens' advantage (not to the trajectory's total reward). Envs with gold
     answers (search); 0 = off."""
-    record_info_gain: bool = True
-    """Measure and record each turn's answer probability and information gain (turn_signals) on
-    envs with gold answers even when w_info_gain is 0: one teacher-forced forward pass per turn
-    of every training trajectory."""
-    w_info_gain: float = 0.0
-    """Weight of the dense information-gain credit (IGPO, core/info_gain.py): each turn's gain in
-    the policy's probability of the gold answer, normalised within its task group, added to that
-    turn's action tokens' advantage (not to the trajectory's total reward). Envs with gold
-    answers (search); 0 = off."""
     w_spa: float = 0.0
     """Weight of SPA-RL's stepwise progress credit (core/progress.py): a head on the policy's
     hidden state at each action's end, fitted every RL step so a trajectory's per-turn

@@ -291,7 +291,6 @@ class _Run:
         if self.spa_model is None:
             self.spa_model = spa.ProgressModel(self.policy.base.config.hidden_size,
                                                lr=cfg.spa_lr, seed=cfg.seed)
-        feats = spa.features(self.policy, own)
         fit = self.spa_model.fit(feats, [t.rewards.get("outcome", 0.0) for t in own],
                                  cfg.spa_fit_steps)
         contributions = self.spa_model.predict(feats)
