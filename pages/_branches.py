@@ -181,10 +181,10 @@ def job_controls(pick: c.Pick, traj_id: str, n_turns: int) -> None:
     with st.form("branch_form"):
         a, b, d = st.columns(3)
         k = a.number_input("K (continuations per turn and kind)", 1, MAX_K, 8, key="branch_k")
-        turns = b.text_input("Turns", "all", key="branch_turns",
+        turns = b.text_input("Turns to branch from", "all", key="branch_turns",
                              help=f"all, or turn numbers 0..{max(n_turns - 1, 0)} with commas")
         seed = d.number_input("Seed", 0, 2 ** 31 - 1, 0, key="branch_seed")
-        go_ = st.form_submit_button("Branch from every turn" if turns == "all" else "Branch")
+        go_ = st.form_submit_button("Start the branch job")
     if go_:
         try:
             launch(pick.store, pick.run_id, traj_id, turns, int(k), int(seed))

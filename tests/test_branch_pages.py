@@ -99,7 +99,7 @@ def test_a_job_launched_from_the_page_runs_apart_and_its_refusal_is_shown(app, d
     at = app("replay", store=demo[1], run=demo[2]["demo-search-starpo"], step=STEP,
              traj=SCRIPT_TRAJ)
     at.number_input(key="branch_k").set_value(2)
-    at.button[[b.label for b in at.button].index("Branch from every turn")].click().run()
+    at.button[[b.label for b in at.button].index("Start the branch job")].click().run()
     job = _branches.current()
     assert job is not None and job["traj_id"] == SCRIPT_TRAJ
     deadline = time.time() + 120
