@@ -21,9 +21,14 @@ NOT_YET = ("Information gain not computed yet for this {what}: it is measured wh
            "since it was added.")
 
 
+CREDIT_SIGNALS = {"progress": "SPA contribution", "q": "MC Q label", "prm": "PRM score"}
+"""The other per-turn credit signals training records (core/progress.py, core/prm.py)."""
+
+
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
 def load_signals(store: str, run_id: str, traj_id: str) -> pd.DataFrame:
-    return queries.turn_signals(store, run_id, [traj_id], names=["answer_prob", "info_gain"])
+    return queries.turn_signals(store, run_id, [traj_id],
+                                names=["answer_prob", "info_gain", *CREDIT_SIGNALS])
 
 
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
@@ -49,7 +54,15 @@ def per_turn(signals: pd.DataFrame, turns: pd.DataFrame) -> pd.DataFrame:
 def replay_panel(pick, traj_id: str, turns: pd.DataFrame) -> None:
     """Replay: the trajectory's answer probability along its turns and each turn's gain."""
     st.subheader("Information gain")
-    signals = c.read_or_stop(load_signals, pick.store, pick.run_id, traj_id)
+    everything = c.read_or_stop(load_signals, pick.store, pick.run_id, traj_id)
+    other = everything[everything["name"].isin(list(CREDIT_SIGNALS))]
+    signals = everything[~everything["name"].isin(list(CREDIT_SIGNALS))]
+    if not other.empty:
+        wide = (other.pivot_table(index="turn", columns="name", values="value", aggfunc="first")
+                .rename(columns=CREDIT_SIGNALS).reset_index())
+        st.markdown("**Turn credit from SPA / the process reward model** (each turn's value; "
+                    "centred within its task group it was added to the turn's advantage)")
+        st.dataframe(wide, key="replay_turn_credit", hide_index=True)
     if signals.empty:
         st.info(NOT_YET.format(what="trajectory"))
         return

@@ -192,14 +192,14 @@ def test_queries_cope_with_stores_recorded_before_turn_signals():
 
 # -- the pages ------------------------------------------------------------------------------------
 @pytest.fixture
-def open_page(monkeypatch, trained):
+def open_page(monkeypatch, tmp_path):
     from streamlit.testing.v1 import AppTest
     from streamlit.testing.v1 import app_test
     import streamlit as st
     from pages import _jobs
     from tests.test_pages import APP, ROOT, _NavigationPagesManager
     monkeypatch.setattr(app_test, "PagesManager", _NavigationPagesManager)
-    monkeypatch.setenv(_jobs.RUNS_DIR_ENV, str(trained[0].parent / "runs"))
+    monkeypatch.setenv(_jobs.RUNS_DIR_ENV, str(tmp_path / "runs"))
     monkeypatch.chdir(ROOT)
     st.cache_data.clear()
 

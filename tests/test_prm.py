@@ -9,7 +9,7 @@ from core.prm import PrmModel, labels_for, mc_q_labels
 from core.trainer import train
 from storage import queries
 from storage.recorder import Recorder
-from tests.test_info_gain import _fake
+from tests.test_info_gain import _fake, open_page  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -50,13 +50,20 @@ def test_w_prm_is_validated():
         validate(TrainConfig(w_prm=-0.5))
 
 
-def test_training_step_records_q_and_prm_and_trains_on_them(tmp_path):
+@pytest.fixture(scope="module")
+def prm_run(tmp_path_factory):
+    """(store path, run id) of one real RL step of the tiny model on search, w_prm 1."""
+    tmp_path = tmp_path_factory.mktemp("prm")
     db_path = tmp_path / "prm.duckdb"
     cfg = TrainConfig(env="search", model="tiny", algo="grpo", steps=1, group_size=2,
                       tasks_per_step=2, max_turns=2, max_new_tokens=8, max_obs_tokens=48,
                       eval_every=0, w_prm=1.0, record_info_gain=False, db=str(db_path),
                       checkpoint_dir=str(tmp_path / "ckpt"))
-    run_id = train(cfg, Recorder(db_path), progress=False)
+    return db_path, train(cfg, Recorder(db_path), progress=False)
+
+
+def test_training_step_records_q_and_prm_and_trains_on_them(prm_run):
+    db_path, run_id = prm_run
     trajs = queries.trajectories(db_path, run_id)
     ids = list(trajs["traj_id"])
     sig = queries.turn_signals(db_path, run_id, ids)
@@ -75,3 +82,15 @@ def test_training_step_records_q_and_prm_and_trains_on_them(tmp_path):
         adv = turns[turns.traj_id == t.traj_id].sort_values("turn").advantage.tolist()
         assert adv == pytest.approx([t.advantage + x for x in d], abs=1e-6)
     assert {"prm/loss_before", "prm/loss_after"} <= set(queries.metrics(db_path, run_id)["name"])
+
+
+def test_replay_shows_the_prm_turn_credit(open_page, prm_run):
+    store, run_id = str(prm_run[0]), prm_run[1]
+    t = queries.trajectories(store, run_id).iloc[0]
+    at = open_page("replay", store, run=run_id, step=int(t.step), traj=t.traj_id)
+    table = next(f.value for f in at.dataframe if "PRM score" in f.value.columns)
+    sig = queries.turn_signals(store, run_id, [t.traj_id], ["prm"]).sort_values("turn")
+    assert table["PRM score"].tolist() == pytest.approx(sig.value.tolist())
+    assert table["MC Q label"].tolist() == [0.0] * int(t.num_turns)
+    # info gain was not recorded in this run: its part of the panel says so
+    assert any("Information gain not computed yet" in i.value for i in at.info)
