@@ -232,6 +232,13 @@ class _Collection:
                 raise
         trajs = [ep.traj for ep in eps]
         score_all(trajs, self.cfg)
+        failed = [t for t in trajs if t.finish_reason == FINISH]
+        if failed:  # said where the user looks: a wrong setting fails every episode alike
+            first = failed[0].info["endpoint_error"]
+            tqdm.write(f"{prefix}: {len(failed)} of {len(trajs)} episodes ended as {FINISH} "
+                       f"(first: {first['kind']}"
+                       + (f", HTTP {first['status']}" if first.get("status") else "")
+                       + f", {first['attempts']} attempts: {first['detail'][:200]})")
         return trajs
 
 

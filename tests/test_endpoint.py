@@ -27,7 +27,7 @@ from tests.test_pages import app, demo, texts  # noqa: F401  (AppTest fixtures)
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-test-QX7f3a9c1e5b0d"
 """The API key the server demands; it must never reach a store."""
-GOLD = "<think>risky pays more</think><answer>Dragon</answer> and more"
+GOLD = "<think>risky</think><answer>Dragon</answer> and more"
 
 
 def seed_of(step_seed: int, g: int, r: int, turn: int = 0) -> str:
@@ -175,7 +175,7 @@ def cli_run(server, tmp_path_factory):
     proc = subprocess.run(
         [sys.executable, "-m", "core.train", "--env", "bandit", "--model", f"openai:{url}",
          "--model-name", "tiny", "--steps", "2", "--group-size", "2", "--tasks-per-step", "2",
-         "--max-turns", "1", "--max-new-tokens", "24", "--eval-every", "2", "--eval-tasks", "2",
+         "--max-turns", "1", "--max-new-tokens", "16", "--eval-every", "2", "--eval-tasks", "2",
          "--endpoint-top-logprobs", "2", "--db", str(db), "--quiet"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -250,7 +250,7 @@ def test_pages_open_the_endpoint_run(cli_run, app):  # noqa: F811
     assert any("Loss mask consistent" in t for t in texts(at, "success"))
 
 
-def test_faults_end_only_their_trajectory(url, server, tmp_path):
+def test_faults_end_only_their_trajectory(url, server, tmp_path, capsys):
     """Step 1's four trajectories: 500 for ever, a 429 once, malformed JSON once, a timeout for
     ever. The two that fail for good end as endpoint_error with the error; the run goes on."""
     server.faults.rules = [
@@ -268,6 +268,7 @@ def test_faults_end_only_their_trajectory(url, server, tmp_path):
         recorder.close()
     finally:
         del os.environ["AGENTRL_OPENAI_API_KEY"]
+    assert "s1: 2 of 4 episodes ended as endpoint_error (first: " in capsys.readouterr().out
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT status FROM runs WHERE run_id = ?", [run_id]).fetchone()[0] == \
         "finished"
