@@ -333,12 +333,22 @@ def run(store: str | Path, run_id: str, progress_file: str | Path | None = None,
     model = getattr(embedder, "name", None) or ENCODERS[encoder].name
     progress = Path(progress_file) if progress_file else None
     t0 = time.monotonic()
+    timings: dict[str, float] = {}
+
+    def lap(name: str, since: list[float] = [t0]) -> None:
+        now = time.monotonic()
+        timings[name] = round(now - since[0], 2)
+        since[0] = now
     _progress(progress, phase="reading", done=0, total=0)
     traj, turns = store_io.failing(store, run_id)
-    by_traj = {tid: g.to_dict("records") for tid, g in turns.groupby("traj_id", sort=False)}
+    by_traj: dict[str, list[dict]] = {}
+    for row in turns.to_dict("records"):  # one pass: a groupby per trajectory took seconds
+        by_traj.setdefault(row["traj_id"], []).append(row)
     texts = [trajectory_text(by_traj.get(t, []), a) for t, a in zip(traj["traj_id"], traj["answer"])]
     hashes = [text_hash(t, model) for t in texts]
+    lap("read")
     cache = store_io.cached(store, run_id, model)
+    lap("cache")
     vectors: list[np.ndarray | None] = [cache[t][1] if t in cache and cache[t][0] == h else None
                                         for t, h in zip(traj["traj_id"], hashes)]
     todo = [i for i, v in enumerate(vectors) if v is None]
@@ -363,20 +373,26 @@ def run(store: str | Path, run_id: str, progress_file: str | Path | None = None,
             part = todo[start:start + 4 * CHUNK]
             store_io.save_embeddings(store, run_id, model, ids[start:start + 4 * CHUNK],
                                      [hashes[i] for i in part], np.stack([vectors[i] for i in part]))
+    lap("embed+store")
     _progress(progress, phase="clustering", done=len(first), total=len(first))
     summary = {"run_id": run_id, "model": model, "failing": len(traj), "embedded": len(first),
                "cached": len(traj) - len(todo)}
     if len(traj):
         matrix = np.stack(vectors).astype(np.float32)
         labels, k, score = cluster(matrix)
+        lap("cluster")
         terms = distinguishing_terms(texts, labels)
+        lap("terms")
         rows = pd.DataFrame({"traj_id": traj["traj_id"], "step": traj["step"].astype(int),
                              "cluster": labels, "distance": centroid_distance(matrix, labels),
                              "terms": [", ".join(terms[int(l)]) for l in labels], "k": k,
                              "silhouette": None if math.isnan(score) else score})
         store_io.save_clusters(store, run_id, model, rows)
+        lap("store clusters")
         summary.update(k=k, silhouette=None if math.isnan(score) else round(score, 3))
     summary["seconds"] = round(time.monotonic() - t0, 1)
+    summary["timings"] = timings
+    summary["cpu_s"] = round(time.process_time(), 1)  # this process, all threads
     _progress(progress, phase="done", done=len(first), total=len(first), summary=summary)
     return summary
 

@@ -55,18 +55,31 @@ def cached(path: str | Path, run_id: str, model: str) -> dict[str, tuple[str, np
     with db.reading(path) as con:
         if check_version(con, where=str(path)) < 4:
             return {}
-        rows = con.execute("""SELECT traj_id, text_hash, vector FROM embeddings
-                              WHERE run_id = ? AND model = ?""", [run_id, model]).fetchall()
-    return {t: (h, np.asarray(v, dtype=np.float32)) for t, h, v in rows}
+        table = con.execute("""SELECT traj_id, text_hash, vector FROM embeddings
+                               WHERE run_id = ? AND model = ?""",
+                            [run_id, model]).to_arrow_table()
+    if table.num_rows == 0:
+        return {}
+    # Through Arrow: one flat float array, not 10,000 Python lists (~20x faster).
+    column = table.column("vector").combine_chunks()
+    offsets = column.offsets.to_numpy()
+    flat = column.values.to_numpy(zero_copy_only=False).astype(np.float32)
+    ids, hashes = table.column("traj_id").to_pylist(), table.column("text_hash").to_pylist()
+    return {t: (h, flat[offsets[i]:offsets[i + 1]]) for i, (t, h) in enumerate(zip(ids, hashes))}
 
 
 def save_embeddings(path: str | Path, run_id: str, model: str, traj_ids: list[str],
                     hashes: list[str], vectors: np.ndarray) -> None:
     """Store (replace) the vectors of ``traj_ids`` in one transaction."""
     prepare(path)
-    frame = pd.DataFrame({"run_id": run_id, "traj_id": traj_ids, "model": model,
-                          "text_hash": hashes, "vector": [v.tolist() for v in vectors],
-                          "created_at": now()})
+    import pyarrow as pa
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    offsets = np.arange(0, vectors.size + 1, vectors.shape[1], dtype=np.int32)
+    frame = pa.table({"run_id": [run_id] * len(traj_ids), "traj_id": list(traj_ids),
+                      "model": [model] * len(traj_ids), "text_hash": list(hashes),
+                      "vector": pa.ListArray.from_arrays(pa.array(offsets),
+                                                         pa.array(vectors.ravel())),
+                      "created_at": pa.array([now()] * len(traj_ids), pa.timestamp("us"))})
     with db.writing(path) as con:
         con.execute("DELETE FROM embeddings WHERE run_id = ? AND model = ? "
                     "AND traj_id IN (SELECT unnest(?))", [run_id, model, list(traj_ids)])
