@@ -239,10 +239,10 @@ class TrainConfig:
     states fitted every RL step to Monte-Carlo Q labels (mean outcome of the group's rollouts
     that took the same action from the same state); its score of each turn, centred within
     the task group, is added to that turn's action tokens' advantage. 0 = off."""
-    spa_fit_steps: int = 20
-    """Adam steps fitting the progress head (and the PRM head) on each RL step's trajectories."""
-    spa_lr: float = 1e-2
-    """Learning rate of the progress head (and the PRM head)."""
+    spa_l2: float = 1.0
+    """How far each RL step's closed-form fit of the progress head (and the PRM head) may move
+    from the weights it had: ridge strength l2 relative to the features' mean square
+    (core/progress.py ridge_step). Small: fit this step's trajectories; large: keep the past."""
     record_info_gain: bool = True
     """Measure and record each turn's answer probability and information gain (turn_signals) on
     envs with gold answers even when w_info_gain is 0: one teacher-forced forward pass per turn
@@ -408,8 +408,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.w_info_gain >= 0, "w_info_gain", "must be >= 0")
     need(cfg.w_spa >= 0, "w_spa", "must be >= 0")
     need(cfg.w_prm >= 0, "w_prm", "must be >= 0")
-    need(cfg.spa_fit_steps >= 1, "spa_fit_steps", "must be >= 1")
-    need(0 < cfg.spa_lr < 1, "spa_lr", "must be in (0, 1)")
+    need(cfg.spa_l2 > 0, "spa_l2", "must be > 0")
     for fld in ("env_options", "sft_env_options", "eval_env_options"):
         opts = parse_env_options(getattr(cfg, fld), fld)
         if cfg.env not in ENVS:  # a user's environment takes the options it knows

@@ -11,7 +11,7 @@ there (same text, whitespace-normalised) counts, at whatever turn it got there:
 (R the outcome component). Branch-from-turn rollouts (``branches``, kind ``keep``) are the
 offline version of the same label. The process reward model is a linear head on the policy's
 hidden state at the end of the action (core/progress.py ``features``), fitted every RL step by
-mean squared error to that step's labels; its scores, centred within the task group, times
+one ridge step towards that step's labels (mean squared error; core/progress.py ``ridge_step``); its scores, centred within the task group, times
 ``w_prm`` are added to each turn's action tokens' advantage (core/credit.py ``add_turn_credit``).
 Recorded per turn in ``turn_signals``: ``q`` (the label) and ``prm`` (the model's score).
 The head is not saved in checkpoints.
@@ -19,12 +19,11 @@ The head is not saved in checkpoints.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-from torch import nn
 
+from core.progress import FitResult, ProgressModel, ridge_step  # noqa: F401 (FitResult re-exported)
 from core.trajectory import Trajectory
 
 
@@ -61,49 +60,28 @@ def labels_for(trajs: Sequence[Trajectory]) -> list[list[float]]:
                        [t.rewards.get("outcome", 0.0) for t in trajs], [t.group_id for t in trajs])
 
 
-@dataclass
-class FitResult:
-    loss_before: float
-    loss_after: float
-
-
 class PrmModel:
-    """The process reward head, fitted by mean squared error to per-turn Q labels."""
+    """The process reward head: prm(s_t, a_t) = w . [h_t, 1], one ridge step per RL step towards
+    that step's labels (core/progress.py ``ridge_step``) on mean((prm - Q)^2)."""
 
-    def __init__(self, hidden_size: int, lr: float = 1e-2, seed: int = 0):
-        gen = torch.Generator().manual_seed(seed)
-        self.head = nn.Linear(hidden_size, 1)
-        with torch.no_grad():
-            self.head.weight.normal_(0.0, 1e-3, generator=gen)
-            self.head.bias.zero_()
-        self.opt = torch.optim.Adam(self.head.parameters(), lr=lr)
+    def __init__(self, hidden_size: int, l2: float = 1.0):
+        self.w = torch.zeros(hidden_size + 1, dtype=torch.float64)
+        self.l2 = l2
 
     def predict(self, feats: Sequence[torch.Tensor | None]) -> list[list[float] | None]:
-        with torch.no_grad():
-            return [self.head(f).squeeze(-1).tolist() if f is not None else None for f in feats]
+        return [(ProgressModel._design(f) @ self.w).tolist() if f is not None else None
+                for f in feats]
 
-    def fit(self, feats: Sequence[torch.Tensor | None], labels: Sequence[Sequence[float]],
-            steps: int) -> FitResult:
-        """``steps`` full-batch Adam steps on mean((prm(s_t, a_t) - Q_t)^2) over every turn."""
-        pairs = [(f, torch.tensor(q, dtype=torch.float32)) for f, q in zip(feats, labels)
-                 if f is not None and len(q) == f.shape[0]]
+    def fit(self, feats: Sequence[torch.Tensor | None], labels: Sequence[Sequence[float]]
+            ) -> FitResult:
+        pairs = [(f, q) for f, q in zip(feats, labels) if f is not None and len(q) == f.shape[0]]
         if not pairs:
             return FitResult(0.0, 0.0)
-        x = torch.cat([f for f, _ in pairs])
-        y = torch.cat([q for _, q in pairs])
-
-        def loss() -> torch.Tensor:
-            return ((self.head(x).squeeze(-1) - y) ** 2).mean()
-        with torch.no_grad():
-            before = float(loss())
-        for _ in range(steps):
-            self.opt.zero_grad()
-            value = loss()
-            value.backward()
-            self.opt.step()
-        with torch.no_grad():
-            after = float(loss())
-        return FitResult(before, after)
+        x = torch.cat([ProgressModel._design(f) for f, _ in pairs])
+        y = torch.tensor([float(v) for _, q in pairs for v in q], dtype=torch.float64)
+        before = float(((x @ self.w - y) ** 2).mean())
+        self.w = ridge_step(self.w, x, y, self.l2)
+        return FitResult(before, float(((x @ self.w - y) ** 2).mean()))
 
 
 def signal_rows(trajs: Sequence[Trajectory], labels: Sequence[Sequence[float]],

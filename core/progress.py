@@ -15,8 +15,12 @@ that learned little adds little), times ``w_spa`` is added to that turn's action
 (core/credit.py ``add_turn_credit``). Every turn's c_t is recorded as ``turn_signals`` name
 ``progress`` (source 'train').
 
-The head is the trainer's, with its own Adam optimizer; it starts at zero (every contribution 0)
-and is not saved in checkpoints (a resumed run starts it again). Under torchrun each rank fits it
+The head is linear, c_t = w . [h_t, 1], and the trainer's: it starts at zero (every contribution
+0) and each RL step takes one closed-form ridge step towards that step's data from the weights
+it had (``ridge_step``; ``spa_l2``), so it keeps what earlier steps taught it and can never fit
+worse than it did. (Adam on this head moved every weight by its lr whatever the gradient and
+fitted an all-zero batch worse than it started.) It is not saved in checkpoints (a resumed run
+starts it again). Under torchrun each rank fits it
 on its own trajectories.
 """
 from __future__ import annotations
@@ -25,7 +29,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-from torch import nn
 
 from core.trajectory import Trajectory
 
@@ -84,6 +87,27 @@ def features(policy, trajs: Sequence[Trajectory], batch: int = BATCH) -> list[to
     return out
 
 
+def ridge_step(w_prev: torch.Tensor, x: torch.Tensor, y: torch.Tensor, l2: float) -> torch.Tensor:
+    """The linear weights minimising  (1/n) ||X w - y||^2 + l2 * s * ||w - w_prev||^2,
+
+        w = (X^T X / n + l2 * s * I)^-1 (X^T y / n + l2 * s * w_prev),
+
+    X (n, d) float64, s = trace(X^T X / n) / d (so l2 does not depend on the features' scale).
+    Each RL step's fit moves from the last step's weights only as far as that step's data pull:
+    the head keeps what earlier steps taught it. Since w_prev is one candidate, the fitted data
+    loss is never above w_prev's.
+
+    >>> ridge_step(torch.zeros(1, dtype=torch.float64), torch.tensor([[1.0], [2.0]],
+    ...            dtype=torch.float64), torch.tensor([2.0, 4.0], dtype=torch.float64), 0.0)
+    tensor([2.], dtype=torch.float64)
+    """
+    n, d = x.shape
+    gram = x.T @ x / n
+    s = float(torch.trace(gram)) / d or 1.0
+    eye = torch.eye(d, dtype=x.dtype)
+    return torch.linalg.solve(gram + l2 * s * eye, x.T @ y / n + l2 * s * w_prev)
+
+
 @dataclass
 class FitResult:
     loss_before: float
@@ -91,41 +115,30 @@ class FitResult:
 
 
 class ProgressModel:
-    """The progress head and its optimizer."""
+    """The progress head: c_t = w . [h_t, 1], fitted by ``ridge_step`` on the turns' summed
+    features (sum_t c_{i,t} = w . [sum_t h_{i,t}, T_i], linear in w, so the fit is exact)."""
 
-    def __init__(self, hidden_size: int, lr: float = 1e-2, seed: int = 0):
-        gen = torch.Generator().manual_seed(seed)
-        self.head = nn.Linear(hidden_size, 1)
-        with torch.no_grad():  # start from "no turn contributes": c_t = 0 everywhere
-            self.head.weight.normal_(0.0, 1e-3, generator=gen)
-            self.head.bias.zero_()
-        self.opt = torch.optim.Adam(self.head.parameters(), lr=lr)
+    def __init__(self, hidden_size: int, l2: float = 1.0):
+        self.w = torch.zeros(hidden_size + 1, dtype=torch.float64)  # no turn contributes yet
+        self.l2 = l2
+
+    @staticmethod
+    def _design(f: torch.Tensor) -> torch.Tensor:
+        return torch.cat([f.double(), torch.ones(f.shape[0], 1, dtype=torch.float64)], dim=1)
 
     def predict(self, feats: Sequence[torch.Tensor | None]) -> list[list[float] | None]:
-        with torch.no_grad():
-            return [self.head(f).squeeze(-1).tolist() if f is not None else None for f in feats]
+        return [(self._design(f) @ self.w).tolist() if f is not None else None for f in feats]
 
-    def fit(self, feats: Sequence[torch.Tensor | None], rewards: Sequence[float],
-            steps: int) -> FitResult:
-        """``steps`` full-batch Adam steps on ``progress_loss`` over the trajectories with
-        features."""
+    def fit(self, feats: Sequence[torch.Tensor | None], rewards: Sequence[float]) -> FitResult:
+        """One ridge step on ``progress_loss`` over the trajectories with features."""
         pairs = [(f, r) for f, r in zip(feats, rewards) if f is not None]
         if not pairs:
             return FitResult(0.0, 0.0)
-        target = torch.tensor([float(r) for _, r in pairs])
-
-        def loss() -> torch.Tensor:
-            return progress_loss([self.head(f).squeeze(-1) for f, _ in pairs], target)
-        with torch.no_grad():
-            before = float(loss())
-        for _ in range(steps):
-            self.opt.zero_grad()
-            value = loss()
-            value.backward()
-            self.opt.step()
-        with torch.no_grad():
-            after = float(loss())
-        return FitResult(before, after)
+        x = torch.stack([self._design(f).sum(0) for f, _ in pairs])
+        y = torch.tensor([float(r) for _, r in pairs], dtype=torch.float64)
+        before = float(((x @ self.w - y) ** 2).mean())
+        self.w = ridge_step(self.w, x, y, self.l2)
+        return FitResult(before, float(((x @ self.w - y) ** 2).mean()))
 
 
 def signal_rows(trajs: Sequence[Trajectory], contributions: Sequence[list[float] | None]

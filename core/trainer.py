@@ -289,10 +289,8 @@ class _Run:
         if cfg.w_spa <= 0:
             return [None] * len(own), {}
         if self.spa_model is None:
-            self.spa_model = spa.ProgressModel(self.policy.base.config.hidden_size,
-                                               lr=cfg.spa_lr, seed=cfg.seed)
-        fit = self.spa_model.fit(feats, [t.rewards.get("outcome", 0.0) for t in own],
-                                 cfg.spa_fit_steps)
+            self.spa_model = spa.ProgressModel(self.policy.base.config.hidden_size, l2=cfg.spa_l2)
+        fit = self.spa_model.fit(feats, [t.rewards.get("outcome", 0.0) for t in own])
         contributions = self.spa_model.predict(feats)
         record.results.turn_signals += spa.signal_rows(own, contributions)
         return contributions, {"spa/loss_before": fit.loss_before, "spa/loss_after": fit.loss_after}
@@ -305,10 +303,9 @@ class _Run:
         if cfg.w_prm <= 0:
             return [None] * len(own), {}
         if self.prm_model is None:
-            self.prm_model = prm.PrmModel(self.policy.base.config.hidden_size, lr=cfg.spa_lr,
-                                          seed=cfg.seed + 1)
+            self.prm_model = prm.PrmModel(self.policy.base.config.hidden_size, l2=cfg.spa_l2)
         labels = prm.labels_for(own)
-        fit = self.prm_model.fit(feats, labels, cfg.spa_fit_steps)
+        fit = self.prm_model.fit(feats, labels)
         scores = self.prm_model.predict(feats)
         record.results.turn_signals += prm.signal_rows(own, labels, scores)
         return scores, {"prm/loss_before": fit.loss_before, "prm/loss_after": fit.loss_after}
