@@ -291,8 +291,8 @@ def prepare_job(db: str, run_id: str, traj_id: str, turns: str = "all", k: int =
               env=env, task=task, episode_seed=int(info["episode_seed"]), turns=turn_list, k=k,
               seed=seed, recorded=data["turns"], tokens=data["tokens"], ckpt_dir=ckpt_dir,
               snapshot_step=snap, sampled_by=sampled_by)
-    # the whole recorded episode must replay before any model work
-    replay(env, task, job.episode_seed, job.recorded, len(job.recorded))
+    # every asked turn's start (and its kept action) must replay before any model work
+    replay(env, task, job.episode_seed, job.recorded, max(turn_list) + 1)
     return job
 
 

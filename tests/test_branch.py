@@ -227,6 +227,20 @@ def test_a_job_killed_midway_writes_nothing(run):
     assert _counts(db) == before
 
 
+def test_export_writes_one_parquet_row_per_turn(run, tmp_path):
+    import pandas as pd
+    db, run_id, traj = run
+    job = branch.prepare_job(str(db), run_id, traj, "all", 2, seed=0)   # no model needed
+    rows = branch.estimate({0: {"resample": [0.0, 1.0], "keep": [1.0, 1.0]},
+                            1: {"resample": [1.0, 1.0], "keep": [0.0, 0.0]}})
+    out = branch.export(job, rows, str(tmp_path / "labels.parquet"))
+    got = pd.read_parquet(out)
+    assert got[["turn", "q", "v", "a"]].to_dict("list") == {
+        "turn": [0, 1], "q": [1.0, 0.0], "v": [0.5, 1.0], "a": [0.5, -1.0]}
+    assert got["action"].tolist() == [r["action"] for r in job.recorded]
+    assert got["state"][0] and got["state"][1].startswith(got["state"][0])
+
+
 @pytest.mark.parametrize("args, message", [
     (["--k", "0"], "--k must be between 1 and"),
     (["--k", "65"], "--k must be between 1 and"),
