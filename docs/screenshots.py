@@ -1,6 +1,7 @@
 """Screenshots for the README, taken from the real app serving the real sample runs.
 
     .venv/bin/python docs/screenshots.py            -> docs/screenshots/*.png, deep links printed
+    .venv/bin/python docs/screenshots.py a.png,b.png -> only those (links.md left as it is)
 
 Serves ``app.py`` with ``streamlit run`` on a free local port (AGENTRL_STORE_DIRS=sample_runs),
 drives headless Chromium through playwright (the browser test's machinery, tests/test_browser.py)
@@ -117,6 +118,14 @@ def views() -> list[tuple[str, str, str, dict]]:
     out.append(("failures-imported.png", "failures", "Failures",
                 {"store": _store("imported_greedy_lake.duckdb"), "run": "greedy-lake"}))
     out.append(("train.png", "train", "Train", {}))
+    if search:
+        # Failure clusters and checkpoint A vs B on the search run (SFT, then 10 GRPO steps)
+        rid = _runs(search)["run_id"].iloc[0]
+        out.append(("failures-clusters.png", "failures", "Failures",
+                    {"store": _store(search), "run": rid}))
+        out.append(("compare-search.png", "compare", "Compare evaluations",
+                    {"store": _store(search), "run": rid, "a": f"{rid}:20", "b": f"{rid}:30",
+                     "task": "capital>mayor:Giakrohae"}))
     return out
 
 
@@ -138,7 +147,10 @@ def main() -> int:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             ctx = browser.new_context(viewport={"width": 1400, "height": 1800})
             page = ctx.new_page()
+            only = set(sys.argv[1].split(",")) if len(sys.argv) > 1 else None
             for name, path, title, params in views():
+                if only and name not in only:
+                    continue
                 query = urllib.parse.urlencode(params)
                 page.goto(f"{url}/{path}" + (f"?{query}" if query else ""))
                 page.get_by_role("heading", name=title, exact=True).first.wait_for(timeout=90_000)
@@ -159,6 +171,8 @@ def main() -> int:
             proc.wait(15)
         except subprocess.TimeoutExpired:
             proc.kill()
+    if len(sys.argv) > 1:  # a subset: links.md keeps every screenshot's link
+        return 0
     (OUT / "links.md").write_text(
         "Deep links of the screenshots (app served by `make run` at http://127.0.0.1:8501):\n\n"
         + "".join(f"- `{name}`: http://127.0.0.1:8501{link}\n" for name, link in links))
@@ -169,7 +183,8 @@ def _focus(page, name: str) -> None:
     """Scroll to the part of the page a screenshot is about."""
     heading = {"replay-token-mask.png": "Tokens",
                "dynamics-spike-trajectories.png": "Gradient norm and spikes",
-               "groups-credit.png": "Credit: stored advantage vs. what each estimator would give"
+               "groups-credit.png": "Credit: stored advantage vs. what each estimator would give",
+               "failures-clusters.png": "Clusters of similar failures",
                }.get(name)
     if heading:
         page.get_by_role("heading", name=heading).first.evaluate(

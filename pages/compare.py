@@ -120,9 +120,10 @@ at = queries.first_divergence(ta, tb)
 if at is None:
     st.info("The two trajectories are identical turn for turn.")
 else:
-    st.caption(f"{c.safe_label(row['change'])}: the first {at} turn(s) are identical; they "
-               f"diverge at turn {at}. Class in A: {c.safe_label(row['class_a'])}; "
-               f"in B: {c.safe_label(row['class_b'])}.")
+    same = "they differ from the first turn (turn 0)" if at == 0 else \
+        f"turns 0-{at - 1} are identical; they diverge at turn {at}"
+    st.caption(f"{c.safe_label(row['change'])}: {same}. Class in A: "
+               f"{c.safe_label(row['class_a'])}; in B: {c.safe_label(row['class_b'])}.")
 cols = st.columns(2)
 for col, side, frame, run_id, step, traj in ((cols[0], "A", ta, run_a, row["step_a"], row["traj_a"]),
                                              (cols[1], "B", tb, run_b, row["step_b"], row["traj_b"])):

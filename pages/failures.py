@@ -80,7 +80,7 @@ def cluster_panel(pick: c.Pick) -> None:
         replay=[c.replay_url(pick, steps[t.split(", ")[0]], t.split(", ")[0])
                 for t in table["central"]])
     st.dataframe(shown, key="cluster_table", hide_index=True,
-                 column_order=["cluster", "size", "share", "terms", "classes", "replay", "central"],
+                 column_order=["cluster", "size", "share", "replay", "terms", "classes", "central"],
                  column_config={"share": st.column_config.NumberColumn("share %"),
                                 "replay": st.column_config.LinkColumn(
                                     "most central", display_text="open in Replay"),
@@ -89,8 +89,10 @@ def cluster_panel(pick: c.Pick) -> None:
     if per_step["step"].nunique() > 1:
         lines = per_step.assign(cluster=per_step["cluster"].map(
             lambda k: c.plot_text(names[int(k)])), share=per_step["share"] * 100)
-        st.plotly_chart(px.line(lines, x="step", y="share", color="cluster", markers=True,
-                                height=320, title="Share of each step's failures per cluster (%)"),
+        # Stacked to 100% per step: a cluster's band widening over the steps is a failure mode
+        # training makes more common (12 crossing lines were unreadable).
+        st.plotly_chart(px.bar(lines, x="step", y="share", color="cluster", height=360,
+                               title="Share of each step's failures per cluster (%)"),
                         key="cluster_share")
     pickable = list(names)
     chosen = st.selectbox("Members of cluster", pickable, key="cluster_pick",
