@@ -94,7 +94,9 @@ def collect(cfg: TrainConfig, recorder, progress: bool = True,
     """Record one endpoint run (rounds and evaluations, module docstring); return its run id."""
     validate(cfg)
     check(cfg)
-    return _Collection(cfg, recorder, client or client_from_config(cfg), progress).go()
+    client = client or client_from_config(cfg)
+    client.check()  # unreachable, or the key refused: say so before a run is started
+    return _Collection(cfg, recorder, client, progress).go()
 
 
 class _Collection:
@@ -398,6 +400,9 @@ def main(cfg: TrainConfig, args, ranks=None) -> int:
         run_id = collect(cfg, recorder, progress=not getattr(args, "quiet", False))
     except EndpointRefused as exc:
         print(f"error: the endpoint refused the request: {exc}", file=sys.stderr)
+        return 1
+    except EndpointError as exc:  # the check before the run: nothing recorded
+        print(f"error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:
         print(f"error: collection failed: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -18,6 +18,8 @@ Failures, per request:
 * any other 4xx (e.g. the context is longer than the server takes): ``EndpointError`` at once.
 * 401, 403, 404 (bad key, no such model or URL): ``EndpointRefused``; every request would fail
   alike, so the run stops with that message.
+Before a run starts, ``check`` asks ``GET {URL}/models``: a server that cannot be reached at all
+(after the same retries) or that refuses the key is said at once, and no run is recorded.
 
 The stop tag: OpenAI's ``stop`` leaves the matched string out of the returned text and does not
 say which one matched (vLLM does, as ``stop_reason``). ``restore_stop`` appends it again: the
@@ -221,6 +223,31 @@ class ChatClient:
                                      retry_after_cap=self.retry_after_cap,
                                      jitter=random.uniform(0.5, 1.0)))
 
+    def check(self) -> None:
+        """Fail early when the server cannot be reached at all (EndpointError, after the usual
+        retries: it may be starting) or refuses the key (EndpointRefused): ``GET {URL}/models``.
+        Any other answer, a 404 included (not every server lists its models), will do."""
+        base = self.url[:-len("/chat/completions")]
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                self._send(urllib.request.Request(base + "/models", headers=self._headers()))
+                return
+            except EndpointRefused as exc:
+                if exc.status != 404:
+                    raise
+                return
+            except EndpointError:
+                return  # it answered
+            except _Retry as exc:
+                if exc.kind not in ("timeout", "connection"):
+                    return  # it answered (a 5xx or 429 here says the server is up)
+                if attempt > self.retries:
+                    raise EndpointError(exc.kind, f"cannot reach {base}: {exc.detail}",
+                                        attempt) from None
+                self.sleep(backoff_s(attempt, self.backoff, jitter=random.uniform(0.5, 1.0)))
+
     def scrub(self, text: str) -> str:
         """``text`` without the key, cut to a readable length."""
         text = str(text)
@@ -228,11 +255,17 @@ class ChatClient:
             text = text.replace(self._key, "[key]")
         return text[:_DETAIL_CHARS]
 
-    def _post(self, data: bytes) -> bytes:
+    def _headers(self) -> dict:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self._key:
             headers["Authorization"] = f"Bearer {self._key}"
-        request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
+        return headers
+
+    def _post(self, data: bytes) -> bytes:
+        return self._send(urllib.request.Request(self.url, data=data, headers=self._headers(),
+                                                 method="POST"))
+
+    def _send(self, request: urllib.request.Request) -> bytes:
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 return response.read()

@@ -195,7 +195,9 @@ def make_handler(model: ChatModel, faults: FaultPlan, api_key: str | None):
             self._send(status, json.dumps(body).encode(), headers)
 
         def do_GET(self):
-            if self.path.rstrip("/").endswith("/models"):
+            if api_key and self.headers.get("Authorization") != f"Bearer {api_key}":
+                self._error(401, "invalid API key")
+            elif self.path.rstrip("/").endswith("/models"):
                 self._send(200, json.dumps({"object": "list", "data": [
                     {"id": model.name, "object": "model", "owned_by": "local"}]}).encode())
             else:
@@ -265,10 +267,11 @@ def serve(model: ChatModel, host: str = "127.0.0.1", port: int = 0,
           faults: list[dict] | None = None, api_key: str | None = None) -> ThreadingHTTPServer:
     """Start serving in a daemon thread; ``server.server_address`` has the port, ``server.faults``
     the fault plan (``server.faults.rules`` may be replaced between requests). Stop with
-    ``server.shutdown()``."""
+    ``server.shutdown(); server.server_close()`` (the second waits for requests in flight)."""
     plan = FaultPlan(faults)
     server = ThreadingHTTPServer((host, port), make_handler(model, plan, api_key))
-    server.daemon_threads = True
+    # server_close() waits for the requests in flight: none is cut off in the middle of torch
+    server.daemon_threads, server.block_on_close = False, True
     server.faults = plan
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
@@ -304,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(3600)
     except KeyboardInterrupt:
         server.shutdown()
+        server.server_close()
     return 0
 
 

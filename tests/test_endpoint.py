@@ -45,6 +45,7 @@ def server(model):
     srv = serve(model, api_key=KEY)
     yield srv
     srv.shutdown()
+    srv.server_close()
 
 
 @pytest.fixture
@@ -257,9 +258,11 @@ def test_faults_end_only_their_trajectory(url, server, tmp_path, capsys):
         {"fault": "500", "when": seed_of(1, 0, 0), "times": -1},
         {"fault": "429", "when": seed_of(1, 0, 1), "times": 1, "retry_after": 1},
         {"fault": "malformed", "when": seed_of(1, 1, 0), "times": 1},
-        {"fault": "timeout", "when": seed_of(1, 1, 1), "times": -1, "delay": 4}]
+        {"fault": "timeout", "when": seed_of(1, 1, 1), "times": -1, "delay": 7}]
     db = tmp_path / "faults.duckdb"
-    cfg = endpoint_cfg(url, db, steps=2, endpoint_retries=2, endpoint_timeout=2.0,
+    # 5 s: the timeout fault's 7 s exceed it; four 4-token answers in a row on a busy machine
+    # do not
+    cfg = endpoint_cfg(url, db, steps=2, endpoint_retries=2, endpoint_timeout=5.0,
                        max_new_tokens=4)
     os.environ["AGENTRL_OPENAI_API_KEY"] = KEY
     try:
@@ -290,20 +293,39 @@ def test_faults_end_only_their_trajectory(url, server, tmp_path, capsys):
     con.close()
 
 
-def test_a_refused_key_fails_the_run_without_the_key(url, tmp_path, monkeypatch, capsys):
+def test_a_refused_key_or_no_server_is_said_before_any_run(url, tmp_path, monkeypatch, capsys):
     from core.train import main
     wrong = "sk-wrong-key-55aa77"
     monkeypatch.setenv("AGENTRL_OPENAI_API_KEY", wrong)
     db = tmp_path / "refused.duckdb"
-    assert main(["--env", "bandit", "--model", f"openai:{url}", "--model-name", "tiny",
-                 "--steps", "1", "--group-size", "2", "--tasks-per-step", "1", "--eval-every",
-                 "0", "--db", str(db), "--quiet"]) == 1
-    assert "refused" in capsys.readouterr().err
+    args = ["--env", "bandit", "--model-name", "tiny", "--steps", "1", "--group-size", "2",
+            "--tasks-per-step", "1", "--eval-every", "0", "--db", str(db), "--quiet",
+            "--endpoint-retries", "1", "--endpoint-backoff", "0.01"]
+    assert main(args + ["--model", f"openai:{url}"]) == 1
+    err = capsys.readouterr().err
+    assert "refused" in err and "HTTP 401" in err and wrong not in err
+    nobody = "http://127.0.0.1:9/v1"                                    # nothing listens there
+    assert main(args + ["--model", f"openai:{nobody}"]) == 1
+    assert "cannot reach http://127.0.0.1:9/v1" in capsys.readouterr().err
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+    con.close()
+
+
+def test_a_key_refused_mid_run_fails_the_run_without_the_key(url, server, tmp_path,
+                                                            monkeypatch):
+    monkeypatch.setenv("AGENTRL_OPENAI_API_KEY", KEY)
+    server.faults.rules = [{"fault": "401", "when": seed_of(1, 0, 1), "times": -1}]
+    db = tmp_path / "revoked.duckdb"
+    recorder = Recorder(str(db))
+    with pytest.raises(EndpointRefused, match="HTTP 401"):
+        collect(endpoint_cfg(url, db, max_new_tokens=4), recorder, progress=False)
+    recorder.close()
     con = duckdb.connect(str(db), read_only=True)
     status, error = con.execute("SELECT status, error FROM runs").fetchone()
     con.close()
-    assert status == "failed" and "HTTP 401" in error and wrong not in error
-    assert wrong.encode() not in db.read_bytes()
+    assert status == "failed" and "HTTP 401" in error and KEY not in error
+    assert KEY.encode() not in db.read_bytes()
 
 
 def test_turns_carry_the_conversation(url, server, tmp_path, monkeypatch):
