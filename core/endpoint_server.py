@@ -160,6 +160,13 @@ class FaultPlan:
         self.seen: list[dict] = []
         """Every request: its fault (or None), whether it carried the key (never the key), its
         seed and messages."""
+        self.in_flight = self.most_in_flight = 0
+        """Chat requests being answered now, and the most there ever were at once."""
+
+    def enter(self, delta: int) -> None:
+        with self.lock:
+            self.in_flight += delta
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
 
     def take(self, body_text: str) -> dict | None:
         with self.lock:
@@ -204,6 +211,13 @@ def make_handler(model: ChatModel, faults: FaultPlan, api_key: str | None):
                 self._error(404, f"no route {self.path}")
 
         def do_POST(self):
+            faults.enter(1)
+            try:
+                self._post()
+            finally:
+                faults.enter(-1)
+
+        def _post(self):
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length).decode("utf-8", "replace")
             if not self.path.rstrip("/").endswith("/chat/completions"):

@@ -346,3 +346,15 @@ def test_turns_carry_the_conversation(url, server, tmp_path, monkeypatch):
     turns = con.execute("SELECT turn, action, observation FROM turns ORDER BY turn").fetchall()
     con.close()
     assert turns[0][1] == "<answer>Right</answer>" and second[0][3]["content"] == turns[0][2]
+
+
+def test_requests_in_flight_stay_within_the_pool(url, server, tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTRL_OPENAI_API_KEY", KEY)
+    server.faults.most_in_flight = 0
+    db = tmp_path / "pool.duckdb"
+    recorder = Recorder(str(db))
+    collect(endpoint_cfg(url, db, group_size=3, tasks_per_step=2, max_new_tokens=4,
+                         endpoint_concurrency=2), recorder, progress=False)
+    recorder.close()
+    assert server.faults.most_in_flight == 2                        # concurrent, and bounded
+    assert len(server.faults.seen) == 6
