@@ -80,7 +80,10 @@ def replay_panel(pick, traj_id: str, turns: pd.DataFrame) -> None:
                               "rangemode": "tozero"},
                       legend={"orientation": "h", "y": -0.25})
     st.plotly_chart(fig, key="replay_info_gain")
-    st.dataframe(table, key="replay_info_gain_table", hide_index=True)
+    # tiny probabilities (an untrained model's 2e-5) would read as 0.00002 / -0.0000004
+    st.dataframe(table, key="replay_info_gain_table", hide_index=True, column_config={
+        name: st.column_config.NumberColumn(format="%.4g")
+        for name in ("p before", "p after", "info gain")})
     st.caption("p(gold): the policy's teacher-forced probability of the gold answer (geometric "
                "mean over its tokens) from the context it acted from; a turn's gain is p after "
                "it minus p before it. The last turn has no gain: its reward is the outcome.")
