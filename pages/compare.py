@@ -47,14 +47,19 @@ for r in evals.itertuples():
     label = f"{c.text_of(r.name) or r.run_id} · {r.run_id[-6:]} · step {int(r.step)}"
     names[f"{r.run_id}:{int(r.step)}"] = f"{label} · {r.solved:.0%} solved of {int(r.tasks)} tasks"
 options = list(names)
-own = [o for o in options if _parse(o)[0] == pick.run_id]
+# Defaults: the sidebar run's first and last evaluations; a run evaluated once is compared with
+# the store's latest other evaluation.
+own = [o for o in options if _parse(o)[0] == pick.run_id] or options[:1]
+others = [o for o in options if o != own[0]]
 left, right = st.columns(2)
 a = c.url_select("A (before)", options, key="cmp_a", param="a",
-                 default=(own or options)[0], container=left, format_func=names.__getitem__)
+                 default=own[0], container=left, format_func=names.__getitem__)
 b = c.url_select("B (after)", options, key="cmp_b", param="b",
-                 default=(own or options)[-1], container=right, format_func=names.__getitem__)
+                 default=own[-1] if len(own) > 1 else (others or own)[-1], container=right,
+                 format_func=names.__getitem__)
 if a == b:
-    c.stop("A and B are the same evaluation: pick two.")
+    c.stop("A and B are the same evaluation: pick two." if len(options) > 1 else
+           "This store holds one evaluation only: Compare needs two.")
 try:
     d = load_diff(pick.store, a, b)
 except ValueError as exc:

@@ -111,3 +111,16 @@ def test_compare_page_warns_when_task_sets_differ(app):
     # Both runs were evaluated on the same 100 tasks and seeds: no warning, 6 gained 1 lost.
     metrics = {m.label: m.value for m in at.metric}
     assert not at.warning and metrics["gained"] == "6" and metrics["lost"] == "1"
+
+
+@pytest.mark.parametrize("store", sorted(str(p) for p in (ROOT / "sample_runs").glob("*.duckdb")))
+def test_compare_page_renders_on_every_sample_store(app, store):
+    runs = queries.runs(store)
+    at = app("compare", store_dir=str(ROOT / "sample_runs"), store=store,
+             run=runs["run_id"].iloc[-1])
+    assert not at.exception, at.exception
+    evals = queries.evaluations(store)
+    if evals.empty:
+        assert any("No held-out evaluation" in i.value for i in at.info)
+    else:
+        assert {m.label for m in at.metric} >= {"gained", "lost"}
