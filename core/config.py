@@ -456,9 +456,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Bandit on the tiny model. Its random, tied embeddings bound its logits, so LoRA covers
     # lm_head too. SFT on a coin-flipping expert teaches the answer format only (greedy then
     # always pulls the same arm: held-out success 0); Dr.GRPO then teaches the higher-EV arm:
-    # held-out success 0 -> 1.0 (n=32) by RL step 5, seed 0, ~3 min on 2 CPU cores. GRPO's std
-    # normalisation blows up the noise of the risky arm's 0/1 payouts and did not learn in 10
-    # steps; lr above 1e-3 wrecks the format in one update. task_pool=256 (the pool size these
+    # held-out success 0 -> 1.0 (n=32) by RL step 10 (0 at step 5: RL starts from SFT's AdamW
+    # moments, rl_moments=sft; a fresh AdamW got there by step 5), seed 0, ~3 min on 2 CPU
+    # cores. GRPO's std normalisation blows up the noise of the risky arm's 0/1 payouts and did
+    # not learn in 10 steps; with a fresh AdamW, lr above 1e-3 wrecked the format in one update
+    # (1e-2: valid answers 1.0 -> 0; from SFT's moments they stay 1.0, docs/learning.md). task_pool=256 (the pool size these
     # figures and the collapse sample run were measured with): which arm the coin-flip demos
     # happen to favour depends on the tasks drawn, and with the whole split seed 0's SFT already
     # favours the better arm (held-out 1.0 before any RL: nothing left for the demo to show).
