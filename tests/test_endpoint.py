@@ -282,8 +282,8 @@ def test_faults_end_only_their_trajectory(url, server, tmp_path, capsys):
     assert rows["s1-g0-r0"][1]["endpoint_error"]["attempts"] == 3
     assert rows["s1-g1-r1"][0] == "endpoint_error"
     assert rows["s1-g1-r1"][1]["endpoint_error"]["kind"] == "timeout"
-    assert rows["s1-g0-r1"][0] != "endpoint_error" and rows["s1-g0-r1"][1]["endpoint"]["retries"] == 1
-    assert rows["s1-g1-r0"][0] != "endpoint_error" and rows["s1-g1-r0"][1]["endpoint"]["retries"] == 1
+    for traj in ("s1-g0-r1", "s1-g1-r0"):  # retried once, then answered
+        assert rows[traj][0] != "endpoint_error" and rows[traj][1]["endpoint"]["retries"] == 1
     m = dict(con.execute("SELECT name, value FROM metrics WHERE step = 1").fetchall())
     assert m["endpoint/errors"] == 2 and m["endpoint/retries"] == 2 + 1 + 1 + 2
     assert m["env/finish/endpoint_error"] == 0.5
@@ -350,6 +350,9 @@ def test_turns_carry_the_conversation(url, server, tmp_path, monkeypatch):
 
 def test_requests_in_flight_stay_within_the_pool(url, server, tmp_path, monkeypatch):
     monkeypatch.setenv("AGENTRL_OPENAI_API_KEY", KEY)
+    deadline = time.time() + 30
+    while server.faults.in_flight and time.time() < deadline:  # earlier tests' slow faults
+        time.sleep(0.2)
     server.faults.most_in_flight = 0
     db = tmp_path / "pool.duckdb"
     recorder = Recorder(str(db))
