@@ -34,7 +34,14 @@ step its own ``completions_*.parquet`` logs carry), written in one transaction:
   success/rate, response/length_mean and env/turns_mean from the recorded rows; TRL's logged
   metrics under our names (``METRIC_NAMES``: kl -> policy/kl, entropy -> policy/entropy,
   clip_ratio/region_mean -> policy/clipfrac, grad_norm -> grad/norm, ...) and every numeric one
-  also as ``trl/<its name>``; ``time/record_s``, this callback's own cost in the previous step.
+  also as ``trl/<its name>``; ``time/record_s``, the time the callback took from the training
+  loop in the previous step, and ``time/record_write_s``, that step's database write.
+
+The database write runs on one writer thread, so TRL's next step does not wait for it (DuckDB
+works without holding the GIL): measured on an H200 (bench/README.md), recording on the training
+thread would have cost 23% of a tiny model's 0.38 s step. Steps are written in order, each in one
+transaction; at most ``QUEUE_STEPS`` wait (then the loop waits: memory stays bounded). A write
+that fails is raised on the training thread at the next step (or at the end of training).
 
 How it sees what TRL does not hand to callbacks. A ``TrainerCallback`` gets the model and
 tokenizer, not the trainer, so on ``on_train_begin`` the callback finds the trainer that calls
@@ -54,16 +61,19 @@ exits before (a crash, Ctrl-C) marks it ``failed`` with that reason on its way o
 from __future__ import annotations
 
 import atexit
+import codecs
 import inspect
 import math
+import queue
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import TrainerCallback
 
-from core.token_text import token_texts
+from core.token_text import _BYTES, _is_byte_level, token_texts
 from storage.dumps import chat_turns, standard_component, task_id_of
 from storage.recorder import Recorder
 
@@ -76,6 +86,9 @@ METRIC_NAMES = {"reward": "reward/mean", "reward_std": "reward/std",
                 "completions/mean_length": "response/length_mean", "loss": "policy/loss",
                 "learning_rate": "optim/lr", "step_time": "time/step_s"}
 INDEX_KEY = "_recorder_index"
+TOKEN_COLUMNS = ("traj_id", "pos", "token_id", "text", "role", "trained", "turn", "advantage",
+                 "logprob", "entropy", "ref_logprob")
+QUEUE_STEPS = 2
 
 
 @dataclass
@@ -161,7 +174,13 @@ class RecorderCallback(TrainerCallback):
         self._held: tuple[int, dict] | None = None   # a step waiting for this step's on_log
         self._cost_s = 0.0                            # this step's recording work so far
         self.record_s: list[float] = []               # per recorded step (bench/trl_record.py)
+        self.write_s: list[float] = []                # the writer thread's time per write
         self._done = False
+        self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_STEPS)
+        self._writer: threading.Thread | None = None
+        self._write_error: BaseException | None = None
+        self._prompt_texts: dict[tuple, list[str]] = {}  # a group's prompt, decoded once
+        self._raw: dict[int, bytes] = {}                  # token id -> its bytes (byte-level)
 
     # -- wiring ----------------------------------------------------------------------------------
     def attach(self, trainer) -> "RecorderCallback":
@@ -316,6 +335,7 @@ class RecorderCallback(TrainerCallback):
             return
         if self._held is not None:
             self._write(*self._held, {})
+        self._drain()
         self.recorder.finish("finished")
         self._done = True
         atexit.unregister(self._at_exit)
@@ -323,10 +343,43 @@ class RecorderCallback(TrainerCallback):
     def _at_exit(self) -> None:
         if not self._done and self.run_id is not None:
             try:
+                self._drain(timeout=30.0)
+            except BaseException:
+                pass  # the run is marked failed below either way
+            try:
                 self.recorder.finish("failed", "the training process ended before TRL's "
                                                "on_train_end (crash or interrupt)")
             except Exception:
                 pass
+
+    # -- the writer thread ---------------------------------------------------------------------
+    def _drain(self, timeout: float | None = None) -> None:
+        """Wait until every queued step is written; raise a write's error here."""
+        if self._writer is not None:
+            self._queue.put(None)
+            self._writer.join(timeout)
+            self._writer = None
+        self._raise_write_error()
+
+    def _raise_write_error(self) -> None:
+        if self._write_error is not None:
+            error, self._write_error = self._write_error, None
+            raise RuntimeError(f"RecorderCallback could not write a step to "
+                               f"{self.recorder.path}: {type(error).__name__}: {error}") from error
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            step, metrics, tables = item
+            t0 = time.perf_counter()
+            try:
+                if self._write_error is None:  # after a failure nothing later is written
+                    self.recorder.record_step(step, metrics=metrics, **tables)
+            except BaseException as exc:
+                self._write_error = exc
+            self.write_s.append(time.perf_counter() - t0)
 
     # -- rows ----------------------------------------------------------------------------------
     def _config(self, args, model) -> dict:
@@ -353,7 +406,8 @@ class RecorderCallback(TrainerCallback):
 
     def _step_tables(self, step: int) -> dict:
         batches, self._batches = self._batches, []
-        tables = {"trajectories": [], "rewards": [], "turns": [], "tokens": []}
+        tables = {"trajectories": [], "rewards": [], "turns": [],
+                  "tokens": {c: [] for c in TOKEN_COLUMNS}}
         trainer = self.trainer
         tok = getattr(trainer, "_tokenizer", None) or getattr(trainer, "processing_class", None)
         names = list(getattr(trainer, "reward_func_names", []))
@@ -386,10 +440,11 @@ class RecorderCallback(TrainerCallback):
         truncated = None
         if 0 <= local < len(batch.completion_ids):
             truncated = batch.truncated[local]
-            tokens = self._tokens(batch, local, tid, advantage, tok)
+            n_trained = self._tokens(tables["tokens"], batch, local, tid, advantage, tok)
         else:  # another process's completion: its texts only, re-tokenized
             notes.append("tokens re-tokenized from text (another process generated them)")
-            tokens = self._retokenized(tid, prompt, _text(completion), advantage, tok)
+            n_trained = self._retokenized(tables["tokens"], tid, prompt, _text(completion),
+                                          advantage, tok)
         success = components["outcome"] >= 1.0
         tables["trajectories"].append({
             "traj_id": tid, "group_id": group_id, "task_id": task_id_of(prompt),
@@ -397,7 +452,7 @@ class RecorderCallback(TrainerCallback):
             "num_turns": len(turns), "finish_reason": None if truncated is None else
             ("length" if truncated else "stop"), "split": "train", "prompt": prompt,
             "answer": None if truncated else turns[-1]["action"],
-            "response_tokens": sum(1 for t in tokens if t["trained"]),
+            "response_tokens": n_trained,
             "failure_class": _classify(turns, success, truncated),
             "info": {"import_notes": notes + ["success = outcome >= 1"]}})
         tables["rewards"] += [{"traj_id": tid, "component": c, "value": float(v)}
@@ -406,45 +461,94 @@ class RecorderCallback(TrainerCallback):
                              "observation": t["observation"],
                              "action_type": "tool" if t["observation"] else "answer"}
                             for k, t in enumerate(turns)]
-        tables["tokens"] += tokens
 
-    def _tokens(self, batch: _Batch, j: int, tid: str, advantage, tok) -> list[dict]:
+    def _tokens(self, cols: dict[str, list], batch: _Batch, j: int, tid: str, advantage,
+                tok) -> int:
+        """Append trajectory ``j``'s token rows to the columns ``cols``; its trained count.
+
+        Column lists are extended a trajectory at a time (no dict per token): a step of
+        64 x 400 tokens is 25k rows, and per-row Python objects were most of its cost."""
         p_ids, c_ids = batch.prompt_ids[j], batch.completion_ids[j]
-        texts = token_texts(tok, p_ids + c_ids) if tok is not None else [""] * (len(p_ids) + len(c_ids))
+        P, C = len(p_ids), len(c_ids)
+        if tok is None:
+            texts = [""] * (P + C)
+        else:  # a prompt ends at a token boundary (chat template): its texts are its own
+            key = tuple(p_ids)
+            if key not in self._prompt_texts:
+                if len(self._prompt_texts) > 1024:
+                    self._prompt_texts.clear()
+                self._prompt_texts[key] = self._texts(tok, p_ids)
+            texts = self._prompt_texts[key] + self._texts(tok, c_ids)
         policy = batch.policy.get(batch.index_base + j)
         logps = batch.sampling_logps[j] if batch.sampling_logps is not None else \
             (policy[0] if policy else None)
         ents = policy[1] if policy else None
         refs = batch.ref_logps[j] if batch.ref_logps is not None else None
-        rows = [{"traj_id": tid, "pos": k, "token_id": t, "text": texts[k], "role": "prompt",
-                 "trained": False, "turn": -1} for k, t in enumerate(p_ids)]
-        turn, prev_obs = 0, False
-        for k, t in enumerate(c_ids):
-            obs = batch.tool_mask is not None and not batch.tool_mask[j][k]
-            if prev_obs and not obs:
-                turn += 1
-            prev_obs = obs
-            trained = bool(batch.loss_mask[j][k])
-            rows.append({"traj_id": tid, "pos": len(p_ids) + k, "token_id": t,
-                         "text": texts[len(p_ids) + k],
-                         "role": "observation" if obs else "action", "trained": trained,
-                         "turn": turn, "advantage": advantage if trained else None,
-                         "logprob": _at(logps, k) if not obs else None,
-                         "entropy": _at(ents, k) if not obs else None,
-                         "ref_logprob": _at(refs, k) if not obs else None})
-        return rows
+        trained = [bool(m) for m in batch.loss_mask[j]]
+        if batch.tool_mask is None:
+            obs, roles, turns = [False] * C, ["action"] * C, [0] * C
+        else:
+            obs = [not m for m in batch.tool_mask[j]]
+            roles, turns, turn = [], [], 0
+            for k, o in enumerate(obs):
+                if k and obs[k - 1] and not o:
+                    turn += 1  # the model acts again after a tool result
+                roles.append("observation" if o else "action")
+                turns.append(turn)
+        none_p = [None] * P
+        cols["traj_id"] += [tid] * (P + C)
+        cols["pos"] += range(P + C)
+        cols["token_id"] += p_ids
+        cols["token_id"] += c_ids
+        cols["text"] += texts
+        cols["role"] += ["prompt"] * P
+        cols["role"] += roles
+        cols["trained"] += [False] * P
+        cols["trained"] += trained
+        cols["turn"] += [-1] * P
+        cols["turn"] += turns
+        cols["advantage"] += none_p
+        cols["advantage"] += [advantage if t else None for t in trained]
+        for name, values in (("logprob", logps), ("entropy", ents), ("ref_logprob", refs)):
+            cols[name] += none_p
+            cols[name] += _per_token(values, C, obs)
+        return sum(trained)
+
+    def _texts(self, tok, ids: list[int]) -> list[str]:
+        """``core.token_text.token_texts(tok, ids)``, with each token's bytes looked up once per
+        run instead of rebuilt character by character for every token (most of a step's
+        recording time before: 16k completion tokens a step)."""
+        if not _is_byte_level(tok):
+            return token_texts(tok, ids)
+        raw = self._raw
+        missing = list({i for i in ids if i not in raw})
+        for i, piece in zip(missing, tok.convert_ids_to_tokens(missing)):
+            raw[i] = b"".join(bytes([_BYTES[c]]) if c in _BYTES else c.encode() for c in piece)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        texts = [decoder.decode(raw[i]) for i in ids]
+        if texts:
+            texts[-1] += decoder.decode(b"", final=True)
+        return texts
 
     @staticmethod
-    def _retokenized(tid: str, prompt: str, completion: str, advantage, tok) -> list[dict]:
-        rows = []
+    def _retokenized(cols: dict[str, list], tid: str, prompt: str, completion: str, advantage,
+                     tok) -> int:
+        pos = 0
         for role, text in (("prompt", prompt), ("action", completion)):
             ids = tok(text, add_special_tokens=False)["input_ids"] if tok is not None else []
-            for t, piece in zip(ids, token_texts(tok, ids) if ids else []):
-                trained = role == "action"
-                rows.append({"traj_id": tid, "pos": len(rows), "token_id": t, "text": piece,
-                             "role": role, "trained": trained, "turn": -1 if role == "prompt" else 0,
-                             "advantage": advantage if trained else None})
-        return rows
+            n, action = len(ids), role == "action"
+            cols["traj_id"] += [tid] * n
+            cols["pos"] += range(pos, pos + n)
+            cols["token_id"] += ids
+            cols["text"] += token_texts(tok, ids) if ids else []
+            cols["role"] += [role] * n
+            cols["trained"] += [action] * n
+            cols["turn"] += [0 if action else -1] * n
+            cols["advantage"] += [advantage if action else None] * n
+            for name in ("logprob", "entropy", "ref_logprob"):
+                cols[name] += [None] * n
+            pos += n
+        return n
 
     def _write(self, step: int, tables: dict, logs: dict) -> None:
         t0 = time.perf_counter()
@@ -457,7 +561,14 @@ class RecorderCallback(TrainerCallback):
                     metrics[METRIC_NAMES[key]] = float(value)
         if tables:
             metrics["time/record_s"] = self.record_s[-1] if self.record_s else 0.0
-        self.recorder.record_step(step, metrics=metrics, **{k: v for k, v in tables.items() if v})
+            if self.write_s:
+                metrics["time/record_write_s"] = self.write_s[-1]
+        self._raise_write_error()
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write_loop, name="trl-recorder",
+                                            daemon=True)
+            self._writer.start()
+        self._queue.put((step, metrics, {k: v for k, v in tables.items() if v}))
         if self._held is not None and self._held[0] == step:
             self._held = None
         if tables:
@@ -466,11 +577,13 @@ class RecorderCallback(TrainerCallback):
             self._cost_s = 0.0
 
 
-def _at(values, k: int):
-    if values is None or k >= len(values):
-        return None
-    v = values[k]
-    return v if v is not None and math.isfinite(v) else None
+def _per_token(values: list | None, n: int, obs: list[bool]) -> list:
+    """The first ``n`` of a padded row, None where absent, not finite or an observation."""
+    if values is None:
+        return [None] * n
+    out = [v if v is not None and math.isfinite(v) else None for v in values[:n]]
+    out += [None] * (n - len(out))
+    return [None if o else v for v, o in zip(out, obs)] if any(obs) else out
 
 
 def _classify(turns: list[dict], success: bool, truncated: bool | None) -> str | None:
