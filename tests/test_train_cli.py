@@ -90,11 +90,16 @@ def test_two_step_run_writes_every_table_consistently(tmp_path):
         assert texts.get((traj_id, turn, "observation"), "") == observation
     assert _q(db, "SELECT count(*) FROM trajectories t WHERE num_turns <> (SELECT count(*) FROM "
                   "turns u WHERE u.traj_id = t.traj_id)") == [(0,)]
-    # four reward components for every trajectory
-    assert _q(db, "SELECT DISTINCT n FROM (SELECT t.traj_id, count(r.component) AS n FROM "
-                  "trajectories t LEFT JOIN rewards r USING (run_id, traj_id) GROUP BY 1)") == [(4,)]
+    # the four reward components for every trajectory; training rollouts on search (gold
+    # answers) also carry their measured information gain (core/info_gain.py)
+    assert _q(db, "SELECT DISTINCT t.split = 'train', count(r.component) AS n FROM "
+                  "trajectories t LEFT JOIN rewards r USING (run_id, traj_id) "
+                  "WHERE r.component IN ('cost', 'format', 'outcome', 'process') "
+                  "GROUP BY t.traj_id, t.split HAVING n <> 4") == []
     assert _q(db, "SELECT DISTINCT component FROM rewards ORDER BY 1") == [
-        ("cost",), ("format",), ("outcome",), ("process",)]
+        ("cost",), ("format",), ("info_gain",), ("outcome",), ("process",)]
+    assert _q(db, "SELECT DISTINCT t.split FROM trajectories t JOIN rewards r USING "
+                  "(run_id, traj_id) WHERE r.component = 'info_gain'") == [("train",)]
     # per LoRA module gradient norms, every SFT and RL step; per trajectory norms on train rows
     assert _q(db, "SELECT step, count(*) FROM grad_stats GROUP BY 1 ORDER BY 1") == [
         (1, 14), (2, 14), (3, 14)]
