@@ -194,3 +194,44 @@ def test_pages_open_the_trl_run(trl_run, monkeypatch, page, params, expect):
                      + [f.value.to_string() + " ".join(map(str, f.value.columns))
                         for f in at.dataframe])
     assert expect in shown
+
+
+CRASHING = '''
+import sys
+from datasets import Dataset
+from peft import LoraConfig
+from trl import GRPOConfig, GRPOTrainer
+from core.policy import load_base_model, load_tokenizer
+from storage.integrations.trl import RecorderCallback
+calls = []
+def reward(completions, **kw):
+    calls.append(1)
+    if len(calls) == 2:
+        raise RuntimeError("reward server down")
+    return [float(len(c[-1]["content"])) for c in completions]
+tok = load_tokenizer("tiny")
+model = load_base_model("tiny", vocab_size=len(tok)).requires_grad_(True)
+data = Dataset.from_list([{"prompt": [{"role": "user", "content": "hi"}]}] * 8)
+args = GRPOConfig(output_dir=sys.argv[2], per_device_train_batch_size=4, num_generations=4,
+                  max_completion_length=4, max_steps=3, logging_steps=1, report_to="none",
+                  use_cpu=True, save_strategy="no", disable_tqdm=True)
+trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
+                      processing_class=tok, peft_config=LoraConfig(r=2, target_modules=["q_proj"],
+                                                                   task_type="CAUSAL_LM"))
+trainer.add_callback(RecorderCallback(sys.argv[1]))
+trainer.train()
+'''
+
+
+def test_a_crashed_training_leaves_its_steps_and_a_failed_run(tmp_path):
+    import subprocess
+    import sys
+    res = subprocess.run([sys.executable, "-c", CRASHING, str(tmp_path / "crash.duckdb"),
+                          str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode != 0 and "reward server down" in res.stderr
+    (status, error, steps), = rows(tmp_path / "crash.duckdb",
+                                   "SELECT status, error, (SELECT list(DISTINCT step) FROM "
+                                   "trajectories) FROM runs")
+    assert status == "failed" and "on_train_end" in error
+    assert steps == [1]  # the step before the crash was written whole
