@@ -82,13 +82,14 @@ def random_model(folder: Path) -> str:
     return str(folder)
 
 
-def child(device: str, model: str, rl_steps: int, sft_steps: int, out: str) -> None:
+def child(device: str, model: str, rl_steps: int, sft_steps: int, out: str,
+          sizes: dict) -> None:
     """One training run in this process; its config and per-step metrics as JSON in ``out``."""
     from core.config import PRESETS, TrainConfig
     from core.trainer import train
     cfg = TrainConfig.from_dict({**PRESETS["search-smollm2"], "model": model, "device": device,
                                  "steps": rl_steps, "sft_steps": sft_steps, "eval_every": 0,
-                                 "db": str(Path(out).with_suffix(".unused.duckdb"))})
+                                 "db": str(Path(out).with_suffix(".unused.duckdb")), **sizes})
     rec = MemoryRecorder()
     t0 = time.perf_counter()
     train(cfg, rec, progress=False)
@@ -101,7 +102,7 @@ def run(device: str, args, model: str, tmp: Path) -> dict:
     out = tmp / f"{device.replace(':', '_')}.json"
     steps = args.steps if device != "cpu" else args.cpu_steps
     cmd = [sys.executable, __file__, "--child", device, "--model", model, "--steps", str(steps),
-           "--sft-steps", str(args.sft_steps), "--json", str(out)]
+           "--sft-steps", str(args.sft_steps), "--json", str(out)] + _size_flags(args)
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode:
         sys.exit(f"{device} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -126,6 +127,15 @@ def run(device: str, args, model: str, tmp: Path) -> dict:
     return res
 
 
+SIZES = ("group_size", "tasks_per_step")
+"""Batch shape flags that override the preset's (G=8 x 4 tasks) when given."""
+
+
+def _size_flags(args) -> list[str]:
+    return [x for k in SIZES if getattr(args, k) is not None
+            for x in (f"--{k.replace('_', '-')}", str(getattr(args, k)))]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=3, help="RL steps on the GPU")
@@ -137,11 +147,14 @@ def main() -> None:
                         help="a random model of SmolLM2-135M's shape instead of its weights")
     parser.add_argument("--cpu-only", action="store_true", help="skip the GPU half")
     parser.add_argument("--skip-cpu", action="store_true", help="skip the CPU half")
+    parser.add_argument("--group-size", type=int, help="G (default: the preset's 8)")
+    parser.add_argument("--tasks-per-step", type=int, help="tasks per step (the preset's 4)")
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(args.child, args.model, args.steps, args.sft_steps, args.json)
+        return child(args.child, args.model, args.steps, args.sft_steps, args.json,
+                     {k: getattr(args, k) for k in SIZES if getattr(args, k) is not None})
     import torch
     if not args.cpu_only and not torch.cuda.is_available():
         print(f"no CUDA GPU visible to torch {torch.__version__} (CUDA build: "
