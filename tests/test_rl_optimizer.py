@@ -7,10 +7,12 @@ step then halved it"). The trainer now starts the RL optimizer from SFT's second
 (``rl_moments='sft'``, core/update.py ``carry_second_moments``): a small RL gradient takes a
 small step.
 """
+import copy
+
 import pytest
 import torch
 
-from core.config import ConfigError, TrainConfig, validate
+from core.config import PRESETS, ConfigError, TrainConfig, validate
 from core.credit import assign
 from core.envs.base import make_env
 from core.policy import load_policy
@@ -131,3 +133,33 @@ def test_trainer_starts_rl_from_sft_second_moments(tmp_path):
 def test_rl_moments_is_validated():
     with pytest.raises(ConfigError, match="rl_moments"):
         validate(TrainConfig(rl_moments="carry"))
+
+
+@pytest.mark.slow
+def test_one_rl_step_at_a_high_lr_keeps_the_sft_format_only_from_sft_moments(tmp_path):
+    """The collapse itself, on the workshop demo (tiny, bandit): after its 30 SFT steps every
+    held-out answer is valid; one Dr.GRPO step at lr 1e-2 from a fresh AdamW wrecks the format
+    (measured: valid answers 1.0 -> 0.0), the same step from SFT's second moments keeps it."""
+    cfg = TrainConfig.from_dict({**PRESETS["workshop-demo"], "lr": 1e-2, "steps": 1,
+                                 "eval_tasks": 16, "db": str(tmp_path / "unused.duckdb"),
+                                 "checkpoint_dir": str(tmp_path / "ckpt")})
+    run = _Run(cfg, NullRecorder(), progress=False)
+    run.start()
+    for step in range(1, cfg.sft_steps + 1):
+        run.sft_step(step)
+    assert run.evaluate(cfg.sft_steps).metrics["eval/valid_action_ratio"] >= 0.9
+    params = run.policy.trainable_parameters()
+    after_sft = [p.detach().clone() for p in params]
+    sft_state = copy.deepcopy(run.sft_opt.state_dict())
+    valid = {}
+    for mode in ("fresh", "sft"):
+        with torch.no_grad():
+            for p, s in zip(params, after_sft):
+                p.copy_(s)
+        run.sft_opt.load_state_dict(copy.deepcopy(sft_state))
+        run.rl_opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+        run.cfg = cfg.replace(rl_moments=mode)
+        run.rl_step(cfg.sft_steps + 1)  # the same rollouts both times (same policy and seed)
+        valid[mode] = run.evaluate(cfg.sft_steps + 1).metrics["eval/valid_action_ratio"]
+    assert valid["fresh"] <= 0.5, valid  # the fault: one step, the format is gone
+    assert valid["sft"] >= 0.9, valid
