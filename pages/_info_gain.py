@@ -32,8 +32,13 @@ def load_signals(store: str, run_id: str, traj_id: str) -> pd.DataFrame:
 
 
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
-def load_by_turn(store: str, run_id: str, last_step: int) -> pd.DataFrame:
-    return queries.signal_by_turn(store, run_id, "info_gain")
+def load_by_turn(store: str, run_id: str, last_step: int, name: str = "info_gain") -> pd.DataFrame:
+    return queries.signal_by_turn(store, run_id, name)
+
+
+@st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
+def load_names(store: str, run_id: str, last_step: int) -> list[str]:
+    return queries.signal_names(store, run_id)
 
 
 def per_turn(signals: pd.DataFrame, turns: pd.DataFrame) -> pd.DataFrame:
@@ -55,6 +60,8 @@ def replay_panel(pick, traj_id: str, turns: pd.DataFrame) -> None:
     """Replay: the trajectory's answer probability along its turns and each turn's gain."""
     st.subheader("Information gain")
     everything = c.read_or_stop(load_signals, pick.store, pick.run_id, traj_id)
+    # training's signals only: branch-from-turn analyses record their own q (core/branch.py)
+    everything = everything[everything["source"] == "train"]
     other = everything[everything["name"].isin(list(CREDIT_SIGNALS))]
     signals = everything[~everything["name"].isin(list(CREDIT_SIGNALS))]
     if not other.empty:
@@ -90,33 +97,45 @@ def replay_panel(pick, traj_id: str, turns: pd.DataFrame) -> None:
 
 
 def dynamics_panel(pick) -> None:
-    """Dynamics: mean information gain per turn index, over the run and step by step."""
+    """Dynamics: mean information gain per turn index, over the run and step by step (and the
+    same for SPA's contributions or the PRM's scores when the run recorded them)."""
     st.subheader("Information gain per turn")
-    by_turn = c.read_or_stop(load_by_turn, pick.store, pick.run_id, pick.last_step)
-    if by_turn.empty:
+    names = c.read_or_stop(load_names, pick.store, pick.run_id, pick.last_step)
+    if "info_gain" not in names:
         st.info(NOT_YET.format(what="run"))
-        return
+    else:
+        by_turn_charts(pick, "info_gain", "gain")
+        st.caption("Gain of a turn: how much it raised the policy's probability of the gold "
+                   "answer (training trajectories; the final turn has none). A search turn that "
+                   "finds the evidence should gain; one that does not, not.")
+    other = [n for n in CREDIT_SIGNALS if n in names]
+    if other:
+        name = st.selectbox("Other per-turn credit recorded in this run", other,
+                            format_func=CREDIT_SIGNALS.get, key="dyn_turn_signal")
+        by_turn_charts(pick, name, CREDIT_SIGNALS[name])
+
+
+def by_turn_charts(pick, name: str, label: str) -> None:
+    """Mean of ``name`` by turn index over the whole run, and per step one line per turn index."""
+    by_turn = c.read_or_stop(load_by_turn, pick.store, pick.run_id, pick.last_step, name)
     overall = (by_turn.assign(total=by_turn["mean"] * by_turn["n"]).groupby("turn")
                .agg(total=("total", "sum"), n=("n", "sum")))
     overall["mean"] = overall["total"] / overall["n"]
     left, right = st.columns(2)
     with left:
-        fig = go.Figure([go.Bar(x=overall.index, y=overall["mean"], name="mean gain",
+        fig = go.Figure([go.Bar(x=overall.index, y=overall["mean"], name=f"mean {label}",
                                 customdata=overall["n"],
-                                hovertemplate="turn %{x}: %{y:.4f} (n=%{customdata})")])
+                                hovertemplate="turn %{x}: %{y:.4g} (n=%{customdata})")])
         fig.update_layout(height=300, margin={"l": 50, "r": 10, "t": 30, "b": 40},
-                          title="Mean gain by turn index (whole run)",
-                          xaxis={"title": "turn", "dtick": 1}, yaxis={"title": "gain"})
-        st.plotly_chart(fig, key="dyn_info_gain_turn")
+                          title=f"Mean {label} by turn index (whole run)",
+                          xaxis={"title": "turn", "dtick": 1}, yaxis={"title": label})
+        st.plotly_chart(fig, key=f"dyn_{name}_turn")
     with right:
         fig = go.Figure([go.Scatter(x=part["step"], y=part["mean"], mode="lines+markers",
                                     name=f"turn {int(k)}")
                          for k, part in by_turn.groupby("turn")])
         fig.update_layout(height=300, margin={"l": 50, "r": 10, "t": 30, "b": 40},
-                          title="Mean gain per step, one line per turn index",
-                          xaxis={"title": "step"}, yaxis={"title": "gain"},
+                          title=f"Mean {label} per step, one line per turn index",
+                          xaxis={"title": "step"}, yaxis={"title": label},
                           legend={"orientation": "h", "y": -0.25})
-        st.plotly_chart(fig, key="dyn_info_gain_steps")
-    st.caption("Gain of a turn: how much it raised the policy's probability of the gold answer "
-               "(training trajectories; the final turn has none). A search turn that finds the "
-               "evidence should gain; one that does not, not.")
+        st.plotly_chart(fig, key=f"dyn_{name}_steps")

@@ -426,6 +426,17 @@ def signal_by_turn(path: str | Path, run_id: str, name: str = "info_gain") -> pd
             "ORDER BY step, turn", [run_id, name]).df()
 
 
+def signal_names(path: str | Path, run_id: str, source: str = "train") -> list[str]:
+    """The per-turn signal names a run recorded from ``source`` (sorted; [] before schema 4)."""
+    with db.reading(path) as con:
+        check_version(con, where=str(path))
+        if not _has_table(con, "turn_signals"):
+            return []
+        return [r[0] for r in con.execute(
+            "SELECT DISTINCT name FROM turn_signals WHERE run_id = ? AND source = ? ORDER BY 1",
+            [run_id, source]).fetchall()]
+
+
 # -- branch-from-turn analyses (branches + turn_signals source 'branch', core/branch.py) -----------
 BRANCH_SIGNALS = ["v", "q", "a", "v_lo", "v_hi", "q_lo", "q_hi", "a_lo", "a_hi", "n", "worst"]
 

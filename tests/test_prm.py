@@ -94,3 +94,27 @@ def test_replay_shows_the_prm_turn_credit(open_page, prm_run):
     assert table["MC Q label"].tolist() == [0.0] * int(t.num_turns)
     # info gain was not recorded in this run: its part of the panel says so
     assert any("Information gain not computed yet" in i.value for i in at.info)
+
+
+def test_dynamics_offers_the_prm_by_turn_and_replay_ignores_branch_signals(open_page, prm_run,
+                                                                           tmp_path):
+    import shutil
+    from storage import db
+    store = tmp_path / "copy" / "prm.duckdb"
+    store.parent.mkdir()
+    shutil.copy(prm_run[0], store)
+    run_id = prm_run[1]
+    t = queries.trajectories(store, run_id).iloc[0]
+    with db.writing(str(store)) as con:  # a branch-from-turn analysis's own q on turn 0
+        con.execute("INSERT INTO turn_signals VALUES (?, ?, ?, 0, 'q', 0.75, 'branch')",
+                    [run_id, int(t.step), t.traj_id])
+    at = open_page("replay", str(store), run=run_id, step=int(t.step), traj=t.traj_id)
+    table = next(f.value for f in at.dataframe if "MC Q label" in f.value.columns)
+    assert table["MC Q label"].tolist() == [0.0] * int(t.num_turns)
+    at = open_page("dynamics", str(store), run=run_id)
+    box = at.selectbox(key="dyn_turn_signal")
+    assert box.options == ["MC Q label", "PRM score"]
+    assert any("Information gain not computed yet" in i.value for i in at.info)
+    by_turn = queries.signal_by_turn(store, run_id, "q")
+    assert set(by_turn.turn) == set(range(int(t.num_turns)))  # the branch row is not counted
+    assert float(by_turn["mean"].abs().max()) == 0.0
