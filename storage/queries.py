@@ -389,11 +389,6 @@ def _plain(value):
 
 
 # -- per-turn signals (turn_signals, migration m004) -----------------------------------------------
-def _has_table(con, name: str) -> bool:
-    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
-                            [name]).fetchone()[0])
-
-
 def turn_signals(path: str | Path, run_id: str, traj_ids: list[str],
                  names: list[str] | None = None) -> pd.DataFrame:
     """Per-turn signals of ``traj_ids`` (traj_id, turn, name, value, source), by trajectory and
