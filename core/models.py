@@ -102,6 +102,9 @@ def load_tokenizer(model: str = "tiny"):
         if not Path(model).is_dir():
             raise ModelNotAvailable(f"model {model!r} is neither tiny, smollm2-135m, a local "
                                     "model directory nor a .gguf file")
+        if not (Path(model) / "config.json").is_file():
+            raise ModelNotAvailable(f"model {model!r}: no config.json, so not a Hugging Face "
+                                    "model directory (save one with save_pretrained)")
         try:
             return AutoTokenizer.from_pretrained(model, local_files_only=True)
         except (OSError, ValueError, KeyError) as exc:

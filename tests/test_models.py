@@ -59,6 +59,17 @@ def test_policy_resolves_family(model_dirs):
         load_policy(model_dirs["gpt2"], lora_targets="q_proj,v_proj")
 
 
+def test_a_directory_without_a_model_is_a_clear_error(tmp_path, capsys):
+    from core.train import main
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    args = ["--env", "bandit", "--steps", "1", "--db", str(tmp_path / "s.duckdb"), "--quiet"]
+    assert main(args + ["--model", str(empty)]) == 1
+    assert "no config.json, so not a Hugging Face model directory" in capsys.readouterr().err
+    assert main(args + ["--model", str(tmp_path / "missing")]) == 2
+    assert "an existing local model directory or a .gguf file" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("family", model_builders.FAMILIES)
 def test_trains_every_env_with_a_clean_mask(model_dirs, family, tmp_path):
     path = model_dirs[family]
