@@ -198,10 +198,25 @@ def test_a_crash_marks_the_run_failed_with_the_error(tmp_path, capsys):
     db = tmp_path / "store.duckdb"
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the checkpoint directory should go")
+    # adapter snapshots off: the step-0 snapshot would hit the blocked directory before step 1
     rc = main(SMALL + ["--steps", "1", "--eval-every", "0", "--db", str(db),
-                       "--checkpoint-dir", str(blocker)])
+                       "--checkpoint-dir", str(blocker), "--adapter-every", "0"])
     assert rc == 1
     assert "training failed" in capsys.readouterr().err
     [(status, error, last)] = _q(db, "SELECT status, error, last_step FROM runs")
     assert status == "failed" and "not-a-dir" in error
     assert last == 1  # the step itself was recorded before the checkpoint failed
+
+
+def test_a_blocked_adapter_snapshot_fails_the_run_before_training(tmp_path, capsys):
+    """With snapshots on, the policy before step 1 is kept first: an unusable checkpoint
+    directory fails the run at once, named, with no step recorded."""
+    db = tmp_path / "store.duckdb"
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the checkpoint directory should go")
+    rc = main(SMALL + ["--steps", "1", "--eval-every", "0", "--db", str(db),
+                       "--checkpoint-dir", str(blocker), "--adapter-every", "1"])
+    assert rc == 1
+    assert "training failed" in capsys.readouterr().err
+    [(status, error, last)] = _q(db, "SELECT status, error, last_step FROM runs")
+    assert status == "failed" and "not-a-dir" in error and last is None
