@@ -285,7 +285,7 @@ def prepare_job(db: str, run_id: str, traj_id: str, turns: str = "all", k: int =
     snap = checkpoint.nearest_adapter(ckpt_dir, sampled_by)
     if snap is None:
         raise BranchError(f"run {run_id!r} has no saved adapter at or before step {sampled_by} "
-                          f"(looked in {ckpt_dir.name}/{checkpoint.ADAPTERS}/ next to the store); "
+                          f"(looked in {ckpt_dir.parent.name}/{ckpt_dir.name}/{checkpoint.ADAPTERS}/); "
                           "train with adapter_every > 0 to keep them")
     job = Job(db=str(db), run_id=run_id, traj_id=traj_id, step=step, split=split, cfg=cfg,
               env=env, task=task, episode_seed=int(info["episode_seed"]), turns=turn_list, k=k,
