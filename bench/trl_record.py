@@ -19,7 +19,8 @@ Two figures per round:
 * the A/B: median step time of a block with the callback against a block without it (same
   seed), which also catches costs the callback cannot time itself (its wrappers, the index
   column riding through TRL's shuffle).
-The first step of each block is left out (warm-up). Blocks alternate (with, without, ...).
+The first step of each block is left out (warm-up). Blocks alternate, the order rotated each
+round (with, without; without, with; ...) so that a drift in the machine's load hits both.
 """
 from __future__ import annotations
 
@@ -118,11 +119,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp) / "trl.duckdb"
         for rnd in range(args.rounds):
-            steps, rec = block(tok, rows, args, True, rnd, store)
-            with_cb += steps
-            record += rec
-            steps, _ = block(tok, rows, args, False, rnd, store)
-            without += steps
+            for record_it in ((True, False) if rnd % 2 == 0 else (False, True)):
+                steps, rec = block(tok, rows, args, record_it, rnd, store)
+                if record_it:
+                    with_cb += steps
+                    record += rec
+                else:
+                    without += steps
         from storage import db
         with db.reading(store) as con:
             tokens = con.execute("SELECT count(*) FROM tokens").fetchone()[0]
