@@ -406,7 +406,8 @@ def continue_all(policy, env, items: list[Start], sampling, seed: int, progress=
     from core.rollout import (_act, _Batch, _fill_missing_logprobs, _finish, _Row, _take,
                               sample_next)
     from core.policy import token_texts
-    generator = torch.Generator().manual_seed(seed)
+    # on the policy's device, like core/rollout.py (each device reproducible on its own)
+    generator = torch.Generator(device=getattr(policy, "device", "cpu")).manual_seed(seed)
     last = sampling.max_turns - 1 + int(sampling.final_answer_turn)
     rows, turn_of = [], {}
     for s in items:
@@ -439,10 +440,11 @@ def continue_all(policy, env, items: list[Start], sampling, seed: int, progress=
                 while True:
                     tokens, logp, entropy = sample_next(logits, sampling.temperature,
                                                         sampling.top_p, generator)
+                    tokens, entropy = tokens.tolist(), entropy.tolist()  # one device sync
                     for b, row in enumerate(batch.rows):
                         if row.stopped is None:
-                            _take(row, int(tokens[b]), logp[b], float(entropy[b]),
-                                  env.stop_tags, eos, policy.tokenizer)
+                            _take(row, tokens[b], logp[b], entropy[b], env.stop_tags, eos,
+                                  policy.tokenizer)
                     if all(row.stopped is not None for row in batch.rows):
                         break
                     logits = batch.feed([[row.gen[-1]] if row.stopped is None else []
@@ -542,18 +544,24 @@ def export(job: Job, rows: list[dict], path: str) -> Path:
 
 
 # -- run ------------------------------------------------------------------------------------------
-def run_job(job: Job, progress=None) -> Result:
-    """Load the policy as it was, run every continuation in one batch, score and estimate."""
+def run_job(job: Job, progress=None, device: str = "auto") -> Result:
+    """Load the policy as it was (on ``device``: auto is CUDA when torch sees a GPU), run every
+    continuation in one batch, score and estimate."""
     import torch
 
     from core import checkpoint
+    from core.device import resolve
     from core.policy import policy_from_config
     from core.rollout import Sampling
     from core.scoring import score_all
     t0 = time.perf_counter()
     if job.cfg.threads:
         torch.set_num_threads(job.cfg.threads)
-    policy = policy_from_config(job.cfg)
+    try:
+        where = resolve(device)
+    except Exception as exc:  # ConfigError: e.g. cuda asked for where torch sees none
+        raise BranchError(str(exc)) from exc
+    policy = policy_from_config(job.cfg, device=where)
     checkpoint.put_adapter(checkpoint.load_adapter(job.ckpt_dir, job.snapshot_step), policy)
     # the policy's own sampling (training temperature) even for an evaluation trajectory: a
     # greedy evaluation would make the K continuations one
@@ -573,6 +581,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", default="all", help="all | comma-separated turns (0-based)")
     parser.add_argument("--k", type=int, default=8, help=f"continuations per turn and kind (1..{MAX_K})")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | "
+                        "cuda:N")
     parser.add_argument("--export", metavar="FILE", help="also write (state, action, Q, V, A) per "
                         "turn to FILE (.jsonl or .parquet)")
     args = parser.parse_args(argv)
@@ -593,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
     def progress(done, total, rounds):
         print(f"progress {done}/{total} continuations finished after {rounds} turns", flush=True)
     try:
-        result = run_job(job, progress=progress)
+        result = run_job(job, progress=progress, device=args.device)
     except BranchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
