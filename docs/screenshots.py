@@ -123,7 +123,7 @@ def views() -> list[tuple[str, str, str, dict]]:
         rid = _runs(search)["run_id"].iloc[0]
         out.append(("failures-clusters.png", "failures", "Failures",
                     {"store": _store(search), "run": rid}))
-        out.append(("compare-search.png", "compare", "Compare evaluations",
+        out.append(("compare-search.png", "compare", "Compare",
                     {"store": _store(search), "run": rid, "a": f"{rid}:20", "b": f"{rid}:30",
                      "task": "capital>mayor:Giakrohae"}))
     return out

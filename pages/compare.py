@@ -37,7 +37,9 @@ def _replay(store: str, run_id: str, step: int, traj_id: str, turn: int | None =
 
 
 pick = c.picked()
-st.title("Compare evaluations")
+st.title("Compare")
+st.caption("Two held-out evaluations side by side: tasks gained and lost, how failures changed, "
+           "where the trajectories first diverge.")
 evals = c.read_or_stop(load_evaluations, pick.store)
 if evals.empty:
     c.stop("No held-out evaluation in this store: runs evaluate with `--eval-every N` (trajectories "
