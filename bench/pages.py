@@ -57,11 +57,12 @@ LOADED_JS = """title => {
 
 def app_pages() -> list[tuple[str, str]]:
     """(url path, title) of every page in app.py's navigation, in its order."""
-    found = re.findall(r'st\.Page\("[^"]+", title="([^"]+)", url_path="([^"]+)"',
+    found = re.findall(r'st\.Page\("[^"]+", title="([^"]+)", url_path="([^"]+)"(, default=True)?',
                        (ROOT / "app.py").read_text())
     if not found:
         raise SystemExit("no st.Page(..., title=..., url_path=...) found in app.py")
-    return [(path, title) for title, path in found]
+    # Streamlit serves the default page at the root; its url_path answers 'Page not found'.
+    return [("" if default else path, title) for title, path, default in found]
 
 
 def kib(pid: int, field: str) -> int:
@@ -182,7 +183,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="warm loads per page")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per page load")
     parser.add_argument("--pages", default=None,
-                        help="comma-separated url paths of the pages to time (default: all)")
+                        help="comma-separated pages to time, by lower-case title (default: all)")
     parser.add_argument("--watcher", default=None, choices=("auto", "watchdog", "poll", "none"),
                         help="server.fileWatcherType for the served app (default: the config's)")
     parser.add_argument("--shots", default=None,
@@ -193,7 +194,7 @@ def main() -> None:
     pages = app_pages()
     if args.pages:
         wanted = args.pages.split(",")
-        pages = [p for p in pages if p[0] in wanted]
+        pages = [p for p in pages if p[1].lower() in wanted]
         if len(pages) != len(wanted):
             raise SystemExit(f"--pages: unknown page in {wanted}; known: {app_pages()}")
     runs_table = queries.runs(str(store)).set_index("run_id")
@@ -242,7 +243,7 @@ def main() -> None:
                             check_shown(page, title, deep.get(path, {}).get("traj"))
                             if args.shots and rnd == 0:
                                 Path(args.shots).mkdir(parents=True, exist_ok=True)
-                                page.screenshot(path=str(Path(args.shots) / f"{path}.png"))
+                                page.screenshot(path=str(Path(args.shots) / f"{title.lower()}.png"))
                         print(f"round {rnd + 1} of {1 + args.repeats} done", file=sys.stderr,
                               flush=True)
                     # In-app page changes: the run picked by the last deep link stays picked.
