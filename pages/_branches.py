@@ -103,6 +103,26 @@ def progress_of(log: str) -> tuple[int, int] | None:
     return (int(found[-1][0]), int(found[-1][1])) if found else None
 
 
+# Cached so that the turn player and colour-by reruns read nothing; a job launched here clears
+# them when it ends, one run from the command line shows within BRANCH_TTL_S.
+BRANCH_TTL_S = 30
+
+
+@st.cache_data(ttl=BRANCH_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
+def load_estimates(store: str, run_id: str, traj_id: str) -> pd.DataFrame:
+    return queries.branch_estimates(store, run_id, traj_id)
+
+
+@st.cache_data(ttl=BRANCH_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
+def load_children(store: str, run_id: str, traj_id: str) -> pd.DataFrame:
+    return queries.branch_children(store, run_id, traj_id)
+
+
+@st.cache_data(ttl=BRANCH_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
+def load_worst_turns(store: str, run_id: str, traj_ids: tuple[str, ...]) -> pd.DataFrame:
+    return queries.branch_worst_turns(store, run_id, list(traj_ids))
+
+
 def fresh_trajectories(pick: c.Pick) -> pd.DataFrame:
     """The picked step's trajectories read now (not cached): continuations recorded since."""
     return queries.trajectories(pick.store, pick.run_id, pick.step)
@@ -146,7 +166,7 @@ def panel(pick: c.Pick, traj_id: str, row: dict, n_turns: int) -> None:
                "that keep the recorded action and sample after it give Q(s_t, a_t); A = Q - V. "
                "The turn with the lowest A < 0 is the one whose action lost the most.")
     job_controls(pick, traj_id, n_turns)
-    est = c.read_or_stop(queries.branch_estimates, pick.store, pick.run_id, traj_id)
+    est = c.read_or_stop(load_estimates, pick.store, pick.run_id, traj_id)
     if est.empty:
         st.info("Branch values not computed yet for this trajectory.")
         return
@@ -155,7 +175,7 @@ def panel(pick: c.Pick, traj_id: str, row: dict, n_turns: int) -> None:
     st.markdown(f"**The turn that lost the reward: {int(worst[0])}**" if worst else
                 "No recorded action lost value (every A >= 0).")
     st.dataframe(est.drop(columns="worst"), key="branch_table", hide_index=True)
-    kids = c.read_or_stop(queries.branch_children, pick.store, pick.run_id, traj_id)
+    kids = c.read_or_stop(load_children, pick.store, pick.run_id, traj_id)
     if not kids.empty:
         snap = kids["checkpoint_step"].iloc[0]
         st.caption(f"{len(kids)} continuations, sampled with the adapter of step {int(snap)} "
@@ -204,6 +224,8 @@ def _running() -> None:
     job = current()
     if job is None or not job["alive"]:
         c.load_trajectories.clear()  # its continuations are new trajectories of this step
+        for loader in (load_estimates, load_children, load_worst_turns):
+            loader.clear()
         st.rerun()
         return
     tail = _jobs.log_tail(job, lines=40)
@@ -222,7 +244,7 @@ def _running() -> None:
 def group_panel(pick: c.Pick, ids: list[str]) -> None:
     """Per turn, how many of the group's analysed rollouts lost the most value at that turn."""
     st.subheader("Where values fell (branch analyses)")
-    worst = c.read_or_stop(queries.branch_worst_turns, pick.store, pick.run_id, list(ids))
+    worst = c.read_or_stop(load_worst_turns, pick.store, pick.run_id, tuple(ids))
     if worst.empty:
         st.info("No rollout of this group has branch values yet (Replay's Branches panel "
                 "computes them).")

@@ -61,10 +61,10 @@ st.caption("A preset fills in the form; workshop-demo trains the bandit task on 
            + str(_jobs.store_path()) + ".")
 
 with st.form("train_form"):
-    cols = st.columns(4)  # four rows: the launch button stays in a laptop's window
+    cols = st.columns(5)  # three rows: the launch button stays in a laptop's window
     values = {}
     for i, (name, (label, kind)) in enumerate(FIELDS.items()):
-        box = cols[i % 4]
+        box = cols[i % 5]
         if name == "model":
             values[name] = box.selectbox(label, kind, key=f"train_{name}",
                                          format_func=lambda m: MODEL_LABELS.get(m, m))

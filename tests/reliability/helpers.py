@@ -69,7 +69,8 @@ def step_counts(db, run_id: str) -> dict[int, tuple[int, int, int]]:
 
 
 def assert_whole(db, run_id: str) -> None:
-    """No duplicated row, and every trajectory whole: its turns and tokens all there."""
+    """No duplicated row, and every trajectory whole: its turns and tokens all there, and the
+    four contract reward components (measured extras such as info_gain may come with them)."""
     assert q(db, "SELECT count(*) - count(DISTINCT traj_id) FROM trajectories WHERE run_id = ?",
              [run_id]) == [(0,)]
     assert q(db, "SELECT count(*) FROM (SELECT step, name FROM metrics WHERE run_id = ? "
@@ -80,7 +81,9 @@ def assert_whole(db, run_id: str) -> None:
                    WHERE run_id = $r GROUP BY 1) k USING (traj_id)
         LEFT JOIN (SELECT traj_id, count(*) n FROM turns WHERE run_id = $r GROUP BY 1) u
                USING (traj_id)
-        LEFT JOIN (SELECT traj_id, count(*) n FROM rewards WHERE run_id = $r GROUP BY 1) w
+        LEFT JOIN (SELECT traj_id, count(DISTINCT component) FILTER (
+                          WHERE component IN ('outcome', 'format', 'cost', 'process')) n
+                   FROM rewards WHERE run_id = $r GROUP BY 1) w
                USING (traj_id)
         WHERE t.run_id = $r AND (k.n IS NULL OR k.n <> k.mp + 1 OR k.d <> k.n
               OR coalesce(u.n, 0) <> t.num_turns OR w.n <> 4)""".replace("$r", "?"),
