@@ -41,6 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
+from core.continuation import Start, continue_all, recorded_turns
+
 MAX_K = 64
 BOOTSTRAP = 2000
 KINDS = ("resample", "keep")
@@ -297,46 +299,9 @@ def prepare_job(db: str, run_id: str, traj_id: str, turns: str = "all", k: int =
 
 
 # -- the continuations ----------------------------------------------------------------------------
-def _turn_objects(recorded: list[dict], upto: int) -> list:
-    """The recorded turns 0..upto-1 as ``Turn`` records (a continuation's history)."""
-    from core.trajectory import Turn
-
-    def load(v):
-        if isinstance(v, str):
-            try:
-                return json.loads(v)
-            except ValueError:
-                return None
-        return v if isinstance(v, (dict, list)) else None
-    out = []
-    for rec in recorded[:upto]:
-        out.append(Turn(turn=int(rec["turn"]), action=str(rec.get("action") or ""),
-                        observation=str(rec.get("observation") or ""),
-                        valid=bool(rec.get("action_valid")),
-                        action_type=str(rec.get("action_type") or "invalid"),
-                        parsed=load(rec.get("parsed")), error=rec.get("error") or None,
-                        state_diff=load(rec.get("state_diff")),
-                        obs_truncated=bool(rec.get("obs_truncated")),
-                        action_truncated=bool(rec.get("action_truncated")),
-                        step_reward=float(rec.get("step_reward") or 0.0),
-                        state_key=rec.get("state_key") or None, info=load(rec.get("info")) or {}))
-    return out
-
-
 def child_seed(seed: int, turn: int, kind: str, i: int) -> int:
     """The continuation's episode seed (fresh randomness after the replay)."""
     return (seed * 1_000_003 + turn * 7_919 + KINDS.index(kind) * 4_099 + i * 31 + 17) % 2 ** 31
-
-
-@dataclass
-class Start:
-    """One continuation before it runs: its trajectory so far, its episode, its next turn."""
-    traj: object
-    episode: object
-    next_turn: int
-    state_key: str | None
-    done_reason: str | None = None
-    """Set when the episode already ended (a kept final action): nothing left to sample."""
 
 
 def starts(job: Job, tokenizer) -> list[Start]:
@@ -364,7 +329,7 @@ def starts(job: Job, tokenizer) -> list[Start]:
                 traj = Trajectory(
                     traj_id=f"{job.traj_id}~b{turn}{kind[0]}{i}", task=job.task, split="branch",
                     group_id=f"{job.traj_id}~b{turn}{kind[0]}",
-                    turns=_turn_objects(job.recorded, upto),
+                    turns=recorded_turns(job.recorded, upto),
                     info={"episode_seed": seed,
                           "branch": {"parent": job.traj_id, "turn": turn, "kind": kind,
                                      "job_id": job.job_id, "checkpoint_step": job.snapshot_step,
@@ -395,78 +360,6 @@ def _ended(rec: dict, result) -> str:
     if result.action_type == "answer":
         return "answered"
     return "done" if result.valid else "invalid"
-
-
-def continue_all(policy, env, items: list[Start], sampling, seed: int, progress=None) -> list:
-    """Run every unfinished continuation to its episode's end in ONE batch (the rollout engine of
-    core/rollout.py: shared KV cache, left-padded chunks, rows leave as their episodes end).
-    Rows start at different turns; each carries its own turn counter. Returns the trajectories."""
-    import torch
-
-    from core.rollout import (_act, _Batch, _fill_missing_logprobs, _finish, _Row, _take,
-                              sample_next)
-    from core.policy import token_texts
-    # on the policy's device, like core/rollout.py (each device reproducible on its own)
-    generator = torch.Generator(device=getattr(policy, "device", "cpu")).manual_seed(seed)
-    last = sampling.max_turns - 1 + int(sampling.final_answer_turn)
-    rows, turn_of = [], {}
-    for s in items:
-        if s.done_reason is not None:
-            continue
-        row = _Row(traj=s.traj, episode=s.episode, pending=list(s.traj.token_ids),
-                   state_key=s.state_key)
-        turn_of[id(row)] = s.next_turn
-        if s.next_turn > last:
-            _finish(row, "max_turns")
-        elif len(row.traj.token_ids) >= sampling.max_context:
-            _finish(row, "context_full")
-        else:
-            rows.append(row)
-    was_training = policy.model.training
-    policy.model.eval()
-    total, rounds = len(rows), 0
-    try:
-        with torch.no_grad():
-            batch, eos = _Batch(policy, rows), policy.eos_ids
-            while batch.rows:
-                for row in batch.rows:
-                    row.gen, row.gen_lp, row.gen_ent, row.text, row.prev_text = [], [], [], "", ""
-                    row.stopped, row.cut_text = None, None
-                    row.budget = min(sampling.max_new_tokens,
-                                     sampling.max_context - len(row.traj.token_ids))
-                logits = batch.feed([row.pending for row in batch.rows])
-                for row in batch.rows:
-                    row.pending = []
-                while True:
-                    tokens, logp, entropy = sample_next(logits, sampling.temperature,
-                                                        sampling.top_p, generator)
-                    tokens, entropy = tokens.tolist(), entropy.tolist()  # one device sync
-                    for b, row in enumerate(batch.rows):
-                        if row.stopped is None:
-                            _take(row, tokens[b], logp[b], entropy[b], env.stop_tags, eos,
-                                  policy.tokenizer)
-                    if all(row.stopped is not None for row in batch.rows):
-                        break
-                    logits = batch.feed([[row.gen[-1]] if row.stopped is None else []
-                                         for row in batch.rows])
-                for row in batch.rows:
-                    turn = turn_of[id(row)]
-                    turn_of[id(row)] = turn + 1
-                    _act(row, turn, sampling, policy.tokenizer, env,
-                         final=sampling.final_answer_turn and turn == sampling.max_turns)
-                    if not row.done and turn >= last:
-                        _finish(row, "max_turns")
-                batch.keep([i for i, row in enumerate(batch.rows) if not row.done])
-                rounds += 1
-                if progress is not None:
-                    progress(total - len(batch.rows), total, rounds)
-    finally:
-        policy.model.train(was_training)
-    trajs = [s.traj for s in items]
-    _fill_missing_logprobs(policy, [r.traj for r in rows], sampling.temperature)
-    for traj in trajs:
-        traj.token_text = token_texts(policy.tokenizer, traj.token_ids)
-    return trajs
 
 
 # -- recording and export -------------------------------------------------------------------------
