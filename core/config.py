@@ -103,6 +103,9 @@ class TrainConfig:
     """Evaluate on held-out tasks every N RL steps (and after SFT and at the end); 0 = never."""
     eval_tasks: int = 32
     """Number of held-out tasks per evaluation."""
+    sft_eval_every: int = 0
+    """Also evaluate every N SFT steps (0 = only after SFT): the held-out curve of the SFT budget,
+    each point with its adapter snapshot. Needs ``eval_every`` > 0."""
     checkpoint_every: int = 1
     """Save LoRA adapter + optimizer state every N steps (needed by --resume)."""
     adapter_every: int = 10
@@ -373,6 +376,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(0 < cfg.top_p <= 1, "top_p", "must be in (0, 1]")
     need(cfg.eval_temperature >= 0, "eval_temperature", "must be >= 0")
     need(cfg.eval_every >= 0, "eval_every", "must be >= 0")
+    need(cfg.sft_eval_every >= 0, "sft_eval_every", "must be >= 0")
     need(cfg.eval_tasks >= 0, "eval_tasks", "must be >= 0")
     need(cfg.checkpoint_every >= 1, "checkpoint_every", "must be >= 1")
     need(cfg.adapter_every >= 0, "adapter_every", "must be >= 0")

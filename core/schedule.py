@@ -56,11 +56,14 @@ class Schedule:
         return self.cfg.eval_every > 0 and bool(self.eval_tasks)
 
     def eval_due(self, step: int) -> bool:
-        """Right after SFT, every ``eval_every`` RL steps and at the end (step 0, before any
-        training, is the trainer's own call when there is no SFT)."""
+        """Every ``sft_eval_every`` SFT steps, right after SFT, every ``eval_every`` RL steps and
+        at the end (step 0, before any training, is the trainer's own call when there is no
+        SFT)."""
         cfg = self.cfg
-        if not self.eval_on() or step < cfg.sft_steps:
+        if not self.eval_on():
             return False
+        if step < cfg.sft_steps:
+            return cfg.sft_eval_every > 0 and step % cfg.sft_eval_every == 0
         rl_index = step - cfg.sft_steps
         return (step == cfg.sft_steps or rl_index % cfg.eval_every == 0
                 or step == cfg.sft_steps + cfg.steps)
