@@ -1,8 +1,10 @@
-"""One flat training configuration, its validation and its presets. Torch-free on purpose:
-the web app's launcher imports this module to build and validate forms.
+"""One flat training configuration. Torch-free on purpose: the web app's launcher imports this
+module to build and validate forms.
 
-Environment options (``env_options`` text, ``env_kwargs``) live in core/env_options.py and are
-re-exported here.
+Its validation (``validate`` and the names each choice field accepts) lives in
+core/validation.py, its presets in core/presets.py, environment options (``env_options`` text,
+``env_kwargs``) in core/env_options.py; all are re-exported here, the one core module pages
+import.
 
 Every field has a docstring under it. ``TrainConfig.from_dict`` refuses unknown keys and wrong
 types, ``validate`` refuses out-of-range values; both name the bad field, before any work starts.
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
@@ -28,20 +29,11 @@ from core import algorithms, budget  # noqa: F401 (algorithms re-exported: pages
 from core.algorithms import ALGORITHMS, ALGOS, GROUP_ALGOS  # noqa: F401 (re-exported)
 from core.budget import ConfigError, available_memory, rollout_memory  # noqa: F401 (re-exported)
 from core.env_options import ENV_OPTIONS, env_kwargs, parse_env_options  # noqa: F401 (re-exported)
-from core.envs import plugins as env_plugins  # torch-free: reads package metadata only
-
-ENVS = ("search", "apps", "frozenlake", "sokoban", "bandit")
-USER_ENV = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
-"""``--env package.module:Factory``: a user's environment (core/envs/base.py's protocol)."""
-MODELS = ("tiny", "smollm2-135m")
-ENDPOINT_PREFIX = "openai:"
-"""``--model openai:URL``: an OpenAI-compatible server as the policy (core/collection.py)."""
-DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
-"""``--device``: auto (CUDA when present, else CPU) | cpu | cuda | cuda:N (core/device.py)."""
-LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-CLIP_MODES = ("ppo", "log")
-KL_REFERENCES = ("sft", "base")
-RL_MOMENTS = ("sft", "fresh")
+from core.envs import plugins as env_plugins  # noqa: F401 (re-exported; torch-free)
+from core.presets import PRESETS
+from core.validation import (  # noqa: F401 (re-exported)
+    CLIP_MODES, DEVICE, ENDPOINT_PREFIX, ENVS, KL_REFERENCES, LOSS_AGGS, MODELS, RL_MOMENTS,
+    USER_ENV, validate)
 
 
 class _ByAlgo:
@@ -339,163 +331,6 @@ def _coerce(name: str, f: dataclasses.Field, value: Any) -> Any:
     if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
         raise ConfigError(f"{name} must be {typ.__name__}, got {type(value).__name__} {value!r}")
     return value
-
-
-def validate(cfg: TrainConfig) -> TrainConfig:
-    """Refuse values that cannot work, naming the field. Returns cfg for chaining."""
-    def need(cond: bool, fld: str, why: str) -> None:
-        if not cond:
-            raise ConfigError(f"{fld}={getattr(cfg, fld)!r}: {why}")
-
-    budget.check_sizes(cfg)
-    need(cfg.env in ENVS or USER_ENV.fullmatch(cfg.env) is not None
-         or cfg.env in env_plugins.installed(), "env",
-         f"must be one of {', '.join(ENVS)}, package.module:Factory (a user's environment) or "
-         f"an installed plugin's name ({env_plugins.GROUP} entry points)")
-    _check_endpoint(cfg, need)
-    need(cfg.model.startswith(ENDPOINT_PREFIX) or cfg.model in MODELS or Path(cfg.model).is_dir()
-         or (cfg.model.endswith(".gguf") and Path(cfg.model).is_file()), "model",
-         f"must be one of {', '.join(MODELS)}, an existing local model directory or a .gguf file")
-    need(cfg.algo in ALGOS, "algo", f"must be one of {', '.join(ALGOS)}")
-    need(cfg.steps >= 0, "steps", "must be >= 0")
-    need(cfg.sft_steps >= 0, "sft_steps", "must be >= 0")
-    need(cfg.group_size >= 1, "group_size", "must be >= 1")
-    # an endpoint policy trains nothing: one rollout per task is a plain evaluation
-    need(cfg.group_size >= 2 or cfg.algo not in GROUP_ALGOS
-         or cfg.model.startswith(ENDPOINT_PREFIX), "group_size",
-         f"{cfg.algo} compares rollouts within a group: needs group_size >= 2")
-    need(cfg.tasks_per_step >= 1, "tasks_per_step", "must be >= 1")
-    need(cfg.max_turns >= 1, "max_turns", "must be >= 1")
-    need(cfg.task_pool >= 0, "task_pool", "must be >= 0 (0 = the whole train split)")
-    need(not cfg.final_answer_turn or cfg.env not in ("frozenlake", "sokoban", "bandit"),
-         "final_answer_turn", f"{cfg.env} has no answer action: every action is a move")
-    need(cfg.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
-    need(cfg.max_obs_tokens >= 1, "max_obs_tokens", "must be >= 1")
-    need(cfg.max_context >= 64, "max_context", "must be >= 64")
-    need(cfg.temperature >= 0, "temperature", "must be >= 0")
-    need(0 < cfg.top_p <= 1, "top_p", "must be in (0, 1]")
-    need(cfg.eval_temperature >= 0, "eval_temperature", "must be >= 0")
-    need(cfg.eval_every >= 0, "eval_every", "must be >= 0")
-    need(cfg.sft_eval_every >= 0, "sft_eval_every", "must be >= 0")
-    need(cfg.eval_tasks >= 0, "eval_tasks", "must be >= 0")
-    need(cfg.checkpoint_every >= 1, "checkpoint_every", "must be >= 1")
-    need(cfg.adapter_every >= 0, "adapter_every", "must be >= 0")
-    need(cfg.topk >= 1, "topk", "must be >= 1")
-    need(cfg.lora_rank >= 1, "lora_rank", "must be >= 1")
-    need(cfg.lora_alpha > 0, "lora_alpha", "must be > 0")
-    need(0 <= cfg.lora_dropout < 1, "lora_dropout", "must be in [0, 1)")
-    need(bool(cfg.lora_targets.strip()), "lora_targets", "must name at least one module")
-    need(0 < cfg.lr < 1, "lr", "must be in (0, 1)")
-    need(0 < cfg.sft_lr < 1, "sft_lr", "must be in (0, 1)")
-    need(cfg.sft_batch_size >= 1, "sft_batch_size", "must be >= 1")
-    need(cfg.rl_moments in RL_MOMENTS, "rl_moments", f"must be one of {', '.join(RL_MOMENTS)}")
-    need(cfg.kl_coef >= 0, "kl_coef", "must be >= 0")
-    need(cfg.kl_reference in KL_REFERENCES, "kl_reference",
-         f"must be one of {', '.join(KL_REFERENCES)}")
-    need(0 <= cfg.clip_eps_low < 1, "clip_eps_low", "must be in [0, 1)")
-    need(cfg.clip_eps_high >= 0, "clip_eps_high", "must be >= 0")
-    need(cfg.clip_mode in CLIP_MODES, "clip_mode", f"must be one of {', '.join(CLIP_MODES)}")
-    need(cfg.dual_clip == 0 or cfg.dual_clip > 1, "dual_clip", "must be 0 (off) or > 1")
-    need(cfg.loss_agg in LOSS_AGGS, "loss_agg", f"must be one of {', '.join(LOSS_AGGS)}")
-    need(cfg.ppo_epochs >= 1, "ppo_epochs", "must be >= 1")
-    need(cfg.minibatches >= 1, "minibatches", "must be >= 1")
-    need(cfg.max_grad_norm > 0, "max_grad_norm", "must be > 0")
-    need(cfg.min_abs_advantage >= 0, "min_abs_advantage", "must be >= 0")
-    need(0 < cfg.starpo_keep <= 1, "starpo_keep", "must be in (0, 1]")
-    need(0 <= cfg.gigpo_gamma <= 1, "gigpo_gamma", "must be in [0, 1]")
-    need(0 <= cfg.gamma <= 1, "gamma", "must be in [0, 1]")
-    need(0 <= cfg.lam <= 1, "lam", "must be in [0, 1]")
-    need(cfg.vf_coef >= 0, "vf_coef", "must be >= 0")
-    need(cfg.kl_abort > 0, "kl_abort", "must be > 0")
-    need(cfg.max_bad_steps >= 1, "max_bad_steps", "must be >= 1")
-    need(cfg.outcome_metric in ("em", "f1"), "outcome_metric", "must be em or f1")
-    need(cfg.w_info_gain >= 0, "w_info_gain", "must be >= 0")
-    need(cfg.w_spa >= 0, "w_spa", "must be >= 0")
-    need(cfg.w_prm >= 0, "w_prm", "must be >= 0")
-    need(cfg.spa_l2 > 0, "spa_l2", "must be > 0")
-    for fld in ("env_options", "sft_env_options", "eval_env_options"):
-        opts = parse_env_options(getattr(cfg, fld), fld)
-        if cfg.env not in ENVS:  # a user's environment takes the options it knows
-            continue
-        unknown = sorted(set(opts) - set(ENV_OPTIONS.get(cfg.env, ())))
-        need(not unknown, fld, f"unknown option(s) {', '.join(unknown)} for env {cfg.env}; "
-             f"known: {', '.join(ENV_OPTIONS.get(cfg.env, ())) or 'none'}")
-    need(cfg.threads >= 0, "threads", "must be >= 0")
-    need(DEVICE.fullmatch(cfg.device.strip().lower()) is not None, "device",
-         "must be auto, cpu, cuda or cuda:N")
-    need(bool(cfg.db.strip()), "db", "must name a database file")
-    budget.check_memory(cfg)
-    return cfg
-
-
-def _check_endpoint(cfg: TrainConfig, need) -> None:
-    """The endpoint fields' ranges; for ``--model openai:URL`` an http(s) URL that carries no
-    credentials (the key comes from the environment only, so it never reaches the store) and a
-    model name."""
-    from urllib.parse import urlsplit
-    need(1 <= cfg.endpoint_concurrency <= 256, "endpoint_concurrency", "must be in 1..256")
-    need(cfg.endpoint_timeout > 0, "endpoint_timeout", "must be > 0")
-    need(0 <= cfg.endpoint_retries <= 20, "endpoint_retries", "must be in 0..20")
-    need(cfg.endpoint_backoff >= 0, "endpoint_backoff", "must be >= 0")
-    need(0 <= cfg.endpoint_top_logprobs <= 20, "endpoint_top_logprobs", "must be in 0..20")
-    if not cfg.model.startswith(ENDPOINT_PREFIX):
-        return
-    try:
-        url = urlsplit(cfg.model[len(ENDPOINT_PREFIX):])
-        port_ok = url.port is None or url.port > 0
-    except ValueError:
-        url, port_ok = None, False
-    need(url is not None and port_ok and url.scheme in ("http", "https") and bool(url.hostname),
-         "model", "openai:URL needs an http:// or https:// URL, e.g. "
-         "openai:http://127.0.0.1:8000/v1")
-    need(url.username is None and url.password is None and not url.query, "model",
-         "the URL must not carry credentials or a query: put the API key in "
-         "AGENTRL_OPENAI_API_KEY (or OPENAI_API_KEY)")
-    need(bool(cfg.model_name.strip()), "model_name",
-         "--model openai:URL needs --model-name, the server's name of the model")
-
-
-# Presets the CLI (--preset) and the app's launcher offer. Values override TrainConfig defaults.
-PRESETS: dict[str, dict[str, Any]] = {
-    # Bandit on the tiny model. Its random, tied embeddings bound its logits, so LoRA covers
-    # lm_head too. SFT on a coin-flipping expert teaches the answer format only (greedy then
-    # always pulls the same arm: held-out success 0); Dr.GRPO then teaches the higher-EV arm:
-    # held-out success 0 -> 1.0 (n=32) by RL step 10 (0 at step 5: RL starts from SFT's AdamW
-    # moments, rl_moments=sft; a fresh AdamW got there by step 5), seed 0, ~3 min on 2 CPU
-    # cores. GRPO's std normalisation blows up the noise of the risky arm's 0/1 payouts and did
-    # not learn in 10 steps; with a fresh AdamW, lr above 1e-3 wrecked the format in one update
-    # (1e-2: valid answers 1.0 -> 0; from SFT's moments they stay 1.0, docs/learning.md). task_pool=256 (the pool size these
-    # figures and the collapse sample run were measured with): which arm the coin-flip demos
-    # happen to favour depends on the tasks drawn, and with the whole split seed 0's SFT already
-    # favours the better arm (held-out 1.0 before any RL: nothing left for the demo to show).
-    "workshop-demo": dict(env="bandit", model="tiny", algo="dr_grpo", steps=10, sft_steps=30,
-                          task_pool=256,
-                          env_options="expert=uniform", sft_lr=5e-3, lr=1e-3,
-                          lora_targets="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,"
-                                       "lm_head",
-                          group_size=8, tasks_per_step=4, max_turns=1, max_new_tokens=12,
-                          eval_every=5, eval_tasks=32, threads=1),
-    # The measured recipe (sample_runs/README.md, run 1): SFT on half single-, half two-hop
-    # demonstrations teaches the format; GRPO at temperature 0.7 (EM + 0.2 x retrieval hit) on the
-    # same mix gives groups that disagree. The held-out set stays the original 75%-two-hop one.
-    # (SFT on 10% two-hop then RL on 75% two-hop left every RL group at reward 0: pass@G = 0.)
-    # task_pool=256: the pool the sample run was recorded with (`make.sh search` reproduces it).
-    "search-smollm2": dict(env="search", model="smollm2-135m", algo="grpo", steps=10, task_pool=256,
-                           sft_steps=20, group_size=8, tasks_per_step=4, max_turns=4,
-                           lr=2e-4, sft_lr=2e-4, temperature=0.7, eval_every=5, eval_tasks=100,
-                           env_options="two_hop_frac=0.5", sft_env_options="two_hop_frac=0.5",
-                           eval_env_options="two_hop_frac=0.75", w_process=0.2,
-                           max_grad_norm=1.0),
-    # The apps world needs more turns and room for its longer observations.
-    "apps-smollm2": dict(env="apps", model="smollm2-135m", algo="grpo", steps=20, sft_steps=20,
-                         group_size=4, tasks_per_step=2, max_turns=8, max_obs_tokens=512,
-                         max_context=2048, eval_every=10, eval_tasks=16),
-    "apps-tiny": dict(env="apps", model="tiny", algo="grpo", steps=4, sft_steps=2,
-                      group_size=2, tasks_per_step=2, max_turns=8, max_obs_tokens=512,
-                      max_context=2048, max_new_tokens=48, eval_every=2, eval_tasks=4),
-    "tiny-smoke": dict(env="search", model="tiny", algo="grpo", steps=2, group_size=2,
-                       tasks_per_step=2, max_turns=2, max_new_tokens=16, eval_every=0),
-}
 
 
 def preset(name: str) -> TrainConfig:

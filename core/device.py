@@ -25,7 +25,7 @@ import torch
 from core.budget import ConfigError
 
 PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
-"""The values ``--device`` takes (core/config.py validates the spelling without torch)."""
+"""The values ``--device`` takes (core/validation.py checks the spelling without torch)."""
 
 
 def resolve(requested: str, local_rank: int = 0, world: int = 1) -> torch.device:
