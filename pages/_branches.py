@@ -9,17 +9,14 @@ The store, run and trajectory come from the sidebar's pick and the recorded list
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 
 import pandas as pd
 import plotly.graph_objects as go
-import psutil
 import streamlit as st
 
 from pages import _common as c
@@ -29,7 +26,6 @@ from storage import queries
 MAX_K = 64  # core/branch.py's MAX_K (pages do not import it: it pulls in numpy and the model code)
 TURNS_RE = re.compile(r"all|\d{1,4}(,\d{1,4})*")
 PROGRESS_RE = re.compile(r"progress (\d+)/(\d+)")
-_CHILDREN: dict[int, subprocess.Popen] = {}
 
 
 # -- jobs ------------------------------------------------------------------------------------------
@@ -37,25 +33,11 @@ def job_file():
     return _jobs.runs_dir() / "branch_job.json"
 
 
-def _alive(pid: int) -> bool:
-    child = _CHILDREN.get(pid)
-    if child is not None:
-        return child.poll() is None
-    try:  # started by an earlier server process: is it still our branch job?
-        proc = psutil.Process(pid)
-        return "core.branch" in proc.cmdline() and proc.status() != psutil.STATUS_ZOMBIE
-    except (psutil.Error, ValueError):
-        return False
-
-
 def current() -> dict | None:
-    try:
-        job = json.loads(job_file().read_text())
-    except (OSError, ValueError):
-        return None
-    job["alive"] = _alive(int(job.get("pid", -1)))
-    child = _CHILDREN.get(int(job.get("pid", -1)))
-    job["exit"] = None if child is None else child.poll()
+    """The last branch job with ``alive`` and ``exit`` (None unless this server started it)."""
+    job = _jobs.read_job(job_file(), "core.branch")
+    if job is not None:
+        job["exit"] = _jobs.exit_code({"pid": job.get("pid", -1)})
     return job
 
 
@@ -75,22 +57,16 @@ def launch(store: str, run_id: str, traj_id: str, turns: str, k: int, seed: int)
     logs = _jobs.runs_dir() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"branch-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
-    with open(log_path, "wb") as log:
-        child = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=_jobs.ROOT,
-                                 env=env, stdin=subprocess.DEVNULL, start_new_session=True)
-    _CHILDREN[child.pid] = child
+    child = _jobs.spawn(args, log_path)
     job = {"pid": child.pid, "store": str(store), "run_id": run_id, "traj_id": traj_id,
            "log": str(log_path), "args": args[1:], "started_at": time.strftime("%H:%M:%S")}
-    tmp = job_file().with_suffix(".tmp")
-    tmp.write_text(json.dumps(job, indent=1))
-    tmp.replace(job_file())
+    _jobs.write_job(job_file(), job)
     return {**job, "alive": True, "exit": None}
 
 
 def stop(job: dict) -> None:
     """Kill the job: it has written nothing yet (one transaction at its very end)."""
-    if not job or not _alive(int(job["pid"])):
+    if not job or not _jobs.process_alive(int(job["pid"]), "core.branch"):
         raise _jobs.JobError("no branch job is running")
     try:
         os.kill(int(job["pid"]), signal.SIGTERM)

@@ -9,17 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psutil
-
-from pages._jobs import ROOT, runs_dir
-
-_CHILDREN: dict[int, subprocess.Popen] = {}
+from pages._jobs import process_alive, runs_dir, spawn
 
 
 def _stem(store: str, run_id: str) -> str:
@@ -38,19 +32,8 @@ def state(store: str, run_id: str) -> dict | None:
         job.update(json.loads(path.read_text()))
     except (OSError, ValueError):
         job.setdefault("phase", "starting")
-    job["alive"] = _alive(int(job.get("pid", -1)))
+    job["alive"] = process_alive(int(job.get("pid", -1)), "core.clusters")
     return job
-
-
-def _alive(pid: int) -> bool:
-    child = _CHILDREN.get(pid)
-    if child is not None:
-        return child.poll() is None
-    try:
-        proc = psutil.Process(pid)
-        return "core.clusters" in proc.cmdline() and proc.status() != psutil.STATUS_ZOMBIE
-    except (psutil.Error, ValueError):
-        return False
 
 
 def launch(store: str, run_id: str) -> dict:
@@ -65,11 +48,7 @@ def launch(store: str, run_id: str) -> dict:
     progress.unlink(missing_ok=True)
     args = [sys.executable, "-m", "core.clusters", "--db", str(Path(store).resolve()),
             "--run", str(run_id), "--progress", str(progress.resolve()), "--threads", "2"]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
-    with open(logs / (stem + ".log"), "wb") as log:
-        child = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    _CHILDREN[child.pid] = child
+    child = spawn(args, logs / (stem + ".log"))
     job = {"pid": child.pid, "store": store, "run_id": run_id,
            "started_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     (logs / (stem + ".job")).write_text(json.dumps(job))

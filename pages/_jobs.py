@@ -41,7 +41,8 @@ RUNS_DIR_ENV = "AGENTRL_RUNS_DIR"
 MODEL_DIRS_ENV = "AGENTRL_MODEL_DIRS"
 ENV_MODULES_ENV = "AGENTRL_ENV_MODULES"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-_CHILDREN: dict[int, subprocess.Popen] = {}   # jobs this server process started (reaped by poll)
+_CHILDREN: dict[int, subprocess.Popen] = {}   # every job this server process started (training,
+#                                               branch, clusters), by pid; reaped by poll
 
 
 class JobError(RuntimeError):
@@ -163,25 +164,53 @@ def job_device(requested: str = "auto") -> tuple[str, str]:
     return requested, "but torch sees no CUDA GPU here: the job will refuse to start"
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int, module: str) -> bool:
+    """Whether the job with ``pid`` (``python -m module``) still runs. One this server process
+    started is polled (which also reaps it); one an earlier server process started is looked up
+    by its command line, since its pid may since have gone to another process."""
     child = _CHILDREN.get(pid)
     if child is not None:
         return child.poll() is None
-    try:  # started by an earlier server process: check the pid is still our trainer
+    try:
         proc = psutil.Process(pid)
-        return "core.train" in proc.cmdline() and proc.status() != psutil.STATUS_ZOMBIE
+        return module in proc.cmdline() and proc.status() != psutil.STATUS_ZOMBIE
     except (psutil.Error, ValueError):
         return False
 
 
-def current() -> dict | None:
-    """The last job started (from runs/job.json) with ``alive`` filled in; None if never."""
+def read_job(path: Path, module: str) -> dict | None:
+    """The job remembered in ``path`` (JSON) with ``alive`` filled in; None if never started or
+    unreadable. Training, branch and cluster jobs are all remembered this way."""
     try:
-        job = json.loads(job_file().read_text())
+        job = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    job["alive"] = _alive(int(job.get("pid", -1)))
+    job["alive"] = process_alive(int(job.get("pid", -1)), module)
     return job
+
+
+def write_job(path: Path, job: dict) -> None:
+    """Remember ``job`` in ``path`` whole or not at all (written aside, then renamed), so a
+    reader never meets half a file."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(job, indent=1))
+    tmp.replace(path)
+
+
+def spawn(args: list[str], log_path: Path) -> subprocess.Popen:
+    """Start ``args`` (a list: no shell) as its own session in the project root, offline, its
+    output into ``log_path``; remembered so that ``process_alive`` polls and reaps it."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    with open(log_path, "wb") as log:
+        child = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+    _CHILDREN[child.pid] = child
+    return child
+
+
+def current() -> dict | None:
+    """The last job started (from runs/job.json) with ``alive`` filled in; None if never."""
+    return read_job(job_file(), "core.train")
 
 
 def launch(cfg: TrainConfig, name: str) -> dict:
@@ -195,23 +224,17 @@ def launch(cfg: TrainConfig, name: str) -> dict:
     logs = runs_dir() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
-    with open(log_path, "wb") as log:
-        child = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    _CHILDREN[child.pid] = child
+    child = spawn(args, log_path)
     job = {"pid": child.pid, "name": name, "db": str(store_path()), "log": str(log_path),
            "args": args[1:], "total_steps": cfg.sft_steps + cfg.steps,
            "started_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-    tmp = job_file().with_suffix(".tmp")
-    tmp.write_text(json.dumps(job, indent=1))
-    tmp.replace(job_file())
+    write_job(job_file(), job)
     return {**job, "alive": True}
 
 
 def stop(job: dict) -> None:
     """Ask the job to stop after its current step (the trainer's SIGINT handling)."""
-    if not job or not _alive(int(job["pid"])):
+    if not job or not process_alive(int(job["pid"]), "core.train"):
         raise JobError("no training job is running")
     try:
         os.kill(int(job["pid"]), signal.SIGINT)

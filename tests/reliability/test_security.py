@@ -126,6 +126,6 @@ def test_stopping_a_job_that_ended_after_the_check_is_a_clear_error(monkeypatch)
     page gets a JobError to show, not a ProcessLookupError traceback."""
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
-    monkeypatch.setattr(_jobs, "_alive", lambda pid: True)  # the check passed just before it ended
+    monkeypatch.setattr(_jobs, "process_alive", lambda pid, module: True)  # the check passed just before it ended
     with pytest.raises(_jobs.JobError, match="already ended"):
         _jobs.stop({"pid": proc.pid})
