@@ -11,6 +11,7 @@ from urllib.parse import urlencode
 import streamlit as st
 
 from pages import _common as c
+from pages import _evaljob
 from storage import queries
 
 c.ensure_app()
@@ -24,6 +25,12 @@ def load_evaluations(store: str):
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
 def load_diff(store: str, a: str, b: str):
     return queries.eval_diff(store, _parse(a), _parse(b))
+
+
+def _forget() -> None:
+    """A cross-evaluation job ended: its new run and evaluation must show."""
+    load_evaluations.clear()
+    c.run_table.clear()
 
 
 def _parse(option: str) -> tuple[str, int]:
@@ -75,8 +82,9 @@ if not cov["same"]:
         f"A and B did not use the same held-out tasks and seeds: {cov['only_a']} only in A, "
         f"{cov['only_b']} only in B" + (f", {cov['seeds_differ']} tasks with other seeds"
                                          if cov["seeds_differ"] else "")
-        + f". The comparison below covers the {cov['shared']} they share. To compare on one set, "
-          "evaluate both checkpoints with the same `--seed` and `eval_env_options`.")
+        + f". The comparison below covers the {cov['shared']} they share. To compare on one "
+          "task set, evaluate one side's checkpoint on the other side's tasks and seeds:")
+    _evaljob.panel(pick.store, (run_a, step_a), (run_b, step_b), on_done=_forget)
 if paired.empty:
     c.stop("A and B share no task: nothing to compare.")
 

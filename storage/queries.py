@@ -393,3 +393,5 @@ from storage.turn_queries import (  # noqa: E402,F401
     BRANCH_SIGNALS, branch_children, branch_estimates, branch_parent, branch_worst_turns,
     eval_diff, evaluations, failure_clusters, first_divergence, signal_by_turn, signal_names,
     turn_signals)
+# Cross-evaluations (core/evaluation.py) and the adapter snapshots they load, for Compare.
+from storage.evalsets import adapter_steps, cross_evaluations  # noqa: E402,F401
