@@ -26,8 +26,6 @@ fails for good ends its trajectory only: finish reason ``endpoint_error``, the e
 """
 from __future__ import annotations
 
-import contextlib
-import signal
 import time
 import traceback
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -39,6 +37,7 @@ from core.config import ConfigError, TrainConfig, env_kwargs, validate
 from core.endpoint import (PREFIX, ChatClient, EndpointError, EndpointRefused, Reply,
                            action_pieces, api_key, pieces, restore_stop)
 from core.envs.base import StepResult, make_env
+from core.lifecycle import record_and_exit, stop_on_sigint
 from core.records import step_tables
 from core.rollout import Sampling, initial_state_key
 from core.schedule import Schedule
@@ -117,7 +116,7 @@ class _Collection:
         status, error = "finished", None
         bar = tqdm(total=cfg.steps, disable=not self.progress, unit="round")
         try:
-            with self._sigint():
+            with stop_on_sigint(self, "round"):  # core/lifecycle.py
                 if self.schedule.eval_on():
                     self.write(0, *self.evaluate(0))
                 for step in range(1, cfg.steps + 1):
@@ -144,24 +143,6 @@ class _Collection:
             bar.close()
         self.recorder.finish(status)
         return self.run_id
-
-    @contextlib.contextmanager
-    def _sigint(self):
-        """First Ctrl-C: finish the current round, then stop. Second: stop at once."""
-        def handler(signum, frame):
-            if self.stop_requested:
-                raise KeyboardInterrupt
-            self.stop_requested = True
-            tqdm.write("stopping after the current round (Ctrl-C again to stop now)")
-        try:
-            previous = signal.signal(signal.SIGINT, handler)
-        except ValueError:  # not the main thread
-            yield
-            return
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGINT, previous)
 
     # -- rounds -----------------------------------------------------------------------------------
     def round(self, step: int) -> tuple[list[Trajectory], dict]:
@@ -389,25 +370,10 @@ def main(cfg: TrainConfig, args, ranks=None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from storage.db import StoreError
     from storage.recorder import Recorder
-    try:
-        recorder = Recorder(cfg.db)
-    except StoreError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        run_id = collect(cfg, recorder, progress=not getattr(args, "quiet", False))
-    except EndpointRefused as exc:
-        print(f"error: the endpoint refused the request: {exc}", file=sys.stderr)
-        return 1
-    except EndpointError as exc:  # the check before the run: nothing recorded
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except Exception as exc:
-        print(f"error: collection failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        recorder.close()
-    print(f"run {run_id} recorded in {cfg.db}")
-    return 0
+    return record_and_exit(
+        cfg.db, lambda: Recorder(cfg.db),
+        lambda recorder: collect(cfg, recorder, progress=not getattr(args, "quiet", False)),
+        "collection", told=((EndpointRefused, "the endpoint refused the request: "),
+                            # the check before the run: nothing recorded
+                            (EndpointError, "")))

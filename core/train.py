@@ -164,30 +164,16 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from core.distributed import ONE
+    from core.lifecycle import record_and_exit
     from core.policy import ModelNotAvailable
     from core.trainer import train
     from storage.recorder import NullRecorder, Recorder
-    from storage.db import StoreError
-    try:
-        recorder = Recorder(cfg.db) if ranks is None or ranks.main else NullRecorder()
-    except StoreError as exc:  # a foreign, unreadable or newer store: refused, untouched
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        run_id = train(cfg, recorder, progress=not getattr(args, "quiet", False), ranks=ranks or ONE)
-    except ModelNotAvailable as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except Exception as exc:
-        print(f"error: training failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        recorder.close()
-        if ranks is not None:
-            ranks.close()
-    if ranks is None or ranks.main:
-        print(f"run {run_id} recorded in {cfg.db}")
-    return 0
+    return record_and_exit(
+        cfg.db, lambda: Recorder(cfg.db) if ranks is None or ranks.main else NullRecorder(),
+        lambda recorder: train(cfg, recorder, progress=not getattr(args, "quiet", False),
+                               ranks=ranks or ONE),
+        "training", told=((ModelNotAvailable, ""),), announce=ranks is None or ranks.main,
+        close=ranks.close if ranks is not None else lambda: None)
 
 
 def _device_error(cfg: TrainConfig, ranks) -> str | None:

@@ -15,8 +15,6 @@ the last one). Why an update was skipped is kept in ``runs.error`` beside its ``
 """
 from __future__ import annotations
 
-import contextlib
-import signal
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -34,6 +32,7 @@ from core.credit import Credit, assign
 from core.diagnostics import entropy_mean, rollout_metrics, success_of
 from core.distributed import ONE, Ranks, gather_step, number_demos, number_rollouts
 from core.envs.base import make_env
+from core.lifecycle import stop_on_sigint
 from core.policy import policy_from_config
 from core.records import StageResults, step_tables
 from core.rollout import Sampling, rollout
@@ -131,7 +130,7 @@ class _Run:
         total = cfg.sft_steps + cfg.steps
         # The Ctrl-C handler stays installed until the final status is written: a Stop that lands
         # after the last step must not leave the run marked 'running'.
-        with self._sigint():
+        with stop_on_sigint(self, "step"):  # core/lifecycle.py
             status = self._loop(total)
             self.finishing = True  # Ctrl-C from here on is ignored: the status write is short
             self.recorder.finish(status, error=self.skip_note)
@@ -186,26 +185,6 @@ class _Run:
             if bar is not None:
                 bar.close()
         return status
-
-    @contextlib.contextmanager
-    def _sigint(self):
-        """First Ctrl-C: finish the current step, then stop. Second: stop at once."""
-        def handler(signum, frame):
-            if self.finishing:
-                return
-            if self.stop_requested:
-                raise KeyboardInterrupt
-            self.stop_requested = True
-            tqdm.write("stopping after the current step (Ctrl-C again to stop now)")
-        try:
-            previous = signal.signal(signal.SIGINT, handler)
-        except ValueError:  # not the main thread: no handler, Ctrl-C behaves as usual
-            yield
-            return
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGINT, previous)
 
     def save(self, step: int) -> None:
         if not self.ranks.main:  # the optimizer state is the same on every rank
