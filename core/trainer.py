@@ -22,9 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from core import checkpoint, info_gain
-from core import prm
-from core import progress as spa
+from core import checkpoint
 from core import device as devices
 from core.algorithms import needs_value_head
 from core.config import TrainConfig, env_kwargs, validate
@@ -39,6 +37,7 @@ from core.rollout import Sampling, rollout
 from core.schedule import Schedule, TrainingError, pool_size, task_pool  # noqa: F401 (re-exported)
 from core.scoring import score_all
 from core.sft import demonstrations
+from core.turn_credit import TurnCredit
 from core.update import (carry_second_moments, make_samples, policy_update, score_reference,
                          score_values, sft_update)
 
@@ -86,11 +85,8 @@ class _Run:
         self.bad_steps, self.last_write_s, self.stop_requested = 0, 0.0, False
         self.finishing = False
         self.skip_note: str | None = None
-        self.spa_model = None
-        self.prm_model = None
-        """AgentPRM's process reward head (core/prm.py), built at the first RL step with w_prm > 0."""
-        """SPA's progress head (core/progress.py), built at the first RL step with w_spa > 0."""
         """Why the last skipped update was skipped; stored in runs.error next to its metrics."""
+        self.turn_credit = TurnCredit(cfg, self.policy)
         self.run_id = ""
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -224,14 +220,11 @@ class _Run:
         t1 = time.perf_counter()
         # -- rewards
         score_all(own, cfg)
-        gains = self._info_gain(own, record)
-        # SPA's progress head and the PRM read the same hidden states at each action's end
-        feats = spa.features(policy, own) if cfg.w_spa > 0 or cfg.w_prm > 0 else None
-        contributions, spa_metrics = self._progress(own, record, feats)
-        prm_scores, prm_metrics = self._prm(own, record, feats)
+        turns = self.turn_credit.measure(own)  # information gain, SPA progress, PRM scores
+        record.results.turn_signals += turns.rows
         t2 = time.perf_counter()
         # -- advantages, over every rank's trajectories
-        credit, trajs = self._credit(own, gains, contributions, prm_scores)
+        credit, trajs = self._credit(own, turns.gains, turns.contributions, turns.prm_scores)
         record.results.add_credit(own, credit.turn_advantages)
         # -- loss + optimizer step
         samples = make_samples(own, credit.per_token, credit.returns)
@@ -242,52 +235,9 @@ class _Run:
         self._check_bad(result.bad, step)
         t3 = time.perf_counter()
         record.metrics = {**self._rl_metrics(trajs, result, t1 - t0, t2 - t1, t3 - t2),
-                          **spa_metrics, **prm_metrics}
+                          **turns.metrics}
         record.work_s = t3 - t0
         return record
-
-    def _info_gain(self, own: list, record: "_Step") -> list:
-        """Each trajectory's per-turn information gains (core/info_gain.py; None where its task
-        has no gold answer or it is off); the trajectory's sum becomes its ``info_gain`` reward
-        component and every turn's answer_prob / info_gain goes to ``turn_signals``."""
-        cfg = self.cfg
-        if not (cfg.record_info_gain or cfg.w_info_gain > 0):
-            return [None] * len(own)
-        signals = info_gain.measure(self.policy, own)
-        for t in own:
-            if t.traj_id in signals:
-                t.rewards["info_gain"] = signals[t.traj_id].total
-        record.results.turn_signals += info_gain.signal_rows(own, signals)
-        return [signals[t.traj_id].gains if t.traj_id in signals else None for t in own]
-
-    def _progress(self, own: list, record: "_Step", feats: list | None) -> tuple[list, dict]:
-        """SPA: fit the progress head on this step's outcomes, then each trajectory's per-turn
-        contributions (core/progress.py; None where it has none or w_spa is 0), recorded in
-        ``turn_signals`` as ``progress``; and the fit's metrics."""
-        cfg = self.cfg
-        if cfg.w_spa <= 0:
-            return [None] * len(own), {}
-        if self.spa_model is None:
-            self.spa_model = spa.ProgressModel(self.policy.base.config.hidden_size, l2=cfg.spa_l2)
-        fit = self.spa_model.fit(feats, [t.rewards.get("outcome", 0.0) for t in own])
-        contributions = self.spa_model.predict(feats)
-        record.results.turn_signals += spa.signal_rows(own, contributions)
-        return contributions, {"spa/loss_before": fit.loss_before, "spa/loss_after": fit.loss_after}
-
-    def _prm(self, own: list, record: "_Step", feats: list | None) -> tuple[list, dict]:
-        """AgentPRM: fit the process reward head on this step's Monte-Carlo Q labels, then its
-        score of every turn (core/prm.py; None where none or w_prm is 0), recorded in
-        ``turn_signals`` as ``q`` and ``prm``; and the fit's metrics."""
-        cfg = self.cfg
-        if cfg.w_prm <= 0:
-            return [None] * len(own), {}
-        if self.prm_model is None:
-            self.prm_model = prm.PrmModel(self.policy.base.config.hidden_size, l2=cfg.spa_l2)
-        labels = prm.labels_for(own)
-        fit = self.prm_model.fit(feats, labels)
-        scores = self.prm_model.predict(feats)
-        record.results.turn_signals += prm.signal_rows(own, labels, scores)
-        return scores, {"prm/loss_before": fit.loss_before, "prm/loss_after": fit.loss_after}
 
     def _credit(self, own: list, gains: list | None = None, contributions: list | None = None,
                 prm_scores: list | None = None) -> tuple[Credit, list]:
