@@ -2,7 +2,8 @@
 each replayed to its own state, run to their episodes' ends in ONE batch on the rollout engine of
 core/rollout.py (shared KV cache, left-padded chunks, rows leave as their episodes end).
 
-Uses the engine's private helpers: a change to core/rollout.py's row or batch must be mirrored here.
+The generation of a turn is the engine's own (``generate_turn``); only the turn bookkeeping (each
+row's own turn counter) is here.
 """
 from __future__ import annotations
 
@@ -53,9 +54,9 @@ def continue_all(policy, env, items: list[Start], sampling, seed: int, progress=
     Rows start at different turns; each carries its own turn counter. Returns the trajectories."""
     import torch
 
-    from core.rollout import (_act, _Batch, _fill_missing_logprobs, _finish, _Row, _take,
-                              sample_next)
+    from core.kv_cache import Batch
     from core.policy import token_texts
+    from core.rollout import _act, _fill_missing_logprobs, _finish, _Row, generate_turn
     # on the policy's device, like core/rollout.py (each device reproducible on its own)
     generator = torch.Generator(device=getattr(policy, "device", "cpu")).manual_seed(seed)
     last = sampling.max_turns - 1 + int(sampling.final_answer_turn)
@@ -76,29 +77,10 @@ def continue_all(policy, env, items: list[Start], sampling, seed: int, progress=
     policy.model.eval()
     total, rounds = len(rows), 0
     try:
-        with torch.no_grad():
-            batch, eos = _Batch(policy, rows), policy.eos_ids
+        with torch.inference_mode():
+            batch = Batch(policy, rows)
             while batch.rows:
-                for row in batch.rows:
-                    row.gen, row.gen_lp, row.gen_ent, row.text, row.prev_text = [], [], [], "", ""
-                    row.stopped, row.cut_text = None, None
-                    row.budget = min(sampling.max_new_tokens,
-                                     sampling.max_context - len(row.traj.token_ids))
-                logits = batch.feed([row.pending for row in batch.rows])
-                for row in batch.rows:
-                    row.pending = []
-                while True:
-                    tokens, logp, entropy = sample_next(logits, sampling.temperature,
-                                                        sampling.top_p, generator)
-                    tokens, entropy = tokens.tolist(), entropy.tolist()  # one device sync
-                    for b, row in enumerate(batch.rows):
-                        if row.stopped is None:
-                            _take(row, tokens[b], logp[b], entropy[b], env.stop_tags, eos,
-                                  policy.tokenizer)
-                    if all(row.stopped is not None for row in batch.rows):
-                        break
-                    logits = batch.feed([[row.gen[-1]] if row.stopped is None else []
-                                         for row in batch.rows])
+                generate_turn(batch, env, sampling, generator)
                 for row in batch.rows:
                     turn = turn_of[id(row)]
                     turn_of[id(row)] = turn + 1

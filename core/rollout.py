@@ -7,10 +7,13 @@ One step's trajectories share a single KV cache for their whole life, across tur
              -> env.step(action text) -> observation tokens become the row's next pending tokens
              -> rows whose episode ended leave the batch (and the cache)
 
-Rows have different lengths, so each fed chunk is left-padded; padding and the positions of rows
-that stopped early are holes in the attention mask, and position ids count real tokens only. The
-cache therefore always holds exactly the trajectory's token ids: what is trained is what the model
-conditioned on, with no re-tokenisation.
+Rows have different lengths, so each fed chunk is left-padded; padding and the columns of rows
+whose turn already ended are holes in the attention mask, and position ids count real tokens only.
+The cache therefore always holds exactly the trajectory's token ids: what is trained is what the
+model conditioned on, with no re-tokenisation. The batch and its cache (core/kv_cache.py): a row
+whose turn ended is no longer computed until the next turn, and rows with the same prompt are
+encoded once. Sampling draws its random numbers for the whole batch each step (``sample_next``),
+so which rows are computed does not change what a row samples.
 
 Stop tags are cut exactly after the first closing tag (Search-R1). When a tag ends inside a token
 (``>`` + ``\\n`` sampled as one ``>\\n`` token) that token is replaced by the tokens of its part up
@@ -36,7 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 from core.envs.base import Episode, Environment, StepResult, Task, observation_role
-from core.device import full_precision
+from core.kv_cache import Batch
 from core.policy import Policy, token_logprobs, token_texts
 from core.transcript import (  # noqa: F401 (user_turn_text re-exported)
     append_tokens, prompt_ids, record_turn, user_turn_text)
@@ -95,11 +98,17 @@ def initial_state_key(episode: Episode) -> str | None:
 
 
 def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
-                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sample one token per row from logits (B, V).
+                generator: torch.Generator, rows: list[int] | None = None,
+                batch_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sample one token per row from logits (n, V).
 
-    Returns (tokens (B,), logp (B, V) of the temperature-scaled distribution, entropy (B,)).
+    Returns (tokens (n,), logp (n, V) of the temperature-scaled distribution, entropy (n,)).
     temperature 0 is greedy (logp then of the untempered distribution).
+
+    The draw is ``torch.multinomial``'s, done by hand: token = argmax(p / q) with q ~ Exp(1),
+    q drawn for a whole batch of ``batch_rows`` rows at once (default n); ``rows`` says which
+    batch rows the logits belong to (default all, in order). A row thus gets the same q, and the
+    same token, whether or not the batch's rows that already stopped are still computed.
     """
     logits = logits.float()
     logp = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)
@@ -107,63 +116,25 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
     entropy = -(probs * logp).sum(-1)
     if temperature == 0:
         return logits.argmax(-1), logp, entropy
+    if not bool(torch.isfinite(entropy).all()):  # what torch.multinomial would refuse
+        raise RuntimeError("sampling: the logits contain inf or nan")
+    q = probs.new_empty(batch_rows or probs.shape[0], probs.shape[-1])
+    q = q.exponential_(1, generator=generator)
+    if rows is not None:
+        q = q[torch.tensor(rows, device=q.device)]
     if top_p < 1.0:
         sorted_p, order = probs.sort(dim=-1, descending=True)
         outside = sorted_p.cumsum(-1) - sorted_p > top_p     # keep the smallest set reaching top_p
         sorted_p = sorted_p.masked_fill(outside, 0.0)
-        pick = torch.multinomial(sorted_p, 1, generator=generator)
+        pick = (sorted_p / q).argmax(-1, keepdim=True)
         return order.gather(-1, pick).squeeze(-1), logp, entropy
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1), logp, entropy
+    return (probs / q).argmax(-1), logp, entropy
 
 
 def _first_stop(text: str, tags: tuple[str, ...]) -> int | None:
     """End index of the earliest complete stop tag in text, or None."""
     ends = [text.find(t) + len(t) for t in tags if t in text]
     return min(ends) if ends else None
-
-
-class _Batch:
-    """The shared KV cache of the rows still active, plus their attention-mask history."""
-
-    def __init__(self, policy: Policy, rows: list[_Row]):
-        self.policy, self.rows = policy, rows
-        self.cache = None
-        self.device = policy.device  # the mask, the fed ids and the KV cache live there
-        self.mask = torch.zeros(len(rows), 0, dtype=torch.long, device=self.device)
-
-    def feed(self, chunks: list[list[int]]) -> torch.Tensor:
-        """Append each row's chunk (left-padded); return the logits after each row's last token."""
-        width = max(len(c) for c in chunks)
-        pad = self.policy.pad_id
-        ids = torch.full((len(chunks), width), pad, dtype=torch.long)
-        new_mask = torch.zeros(len(chunks), width, dtype=torch.long)
-        pos = torch.zeros(len(chunks), width, dtype=torch.long)
-        for b, (row, chunk) in enumerate(zip(self.rows, chunks)):
-            n = len(chunk)
-            if n:
-                ids[b, width - n:] = torch.tensor(chunk)
-                new_mask[b, width - n:] = 1
-                pos[b, width - n:] = torch.arange(row.fed, row.fed + n)
-            pos[b, :width - n] = row.fed
-            row.fed += n
-        dev = self.device
-        self.mask = torch.cat([self.mask, new_mask.to(dev)], dim=1)
-        with self.policy.autocast():
-            out = self.policy.backbone(input_ids=ids.to(dev), attention_mask=self.mask,
-                                       position_ids=pos.to(dev), cache=self.cache, use_cache=True)
-        self.cache = out.cache
-        # the sampling distribution in fp32, like the logprobs the update compares it with
-        with full_precision(dev):
-            return self.policy.base.get_output_embeddings()(out.last_hidden_state[:, -1].float())
-
-    def keep(self, keep_idx: list[int]) -> None:
-        """Drop rows not in keep_idx from the batch and the cache."""
-        if len(keep_idx) == len(self.rows):
-            return
-        self.rows = [self.rows[i] for i in keep_idx]
-        self.mask = self.mask[keep_idx]
-        if self.cache is not None and keep_idx:
-            self.cache.batch_select_indices(torch.tensor(keep_idx, device=self.device))
 
 
 def rollout(policy: Policy, env: Environment, tasks: list[Task], *, group_size: int,
@@ -201,7 +172,7 @@ def rollout(policy: Policy, env: Environment, tasks: list[Task], *, group_size: 
     was_training = policy.model.training
     policy.model.eval()
     try:
-        with torch.no_grad():
+        with torch.inference_mode():
             _run_turns(policy, env, [r for r in rows if not r.done], sampling, generator,
                        reuse_cache)
     finally:
@@ -218,39 +189,50 @@ def rollout(policy: Policy, env: Environment, tasks: list[Task], *, group_size: 
 
 def _run_turns(policy: Policy, env: Environment, rows: list[_Row], sampling: Sampling,
                generator: torch.Generator, reuse_cache: bool = True) -> None:
-    batch = _Batch(policy, rows)
-    eos = policy.eos_ids
+    batch = Batch(policy, rows)
     for turn in range(sampling.max_turns + int(sampling.final_answer_turn)):
         if not batch.rows:
             return
         if turn and not reuse_cache:  # a fresh cache: the whole history is encoded again
             for row in batch.rows:
                 row.fed, row.pending = 0, list(row.traj.token_ids)
-            batch = _Batch(policy, batch.rows)
-        for row in batch.rows:
-            row.gen, row.gen_lp, row.gen_ent, row.text, row.prev_text = [], [], [], "", ""
-            row.stopped, row.cut_text = None, None
-            row.budget = min(sampling.max_new_tokens,
-                             sampling.max_context - len(row.traj.token_ids))
-        logits = batch.feed([row.pending for row in batch.rows])            # (B, V)
-        for row in batch.rows:
-            row.pending = []
-        while True:
-            tokens, logp, entropy = sample_next(logits, sampling.temperature, sampling.top_p,
-                                                generator)
-            tokens, entropy = tokens.tolist(), entropy.tolist()  # one device sync, not one per row
-            for b, row in enumerate(batch.rows):
-                if row.stopped is None:
-                    _take(row, tokens[b], logp[b], entropy[b], env.stop_tags, eos,
-                          policy.tokenizer)
-            if all(row.stopped is not None for row in batch.rows):
-                break
-            # Rows still generating feed their new token; the others feed a masked hole.
-            logits = batch.feed([[row.gen[-1]] if row.stopped is None else []
-                                 for row in batch.rows])
+            batch = Batch(policy, batch.rows)
+        generate_turn(batch, env, sampling, generator)
         for row in batch.rows:
             _act(row, turn, sampling, policy.tokenizer, env, final=turn == sampling.max_turns)
         batch.keep([i for i, row in enumerate(batch.rows) if not row.done])
+
+
+def generate_turn(batch: Batch, env: Environment, sampling: Sampling,
+                  generator: torch.Generator) -> None:
+    """One turn's generation for every row of ``batch`` (core/kv_cache.py): feed each row's
+    pending tokens, then sample token by token; a row whose turn ended (stop tag, EOS, token
+    budget) leaves the computation and the others go on until none is left. Stepping the
+    environment is the caller's."""
+    rows, policy = batch.rows, batch.policy
+    eos, tok = policy.eos_ids, policy.tokenizer
+    for row in rows:
+        row.gen, row.gen_lp, row.gen_ent, row.text, row.prev_text = [], [], [], "", ""
+        row.stopped, row.cut_text = None, None
+        row.budget = min(sampling.max_new_tokens, sampling.max_context - len(row.traj.token_ids))
+    logits = batch.feed([row.pending for row in rows])                      # (B, V)
+    for row in rows:
+        row.pending = []
+    live = batch.live
+    while True:
+        tokens, logp, entropy = sample_next(logits, sampling.temperature, sampling.top_p,
+                                            generator, rows=live, batch_rows=len(rows))
+        tokens, entropy = tokens.tolist(), entropy.tolist()  # one device sync, not one per row
+        ended = []
+        for i, b in enumerate(live):
+            _take(rows[b], tokens[i], logp[i], entropy[i], env.stop_tags, eos, tok)
+            if rows[b].stopped is not None:
+                ended.append(i)
+        if len(ended) == len(live):
+            return
+        if ended:  # finished rows stop being computed; their cache stays for the next turn
+            live = batch.park(ended)
+        logits = batch.step([rows[b].gen[-1] for b in live])                # (live, V)
 
 
 def _take(row: _Row, token: int, logp: torch.Tensor, entropy: float,
