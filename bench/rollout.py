@@ -3,6 +3,8 @@
     nice -n 15 .venv/bin/python bench/rollout.py --model tiny --tasks 2 --group-size 8
     nice -n 15 .venv/bin/python bench/rollout.py --model smollm2-135m --tasks 1 --max-turns 2 \\
         --max-new-tokens 48 --repeats 2
+    nice -n 15 .venv/bin/python bench/rollout.py --model smollm2-135m --tasks 1 --max-turns 2 \\
+        --max-new-tokens 48 --group-size 32 --sequential-rollouts 8 --repeats 2
 
 Three ways to roll out the same tasks x G trajectories on the search environment, same model (the
 LoRA-wrapped policy), seeds, sampling (temperature 1, no top-k/top-p) and token budgets:
@@ -16,7 +18,10 @@ LoRA-wrapped policy), seeds, sampling (temperature 1, no top-k/top-p) and token 
   env's stop strings, steps the env and appends the observation ids.
 
 The variants are interleaved (order rotated each repeat), so load from other processes on the
-machine hits them alike; the ratios are the figure to read.
+machine hits them alike; the ratios are the figure to read. ``--sequential-rollouts N`` times the
+sequential loop on the first N rollouts of each task only (at G = 32 on SmolLM2 it would take most
+of the run): its rollouts run one after another, so its tokens/s does not depend on how many run;
+the ratio is tokens/s over tokens/s (the table's token counts then differ).
 
 The ceiling. Model FLOPs per generated token (forward only):
 
@@ -47,14 +52,16 @@ from core.rollout import Sampling, _first_stop, prompt_ids, rollout  # noqa: E40
 
 
 def sequential_generate(policy, env, tasks, group_size: int, sampling: Sampling,
-                        seed: int) -> tuple[int, list[int]]:
+                        seed: int, rollouts: int | None = None) -> tuple[int, list[int]]:
     """The plain loop: one trajectory at a time, ``model.generate`` over the whole history each
-    turn. Returns (generated tokens, context position of every generated token)."""
+    turn; only the first ``rollouts`` of each task's ``group_size`` when given (its cost per token
+    does not depend on how many run: they run one after another). Returns (generated tokens,
+    context position of every generated token)."""
     model, tok = policy.model, policy.tokenizer
     eos = sorted(policy.eos_ids)
     generated, positions = 0, []
     for g, task in enumerate(tasks):
-        for r in range(group_size):
+        for r in range(min(group_size, rollouts or group_size)):
             torch.manual_seed(seed * 1_000_003 + g * 1_009 + r)
             episode = env.episode(task, seed=(seed * 1_000_003 + g * 1_009 + r) % (2 ** 31))
             history = prompt_ids(tok, env.system_prompt, episode.reset())
@@ -131,6 +138,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--variants", default="batched-kv,batched-reencode,sequential")
+    parser.add_argument("--sequential-rollouts", type=int, default=None,
+                        help="time the sequential loop on only the first N rollouts of each task "
+                             "(same seeds as the batched rows); tokens/s compares the variants")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     policy = load_policy(args.model, seed=0)
@@ -144,8 +154,8 @@ def main() -> None:
                                                        sampling, s, reuse_cache=True),
         "batched, re-encode each turn": lambda s: batched(policy, env, tasks, args.group_size,
                                                           sampling, s, reuse_cache=False),
-        "sequential model.generate": lambda s: sequential_generate(policy, env, tasks,
-                                                                   args.group_size, sampling, s),
+        "sequential model.generate": lambda s: sequential_generate(
+            policy, env, tasks, args.group_size, sampling, s, args.sequential_rollouts),
     }
     keep = dict(zip(["batched-kv", "batched-reencode", "sequential"], variants))
     variants = {keep[k]: variants[keep[k]] for k in args.variants.split(",")}
@@ -169,7 +179,9 @@ def main() -> None:
     base = tokens[names[-1]] / seconds[names[-1]]
     print(f"model {args.model}, search env, {args.tasks} task(s) x G={args.group_size}, "
           f"max_turns {args.max_turns}, max_new_tokens {args.max_new_tokens}, "
-          f"{args.repeats} interleaved repeats, {args.threads} torch thread(s)")
+          f"{args.repeats} interleaved repeats, {args.threads} torch thread(s)"
+          + (f"; sequential on the first {args.sequential_rollouts} rollout(s) of each task"
+             if args.sequential_rollouts else ""))
     print(f"{'variant':32s} {'tokens':>8s} {'seconds':>8s} {'tokens/s':>9s} "
           f"{'vs last':>8s} {'% matmul(decode)':>17s} {'% matmul(1024^3)':>17s}")
     for name in names:
