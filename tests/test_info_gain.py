@@ -16,10 +16,10 @@ from core.info_gain import (ANSWER_OPEN, action_starts, answer_probability, meas
                             turn_gains)
 from core.policy import load_policy, token_logprobs
 from core.rollout import Sampling, rollout
-from core.trainer import train
-from core.trajectory import Trajectory, Turn
+from core.trajectory import Trajectory
 from storage import queries
-from storage.recorder import Recorder
+from tests.credit_checks import (assert_turns_carry, fake_trajectory,  # noqa: F401
+                                 one_rl_step, open_page)  # (open_page: a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -97,21 +97,8 @@ def test_trajectories_without_gold_answers_are_skipped(tiny, search_trajs):
 
 
 # -- the dense credit -----------------------------------------------------------------------------
-def _fake(traj_id, group, turns):
-    """2 prompt tokens, then per turn 2 action tokens and 1 observation token."""
-    t = Trajectory(traj_id=traj_id, group_id=group, task=Task("t", "q", golds=("a",)))
-    t.token_ids, t.roles, t.trained, t.token_turn = [0, 0], ["prompt"] * 2, [False] * 2, [-1, -1]
-    for k in range(turns):
-        t.token_ids += [1, 1, 2]
-        t.roles += ["action", "action", "observation"]
-        t.trained += [True, True, False]
-        t.token_turn += [k, k, k]
-        t.turns.append(Turn(turn=k, action="a", observation="o", valid=True))
-    return t
-
-
 def test_dense_credit_lands_on_each_turns_action_tokens():
-    a, b = _fake("a", "g", 3), _fake("b", "g", 2)
+    a, b = (fake_trajectory(name, "g", turns, golds=("a",)) for name, turns in (("a", 3), ("b", 2)))
     a.advantage, b.advantage = 1.0, -1.0
     base = Credit.outcome([1.0 * torch.tensor(a.trained).float(),
                            -1.0 * torch.tensor(b.trained).float()])
@@ -141,13 +128,7 @@ def test_w_info_gain_is_validated():
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """(store path, run id) of one real RL step of the tiny model on search, w_info_gain 1."""
-    base = tmp_path_factory.mktemp("ig")
-    db_path = base / "ig.duckdb"
-    cfg = TrainConfig(env="search", model="tiny", algo="grpo", steps=1, group_size=2,
-                      tasks_per_step=2, max_turns=3, max_new_tokens=8, max_obs_tokens=48,
-                      eval_every=0, w_info_gain=1.0, db=str(db_path),
-                      checkpoint_dir=str(base / "ckpt"))
-    return db_path, train(cfg, Recorder(db_path), progress=False)
+    return one_rl_step(tmp_path_factory.mktemp("ig"), "ig", w_info_gain=1.0)
 
 
 def test_training_step_records_info_gain_and_trains_on_it(trained):
@@ -157,7 +138,6 @@ def test_training_step_records_info_gain_and_trains_on_it(trained):
     assert len(ids) == 4
     sig = queries.turn_signals(db_path, run_id, ids)
     rewards = queries.rewards(db_path, run_id, ids)
-    turns = queries.turns(db_path, run_id, ids)
     gains, groups = [], []
     for _, t in trajs.iterrows():
         mine = sig[sig.traj_id == t.traj_id]
@@ -173,10 +153,8 @@ def test_training_step_records_info_gain_and_trains_on_it(trained):
         groups.append(t.group_id)
     # the recorded turn advantages are the outcome advantage (0: tiny never answers right)
     # plus w_info_gain x the group-normalised gain, and the last turn has the outcome's alone
-    dense = info_gain_turn_advantages(gains, groups)
-    for (_, t), d in zip(trajs.iterrows(), dense):
-        adv = turns[turns.traj_id == t.traj_id].sort_values("turn").advantage.tolist()
-        assert adv == pytest.approx([t.advantage + x for x in d] + [t.advantage], abs=1e-6)
+    dense = assert_turns_carry(db_path, run_id, trajs, gains, groups, scale=True,
+                               last_keeps_outcome=True)
     assert any(abs(x) > 0 for d in dense for x in d)  # the signal trained something
     by_turn = queries.signal_by_turn(db_path, run_id)
     assert set(by_turn.turn) == set(range(int(trajs.num_turns.max()) - 1))
@@ -191,28 +169,6 @@ def test_queries_cope_with_stores_recorded_before_turn_signals():
 
 
 # -- the pages ------------------------------------------------------------------------------------
-@pytest.fixture
-def open_page(monkeypatch, tmp_path):
-    from streamlit.testing.v1 import AppTest
-    from streamlit.testing.v1 import app_test
-    import streamlit as st
-    from pages import _jobs
-    from tests.test_pages import APP, ROOT, _NavigationPagesManager
-    monkeypatch.setattr(app_test, "PagesManager", _NavigationPagesManager)
-    monkeypatch.setenv(_jobs.RUNS_DIR_ENV, str(tmp_path / "runs"))
-    monkeypatch.chdir(ROOT)
-    st.cache_data.clear()
-
-    def open_(page: str, store: str, **params) -> AppTest:
-        monkeypatch.setenv(queries.STORE_DIRS_ENV, str(Path(store).parent))
-        at = AppTest.from_file(APP, default_timeout=60).run()
-        at.query_params.update({"store": store, **{k: str(v) for k, v in params.items()}})
-        at = at.switch_page(f"pages/{page}.py").run()
-        assert not at.exception, at.exception
-        return at
-    return open_
-
-
 def test_replay_and_dynamics_show_the_gains(open_page, trained):
     store, run_id = str(trained[0]), trained[1]
     trajs = queries.trajectories(store, run_id)

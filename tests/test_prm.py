@@ -3,13 +3,11 @@ step recording q / prm per turn and training on the centred scores."""
 import pytest
 import torch
 
-from core.algorithms import info_gain_turn_advantages
 from core.config import ConfigError, TrainConfig, validate
 from core.prm import PrmModel, labels_for, mc_q_labels
-from core.trainer import train
 from storage import queries
-from storage.recorder import Recorder
-from tests.test_info_gain import _fake, open_page  # noqa: F401 (a fixture)
+from tests.credit_checks import (assert_turns_carry, fake_trajectory,  # noqa: F401
+                                 one_rl_step, open_page)  # (open_page: a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -28,7 +26,7 @@ def test_q_labels_are_mean_outcomes_of_the_groups_rollouts_through_the_same_stat
 
 
 def test_labels_from_trajectories_use_state_keys_and_the_outcome():
-    a, b = _fake("a", "g", 2), _fake("b", "g", 2)
+    a, b = fake_trajectory("a", "g", 2), fake_trajectory("b", "g", 2)
     for t, r in ((a, 1.0), (b, 0.0)):
         t.rewards = {"outcome": r}
         for u in t.turns:
@@ -53,13 +51,8 @@ def test_w_prm_is_validated():
 @pytest.fixture(scope="module")
 def prm_run(tmp_path_factory):
     """(store path, run id) of one real RL step of the tiny model on search, w_prm 1."""
-    tmp_path = tmp_path_factory.mktemp("prm")
-    db_path = tmp_path / "prm.duckdb"
-    cfg = TrainConfig(env="search", model="tiny", algo="grpo", steps=1, group_size=2,
-                      tasks_per_step=2, max_turns=2, max_new_tokens=8, max_obs_tokens=48,
-                      eval_every=0, w_prm=1.0, record_info_gain=False, db=str(db_path),
-                      checkpoint_dir=str(tmp_path / "ckpt"))
-    return db_path, train(cfg, Recorder(db_path), progress=False)
+    return one_rl_step(tmp_path_factory.mktemp("prm"), "prm", max_turns=2, w_prm=1.0,
+                       record_info_gain=False)
 
 
 def test_training_step_records_q_and_prm_and_trains_on_them(prm_run):
@@ -68,7 +61,6 @@ def test_training_step_records_q_and_prm_and_trains_on_them(prm_run):
     ids = list(trajs["traj_id"])
     sig = queries.turn_signals(db_path, run_id, ids)
     assert set(sig.name) == {"q", "prm"}
-    turns = queries.turns(db_path, run_id, ids)
     scores, groups = [], []
     for _, t in trajs.iterrows():
         mine = sig[sig.traj_id == t.traj_id]
@@ -77,10 +69,7 @@ def test_training_step_records_q_and_prm_and_trains_on_them(prm_run):
         assert (mine[mine.name == "q"].value == 0.0).all()  # tiny never answers right
         scores.append(mine[mine.name == "prm"].sort_values("turn").value.tolist())
         groups.append(t.group_id)
-    dense = info_gain_turn_advantages(scores, groups, scale=False)
-    for (_, t), d in zip(trajs.iterrows(), dense):
-        adv = turns[turns.traj_id == t.traj_id].sort_values("turn").advantage.tolist()
-        assert adv == pytest.approx([t.advantage + x for x in d], abs=1e-6)
+    assert_turns_carry(db_path, run_id, trajs, scores, groups, scale=False)
     assert {"prm/loss_before", "prm/loss_after"} <= set(queries.metrics(db_path, run_id)["name"])
 
 

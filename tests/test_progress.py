@@ -6,10 +6,8 @@ import torch
 from core.algorithms import info_gain_turn_advantages
 from core.config import ConfigError, TrainConfig, validate
 from core.progress import ProgressModel, action_ends, progress_loss, ridge_step
-from core.trainer import train
 from storage import queries
-from storage.recorder import Recorder
-from tests.test_info_gain import _fake
+from tests.credit_checks import assert_turns_carry, fake_trajectory, one_rl_step
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -28,7 +26,7 @@ def test_spa_turn_advantages_are_centred_not_scaled():
 
 
 def test_action_ends_are_each_turns_last_action_token():
-    t = _fake("a", "g", 3)  # 2 prompt tokens, then per turn 2 action + 1 observation token
+    t = fake_trajectory("a", "g", 3)  # 2 prompt tokens, then per turn 2 action + 1 observation token
     assert action_ends(t) == [3, 6, 9]
 
 
@@ -71,27 +69,18 @@ def test_config_validates_spa_fields():
 
 
 def test_training_step_records_progress_and_trains_on_it(tmp_path):
-    db_path = tmp_path / "spa.duckdb"
-    cfg = TrainConfig(env="search", model="tiny", algo="grpo", steps=1, group_size=2,
-                      tasks_per_step=2, max_turns=3, max_new_tokens=8, max_obs_tokens=48,
-                      eval_every=0, w_spa=1.0, record_info_gain=False, db=str(db_path),
-                      checkpoint_dir=str(tmp_path / "ckpt"))
-    run_id = train(cfg, Recorder(db_path), progress=False)
+    db_path, run_id = one_rl_step(tmp_path, "spa", w_spa=1.0, record_info_gain=False)
     trajs = queries.trajectories(db_path, run_id)
     ids = list(trajs["traj_id"])
     sig = queries.turn_signals(db_path, run_id, ids)
     assert set(sig.name) == {"progress"}  # info gain was switched off
-    turns = queries.turns(db_path, run_id, ids)
     values, groups = [], []
     for _, t in trajs.iterrows():
         mine = sig[sig.traj_id == t.traj_id].sort_values("turn")
         assert mine.turn.tolist() == list(range(int(t.num_turns)))
         values.append(mine.value.tolist())
         groups.append(t.group_id)
-    dense = info_gain_turn_advantages(values, groups, scale=False)
-    for (_, t), d in zip(trajs.iterrows(), dense):
-        adv = turns[turns.traj_id == t.traj_id].sort_values("turn").advantage.tolist()
-        assert adv == pytest.approx([t.advantage + x for x in d], abs=1e-6)
+    assert_turns_carry(db_path, run_id, trajs, values, groups, scale=False)
     m = queries.metrics(db_path, run_id)
     names = set(m["name"])
     assert {"spa/loss_before", "spa/loss_after"} <= names

@@ -10,13 +10,13 @@ from core import checkpoint
 from core.config import TrainConfig
 from core.credit import CREDIT, anchor_keys, assign, step_rewards
 from core.diagnostics import repeat_frac, rollout_metrics
-from core.envs.base import Outcome, Task, make_env
+from core.envs.base import make_env
 from core.policy import load_policy, token_logprobs
 from core.rewards import score
 from core.rollout import Sampling, rollout
 from core.sft import demonstrations
-from core.trajectory import Trajectory, Turn
 from core.update import make_samples, policy_update, score_reference, sft_update
+from tests.credit_checks import fake_trajectory as fake
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -154,28 +154,11 @@ def test_sft_demonstrations_train_only_expert_actions_and_lower_the_loss(env):
 
 
 # -- credit assignment ----------------------------------------------------------------------------
-def _fake(traj_id, group, reward, turns, obs=None, task="t"):
-    """A hand-made trajectory: prompt of 2 tokens, then per turn 2 action + 1 observation tokens."""
-    t = Trajectory(traj_id=traj_id, group_id=group, task=Task(task, "q"))
-    t.token_ids, t.roles, t.trained, t.token_turn = [0, 0], ["prompt"] * 2, [False] * 2, [-1, -1]
-    for k in range(turns):
-        t.token_ids += [1, 1, 2]
-        t.roles += ["action", "action", "observation"]
-        t.trained += [True, True, False]
-        t.token_turn += [k, k, k]
-        t.turns.append(Turn(turn=k, action="a", observation=(obs or [f"o{k}"] * turns)[k],
-                            valid=True, step_reward=0.0))
-    t.logprobs = [-1.0 if m else None for m in t.trained]
-    t.reward = reward
-    t.outcome = Outcome(score=reward, success=reward > 0)
-    return t
-
-
 def test_gigpo_turn_advantages_land_on_their_turns_tokens():
     cfg = _cfg(algo="gigpo", gigpo_weight=1.0, gigpo_gamma=1.0)
     # both rollouts act from the task's first state; the replies to their first actions differ
-    a = _fake("a", "g", 1.0, 2, obs=["x", "end"])
-    b = _fake("b", "g", 0.0, 2, obs=["y", "end"])
+    a = fake("a", "g", 2, 1.0, obs=["x", "end"])
+    b = fake("b", "g", 2, 0.0, obs=["y", "end"])
     credit = CREDIT["gigpo"]([a, b], cfg)
     per_token = credit.per_token
     assert step_rewards(a) == [0.0, 1.0]
@@ -190,7 +173,7 @@ def test_gigpo_turn_advantages_land_on_their_turns_tokens():
 
 def test_starpo_keeps_whole_groups_by_reward_std():
     cfg = _cfg(algo="starpo_s", starpo_keep=0.5)
-    trajs = [_fake(f"{g}{i}", g, r, 1) for g, rs in (("lo", [0.0, 0.1]), ("hi", [0.0, 1.0]))
+    trajs = [fake(f"{g}{i}", g, 1, r) for g, rs in (("lo", [0.0, 0.1]), ("hi", [0.0, 1.0]))
              for i, r in enumerate(rs)]
     assign(trajs, cfg)
     assert [t.filtered for t in trajs] == [True, True, False, False]
@@ -198,12 +181,12 @@ def test_starpo_keeps_whole_groups_by_reward_std():
 
 def test_min_abs_advantage_filter_and_ppo_returns():
     cfg = _cfg(algo="rloo", min_abs_advantage=0.01)
-    trajs = [_fake("a", "g", 1.0, 1), _fake("b", "g", 1.0, 1), _fake("c", "h", 0.0, 1),
-             _fake("d", "h", 1.0, 1)]
+    trajs = [fake("a", "g", 1, 1.0), fake("b", "g", 1, 1.0), fake("c", "h", 1, 0.0),
+             fake("d", "h", 1, 1.0)]
     assign(trajs, cfg)
     assert [t.filtered for t in trajs] == [True, True, False, False]
     ppo_cfg = _cfg(algo="ppo", gamma=1.0, lam=1.0)
-    trajs = [_fake("a", "g", 1.0, 2), _fake("b", "g", 0.0, 2)]
+    trajs = [fake("a", "g", 2, 1.0), fake("b", "g", 2, 0.0)]
     values = [torch.zeros(len(t.token_ids)) for t in trajs]
     credit = assign(trajs, ppo_cfg, values)
     adv = credit.per_token
@@ -214,8 +197,8 @@ def test_min_abs_advantage_filter_and_ppo_returns():
 
 # -- statistics and checkpoints -------------------------------------------------------------------
 def test_rollout_metrics_by_hand():
-    trajs = [_fake("a", "g", 1.0, 1), _fake("b", "g", 0.0, 1), _fake("c", "h", 0.0, 2),
-             _fake("d", "h", 0.0, 2)]
+    trajs = [fake("a", "g", 1, 1.0), fake("b", "g", 1, 0.0), fake("c", "h", 2, 0.0),
+             fake("d", "h", 2, 0.0)]
     trajs[2].turns[0].action = "other"
     m = rollout_metrics(trajs)
     assert m["reward/mean"] == 0.25 and m["success/rate"] == 0.25
@@ -254,7 +237,7 @@ def test_rewards_component_rows_for_every_trajectory(env):
 
 def test_token_rows_carry_the_mask_as_the_optimiser_applied_it():
     from core.records import step_tables
-    kept, dropped, held_out = _fake("a", "g", 1.0, 1), _fake("b", "g", 0.0, 1), _fake("c", "h", 0.0, 1)
+    kept, dropped, held_out = fake("a", "g", 1, 1.0), fake("b", "g", 1, 0.0), fake("c", "h", 1, 0.0)
     dropped.filtered = True
     held_out.split = "eval"
     for t in (kept, dropped, held_out):
