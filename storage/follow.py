@@ -108,8 +108,8 @@ class Follower:
         self.tries: dict[str, int] = {}
         self._scratch = tempfile.TemporaryDirectory(prefix="follow-")
         prepare(db_path)
-        from storage.io import _refuse_foreign, _run_source
-        _refuse_foreign(self.run_id, _run_source(db_path, self.run_id))  # never a trainer's run
+        from storage.import_batch import refuse_foreign, run_source
+        refuse_foreign(self.run_id, run_source(db_path, self.run_id))  # never a trainer's run
         # verl/trl: name -> (size, mtime) when imported; None = imported before a restart
         # (taken as complete at its size when first seen). A file that changes after its import
         # (a writer that paused longer than two polls) is imported again once stable: its new

@@ -16,8 +16,9 @@ storage/interchange.py), at its smallest::
 
 Import (the verl and TRL readers are in storage/dumps.py) reads the input once, validating each
 line; every bad line is reported with where it is and what is wrong, and good lines still import.
-Valid trajectories are written in batches, each batch one transaction holding all their rows
-(trajectories, rewards, turns, tokens, test results), so no trajectory is ever half-written.
+Valid trajectories are written in batches (storage/import_batch.py), each batch one transaction
+holding all their rows (trajectories, rewards, turns, tokens, test results), so no trajectory is
+ever half-written.
 The run id is derived from the file's path unless ``--run-id`` is given, so a rerun imports into
 the same run; trajectories already there (same ``traj_id``) are skipped, or replaced with
 ``--replace``. The store may already hold other runs (a trainer's, other imports): importing
@@ -44,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import re
 import sys
 from dataclasses import dataclass, field
@@ -52,19 +52,17 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import duckdb
-import pyarrow as pa
 
 from storage import db
 from storage.dumps import READERS
+from storage.import_batch import (  # noqa: F401 (RunNotImportable re-exported)
+    RunNotImportable, finish_import, refuse_foreign, run_source, write_batch)
 from storage.interchange import MAX_LINE_BYTES, LineError, read_json_lines, to_rows, validate
 from storage.migrations import prepare
-from storage.recorder import check_run_id, clean_column, clean_text, now, to_json
+from storage.recorder import check_run_id, clean_text
 
 FORMATS = ("jsonl", "verl", "trl")
-TRAJ_TABLES = ("trajectories", "rewards", "turns", "tokens", "test_results")
 MAX_REPORTED_ERRORS = 1000
-ARROW_TYPES = {"VARCHAR": pa.string(), "JSON": pa.string(), "INTEGER": pa.int32(),
-               "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(), "TIMESTAMP": pa.timestamp("us")}
 
 
 # == import ======================================================================================
@@ -113,26 +111,6 @@ def guess_format(source: Path) -> str:
     return "jsonl"
 
 
-class RunNotImportable(db.StoreError):
-    """The target run was not created by an import (the trainer's runs are not import targets)."""
-
-
-def _run_source(db_path, run_id: str) -> str | None:
-    with db.reading(db_path) as con:
-        row = con.execute("SELECT coalesce(source, 'trainer') FROM runs WHERE run_id = ?",
-                          [run_id]).fetchone()
-    return None if row is None else row[0]
-
-
-def _refuse_foreign(run_id: str, source: str | None) -> None:
-    if source is not None and not source.startswith("import"):
-        who = "the trainer" if source == "trainer" else f"{source!r}"
-        raise RunNotImportable(
-            f"run {run_id!r} was recorded by {who}: an import cannot add to it or replace its "
-            "trajectories; import into a run of its own (leave out --run-id, or give an id no "
-            "other run uses)")
-
-
 def _read_generic(path: Path, max_line_bytes: int) -> Iterator[tuple[str, Any]]:
     for lineno, obj in read_json_lines(path, max_line_bytes):
         yield f"line {lineno}", obj
@@ -161,7 +139,7 @@ def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
         raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
     run_id = check_run_id(run_id) if run_id else default_run_id(source)
     prepare(db_path)
-    _refuse_foreign(run_id, _run_source(db_path, run_id))
+    refuse_foreign(run_id, run_source(db_path, run_id))
     report = ImportReport(run_id, source.name, fmt)
     reader = READERS.get(fmt, _read_generic)
     classify, first_seen, batch = _classifier(), {}, []
@@ -185,10 +163,10 @@ def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
             except Exception as exc:  # a reader or rule tripping on a line fails that line only
                 report.fail(where, f"could not be read: {type(exc).__name__}: {exc}")
             if len(batch) >= batch_size:
-                _write(db_path, run_id, fmt, run, batch, replace, report)
+                write_batch(db_path, run_id, fmt, run, batch, replace, report)
                 batch = []
         if batch:
-            _write(db_path, run_id, fmt, run, batch, replace, report)
+            write_batch(db_path, run_id, fmt, run, batch, replace, report)
             batch = []
     except RunNotImportable:
         raise  # refused before its first write: nothing of ours is in that run
@@ -197,7 +175,7 @@ def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
         raise
     if report.lines == 0:
         raise ValueError(f"no records found in {source} (format {fmt})")
-    _finish_import(db_path, run_id, fmt, run, report, live=live)
+    finish_import(db_path, run_id, fmt, run, report, live=live)
     return report
 
 
@@ -214,133 +192,10 @@ def _stopped(db_path, run_id, fmt, run, batch, replace, report, exc: BaseExcepti
     report.errors.append(f"import stopped: {reason}")
     try:
         if batch:
-            _write(db_path, run_id, fmt, run, batch, replace, report)
-        _finish_import(db_path, run_id, fmt, run, report, stopped=reason)
+            write_batch(db_path, run_id, fmt, run, batch, replace, report)
+        finish_import(db_path, run_id, fmt, run, report, stopped=reason)
     except Exception:  # the store itself is what failed: the caller reports the first error
         pass
-
-
-def _insert(con, table: str, rows: list[dict], run_id: str) -> None:
-    """One batched insert with types taken from the table (no guessing from the values)."""
-    if not rows:
-        return
-    types = dict(con.execute("SELECT column_name, data_type FROM information_schema.columns "
-                             "WHERE table_name = ?", [table]).fetchall())
-    names = list(dict.fromkeys(k for r in rows for k in r))
-    schema = pa.schema([(n, ARROW_TYPES[types[n]]) for n in names])
-    columns = {n: clean_column([r.get(n) for r in rows]) for n in names}  # the recorder's rule
-    arrow = pa.Table.from_pydict(columns, schema=schema)
-    arrow = arrow.append_column("run_id", pa.array([run_id] * len(rows), pa.string()))
-    con.register("_import_rows", arrow)
-    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _import_rows")
-    con.unregister("_import_rows")
-
-
-def _ensure_run(con, run_id: str, fmt: str, run: dict) -> None:
-    if con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone():
-        return
-    config = {"env": "unknown", "model": "unknown", "algo": "unknown", **(run["config"] or {})}
-    con.execute("INSERT INTO runs (run_id, name, created_at, status, config, updated_at, source) "
-                "VALUES (?, ?, ?, 'running', ?, ?, ?)",
-                [run_id, clean_text(run["name"]), now(), to_json(config), now(),
-                 f"import:{fmt}"])
-    run["created"] = True
-
-
-WRITE_ERRORS = (duckdb.Error, pa.ArrowException, ValueError, TypeError, KeyError)
-
-
-def _write(db_path, run_id, fmt, run, batch, replace, report) -> None:
-    """Write a batch in one transaction; if it fails, each trajectory alone, reporting the bad."""
-    try:
-        with db.writing(db_path) as con:
-            counts = _write_rows(con, run_id, fmt, run, batch, replace)
-        _count(report, counts)
-        return
-    except WRITE_ERRORS:
-        pass  # find the culprit(s) below; the batch's transaction was rolled back whole
-    for item in batch:
-        try:
-            with db.writing(db_path) as con:
-                counts = _write_rows(con, run_id, fmt, run, [item], replace)
-            _count(report, counts)
-        except WRITE_ERRORS as exc:
-            report.fail(item[0], f"could not be stored: {type(exc).__name__}: {exc}")
-
-
-def _count(report: ImportReport, counts: tuple[int, int, int]) -> None:
-    report.imported += counts[0]
-    report.replaced += counts[1]
-    report.skipped += counts[2]
-
-
-def _write_rows(con, run_id, fmt, run, batch, replace) -> tuple[int, int, int]:
-    """Insert a batch's rows; (new, replaced, skipped) trajectories."""
-    row = con.execute("SELECT coalesce(source, 'trainer') FROM runs WHERE run_id = ?",
-                      [run_id]).fetchone()
-    _refuse_foreign(run_id, row and row[0])  # again inside the transaction: a trainer may have
-    _ensure_run(con, run_id, fmt, run)       # started this run id since the import began
-    ids = [rows["trajectories"][0]["traj_id"] for _, rows in batch]
-    present = {r[0] for r in con.execute(
-        "SELECT traj_id FROM trajectories WHERE run_id = ? AND traj_id IN (SELECT unnest(?))",
-        [run_id, ids]).fetchall()}
-    if present and replace:
-        for table in TRAJ_TABLES:
-            con.execute(f"DELETE FROM {table} WHERE run_id = ? AND traj_id IN (SELECT unnest(?))",
-                        [run_id, list(present)])
-    elif present:
-        batch = [(w, rows) for w, rows in batch if rows["trajectories"][0]["traj_id"] not in present]
-    for table in TRAJ_TABLES:
-        _insert(con, table, [r for _, rows in batch for r in rows[table]], run_id)
-    if replace:
-        return len(batch) - len(present), len(present), 0
-    return len(batch), 0, len(present)
-
-
-DERIVED_METRICS_SQL = """
-WITH t AS (SELECT * FROM trajectories WHERE run_id = $run AND split <> 'eval'),
-g AS (SELECT step, stddev_samp(reward) AS sd FROM t GROUP BY step, group_id HAVING count(*) > 1),
-s AS (SELECT step, avg(reward) AS "reward/mean", stddev_samp(reward) AS "reward/std",
-             avg(success::DOUBLE) AS "success/rate", avg(num_turns) AS "env/turns_mean",
-             avg(response_tokens) AS "response/length_mean" FROM t GROUP BY step),
-gs AS (SELECT step, avg(sd) AS "reward/group_std_mean",
-              avg((sd = 0)::DOUBLE) AS "reward/frac_zero_std" FROM g GROUP BY step),
-wide AS (SELECT * FROM s LEFT JOIN gs USING (step))
-SELECT $run AS run_id, step, name, value FROM (UNPIVOT wide ON COLUMNS(* EXCLUDE step)
-                                               INTO NAME name VALUE value)
-UNION ALL
-SELECT $run, step, 'eval/success', avg(success::DOUBLE) FROM trajectories
-WHERE run_id = $run AND split = 'eval' AND success IS NOT NULL GROUP BY step
-"""
-
-
-def _finish_import(db_path, run_id, fmt, run, report, stopped: str | None = None,
-                   live: bool = False) -> None:
-    """Provenance row, config, metrics and final status (``failed`` with the reason if the
-    import ``stopped``) of a run that imports created."""
-    with db.writing(db_path) as con:
-        row = con.execute("SELECT coalesce(source, 'trainer') FROM runs WHERE run_id = ?",
-                          [run_id]).fetchone()
-        if row is None and stopped is None:
-            return  # nothing could be imported: no run to attach the report to
-        if row is None:
-            _ensure_run(con, run_id, fmt, run)  # stopped before its first write: still recorded
-        elif not row[0].startswith("import"):
-            return  # never touch a run the trainer recorded (refused before any write)
-        if run["created"] and run["config"]:
-            config = {"env": "unknown", "model": "unknown", "algo": "unknown", **run["config"]}
-            con.execute("UPDATE runs SET config = ? WHERE run_id = ?", [to_json(config), run_id])
-        con.execute("DELETE FROM metrics WHERE run_id = ?", [run_id])
-        con.execute("INSERT INTO metrics BY NAME " + DERIVED_METRICS_SQL, {"run": run_id})
-        con.execute("UPDATE runs SET status = ?, error = ?, updated_at = ?, "
-                    "last_step = (SELECT max(step) FROM trajectories WHERE run_id = ?) "
-                    "WHERE run_id = ?", ["failed" if stopped else "running" if live
-                                         else "finished", stopped, now(),
-                                         run_id, run_id])
-        con.execute("INSERT INTO imports VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [run_id, clean_text(report.source), fmt, now(), report.lines,
-                     report.imported, report.skipped, report.failed,
-                     to_json(report.errors[:100])])
 
 
 

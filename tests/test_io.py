@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage import db, io, queries
+from storage import db, import_batch, io, queries
 from storage.export import Filters, export_jsonl, export_partitioned, export_parquet
 from storage.interchange import LineError, parse_json, pieces, validate
 from storage.recorder import Recorder
@@ -143,8 +143,8 @@ def test_a_trajectory_that_fails_to_store_is_reported_and_leaves_nothing(tmp_pat
     recs[1]["tokens"][0]["trained"] = "maybe"  # slipped past validation: the database refuses it
     report = io.ImportReport("r", "f", "jsonl")
     run = {"name": "r", "config": None, "created": False}
-    io._write(store, "r", "jsonl", run, [(f"line {i + 1}", r) for i, r in enumerate(recs)],
-              False, report)
+    import_batch.write_batch(store, "r", "jsonl", run,
+                             [(f"line {i + 1}", r) for i, r in enumerate(recs)], False, report)
     assert report.imported == 2 and report.failed == 1 and report.errors[0].startswith("line 2:")
     for table in TRAJ_TABLES:
         assert set(_rows(store, f"SELECT traj_id FROM {table}")["traj_id"]) == {"t0", "t2"}
