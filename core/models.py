@@ -110,6 +110,11 @@ def load_tokenizer(model: str = "tiny"):
         except (OSError, ValueError, KeyError) as exc:
             raise ModelNotAvailable(f"model {model!r}: no usable tokenizer in the directory: "
                                     f"{type(exc).__name__}: {exc}") from exc
+    if model in ("tiny", "smollm2-135m"):
+        # once extracted, SmolLM2's tokenizer is all that tiny needs: no weights package then
+        cached = cache_root() / "smollm2-tokenizer"
+        if (cached / "tokenizer.json").is_file():
+            return AutoTokenizer.from_pretrained(cached, local_files_only=True)
     folder, name, cache = _gguf_source(model)
     cached = cache / "smollm2-tokenizer" if model in ("tiny", "smollm2-135m") else cache / "tokenizer"
     if not (cached / "tokenizer.json").is_file():
