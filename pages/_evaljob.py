@@ -80,10 +80,11 @@ def _directions(a: tuple[str, int], b: tuple[str, int]):
     yield "B's checkpoint on A's tasks", b, a, lambda new: (f"{a[0]}:{a[1]}", new)
 
 
-def panel(store: str, a: tuple[str, int], b: tuple[str, int], on_done) -> None:
+def panel(store: str, run_id: str, a: tuple[str, int], b: tuple[str, int], on_done) -> None:
     """Under Compare's warning: for each direction, the existing cross-evaluation (a deep link
     to its pairing), or a button that starts the job, or why none can run. ``on_done`` clears
-    the page's cached reads when a job started here ends."""
+    the page's cached reads when a job started here ends; ``run_id`` (the sidebar's) stays
+    picked in the links."""
     done = c.read_or_stop(queries.cross_evaluations, store)
     runs = c.run_table()
     runs = runs[runs["store"] == store].set_index("run_id")
@@ -104,8 +105,7 @@ def panel(store: str, a: tuple[str, int], b: tuple[str, int], on_done) -> None:
         if not match.empty:
             new = match.iloc[-1]
             pa, pb = pairing(f"{new['run_id']}:{int(new['step'])}")
-            st.page_link(COMPARE, query_params={"store": store, "run": str(new["run_id"]),
-                                                "a": pa, "b": pb},
+            st.page_link(COMPARE, query_params={"store": store, "run": run_id, "a": pa, "b": pb},
                          label=f"Compare on one task set: {label} (adapter of step "
                                f"{int(new['step'])})")  # our own words: nothing to escape
             continue

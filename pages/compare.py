@@ -84,7 +84,8 @@ if not cov["same"]:
                                          if cov["seeds_differ"] else "")
         + f". The comparison below covers the {cov['shared']} they share. To compare on one "
           "task set, evaluate one side's checkpoint on the other side's tasks and seeds:")
-    _evaljob.panel(pick.store, (run_a, step_a), (run_b, step_b), on_done=_forget)
+    _evaljob.panel(pick.store, pick.run_id, (run_a, step_a), (run_b, step_b),
+                  on_done=_forget)
 if paired.empty:
     c.stop("A and B share no task: nothing to compare.")
 

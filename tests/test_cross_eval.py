@@ -224,6 +224,7 @@ def test_compare_offers_the_job_where_task_sets_differ_and_links_its_pairing(sto
     new = made[(made["checkpoint_run"] == b) & (made["tasks_run"] == a)].iloc[0]
     params = parse_qs(mine[0].query_string)
     assert params["a"] == [f"{a}:0"] and params["b"] == [f"{new['run_id']}:{int(new['step'])}"]
+    assert params["run"] == [a]                                  # the sidebar's run stays
     # the pairing it links: A against B's checkpoint on A's tasks, every task shared
     at = app("compare", store_dir=str(db.parent), store=str(db), run=a, a=f"{a}:0",
              b=f"{new['run_id']}:{int(new['step'])}")
