@@ -280,3 +280,23 @@ def test_expert_refuses_a_task_from_elsewhere(env):
     other.reset()
     with pytest.raises(ValueError, match="not made by this world"):
         other.expert_action()
+
+
+def test_the_retriever_keeps_jax_off_the_gpu_unless_the_user_chose():
+    """bm25s imports JAX (when installed) and runs an op at import; on a GPU machine JAX would
+    then take 75% of the GPU's memory in each training process. The retriever makes JAX's
+    platform the CPU before bm25s is first imported, and leaves a user's own choice alone."""
+    code = ("import os; from core.envs.search.world import generate_world; "
+            "from core.envs.search.env import Retriever; Retriever(generate_world(0).docs[:50]); "
+            "print(os.environ.get('JAX_PLATFORMS'))")
+    root = ROOT
+    import os
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "cpu"
+    env["JAX_PLATFORMS"] = "cuda"
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.stdout.strip() == "cuda", out.stderr

@@ -18,6 +18,7 @@ entity) to write the second query — the strategy outcome-only RL has to discov
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import re
 from functools import lru_cache
@@ -77,6 +78,11 @@ class Retriever:
     def __init__(self, docs: Sequence[Doc]):
         # Imported here: the protocol parser and graders (used by failures and importers) need
         # no index, and bm25s pulls in numpy/scipy.
+        # bm25s imports JAX when it is installed and runs a JAX op at import: on a GPU machine
+        # that makes JAX take 75% of the GPU's memory in every process (measured on an H200:
+        # parallel training processes then ran out of CUDA memory). Its top-k runs on the CPU
+        # here; a user who sets JAX_PLATFORMS keeps theirs.
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
         import bm25s
         self.bm25s = bm25s
         self.docs = list(docs)
