@@ -115,8 +115,8 @@ def panel(store: str, run_id: str, a: tuple[str, int], b: tuple[str, int], on_do
         elif not (job and job["alive"]) and st.button(
                 f"Evaluate {label}", key=f"xeval_{label[0]}",
                 help=f"Runs python -m {MODULE} as its own process: the checkpoint of "
-                     f"{run}@{step} on the tasks and episode seeds of {trun}@{tstep}, recorded "
-                     "as a new run of this store."):
+                     f"{c.safe_label(run)}@{step} on the tasks and episode seeds of "
+                     f"{c.safe_label(trun)}@{tstep}, recorded as a new run of this store."):
             try:
                 launch(store, run, step, (trun, tstep))
                 st.rerun()

@@ -232,3 +232,8 @@ def test_compare_offers_the_job_where_task_sets_differ_and_links_its_pairing(sto
     assert not at.warning and not any(x.label.startswith("Evaluate") for x in at.button)
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["solved in A"].endswith("/ 4")
+
+
+def test_the_page_side_does_not_import_torch():
+    code = "import sys, pages._evaljob, storage.evalsets; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
