@@ -118,6 +118,16 @@ def views() -> list[tuple[str, str, str, dict]]:
     out.append(("failures-imported.png", "failures", "Failures",
                 {"store": _store("imported_greedy_lake.duckdb"), "run": "greedy-lake"}))
     out.append(("train.png", "train", "Train", {}))
+    if _finished("branch_failures.duckdb"):
+        # Replay's Branches panel on the FrozenLake trajectory that fell into a hole, picked by
+        # the rule make.sh branched it by, shown at its hole turn
+        run_id, traj_id = _pick_failure().pick(str(ROOT / _store("branch_failures.duckdb")),
+                                               "frozenlake-branch", "hole")
+        traj = queries.trajectory(str(ROOT / _store("branch_failures.duckdb")), run_id, traj_id)
+        out.append(("replay-branches.png", "replay", "Replay",
+                    {"store": _store("branch_failures.duckdb"), "run": run_id,
+                     "step": int(traj["step"]), "traj": traj_id,
+                     "turn": int(traj["num_turns"]) - 1}))
     if search:
         # Failure clusters and checkpoint A vs B on the search run (SFT, then 10 GRPO steps)
         rid = _runs(search)["run_id"].iloc[0]
@@ -127,6 +137,16 @@ def views() -> list[tuple[str, str, str, dict]]:
                     {"store": _store(search), "run": rid, "a": f"{rid}:20", "b": f"{rid}:30",
                      "task": "capital>mayor:Giakrohae"}))
     return out
+
+
+def _pick_failure():
+    """sample_runs/pick_failure.py (a script, not a package module)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("pick_failure",
+                                                  ROOT / "sample_runs" / "pick_failure.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main() -> int:
@@ -185,6 +205,7 @@ def _focus(page, name: str) -> None:
                "dynamics-spike-trajectories.png": "Gradient norm and spikes",
                "groups-credit.png": "Credit: stored advantage vs. what each estimator would give",
                "failures-clusters.png": "Clusters of similar failures",
+               "replay-branches.png": "Branches: which turn lost the reward?",
                }.get(name)
     if heading:
         page.get_by_role("heading", name=heading).first.evaluate(

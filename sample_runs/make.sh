@@ -3,7 +3,7 @@
 #
 #   bash sample_runs/make.sh            every run below (about 25 minutes on 2 CPU cores)
 #   bash sample_runs/make.sh spike      only the named ones: collapse spike apps careless credit
-#                                       import search (careless: only the imported run of
+#                                       import branches search (careless: only the imported run of
 #                                       apps_tiny; search: SmolLM2, over an hour, never by default)
 #
 # Each store is rebuilt from scratch (the old file is removed first). Checkpoints go under runs/
@@ -111,6 +111,38 @@ import_run() {
     compact imported_greedy_lake.duckdb
 }
 
+# -- 7. which turn lost the reward? branch-from-turn analyses of two real failures --------------
+# Two small runs into one store, each keeping an adapter snapshot after every step
+# (--adapter-every 1), so a trajectory of RL step s is continued by the very adapter that sampled
+# it. Then the first failure of each kind, found by a rule (pick_failure.py, not a typed id), is
+# branched at every turn with K = 8 (core/branch.py). The lake is 3x3 and not slippery (slip=0),
+# one move a turn: every fall is the policy's own move, and a pool of 4 lakes lets 50 SFT steps
+# teach the tiny model to walk them. The apps run knows one template (archive the read
+# newsletters, leave the unread ones) on 2 worlds: SFT stops while the ids it copies are still
+# unsure, so at temperature 1 it sometimes archives the wrong mail: collateral damage.
+branches() {
+    local db="$OUT/branch_failures.duckdb" found run traj
+    fresh branch_failures.duckdb
+    timed "${TRAIN[@]}" --env frozenlake --env-options size=3,slip=0,actions_per_turn=1,max_actions=6 \
+        --algo grpo --task-pool 4 --group-size 8 --tasks-per-step 2 --max-turns 6 \
+        --max-new-tokens 12 --sft-steps 50 --sft-lr 5e-3 --steps 3 --lr 1e-4 --eval-every 0 \
+        --adapter-every 1 --seed 1 --name frozenlake-branch --db "$db" \
+        --checkpoint-dir "$CKPT/branch-frozenlake"
+    timed "${TRAIN[@]}" --env apps --env-options templates=archive_read_newsletters \
+        --algo grpo --task-pool 2 --group-size 8 --tasks-per-step 2 --max-turns 8 \
+        --max-obs-tokens 512 --max-context 2048 --max-new-tokens 48 --sft-steps 80 \
+        --sft-batch-size 2 --sft-lr 5e-3 --steps 3 --eval-every 0 --adapter-every 1 --seed 0 \
+        --name apps-branch --db "$db" --checkpoint-dir "$CKPT/branch-apps"
+    for pick in frozenlake-branch:hole apps-branch:collateral_damage; do
+        found=$("$PY" sample_runs/pick_failure.py --db "$db" --run-name "${pick%%:*}" \
+                --kind "${pick#*:}")
+        read -r run traj <<<"$found"
+        timed "$PY" -m core.branch --db "$db" --run "$run" --traj "$traj" --turns all --k 8 \
+            --seed 0
+    done
+    compact branch_failures.duckdb
+}
+
 # -- 1. search with SmolLM2-135M: the long one (over an hour on 2 cores), not in the default set --
 # `bash sample_runs/make.sh search`. Two runs in one store: the earlier recipe (SFT on 10% two-hop
 # demonstrations, GRPO at temperature 1 on 75% two-hop tasks), kept because it shows why RL had
@@ -129,14 +161,14 @@ search() {
     compact search_smollm2.duckdb
 }
 
-ALL=(collapse spike apps credit import_run)
+ALL=(collapse spike apps credit import_run branches)
 if [ $# -gt 0 ]; then
     ALL=()
     for name in "$@"; do
         case "$name" in
             import) ALL+=(import_run) ;;
-            collapse|spike|apps|careless|credit|search) ALL+=("$name") ;;
-            *) echo "unknown run '$name' (collapse spike apps careless credit import search)" >&2
+            collapse|spike|apps|careless|credit|branches|search) ALL+=("$name") ;;
+            *) echo "unknown run '$name' (collapse spike apps careless credit import branches search)" >&2
                exit 2 ;;
         esac
     done
