@@ -96,6 +96,26 @@ def batched(policy, env, tasks, group_size: int, sampling: Sampling, seed: int,
     return len(positions), positions
 
 
+def profile(policy, env, tasks, group_size: int, sampling: Sampling, seed: int,
+            top: int) -> None:
+    """cProfile of one batched rollout (KV reused): the ``top`` functions by their own time, then
+    the engine's and the environment's functions by cumulative time (where Python per token
+    goes: sampling, stop detection, the env, the cache bookkeeping)."""
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    trajs = rollout(policy, env, tasks, group_size=group_size, sampling=sampling, seed=seed)
+    prof.disable()
+    took = time.perf_counter() - t0
+    tokens = sum(role == "action" for t in trajs for role in t.roles)
+    print(f"profiled: {tokens} tokens in {took:.1f} s ({tokens / took:.1f} tokens/s under cProfile)")
+    stats = pstats.Stats(prof)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(r"rollout\.py|kv_cache\.py|transcript\.py|envs")
+
+
 def flops_per_token(policy, context: float) -> tuple[float, dict]:
     """F = 2 N_linear + 2 V d + 4 L d c (see the module docstring)."""
     cfg = policy.base.config
@@ -141,6 +161,8 @@ def main() -> None:
     parser.add_argument("--sequential-rollouts", type=int, default=None,
                         help="time the sequential loop on only the first N rollouts of each task "
                              "(same seeds as the batched rows); tokens/s compares the variants")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="instead of the table: cProfile one batched rollout, print the top N")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     policy = load_policy(args.model, seed=0)
@@ -149,6 +171,11 @@ def main() -> None:
     tasks = env.tasks("train", args.tasks, 0)
     sampling = Sampling(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
                         temperature=1.0)
+    if args.profile:
+        with torch.no_grad():
+            batched(policy, env, tasks[:1], 2, Sampling(max_turns=1, max_new_tokens=4), 0, True)
+            profile(policy, env, tasks, args.group_size, sampling, 100, args.profile)
+        return
     variants = {
         "batched, KV reused (ours)": lambda s: batched(policy, env, tasks, args.group_size,
                                                        sampling, s, reuse_cache=True),
