@@ -116,8 +116,8 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
     entropy = -(probs * logp).sum(-1)
     if temperature == 0:
         return logits.argmax(-1), logp, entropy
-    if not bool(torch.isfinite(entropy).all()):  # what torch.multinomial would refuse
-        raise RuntimeError("sampling: the logits contain inf or nan")
+    if not bool(torch.isfinite(probs.sum(-1)).all()):  # what torch.multinomial refuses too
+        raise RuntimeError("sampling: the probabilities contain nan (the logits were nan or inf)")
     q = probs.new_empty(batch_rows or probs.shape[0], probs.shape[-1])
     q = q.exponential_(1, generator=generator)
     if rows is not None:
