@@ -118,8 +118,9 @@ import_run() {
 # branched at every turn with K = 8 (core/branch.py). The lake is 3x3 and not slippery (slip=0),
 # one move a turn: every fall is the policy's own move, and a pool of 4 lakes lets 50 SFT steps
 # teach the tiny model to walk them. The apps run knows one template (archive the read
-# newsletters, leave the unread ones) on 2 worlds: SFT stops while the ids it copies are still
-# unsure, so at temperature 1 it sometimes archives the wrong mail: collateral damage.
+# newsletters, leave the unread ones) on 8 worlds: after 140 SFT steps it has the calls' form
+# but not which of the ids a search returned to archive, so at temperature 0.7 it sometimes
+# archives an unread one (about 1 rollout in 9 at the last SFT adapter): collateral damage.
 branches() {
     local db="$OUT/branch_failures.duckdb" found run traj
     fresh branch_failures.duckdb
@@ -129,9 +130,10 @@ branches() {
         --adapter-every 1 --seed 1 --name frozenlake-branch --db "$db" \
         --checkpoint-dir "$CKPT/branch-frozenlake"
     timed "${TRAIN[@]}" --env apps --env-options templates=archive_read_newsletters \
-        --algo grpo --task-pool 2 --group-size 8 --tasks-per-step 2 --max-turns 8 \
-        --max-obs-tokens 512 --max-context 2048 --max-new-tokens 48 --sft-steps 80 \
-        --sft-batch-size 2 --sft-lr 5e-3 --steps 3 --eval-every 0 --adapter-every 1 --seed 0 \
+        --algo grpo --task-pool 8 --group-size 8 --tasks-per-step 4 --max-turns 8 \
+        --max-obs-tokens 512 --max-context 2048 --max-new-tokens 48 --sft-steps 140 \
+        --sft-batch-size 2 --sft-lr 5e-3 --steps 2 --temperature 0.7 --eval-every 0 \
+        --adapter-every 1 --seed 0 \
         --name apps-branch --db "$db" --checkpoint-dir "$CKPT/branch-apps"
     for pick in frozenlake-branch:hole apps-branch:collateral_damage; do
         found=$("$PY" sample_runs/pick_failure.py --db "$db" --run-name "${pick%%:*}" \
