@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate the sample runs in sample_runs/ with this project's own trainer and importer.
 #
-#   bash sample_runs/make.sh            every run below (about 25 minutes on 2 CPU cores)
+#   bash sample_runs/make.sh            every run below (about 33 minutes on 2 CPU cores)
 #   bash sample_runs/make.sh spike      only the named ones: collapse spike apps careless credit
 #                                       import branches search (careless: only the imported run of
 #                                       apps_tiny; search: SmolLM2, over an hour, never by default)
