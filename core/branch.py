@@ -5,7 +5,7 @@ For each asked turn t of a recorded trajectory:
 
 * rebuild the state before turn t: a fresh episode of the same task and episode seed, replaying the
   recorded actions a_0..a_{t-1}; every replayed observation must equal the recorded one, else the
-  job is refused naming the first differing turn (``ReplayMismatch``);
+  job is refused naming the first differing turn (``ReplayMismatch``; core/branch_replay.py);
 * K continuations that sample a new action at t (``resample``) and K that keep the recorded a_t
   and sample from t+1 on (``keep``), each to the end of the episode, with the policy as it was
   (the nearest adapter snapshot at or before the one that sampled the trajectory) and fresh
@@ -13,7 +13,8 @@ For each asked turn t of a recorded trajectory:
 * all continuations of all turns go through one batched rollout (the engine of core/rollout.py:
   one shared KV cache, rows leave as their episodes end).
 
-Estimates, with R the continuation's return (its reward as trained on, core/rewards.py)::
+Estimates (core/branch_estimates.py), with R the continuation's return (its reward as trained on,
+core/rewards.py)::
 
     V(s_t)      = mean of R over the resample continuations
     Q(s_t, a_t) = mean of R over the keep continuations
@@ -32,132 +33,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 import uuid
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-import numpy as np
-
+# the estimators and the replay have their own modules; their names stay importable from here
+from core.branch_estimates import (BOOTSTRAP, bootstrap_ci, diff_ci, estimate,  # noqa: F401
+                                   worst_turn)
+from core.branch_replay import (BranchError, ReplayMismatch, end_reason, replay,  # noqa: F401
+                                reseed)
 from core.continuation import Start, continue_all, recorded_turns
 
 MAX_K = 64
-BOOTSTRAP = 2000
 KINDS = ("resample", "keep")
-
-
-class BranchError(ValueError):
-    """Bad input: the job cannot run (CLI exit 2, nothing written)."""
-
-
-class ReplayMismatch(BranchError):
-    def __init__(self, turn: int, why: str):
-        self.turn = turn
-        super().__init__(f"replay differs from the record at turn {turn}: {why}; the "
-                         "trajectory's environment cannot be rebuilt as recorded")
-
-
-# -- estimates (pure) -----------------------------------------------------------------------------
-def bootstrap_ci(values, seed: int, n: int = BOOTSTRAP, level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of ``values``: the (1-level)/2 and (1+level)/2
-    quantiles of mean(values[idx]) over ``n`` resamples idx ~ Uniform{0..m-1}^m."""
-    x = np.asarray(values, dtype=float)
-    if x.size == 0:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, x.size, size=(n, x.size))].mean(axis=1)
-    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    return float(lo), float(hi)
-
-
-def diff_ci(keep, resample, seed: int, n: int = BOOTSTRAP, level: float = 0.95):
-    """Bootstrap interval of mean(keep) - mean(resample), the two sets resampled independently."""
-    q, v = np.asarray(keep, dtype=float), np.asarray(resample, dtype=float)
-    if q.size == 0 or v.size == 0:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    d = (q[rng.integers(0, q.size, size=(n, q.size))].mean(axis=1)
-         - v[rng.integers(0, v.size, size=(n, v.size))].mean(axis=1))
-    lo, hi = np.quantile(d, [(1 - level) / 2, (1 + level) / 2])
-    return float(lo), float(hi)
-
-
-def estimate(returns: dict[int, dict[str, list[float]]], seed: int = 0) -> list[dict]:
-    """Per turn: v = mean(resample returns), q = mean(keep returns), a = q - v, and their 95%
-    bootstrap intervals (v_lo, v_hi, q_lo, q_hi, a_lo, a_hi), n = continuations per kind."""
-    rows = []
-    for turn in sorted(returns):
-        keep, resample = returns[turn].get("keep", []), returns[turn].get("resample", [])
-        v = float(np.mean(resample)) if resample else float("nan")
-        q = float(np.mean(keep)) if keep else float("nan")
-        v_lo, v_hi = bootstrap_ci(resample, seed * 1_009 + turn * 2 + 0)
-        q_lo, q_hi = bootstrap_ci(keep, seed * 1_009 + turn * 2 + 1)
-        a_lo, a_hi = diff_ci(keep, resample, seed * 1_013 + turn)
-        rows.append({"turn": turn, "v": v, "q": q, "a": q - v, "v_lo": v_lo, "v_hi": v_hi,
-                     "q_lo": q_lo, "q_hi": q_hi, "a_lo": a_lo, "a_hi": a_hi,
-                     "n": float(min(len(keep), len(resample)))})
-    return rows
-
-
-def worst_turn(rows: list[dict]) -> int | None:
-    """The turn with the lowest A = Q - V < 0 (the earliest among equals); None when no turn's
-    recorded action lost value (every A >= 0) or there are no rows."""
-    lost = [r for r in rows if np.isfinite(r["a"]) and r["a"] < 0]
-    return min(lost, key=lambda r: (r["a"], r["turn"]))["turn"] if lost else None
-
-
-# -- replay ---------------------------------------------------------------------------------------
-def _same_observation(replayed: str, recorded: str | None, truncated: bool) -> bool:
-    recorded = recorded or ""
-    if not truncated:
-        return replayed == recorded
-    # a cut observation is the decoded prefix of its tokens: its last character may be a
-    # partial one, so compare up to it
-    return replayed.startswith(recorded[:-1])
-
-
-def _not_executed(turn: dict) -> bool:
-    """The final-answer turn recorded an action it did not execute (core/rollout.py)."""
-    return str(turn.get("error") or "").startswith("final-answer turn")
-
-
-def replay(env, task, episode_seed: int, recorded: list[dict], upto: int):
-    """A fresh episode of ``task`` with ``episode_seed`` after the recorded actions
-    a_0..a_{upto-1}: returns (episode, first message, state key now, done, last StepResult).
-    Raises ``ReplayMismatch`` at the first turn whose observation, state or end differs."""
-    from core.rollout import initial_state_key
-    episode = env.episode(task, seed=episode_seed)
-    first = episode.reset()
-    key, done, result = initial_state_key(episode), False, None
-    for k in range(upto):
-        rec = recorded[k]
-        if done:
-            raise ReplayMismatch(k, "the replayed episode had already ended")
-        if rec.get("state_key") is not None and key is not None and str(key) != rec["state_key"]:
-            raise ReplayMismatch(k, f"state {key!r} instead of {rec['state_key']!r}")
-        if _not_executed(rec):
-            done = True
-            continue
-        try:
-            result = episode.step(rec["action"])
-        except Exception as exc:
-            raise ReplayMismatch(k, f"the environment raised {type(exc).__name__}: {exc}") from exc
-        if not _same_observation(result.observation, rec.get("observation"),
-                                 bool(rec.get("obs_truncated"))):
-            raise ReplayMismatch(k, "the observation differs")
-        key, done = result.state_key, bool(result.done)
-    return episode, first, key, done, result
-
-
-def reseed(episode, seed: int) -> None:
-    """Fresh randomness for a continuation after the replay: the episode's ``reseed(seed)`` when
-    it has one, else its ``rng`` when that is a ``random.Random`` (the grid games' slips)."""
-    if callable(getattr(episode, "reseed", None)):
-        episode.reseed(seed)
-    elif isinstance(getattr(episode, "rng", None), random.Random):
-        episode.rng.seed(seed)
 
 
 # -- the job --------------------------------------------------------------------------------------
@@ -344,7 +234,7 @@ def starts(job: Job, tokenizer) -> list[Start]:
                 traj.token_turn = [int(x) for x in prefix["turn"]]
                 start = Start(traj, episode, upto, key)
                 if done:
-                    start.done_reason = _ended(job.recorded[upto - 1], last)
+                    start.done_reason = end_reason(job.recorded[upto - 1], last)
                     try:
                         traj.outcome = episode.outcome()
                     except Exception as exc:
@@ -352,14 +242,6 @@ def starts(job: Job, tokenizer) -> list[Start]:
                     traj.finish_reason = start.done_reason
                 out.append(start)
     return out
-
-
-def _ended(rec: dict, result) -> str:
-    if result is None or _not_executed(rec):
-        return "max_turns"
-    if result.action_type == "answer":
-        return "answered"
-    return "done" if result.valid else "invalid"
 
 
 # -- recording and export -------------------------------------------------------------------------
