@@ -39,9 +39,11 @@ import uuid
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-# the estimators and the replay have their own modules; their names stay importable from here
+# the estimators, the replay and the export have their own modules; their names stay
+# importable from here
 from core.branch_estimates import (BOOTSTRAP, bootstrap_ci, diff_ci, estimate,  # noqa: F401
                                    worst_turn)
+from core.branch_export import export, export_rows  # noqa: F401
 from core.branch_replay import (BranchError, ReplayMismatch, end_reason, replay,  # noqa: F401
                                 reseed)
 from core.continuation import Start, continue_all, recorded_turns
@@ -287,35 +289,6 @@ def record(result: Result) -> None:
                       "value": float(r["turn"] == result.worst), "source": "branch"})
     branches.write_job(job.db, job.run_id, job.step, job.traj_id, job.turns, tables,
                        pd.DataFrame(brows), pd.DataFrame(srows))
-
-
-def export_rows(job: Job, rows: list[dict]) -> list[dict]:
-    """AgentPRM's labels, one per turn: (state text, action, Q, V, A). The state is the context the
-    policy saw before acting (decoded tokens of the prompt and turns before)."""
-    tok = job.tokens
-    out = []
-    for r in rows:
-        t = r["turn"]
-        state = "".join(str(x) for x in tok[tok["turn"] < t]["text"])
-        out.append({"run_id": job.run_id, "traj_id": job.traj_id, "turn": t, "state": state,
-                    "action": str(job.recorded[t].get("action") or ""), "q": r["q"], "v": r["v"],
-                    "a": r["a"], "q_lo": r["q_lo"], "q_hi": r["q_hi"], "v_lo": r["v_lo"],
-                    "v_hi": r["v_hi"], "k": job.k, "checkpoint_step": job.snapshot_step})
-    return out
-
-
-def export(job: Job, rows: list[dict], path: str) -> Path:
-    """Write ``export_rows`` as JSONL (``.jsonl``) or Parquet (``.parquet``)."""
-    import pandas as pd
-    target = Path(path)
-    data = export_rows(job, rows)
-    if target.suffix == ".parquet":
-        pd.DataFrame(data).to_parquet(target, index=False)
-    else:
-        with open(target, "w", encoding="utf-8") as f:
-            for d in data:
-                f.write(json.dumps(d, ensure_ascii=False) + "\n")
-    return target
 
 
 # -- run ------------------------------------------------------------------------------------------
