@@ -246,7 +246,7 @@ def starts(job: Job, tokenizer) -> list[Start]:
     return out
 
 
-# -- recording and export -------------------------------------------------------------------------
+# -- recording ------------------------------------------------------------------------------------
 @dataclass
 class Result:
     job: Job
@@ -258,6 +258,7 @@ class Result:
 
 
 def returns_of(children: list) -> dict[int, dict[str, list[float]]]:
+    """The scored continuations' returns by turn and kind, as ``estimate`` takes them."""
     out: dict[int, dict[str, list[float]]] = {}
     for t in children:
         b = t.info["branch"]
