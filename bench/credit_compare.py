@@ -73,7 +73,7 @@ class LogRecorder:
         self._log("start_run", dict(config), name=name, run_id=run_id, source=source)
         return run_id
 
-    def resume_run(self, run_id):
+    def resume_run(self, run_id, config=None):
         return None
 
     def __getattr__(self, name):  # record_step, log_metrics, set_status, finish, close, ...

@@ -100,7 +100,7 @@ class _Run:
                 config={**cfg.to_dict(), **self.policy.resolved()}, name=cfg.name or None))
             return -1
         self.run_id = cfg.resume
-        self.recorder.resume_run(self.run_id)
+        self.recorder.resume_run(self.run_id, config={**cfg.to_dict(), **self.policy.resolved()})
         # rank 0 reads the checkpoint (it may be on rank 0's machine only) and hands it on
         ckpt = self.ranks.broadcast(checkpoint.load(checkpoint.checkpoint_dir(cfg, self.run_id))
                                     if self.ranks.main else None)

@@ -4,7 +4,8 @@
 #   bash sample_runs/make.sh            every run below (about 33 minutes on 2 CPU cores)
 #   bash sample_runs/make.sh spike      only the named ones: collapse spike apps careless credit
 #                                       import branches search (careless: only the imported run of
-#                                       apps_tiny; search: SmolLM2, over an hour, never by default)
+#                                       apps_tiny; search, search_sft: SmolLM2, an hour or more
+#                                       each, never by default)
 #
 # Each store is rebuilt from scratch (the old file is removed first). Checkpoints go under runs/
 # (ignored by git), never next to the stores. Every command is the one sample_runs/README.md
@@ -163,14 +164,36 @@ search() {
     compact search_smollm2.duckdb
 }
 
+# -- 8. search with SmolLM2-135M: the SFT budget, then GRPO from a strong start (about an hour) ---
+# Held-out every 20 SFT steps (20, 40, 60), then 2 GRPO steps with a held-out evaluation after
+# each, the RL optimizer starting from SFT's second moments (rl_moments=sft, the default); then the
+# branch analysis of the first failed two-hop question of the last evaluation that answered right
+# after one search. The committed run was started with --sft-steps 100 --steps 3, stopped with
+# Ctrl-C after step 60 and resumed with --sft-steps 60 --steps 2 (each step's seeds depend only
+# on the run seed and the step, so this single command makes the same steps).
+search_sft() {
+    local db="$OUT/search_sft60.duckdb" found run traj
+    fresh search_sft60.duckdb
+    timed "$PY" -m core.train --preset search-smollm2 --seed 0 --threads 2 --sft-steps 60 \
+        --sft-eval-every 20 --steps 2 --eval-every 1 \
+        --name "search-smollm2: 100 SFT steps (held-out every 20), then GRPO" --db "$db" \
+        --checkpoint-dir "$CKPT/search-v2"
+    found=$("$PY" sample_runs/pick_failure.py --db "$db" \
+            --run-name "search-smollm2: 100 SFT steps (held-out every 20), then GRPO" \
+            --kind one_hop_answer)
+    read -r run traj <<<"$found"
+    timed "$PY" -m core.branch --db "$db" --run "$run" --traj "$traj" --turns all --k 8 --seed 0
+    compact search_sft60.duckdb
+}
+
 ALL=(collapse spike apps credit import_run branches)
 if [ $# -gt 0 ]; then
     ALL=()
     for name in "$@"; do
         case "$name" in
             import) ALL+=(import_run) ;;
-            collapse|spike|apps|careless|credit|branches|search) ALL+=("$name") ;;
-            *) echo "unknown run '$name' (collapse spike apps careless credit import branches search)" >&2
+            collapse|spike|apps|careless|credit|branches|search|search_sft) ALL+=("$name") ;;
+            *) echo "unknown run '$name' (collapse spike apps careless credit import branches search search_sft)" >&2
                exit 2 ;;
         esac
     done

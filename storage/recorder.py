@@ -226,14 +226,31 @@ class Recorder:
                  now(), source])
         return self.run_id
 
-    def resume_run(self, run_id: str) -> int | None:
-        """Reopen ``run_id`` for writing; return its last recorded step (None if none)."""
+    def resume_run(self, run_id: str, config: Mapping[str, Any] | None = None) -> int | None:
+        """Reopen ``run_id`` for writing; return its last recorded step (None if none).
+
+        With ``config`` (the configuration the run goes on with, e.g. ``--resume`` with a new
+        ``--steps``), the stored configuration becomes it, and what changed is kept in its
+        ``resumed`` list (the last recorded step and each changed key's old and new value), so
+        the app never shows the settings a run no longer trains with, nor loses the earlier ones.
+        """
         with self._tx() as con:
-            row = con.execute("SELECT last_step FROM runs WHERE run_id = ?", [run_id]).fetchone()
+            row = con.execute("SELECT last_step, config FROM runs WHERE run_id = ?",
+                              [run_id]).fetchone()
             if row is None:
                 raise db.StoreError(f"no run {run_id!r} in {self.path}")
             con.execute("UPDATE runs SET status = 'running', error = NULL, updated_at = ? "
                         "WHERE run_id = ?", [now(), run_id])
+            if config is not None:
+                old = json.loads(row[1]) if row[1] else {}
+                new = json.loads(to_json(dict(config)))
+                changed = {k: [old.get(k), v] for k, v in new.items()
+                           if k != "resumed" and old.get(k) != v}
+                if changed:
+                    new["resumed"] = old.get("resumed", []) + [{"after_step": row[0],
+                                                               "changed": changed}]
+                    con.execute("UPDATE runs SET config = ? WHERE run_id = ?",
+                                [json.dumps(new), run_id])
         self.run_id = run_id
         return row[0]
 
@@ -291,7 +308,7 @@ class NullRecorder:
     def start_run(self, config, name=None, run_id=None, source="trainer") -> str:
         return self.run_id
 
-    def resume_run(self, run_id: str) -> int | None:
+    def resume_run(self, run_id: str, config: Mapping[str, Any] | None = None) -> int | None:
         return None
 
     def delete_steps_after(self, step: int) -> None: ...

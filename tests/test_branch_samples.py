@@ -1,10 +1,13 @@
 """The committed branch analyses of real failures (sample_runs/branch_failures.duckdb, made by
-``bash sample_runs/make.sh branches``), read through storage/ like the app reads them.
+``bash sample_runs/make.sh branches``; sample_runs/search_sft60.duckdb, ``make.sh search_sft``),
+read through storage/ like the app reads them.
 
 For each analysed failure (the FrozenLake trajectory that fell into a hole, the apps trajectory
-with collateral damage), picked by the same rule make.sh used (sample_runs/pick_failure.py):
+with collateral damage, the SmolLM2 search trajectory that answered a two-hop question after one
+search), picked by the same rule make.sh used (sample_runs/pick_failure.py):
 
-* every turn was analysed with K = 8 continuations of each kind, by the adapter that sampled it;
+* every turn was analysed with K = 8 continuations of each kind, by the adapter that sampled it
+  (an RL trajectory of step s: the adapter after step s - 1; a held-out one: its own step's);
 * the recorded V and Q of each turn are the means of the stored continuation returns of that turn
   and kind (``branches`` rows), each return is its continuation trajectory's reward, A = Q - V;
 * the intervals bracket the means; ``worst`` marks the lowest negative A, and nothing else;
@@ -27,8 +30,11 @@ from storage import queries, turn_queries
 
 ROOT = Path(__file__).resolve().parent.parent
 STORE = str(ROOT / "sample_runs" / "branch_failures.duckdb")
-CASES = {"frozenlake": ("frozenlake-branch", "hole"),
-         "apps": ("apps-branch", "collateral_damage")}
+SEARCH = str(ROOT / "sample_runs" / "search_sft60.duckdb")
+SEARCH_RUN = "search-smollm2: 100 SFT steps (held-out every 20), then GRPO"
+CASES = {"frozenlake": (STORE, "frozenlake-branch", "hole"),
+         "apps": (STORE, "apps-branch", "collateral_damage"),
+         "search": (SEARCH, SEARCH_RUN, "one_hop_answer")}
 K = 8
 
 
@@ -42,17 +48,17 @@ def _picker():
 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def case(request):
-    run_name, kind = CASES[request.param]
-    found = _picker().pick(STORE, run_name, kind)
+    store, run_name, kind = CASES[request.param]
+    found = _picker().pick(store, run_name, kind)
     assert found is not None, f"no {kind} failure in run {run_name}"
     run_id, traj_id = found
-    traj = queries.trajectory(STORE, run_id, traj_id)
-    est = turn_queries.branch_estimates(STORE, run_id, traj_id).set_index("turn")
-    kids = turn_queries.branch_children(STORE, run_id, traj_id)
-    trajs = queries.trajectories(STORE, run_id)
+    traj = queries.trajectory(store, run_id, traj_id)
+    est = turn_queries.branch_estimates(store, run_id, traj_id).set_index("turn")
+    kids = turn_queries.branch_children(store, run_id, traj_id)
+    trajs = queries.trajectories(store, run_id)
     rewards = trajs.set_index("traj_id")["reward"]
     return {"env": request.param, "run_id": run_id, "traj": traj, "est": est, "kids": kids,
-            "rewards": rewards, "turns": queries.turns(STORE, run_id, [traj_id])}
+            "rewards": rewards, "turns": queries.turns(store, run_id, [traj_id])}
 
 
 def test_every_turn_was_analysed_with_k_continuations_of_each_kind(case):
@@ -62,8 +68,10 @@ def test_every_turn_was_analysed_with_k_continuations_of_each_kind(case):
     counts = kids.groupby(["turn", "kind"]).size()
     assert set(counts.index) == {(t, k) for t in est.index for k in ("keep", "resample")}
     assert (counts == K).all()
-    # an RL trajectory of step s was sampled by the adapter after step s - 1 (kept every step)
-    assert set(kids["checkpoint_step"]) == {int(traj["step"]) - 1}
+    # an RL trajectory of step s was sampled by the adapter after step s - 1 (kept every step),
+    # a held-out one by the adapter of its own step (kept at every evaluation)
+    own = int(traj["step"]) - (0 if traj["split"] == "eval" else 1)
+    assert set(kids["checkpoint_step"]) == {own}
     assert kids["job_id"].nunique() == 1
 
 
@@ -95,7 +103,7 @@ def test_worst_marks_the_lowest_negative_a(case):
 
 
 def test_the_frozenlake_hole_turn_is_the_worst_turn():
-    run_name, kind = CASES["frozenlake"]
+    _, run_name, kind = CASES["frozenlake"]
     run_id, traj_id = _picker().pick(STORE, run_name, kind)
     turns = queries.turns(STORE, run_id, [traj_id]).sort_values("turn")
     hole = int(turns["turn"].iloc[-1])
@@ -108,7 +116,7 @@ def test_the_frozenlake_hole_turn_is_the_worst_turn():
 
 
 def test_the_apps_worst_turn_made_the_unrequested_change():
-    run_name, kind = CASES["apps"]
+    _, run_name, kind = CASES["apps"]
     run_id, traj_id = _picker().pick(STORE, run_name, kind)
     tests = queries.test_results(STORE, run_id, [traj_id])
     named = tests[tests["name"] == "no_collateral_damage"]

@@ -45,7 +45,8 @@ def config_of(row) -> dict:
 def test_every_sample_store_is_small():
     sizes = {p.name: p.stat().st_size for p in RUNS.glob("*.duckdb")}
     assert sizes, "no sample runs"
-    assert sum(sizes.values()) < 40e6, sizes
+    # eight stores, two of them SmolLM2 search runs of ~9 MB each after compaction
+    assert sum(sizes.values()) < 50e6, sizes
 
 
 # -- 1. search with SmolLM2-135M: SFT, then GRPO --------------------------------------------------
@@ -252,3 +253,30 @@ def test_compaction_keeps_every_row_and_shrinks_the_file(tmp_path):
     pd.testing.assert_frame_equal(queries.metrics(str(path), run), before_rows)
     assert queries.runs(str(path))["status"].tolist() == ["finished"]
     assert not (tmp_path / "store.duckdb.compact").exists()
+
+
+# -- 8. search with SmolLM2-135M: the SFT budget, then GRPO from the strong start ----------------
+SFT60 = "search_sft60.duckdb"
+
+
+def test_search_sft_curve_and_the_first_grpo_steps_are_the_readmes():
+    """Held-out after 20, 40 and 60 SFT steps and after each of two GRPO steps, on the same 100
+    tasks (75 two-hop); the RL optimizer started from SFT's second moments."""
+    path = store(SFT60)
+    runs = queries.runs(path)
+    assert len(runs) == 1
+    run = runs.iloc[0]
+    cfg = config_of(run)
+    assert cfg["sft_steps"] == 60 and cfg["rl_moments"] == "sft" and cfg["lr"] == 2e-4
+    trajs = queries.trajectories(path, run["run_id"])
+    evals = trajs[trajs["split"] == "eval"]
+    tasks = {step: set(g["task_id"]) for step, g in evals.groupby("step")}
+    assert sorted(tasks) == [20, 40, 60, 61, 62]
+    assert all(t == tasks[20] and len(t) == 100 for t in tasks.values())
+    found = {}
+    for step, g in evals.groupby("step"):
+        two = g["task_id"].str.contains(">", regex=False)
+        found[int(step)] = (int(g["success"].sum()), int(g[~two]["success"].sum()),
+                            int(g[two]["success"].sum()), int(two.sum()))
+    assert found == {20: (10, 10, 0, 75), 40: (27, 20, 7, 75), 60: (72, 18, 54, 75),
+                     61: (71, 19, 52, 75), 62: (67, 19, 48, 75)}

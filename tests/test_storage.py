@@ -245,6 +245,23 @@ def test_resume_delete_steps_after_and_status(tmp_path):
         rec2.record_step(5, trajectory=[])
 
 
+def test_resuming_with_a_new_configuration_stores_it_and_what_changed(tmp_path):
+    """--resume RUN --steps 20 trains on with 20 steps: the app must show 20, and keep 10."""
+    path = tmp_path / "s.duckdb"
+    rec = Recorder(path)
+    run_id = rec.start_run({**CONFIG, "steps": 10, "sft_steps": 100})
+    for step in range(3):
+        rec.record_step(step, **_step_rows(step))
+    Recorder(path).resume_run(run_id, config={**CONFIG, "steps": 20, "sft_steps": 100})
+    Recorder(path).resume_run(run_id, config={**CONFIG, "steps": 20, "sft_steps": 60})
+    cfg = queries.run_config(queries.runs(path)["config"].iloc[0])
+    assert cfg["steps"] == 20 and cfg["sft_steps"] == 60
+    assert cfg["resumed"] == [{"after_step": 2, "changed": {"steps": [10, 20]}},
+                              {"after_step": 2, "changed": {"sft_steps": [100, 60]}}]
+    Recorder(path).resume_run(run_id)  # no configuration given: the stored one stays
+    assert queries.run_config(queries.runs(path)["config"].iloc[0]) == cfg
+
+
 def test_null_recorder_has_the_recorder_signatures():
     public = [n for n, f in inspect.getmembers(Recorder, inspect.isfunction)
               if not n.startswith("_") and n != "connection"]
