@@ -280,3 +280,21 @@ def test_search_sft_curve_and_the_first_grpo_steps_are_the_readmes():
                             int(g[two]["success"].sum()), int(two.sum()))
     assert found == {20: (10, 10, 0, 75), 40: (27, 20, 7, 75), 60: (72, 18, 54, 75),
                      61: (71, 19, 52, 75), 62: (67, 19, 48, 75)}
+
+
+def test_the_walkthroughs_two_hop_trajectory_gains_at_its_second_query():
+    """README step 12: in group s61-g0 (a two-hop question) the gold answer's probability is
+    ~0 before any turn and after the first search, and jumps after the second."""
+    from storage import turn_queries
+    path = store(SFT60)
+    run_id = queries.runs(path)["run_id"].iloc[0]
+    trajs = queries.trajectories(path, run_id, step=61)
+    group = trajs[trajs["group_id"] == "s61-g0"]["traj_id"].tolist()
+    assert len(group) == 8 and ">" in trajs.set_index("traj_id").loc[group[0], "task_id"]
+    sig = turn_queries.turn_signals(path, run_id, group)
+    prob = sig[sig["name"] == "answer_prob"].pivot_table(index="traj_id", columns="turn",
+                                                         values="value")
+    assert (prob[-1] < 0.01).all() and (prob[0] < 0.01).all()
+    assert (prob[1] > 0.25).all()
+    first = queries.trajectory(path, run_id, "s61-g0-r0")
+    assert first["answer"] == "nifart" and round(prob.loc["s61-g0-r0", 1], 3) == 0.362
