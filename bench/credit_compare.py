@@ -3,6 +3,7 @@ and the PRM from the same SFT start, each a real training run in its own process
 
     python bench/credit_compare.py run --out DIR [--device cuda] [--seeds 0,1] [--sft-steps 60]
                                        [--steps 10] [--eval-every 5] [--limit-s 420]
+                                       [--init-from SFT_CHECKPOINT] [--parallel N]
                                        [--variants grpo,gigpo,info_gain,spa,prm,fresh_moments,sft_curve]
     python bench/credit_compare.py load DIR --db STORE.duckdb      # the runs into one store
     python bench/credit_compare.py table DIR                        # held-out table (also on run)
@@ -95,6 +96,7 @@ def child(variant: str, seed: int, args, log: Path) -> None:
     from core.config import PRESETS, TrainConfig
     from core.trainer import train
     over = {"device": args.device, "seed": seed, "sft_steps": args.sft_steps,
+            "init_from": args.init_from or "",
             "steps": args.steps, "eval_every": args.eval_every, "adapter_every": 0,
             "checkpoint_every": 10_000,  # the runs are not resumed: save only at the end
             "checkpoint_dir": str(log.with_suffix(".ckpt")), "threads": 1,
@@ -109,21 +111,29 @@ def child(variant: str, seed: int, args, log: Path) -> None:
 
 
 def run(args) -> None:
+    """Each variant x seed as a child process, at most ``--parallel`` at a time, in the order
+    given (so a time limit that ends the session leaves the first ones finished)."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    procs = {}
+    queue, procs = [], {}
     for variant in args.variants.split(","):
         seeds = [int(s) for s in args.seeds.split(",")]
         for seed in (seeds[:1] if variant in ONE_SEED else seeds):
-            key = f"{variant}-s{seed}"
             cmd = [sys.executable, __file__, "child", "--variant", variant, "--seed", str(seed),
                    "--out", str(out), "--device", args.device, "--sft-steps", str(args.sft_steps),
                    "--steps", str(args.steps), "--eval-every", str(args.eval_every)]
             cmd += ["--smoke"] if args.smoke else []
+            cmd += ["--init-from", args.init_from] if args.init_from else []
+            queue.append((f"{variant}-s{seed}", cmd))
+    t0, stopping = time.time(), False
+    while queue or any(p.poll() is None for p in procs.values()):
+        while queue and not stopping and sum(p.poll() is None for p in procs.values()) < args.parallel:
+            key, cmd = queue.pop(0)
             err = open(out / f"{key}.err", "w")
             procs[key] = subprocess.Popen(cmd, cwd=ROOT, stdout=err, stderr=err)
-    t0, stopping = time.time(), False
-    while any(p.poll() is None for p in procs.values()):
+            print(f"{key}: started at {time.time() - t0:.0f} s", flush=True)
+        if stopping:
+            queue.clear()
         time.sleep(2)
         if not stopping and time.time() - t0 > args.limit_s:
             stopping = True
@@ -231,6 +241,9 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=60)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--init-from", help="an SFT checkpoint every run starts from "
+                        "(core/config.py init_from): SFT once instead of once per run")
+    parser.add_argument("--parallel", type=int, default=64, help="runs at a time")
     parser.add_argument("--limit-s", type=float, default=420.0)
     parser.add_argument("--grace-s", type=float, default=90.0)
     parser.add_argument("--smoke", action="store_true",

@@ -66,7 +66,9 @@ def save(directory: Path, policy, optimizer, step: int, phase: str, config: dict
 
 
 def load(directory: Path) -> Checkpoint | None:
-    path = directory / FILE
+    """The checkpoint in ``directory`` (or the file ``directory`` names); None if there is none."""
+    path = Path(directory)
+    path = path if path.is_file() else path / FILE
     if not path.is_file():
         return None
     state = torch.load(path, map_location="cpu", weights_only=True)

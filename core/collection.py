@@ -47,8 +47,8 @@ from core.trajectory import Trajectory, Turn
 FINISH = "endpoint_error"
 SPLIT = "collect"
 TRAINING_FIELDS = (
-    "algo", "sft_steps", "resume", "lr", "sft_lr", "sft_batch_size", "kl_coef", "kl_reference",
-    "clip_eps_low", "clip_eps_high", "clip_mode", "dual_clip", "loss_agg", "ppo_epochs",
+    "algo", "sft_steps", "resume", "init_from", "lr", "sft_lr", "sft_batch_size", "kl_coef",
+    "kl_reference", "clip_eps_low", "clip_eps_high", "clip_mode", "dual_clip", "loss_agg", "ppo_epochs",
     "minibatches", "max_grad_norm", "min_abs_advantage", "starpo_keep", "gigpo_weight",
     "gigpo_gamma", "gamma", "lam", "vf_coef", "kl_abort", "max_bad_steps", "lora_rank",
     "lora_alpha", "lora_dropout", "lora_targets", "sft_env_options", "checkpoint_every",

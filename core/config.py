@@ -76,6 +76,11 @@ class TrainConfig:
     """Seeds tasks, sampling, LoRA init: the same seed gives the same run."""
     resume: str = ""
     """Run id to continue in the same database from its last checkpoint."""
+    init_from: str = ""
+    """Start a new run from another run's checkpoint (its directory or checkpoint.pt file):
+    its adapter and optimizer state are restored and the steps it completed are skipped, so the
+    new run records from the step after the checkpoint's. SFT once, then try several RL settings
+    from the same start: an SFT-phase checkpoint may go on with any algorithm."""
 
     # -- schedule ------------------------------------------------------------------------------
     steps: int = 10

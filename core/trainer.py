@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -98,28 +99,51 @@ class _Run:
             # format, LoRA modules): extra keys, which --resume ignores
             self.run_id = self.ranks.broadcast(self.recorder.start_run(
                 config={**cfg.to_dict(), **self.policy.resolved()}, name=cfg.name or None))
-            return -1
+            return self._restore(cfg.init_from, f"cannot start from {cfg.init_from}") \
+                if cfg.init_from else -1
         self.run_id = cfg.resume
         self.recorder.resume_run(self.run_id, config={**cfg.to_dict(), **self.policy.resolved()})
-        # rank 0 reads the checkpoint (it may be on rank 0's machine only) and hands it on
-        ckpt = self.ranks.broadcast(checkpoint.load(checkpoint.checkpoint_dir(cfg, self.run_id))
-                                    if self.ranks.main else None)
-        done = -1
-        if ckpt is not None:
-            for key in ("env", "model", "algo", "lora_rank", "lora_targets"):
-                if ckpt.config.get(key) != getattr(cfg, key):
-                    raise TrainingError(f"cannot resume {self.run_id}: checkpoint has {key}="
-                                        f"{ckpt.config.get(key)!r}, config has {getattr(cfg, key)!r}")
-            # Once RL has begun its KL reference is fixed (a checkpoint from before kl_reference
-            # existed compared to the base model).
-            had = ckpt.config.get("kl_reference", "base")
-            if ckpt.phase == "rl" and had != cfg.kl_reference:
-                raise TrainingError(f"cannot resume {self.run_id}: its RL steps used "
-                                    f"kl_reference={had!r}, config has {cfg.kl_reference!r}")
-            checkpoint.restore(ckpt, self.policy, self.sft_opt if ckpt.phase == "sft" else self.rl_opt)
-            done = ckpt.step
+        own = checkpoint.checkpoint_dir(cfg, self.run_id)
+        if cfg.init_from and not (own / checkpoint.FILE).is_file():
+            own = Path(cfg.init_from)  # stopped before its first checkpoint: start over from it
+        done = self._restore(own, f"cannot resume {self.run_id}")
         self.recorder.delete_steps_after(done)
         return done
+
+    def _restore(self, where, refusal: str) -> int:
+        """Load the checkpoint at ``where`` into the policy and optimizer; its step (-1 if there
+        is none). A checkpoint of another setup is refused, naming what differs."""
+        cfg = self.cfg
+        # rank 0 reads the checkpoint (it may be on rank 0's machine only) and hands it on
+        ckpt = self.ranks.broadcast(checkpoint.load(Path(where)) if self.ranks.main else None)
+        if ckpt is None:
+            return -1
+        # an SFT-phase checkpoint has not used its algorithm yet: RL may go on with any
+        keys = ("env", "model", "lora_rank", "lora_targets") + (("algo",) if ckpt.phase == "rl"
+                                                                 else ())
+        for key in keys:
+            if ckpt.config.get(key) != getattr(cfg, key):
+                raise TrainingError(f"{refusal}: checkpoint has {key}="
+                                    f"{ckpt.config.get(key)!r}, config has {getattr(cfg, key)!r}")
+        # Once RL has begun its KL reference is fixed (a checkpoint from before kl_reference
+        # existed compared to the base model), and so is where SFT ended.
+        had = ckpt.config.get("kl_reference", "base")
+        if ckpt.phase == "rl" and had != cfg.kl_reference:
+            raise TrainingError(f"{refusal}: its RL steps used kl_reference={had!r}, config has "
+                                f"{cfg.kl_reference!r}")
+        if ckpt.phase == "rl" and ckpt.config.get("sft_steps", 0) != cfg.sft_steps:
+            raise TrainingError(f"{refusal}: its RL began after sft_steps="
+                                f"{ckpt.config.get('sft_steps', 0)}, config has {cfg.sft_steps}")
+        if ckpt.phase == "sft" and ckpt.step > cfg.sft_steps:
+            raise TrainingError(f"{refusal}: checkpoint is after SFT step {ckpt.step}, config "
+                                f"has sft_steps={cfg.sft_steps}")
+        if ckpt.step > cfg.sft_steps + cfg.steps:
+            raise TrainingError(f"{refusal}: checkpoint is after step {ckpt.step}, config has "
+                                f"{cfg.sft_steps + cfg.steps} steps in all")
+        checkpoint.restore(ckpt, self.policy, self.sft_opt if ckpt.phase == "sft" else self.rl_opt)
+        if cfg.init_from and not cfg.resume and cfg.adapter_every and self.ranks.main:
+            self.save_adapter(ckpt.step)  # the policy the new run's first step starts from
+        return ckpt.step
 
     def go(self) -> str:
         cfg = self.cfg

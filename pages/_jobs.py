@@ -80,9 +80,9 @@ def command(cfg: TrainConfig, name: str) -> list[str]:
     if cfg.env not in allowed_envs():
         raise JobError(f"env {cfg.env!r}: the launcher trains the built-in environments, "
                        f"installed plugins or one the {ENV_MODULES_ENV} allow-list names")
-    if cfg.checkpoint_dir or cfg.resume:
-        raise JobError("checkpoint_dir and resume are not launcher settings: checkpoints go "
-                       "next to the store")
+    if cfg.checkpoint_dir or cfg.resume or cfg.init_from:
+        raise JobError("checkpoint_dir, resume and init_from are not launcher settings: "
+                       "checkpoints go next to the store")
     defaults = TrainConfig()
     always = {"env", "model", "algo", "steps", "group_size", "tasks_per_step", "max_turns",
               "seed", "sft_steps"}
