@@ -99,7 +99,7 @@ def child(variant: str, seed: int, args, log: Path) -> None:
             "init_from": args.init_from or "",
             "steps": args.steps, "eval_every": args.eval_every, "adapter_every": 0,
             "checkpoint_every": 10_000,  # the runs are not resumed: save only at the end
-            "checkpoint_dir": str(log.with_suffix(".ckpt")), "threads": 1,
+            "checkpoint_dir": str(log.with_suffix(".ckpt")), "threads": args.threads,
             **VARIANTS[variant]}
     if args.smoke:  # a seconds-long check of the plumbing on the tiny model (not a measurement)
         over.update(model="tiny", group_size=2, tasks_per_step=2, eval_tasks=4, max_turns=2,
@@ -116,12 +116,18 @@ def run(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     queue, procs = [], {}
-    for variant in args.variants.split(","):
-        seeds = [int(s) for s in args.seeds.split(",")]
-        for seed in (seeds[:1] if variant in ONE_SEED else seeds):
+    pairs = [(v, int(s)) for v in args.variants.split(",") for s in args.seeds.split(",")]
+    if args.runs:  # an explicit order, e.g. every variant's first seed before any second one
+        pairs = [(key.rsplit("-s", 1)[0], int(key.rsplit("-s", 1)[1]))
+                 for key in args.runs.split(",")]
+    for variant, seed in pairs:
+        if variant not in VARIANTS:
+            sys.exit(f"unknown variant {variant!r}: one of {', '.join(VARIANTS)}")
+        if variant not in ONE_SEED or seed == int(args.seeds.split(",")[0]) or args.runs:
             cmd = [sys.executable, __file__, "child", "--variant", variant, "--seed", str(seed),
                    "--out", str(out), "--device", args.device, "--sft-steps", str(args.sft_steps),
-                   "--steps", str(args.steps), "--eval-every", str(args.eval_every)]
+                   "--steps", str(args.steps), "--eval-every", str(args.eval_every),
+                   "--threads", str(args.threads)]
             cmd += ["--smoke"] if args.smoke else []
             cmd += ["--init-from", args.init_from] if args.init_from else []
             queue.append((f"{variant}-s{seed}", cmd))
@@ -244,6 +250,9 @@ def main() -> None:
     parser.add_argument("--init-from", help="an SFT checkpoint every run starts from "
                         "(core/config.py init_from): SFT once instead of once per run")
     parser.add_argument("--parallel", type=int, default=64, help="runs at a time")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads per run")
+    parser.add_argument("--runs", help="VARIANT-sSEED,... in this order (instead of "
+                        "--variants x --seeds)")
     parser.add_argument("--limit-s", type=float, default=420.0)
     parser.add_argument("--grace-s", type=float, default=90.0)
     parser.add_argument("--smoke", action="store_true",

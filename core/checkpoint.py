@@ -44,9 +44,13 @@ class Checkpoint:
     reference: dict | None = None
     """The frozen KL-reference adapter (None before RL, with kl_reference=base, and in
     checkpoints written before it was stored)."""
+    heads: dict | None = None
+    """The turn-credit heads' weights, {"spa": tensor | None, "prm": tensor | None}
+    (core/turn_credit.py): each RL step's fit starts from the last step's weights."""
 
 
-def save(directory: Path, policy, optimizer, step: int, phase: str, config: dict) -> Path:
+def save(directory: Path, policy, optimizer, step: int, phase: str, config: dict,
+         heads: dict | None = None) -> Path:
     from peft import get_peft_model_state_dict
     directory.mkdir(parents=True, exist_ok=True)
     state = {
@@ -58,6 +62,7 @@ def save(directory: Path, policy, optimizer, step: int, phase: str, config: dict
         "value_head": policy.value_head.state_dict() if policy.value_head is not None else None,
         "optimizer": optimizer.state_dict(),
         "reference": policy.reference_state(),
+        "heads": heads,
     }
     tmp = directory / (FILE + ".tmp")
     torch.save(state, tmp)
@@ -75,7 +80,7 @@ def load(directory: Path) -> Checkpoint | None:
     return Checkpoint(step=int(state["step"]), phase=state["phase"],
                       config=json.loads(state["config"]), adapter=state["adapter"],
                       value_head=state["value_head"], optimizer=state["optimizer"],
-                      reference=state.get("reference"))
+                      reference=state.get("reference"), heads=state.get("heads"))
 
 
 def restore(ckpt: Checkpoint, policy, optimizer) -> None:

@@ -141,6 +141,7 @@ class _Run:
             raise TrainingError(f"{refusal}: checkpoint is after step {ckpt.step}, config has "
                                 f"{cfg.sft_steps + cfg.steps} steps in all")
         checkpoint.restore(ckpt, self.policy, self.sft_opt if ckpt.phase == "sft" else self.rl_opt)
+        self.turn_credit.load_state(ckpt.heads)
         if cfg.init_from and not cfg.resume and cfg.adapter_every and self.ranks.main:
             self.save_adapter(ckpt.step)  # the policy the new run's first step starts from
         return ckpt.step
@@ -212,7 +213,7 @@ class _Run:
         phase = "sft" if step <= self.cfg.sft_steps and self.cfg.sft_steps else "rl"
         checkpoint.save(checkpoint.checkpoint_dir(self.cfg, self.run_id), self.policy,
                         self.sft_opt if phase == "sft" else self.rl_opt, step, phase,
-                        self.cfg.to_dict())
+                        self.cfg.to_dict(), heads=self.turn_credit.state())
 
     def save_adapter(self, step: int) -> None:
         """Keep the adapter as it is after ``step`` (core/checkpoint.py ``adapters/``), for

@@ -35,6 +35,22 @@ class TurnCredit:
         self.prm_model = None
         """AgentPRM's process reward head (core/prm.py)."""
 
+    def state(self) -> dict:
+        """The heads' weights, for the checkpoint (None: that head is not built yet)."""
+        return {"spa": self.spa_model.w.clone() if self.spa_model is not None else None,
+                "prm": self.prm_model.w.clone() if self.prm_model is not None else None}
+
+    def load_state(self, heads: dict | None) -> None:
+        """Put a checkpoint's head weights back (a checkpoint without them leaves the heads to
+        be built at the next step, as before they were saved)."""
+        size = self.policy.base.config.hidden_size
+        if (heads or {}).get("spa") is not None:
+            self.spa_model = spa.ProgressModel(size, l2=self.cfg.spa_l2)
+            self.spa_model.w = heads["spa"].clone()
+        if (heads or {}).get("prm") is not None:
+            self.prm_model = prm.PrmModel(size, l2=self.cfg.spa_l2)
+            self.prm_model.w = heads["prm"].clone()
+
     def measure(self, own: list) -> TurnValues:
         """Every signal of this rank's scored trajectories ``own``."""
         cfg, rows = self.cfg, []

@@ -91,3 +91,31 @@ def test_init_from_refuses_what_does_not_fit(tmp_path):
     with pytest.raises(TrainingError, match="algo"):
         _train(_cfg(tmp_path, init_from=rl_start, algo="gigpo", steps=2,
                     db=str(tmp_path / "g.duckdb")))
+
+
+def test_resume_keeps_the_turn_credit_heads(tmp_path):
+    """SPA's progress head and the PRM head fit each step from the last step's weights
+    (core/progress.py ridge_step), so a checkpoint keeps them and a resumed run goes on from
+    them instead of from zero."""
+    cfg = _cfg(tmp_path, w_spa=1.0, w_prm=1.0, max_turns=2)
+    run = _train(cfg)  # SFT steps 1-2, RL step 3
+    path = checkpoint.checkpoint_dir(cfg, run) / checkpoint.FILE
+    state = torch.load(path, weights_only=True)
+    assert state["heads"]["spa"].shape == state["heads"]["prm"].shape  # [hidden, 1] weights
+    # the random tiny model never answers right, so the heads have only seen outcome 0 and sit
+    # at zero; plant weights a longer run could have learnt, and resume
+    gen = torch.Generator().manual_seed(0)
+    planted = {k: torch.randn(v.shape, generator=gen, dtype=v.dtype)
+               for k, v in state["heads"].items()}
+    state["heads"] = planted
+    torch.save(state, path)
+    _train(cfg.replace(resume=run, steps=2))
+    # step 4's fit moved from the planted weights towards outcome 0 (from zero it stays zero)
+    after = checkpoint.load(checkpoint.checkpoint_dir(cfg, run)).heads
+    for name in ("spa", "prm"):
+        assert after[name].abs().sum() > 0 and not torch.allclose(after[name], planted[name])
+    trajs = queries.trajectories(cfg.db, run, step=4)
+    rows = queries.turn_signals(cfg.db, run, list(trajs["traj_id"]))
+    for name in ("progress", "prm"):
+        values = rows[rows["name"] == name]["value"]
+        assert len(values) > 0 and values.abs().max() > 1e-6, name
