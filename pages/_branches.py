@@ -9,9 +9,7 @@ The store, run and trajectory come from the sidebar's pick and the recorded list
 """
 from __future__ import annotations
 
-import os
 import re
-import signal
 import sys
 import time
 
@@ -25,7 +23,6 @@ from storage import queries
 
 MAX_K = 64  # core/branch.py's MAX_K (pages do not import it: it pulls in numpy and the model code)
 TURNS_RE = re.compile(r"all|\d{1,4}(,\d{1,4})*")
-PROGRESS_RE = re.compile(r"progress (\d+)/(\d+)")
 
 
 # -- jobs ------------------------------------------------------------------------------------------
@@ -65,18 +62,7 @@ def launch(store: str, run_id: str, traj_id: str, turns: str, k: int, seed: int)
 
 
 def stop(job: dict) -> None:
-    """Kill the job: it has written nothing yet (one transaction at its very end)."""
-    if not job or not _jobs.process_alive(int(job["pid"]), "core.branch"):
-        raise _jobs.JobError("no branch job is running")
-    try:
-        os.kill(int(job["pid"]), signal.SIGTERM)
-    except ProcessLookupError:
-        raise _jobs.JobError("the branch job has already ended") from None
-
-
-def progress_of(log: str) -> tuple[int, int] | None:
-    found = PROGRESS_RE.findall(log)
-    return (int(found[-1][0]), int(found[-1][1])) if found else None
+    _jobs.kill(job, "core.branch", "branch")
 
 
 # Cached so that the turn player and colour-by reruns read nothing; a job launched here clears
@@ -204,16 +190,8 @@ def _running() -> None:
             loader.clear()
         st.rerun()
         return
-    tail = _jobs.log_tail(job, lines=40)
-    done = progress_of(tail)
-    st.progress(0.0 if done is None or not done[1] else done[0] / done[1],
-                text="loading the model and replaying" if done is None else
-                f"{done[0]} of {done[1]} continuations finished")
-    if st.button("Stop the branch job", key="branch_stop"):
-        try:
-            stop(job)
-        except _jobs.JobError as exc:
-            st.error(str(exc))
+    c.job_progress(job, stop, "loading the model and replaying", "continuations",
+                   "Stop the branch job", "branch_stop")
 
 
 # -- Groups ----------------------------------------------------------------------------------------

@@ -9,9 +9,7 @@ evaluations picked on the page (the recorded list), never typed.
 """
 from __future__ import annotations
 
-import os
 import re
-import signal
 import sys
 import time
 
@@ -23,7 +21,6 @@ from storage import queries
 
 MODULE = "core.evaluation"
 COMPARE = "pages/compare.py"
-PROGRESS_RE = re.compile(r"progress (\d+)/(\d+)")
 RESULT_RE = re.compile(r"compare: a=(\S+) b=(\S+)")
 
 
@@ -59,18 +56,7 @@ def launch(store: str, run_id: str, step: int, tasks: tuple[str, int]) -> dict:
 
 
 def stop(job: dict) -> None:
-    """Kill the job: it has written nothing yet (one transaction at its very end)."""
-    if not job or not _jobs.process_alive(int(job["pid"]), MODULE):
-        raise _jobs.JobError("no cross-evaluation job is running")
-    try:
-        os.kill(int(job["pid"]), signal.SIGTERM)
-    except ProcessLookupError:
-        raise _jobs.JobError("the cross-evaluation job has already ended") from None
-
-
-def progress_of(log: str) -> tuple[int, int] | None:
-    found = PROGRESS_RE.findall(log)
-    return (int(found[-1][0]), int(found[-1][1])) if found else None
+    _jobs.kill(job, MODULE, "cross-evaluation")
 
 
 # -- the panel -------------------------------------------------------------------------------------
@@ -156,13 +142,5 @@ def _running(on_done) -> None:
         on_done()
         st.rerun()
         return
-    tail = _jobs.log_tail(job, lines=40)
-    done = progress_of(tail)
-    st.progress(0.0 if done is None or not done[1] else done[0] / done[1],
-                text="loading the model and the tasks" if done is None else
-                f"{done[0]} of {done[1]} tasks finished")
-    if st.button("Stop the cross-evaluation", key="xeval_stop"):
-        try:
-            stop(job)
-        except _jobs.JobError as exc:
-            st.error(str(exc))
+    c.job_progress(job, stop, "loading the model and the tasks", "tasks",
+                   "Stop the cross-evaluation", "xeval_stop")

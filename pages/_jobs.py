@@ -41,6 +41,8 @@ RUNS_DIR_ENV = "AGENTRL_RUNS_DIR"
 MODEL_DIRS_ENV = "AGENTRL_MODEL_DIRS"
 ENV_MODULES_ENV = "AGENTRL_ENV_MODULES"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+PROGRESS_RE = re.compile(r"progress (\d+)/(\d+)")
+"""What the branch and cross-evaluation jobs print as they go: ``progress DONE/TOTAL``."""
 _CHILDREN: dict[int, subprocess.Popen] = {}   # every job this server process started (training,
 #                                               branch, clusters), by pid; reaped by poll
 
@@ -259,3 +261,20 @@ def log_tail(job: dict, lines: int = 30, max_bytes: int = 64_000) -> str:
     text = text.replace(str(ROOT) + os.sep, "")  # paths inside the project, shown relative
     shown = [line.rstrip().split("\r")[-1] for line in text.split("\n")]
     return "\n".join(shown[-lines:])
+
+
+def progress_of(log: str) -> tuple[int, int] | None:
+    """(done, total) of the last ``progress DONE/TOTAL`` line in a job's log; None before it."""
+    found = PROGRESS_RE.findall(log)
+    return (int(found[-1][0]), int(found[-1][1])) if found else None
+
+
+def kill(job: dict | None, module: str, what: str) -> None:
+    """Stop a job that writes its results in one transaction at its very end (a branch or
+    cross-evaluation job): killed before then it has written nothing, so SIGTERM is safe."""
+    if not job or not process_alive(int(job["pid"]), module):
+        raise JobError(f"no {what} job is running")
+    try:
+        os.kill(int(job["pid"]), signal.SIGTERM)
+    except ProcessLookupError:
+        raise JobError(f"the {what} job has already ended") from None

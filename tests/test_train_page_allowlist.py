@@ -132,3 +132,22 @@ def test_a_plugin_environment_launched_from_the_page_trains_and_is_recorded(page
         con.close()
     assert rows == [("guess-from-page", "finished", GUESS, "high=8")]
     assert splits.get("sft") and splits.get("train") == 4
+
+
+def test_checkpoint_paths_are_not_launcher_settings():
+    # --init-from reads a checkpoint file: a crafted request must not pick one
+    for bad in (dict(init_from="runs/checkpoints/x"), dict(resume="x"),
+                dict(checkpoint_dir="/tmp")):
+        with pytest.raises(_jobs.JobError, match="not launcher settings"):
+            _jobs.command(TrainConfig(**bad), "job")
+
+
+def test_job_progress_lines_and_stopping_a_job_that_has_ended():
+    log = "loading the model\nprogress 3/10\nsome warning\nprogress 7/10\n"
+    assert _jobs.progress_of(log) == (7, 10)
+    assert _jobs.progress_of("loading the model") is None
+    with pytest.raises(_jobs.JobError, match="no branch job is running"):
+        _jobs.kill(None, "core.branch", "branch")
+    # a pid whose process is not the job's module (this test process): refused, not killed
+    with pytest.raises(_jobs.JobError, match="no cross-evaluation job is running"):
+        _jobs.kill({"pid": os.getpid()}, "core.evaluation", "cross-evaluation")
