@@ -44,10 +44,12 @@ sys.path.insert(0, str(ROOT))
 
 VARIANTS = {
     "grpo": {},
-    "gigpo": {"algo": "gigpo"},
+    # measuring information gain without training on it is a third of a CPU step: only GRPO
+    # (the baseline the gains are read against) and info_gain itself record it
+    "gigpo": {"algo": "gigpo", "record_info_gain": False},
     "info_gain": {"w_info_gain": 1.0},
-    "spa": {"w_spa": 1.0},
-    "prm": {"w_prm": 1.0},
+    "spa": {"w_spa": 1.0, "record_info_gain": False},
+    "prm": {"w_prm": 1.0, "record_info_gain": False},
     "fresh_moments": {"rl_moments": "fresh"},
     "sft_curve": {"steps": 0, "sft_steps": 100, "sft_eval_every": 20},
 }

@@ -4,8 +4,8 @@
 #   bash sample_runs/make.sh            every run below (about 33 minutes on 2 CPU cores)
 #   bash sample_runs/make.sh spike      only the named ones: collapse spike apps careless credit
 #                                       import branches search (careless: only the imported run of
-#                                       apps_tiny; search, search_sft: SmolLM2, an hour or more
-#                                       each, never by default)
+#                                       apps_tiny; search, search_sft, search_credit: SmolLM2,
+#                                       an hour or more each, never by default)
 #
 # Each store is rebuilt from scratch (the old file is removed first). Checkpoints go under runs/
 # (ignored by git), never next to the stores. Every command is the one sample_runs/README.md
@@ -186,14 +186,37 @@ search_sft() {
     compact search_sft60.duckdb
 }
 
+# -- 9. credit methods on search from one SFT start (SmolLM2; CPU hours, never by default) --------
+# SFT once (60 steps, held-out after it), then every credit method from that checkpoint
+# (--init-from): the same seed, tasks and RL budget, only the credit differs; then the SFT budget
+# curve goes on from the same checkpoint to 100 SFT steps (held-out at 80 and 100).
+search_credit() {
+    local db="$OUT/search_credit.duckdb" dir=runs/credit ckpt
+    fresh search_credit.duckdb
+    rm -rf "$dir"
+    timed "$PY" -m core.train --preset search-smollm2 --seed 0 --threads 2 --sft-steps 60 \
+        --steps 0 --sft-eval-every 60 --checkpoint-every 1 --adapter-every 0 --quiet \
+        --name "search-smollm2: 60 SFT steps" --db "$db" --checkpoint-dir "$dir/ckpt"
+    ckpt=$(ls -d "$dir"/ckpt/*)
+    timed "$PY" bench/credit_compare.py run --out "$dir/cmp" --device cpu --init-from "$ckpt" \
+        --runs grpo-s0,info_gain-s0,gigpo-s0,spa-s0,prm-s0,grpo-s1,${CREDIT_BEST:-info_gain}-s1 \
+        --sft-steps 60 --steps 3 --eval-every 3 --parallel 2 --limit-s 20000
+    "$PY" bench/credit_compare.py load "$dir/cmp" --db "$db"
+    timed "$PY" -m core.train --preset search-smollm2 --seed 0 --threads 2 --init-from "$ckpt" \
+        --sft-steps 100 --steps 0 --sft-eval-every 20 --adapter-every 0 --quiet \
+        --name "search-smollm2: SFT 60 -> 100 steps" --db "$db" --checkpoint-dir "$dir/ckpt100"
+    compact search_credit.duckdb
+}
+
 ALL=(collapse spike apps credit import_run branches)
 if [ $# -gt 0 ]; then
     ALL=()
     for name in "$@"; do
         case "$name" in
             import) ALL+=(import_run) ;;
-            collapse|spike|apps|careless|credit|branches|search|search_sft) ALL+=("$name") ;;
-            *) echo "unknown run '$name' (collapse spike apps careless credit import branches search search_sft)" >&2
+            collapse|spike|apps|careless|credit|branches|search|search_sft|search_credit)
+                ALL+=("$name") ;;
+            *) echo "unknown run '$name' (collapse spike apps careless credit import branches search search_sft search_credit)" >&2
                exit 2 ;;
         esac
     done
