@@ -7,6 +7,7 @@ and the PRM from the same SFT start, each a real training run in its own process
                                        [--variants grpo,gigpo,info_gain,spa,prm,fresh_moments,sft_curve]
     python bench/credit_compare.py load DIR --db STORE.duckdb      # the runs into one store
     python bench/credit_compare.py table DIR                        # held-out table (also on run)
+    python bench/credit_compare.py paired --db STORE --start RUN:STEP  # paired against the start
     python bench/credit_compare.py pack DIR DEST [--tokens-for grpo-s0,...]  # xz logs to carry
 
 Every variant is the ``search-smollm2`` preset (SmolLM2-135M, LoRA, G=8 x 4 tasks, 100 held-out
@@ -235,14 +236,36 @@ def load(out, db: str) -> None:
         rec.close()
 
 
+def paired(db: str, start: str) -> None:
+    """Every run's last held-out evaluation in ``db`` against the start ``RUN:STEP`` (the SFT
+    checkpoint's evaluation), paired by task and episode seed (storage/evaldiff.py, what the
+    Compare page shows): tasks gained and lost, and the sign test's p."""
+    from storage import evaldiff, queries
+    run0, step0 = start.rsplit(":", 1)
+    evals = evaldiff.evaluations(db)
+    names = queries.runs(db).set_index("run_id")["name"]
+    print(f"{'run':34}{'step':>6}{'held-out':>10}{'two-hop':>9}{'gained':>8}{'lost':>6}{'sign p':>8}")
+    for run_id, rows in evals.groupby("run_id", sort=False):
+        step = int(rows["step"].max())
+        if run_id == run0 and step == int(step0):
+            continue
+        d = evaldiff.diff(db, (run0, int(step0)), (run_id, step))
+        two = d["paired"][d["paired"]["task_id"].str.contains(">")]
+        print(f"{str(names.get(run_id, run_id))[:33]:34}{step:>6}"
+              f"{'%d/%d' % (d['solved']['B'], len(d['paired'])):>10}"
+              f"{int(two['solved_b'].sum()):>6}/{len(two):<2}{d['counts']['gained']:>8}"
+              f"{d['counts']['lost']:>6}{d['p_value']:>8.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("mode", choices=("run", "child", "load", "table", "pack"))
+    parser.add_argument("mode", choices=("run", "child", "load", "table", "pack", "paired"))
     parser.add_argument("dir", nargs="?", help="load/table/pack: the run's --out folder")
     parser.add_argument("dest", nargs="?", help="pack: where the compressed logs go")
     parser.add_argument("--tokens-for", default="", help="pack: runs that keep token tables")
     parser.add_argument("--out", default="runs/credit-compare")
-    parser.add_argument("--db", help="load: the store to write")
+    parser.add_argument("--db", help="load: the store to write; paired: the store to read")
+    parser.add_argument("--start", help="paired: RUN:STEP, the evaluation the runs started from")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--seeds", default="0,1")
@@ -268,6 +291,8 @@ def main() -> None:
         run(args)
     elif args.mode == "pack":
         pack(args.dir, args.dest, args.tokens_for)
+    elif args.mode == "paired":
+        paired(args.db, args.start)
     elif args.mode == "table":
         table(args.dir or args.out)
     else:
