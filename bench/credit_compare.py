@@ -250,6 +250,10 @@ def paired(db: str, start: str) -> None:
         if run_id == run0 and step == int(step0):
             continue
         d = evaldiff.diff(db, (run0, int(step0)), (run_id, step))
+        if d["paired"].empty:  # another seed evaluates with other episode seeds
+            print(f"{str(names.get(run_id, run_id))[:33]:34}{step:>6}  not paired: no task "
+                  "and episode seed in common with the start")
+            continue
         two = d["paired"][d["paired"]["task_id"].str.contains(">")]
         print(f"{str(names.get(run_id, run_id))[:33]:34}{step:>6}"
               f"{'%d/%d' % (d['solved']['B'], len(d['paired'])):>10}"

@@ -45,8 +45,9 @@ def config_of(row) -> dict:
 def test_every_sample_store_is_small():
     sizes = {p.name: p.stat().st_size for p in RUNS.glob("*.duckdb")}
     assert sizes, "no sample runs"
-    # eight stores, two of them SmolLM2 search runs of ~9 MB each after compaction
-    assert sum(sizes.values()) < 50e6, sizes
+    # nine stores, four of them SmolLM2 search stores of ~9 MB each after compaction (the credit
+    # comparison keeps token tables for two of its runs only)
+    assert sum(sizes.values()) < 60e6, sizes
 
 
 # -- 1. search with SmolLM2-135M: SFT, then GRPO --------------------------------------------------
@@ -298,3 +299,86 @@ def test_the_walkthroughs_two_hop_trajectory_gains_at_its_second_query():
     assert (prob[1] > 0.25).all()
     first = queries.trajectory(path, run_id, "s61-g0-r0")
     assert first["answer"] == "nifart" and round(prob.loc["s61-g0-r0", 1], 3) == 0.362
+
+
+# -- 9. credit methods on search from one SFT start -----------------------------------------------
+CREDIT = "search_credit.duckdb"
+
+
+def test_credit_runs_start_from_the_sft_checkpoint_and_match_the_readme():
+    """One SFT run (60 steps, held-out after it); every credit run started from its checkpoint
+    (init_from), so it records only RL steps 61-63, with the same RL budget, and its held-out
+    evaluation at step 63 covers the same 100 tasks (75 two-hop) as the start's. The figures are
+    sample_runs/README.md section 9's table."""
+    path = store(CREDIT)
+    runs = the_runs(CREDIT).set_index("name")
+    sft = runs.loc["search-smollm2: 60 SFT steps"]
+    trajs = queries.trajectories(path, sft["run_id"])
+    start = trajs[(trajs["split"] == "eval") & (trajs["step"] == 60)]
+    tasks = set(start["task_id"])
+    assert len(tasks) == 100 and sum(">" in t for t in tasks) == 75
+    found = {}
+    for name, run in runs.iterrows():
+        if not name.startswith("credit ") or "sft_curve" in name:
+            continue
+        cfg = config_of(run)
+        assert cfg["init_from"].endswith(sft["run_id"]) and cfg["sft_steps"] == 60
+        assert (cfg["steps"], cfg["lr"], cfg["group_size"], cfg["tasks_per_step"]) == (3, 2e-4, 8, 4)
+        t = queries.trajectories(path, run["run_id"])
+        assert sorted(set(t["step"])) == [61, 62, 63]
+        ev = t[t["split"] == "eval"]
+        assert set(ev["step"]) == {63} and len(set(ev["task_id"])) == 100
+        # the held-out draw follows the run's seed: seed 0 evaluates the start's tasks
+        assert cfg["seed"] != 0 or set(ev["task_id"]) == tasks
+        two = ev["task_id"].str.contains(">", regex=False)
+        found[name] = (int(ev["success"].sum()), int(ev[~two]["success"].sum()),
+                       int(ev[two]["success"].sum()))
+    two = start["task_id"].str.contains(">", regex=False)
+    assert (int(start["success"].sum()), int(start[~two]["success"].sum()),
+            int(start[two]["success"].sum())) == (72, 18, 54)
+    assert found == {"credit grpo seed 0": (66, 20, 46), "credit gigpo seed 0": (66, 21, 45),
+                     "credit info_gain seed 0": (67, 21, 46), "credit spa seed 0": (64, 21, 43),
+                     "credit prm seed 0": (67, 21, 46), "credit grpo seed 1": (72, 21, 51),
+                     "credit info_gain seed 1": (73, 21, 52)}
+
+
+def test_sft_goes_on_from_the_same_checkpoint_to_100_steps():
+    """The SFT budget curve's last points: held-out after 80 and 100 SFT steps (73%, 84%) on the
+    start's 100 tasks, recorded by a run that began at the 60-step checkpoint."""
+    path = store(CREDIT)
+    runs = the_runs(CREDIT).set_index("name")
+    run = runs.loc["credit sft_curve seed 0"]
+    cfg = config_of(run)
+    assert (cfg["sft_steps"], cfg["steps"]) == (100, 0) and cfg["init_from"]
+    start = queries.trajectories(path, runs.loc["search-smollm2: 60 SFT steps", "run_id"])
+    tasks = set(start[(start["split"] == "eval") & (start["step"] == 60)]["task_id"])
+    ev = queries.trajectories(path, run["run_id"])
+    ev = ev[ev["split"] == "eval"]
+    found = {}
+    for step, g in ev.groupby("step"):
+        assert set(g["task_id"]) == tasks
+        two = g["task_id"].str.contains(">", regex=False)
+        found[int(step)] = (int(g["success"].sum()), int(g[two]["success"].sum()))
+    assert found == {80: (73, 52), 100: (84, 62)}
+
+
+def test_the_information_gain_run_credits_the_second_query():
+    """README step 13: in the two-hop group s63-g2 of the information-gain run, the solved
+    rollouts' gold-answer probability jumps after the second search, and that turn's tokens get
+    the largest advantage."""
+    path = store(CREDIT)
+    runs = the_runs(CREDIT).set_index("name")
+    run_id = runs.loc["credit info_gain seed 0", "run_id"]
+    assert config_of(runs.loc["credit info_gain seed 0"])["w_info_gain"] == 1.0
+    trajs = queries.trajectories(path, run_id, step=63)
+    group = trajs[trajs["group_id"] == "s63-g2"]
+    assert group["task_id"].iloc[0] == "ceo>birth_year:Fabra Industries"
+    assert int(group["success"].sum()) == 3 and len(group) == 8
+    sig = queries.turn_signals(path, run_id, list(group["traj_id"]))
+    prob = sig[sig["name"] == "answer_prob"].pivot_table(index="traj_id", columns="turn",
+                                                         values="value")
+    turns = queries.turns(path, run_id, list(group["traj_id"]))
+    for traj_id in group[group["success"]]["traj_id"]:
+        assert prob.loc[traj_id, 0] < 0.01 and prob.loc[traj_id, 1] > 0.9
+        adv = turns[turns["traj_id"] == traj_id].set_index("turn")["advantage"]
+        assert adv.idxmax() == 1 and round(adv[1], 2) == 2.95 and round(adv[0], 2) == 0.66
