@@ -100,6 +100,9 @@ class TrainConfig:
     """Evaluate on held-out tasks every N RL steps (and after SFT and at the end); 0 = never."""
     eval_tasks: int = 32
     """Number of held-out tasks per evaluation."""
+    eval_seed: int = -1
+    """Seed of the held-out draw and of its sampling (-1: the run's seed). Runs with different
+    seeds but the same eval_seed evaluate the same tasks and episode seeds, so Compare pairs them."""
     sft_eval_every: int = 0
     """Also evaluate every N SFT steps (0 = only after SFT): the held-out curve of the SFT budget,
     each point with its adapter snapshot. Needs ``eval_every`` > 0."""

@@ -33,11 +33,13 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-TASK_FIELDS = ("env", "seed", "topk", "outcome_metric", "env_options", "eval_env_options",
-               "eval_tasks")
+from core.schedule import held_out_seed
+
+TASK_FIELDS = ("env", "seed", "eval_seed", "topk", "outcome_metric", "env_options",
+               "eval_env_options", "eval_tasks")
 """The configuration fields that decide the held-out tasks and their world (core/env_options.py,
 core/schedule.py): the evaluated run takes these from the task run, everything else from its own."""
-EVAL_SEED_OFFSET = 7  # core/trainer.py's evaluate: seed = cfg.seed + 7 (rank 0)
+EVAL_SEED_OFFSET = 7  # core/trainer.py's evaluate: seed = held_out_seed(cfg) + 7 (rank 0)
 
 
 class EvaluationError(ValueError):
@@ -111,7 +113,8 @@ def heldout_tasks(cfg) -> tuple[object, list]:
     from core.config import env_kwargs
     from core.envs.base import make_env
     env = make_env(cfg.env, **env_kwargs(cfg, eval=True))
-    return env, (env.tasks("heldout", cfg.eval_tasks, cfg.seed) if cfg.eval_tasks else [])
+    return env, (env.tasks("heldout", cfg.eval_tasks, held_out_seed(cfg)) if cfg.eval_tasks
+                 else [])
 
 
 def prepare_job(db: str, run_id: str, step: int, tasks_from: str, seed: int | None = None) -> Job:
@@ -173,7 +176,7 @@ def prepare_job(db: str, run_id: str, step: int, tasks_from: str, seed: int | No
     return Job(db=str(db), run=run, tasks_run=other, step=step, tasks_step=tasks_step,
                snapshot_step=snap, cfg=cfg, env=env, tasks=tasks,
                seeds=[int(s) for s in recorded["seed"]],
-               seed=cfg_tasks.seed + EVAL_SEED_OFFSET if seed is None else int(seed),
+               seed=held_out_seed(cfg_tasks) + EVAL_SEED_OFFSET if seed is None else int(seed),
                ckpt_dir=ckpt_dir)
 
 

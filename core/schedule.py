@@ -15,6 +15,11 @@ POOL_SIZES = (256, 64, 16)
 """Fallback pool sizes for an env that cannot make the default pool (``pool_size``)."""
 
 
+def held_out_seed(cfg) -> int:
+    """The seed of the held-out draw and its sampling: ``eval_seed``, or the run's seed."""
+    return cfg.seed if getattr(cfg, "eval_seed", -1) < 0 else cfg.eval_seed
+
+
 class TrainingError(RuntimeError):
     """The run cannot go on (e.g. too many consecutive non-finite updates, no task pool)."""
 
@@ -31,7 +36,7 @@ class Schedule:
         # Held-out evaluation may use its own options (eval_env_options) so its task set stays
         # fixed when the RL task mix changes.
         eval_env = env if eval_env is None else eval_env
-        self.eval_tasks = (eval_env.tasks("heldout", cfg.eval_tasks, cfg.seed)
+        self.eval_tasks = (eval_env.tasks("heldout", cfg.eval_tasks, held_out_seed(cfg))
                            if cfg.eval_tasks else [])
 
     def rl_tasks(self, step: int) -> list:
