@@ -119,21 +119,22 @@ def run(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     queue, procs = [], {}
-    pairs = [(v, int(s)) for v in args.variants.split(",") for s in args.seeds.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    pairs = [(v, s) for v in args.variants.split(",") for s in (seeds[:1] if v in ONE_SEED
+                                                                 else seeds)]
     if args.runs:  # an explicit order, e.g. every variant's first seed before any second one
         pairs = [(key.rsplit("-s", 1)[0], int(key.rsplit("-s", 1)[1]))
                  for key in args.runs.split(",")]
     for variant, seed in pairs:
         if variant not in VARIANTS:
             sys.exit(f"unknown variant {variant!r}: one of {', '.join(VARIANTS)}")
-        if variant not in ONE_SEED or seed == int(args.seeds.split(",")[0]) or args.runs:
-            cmd = [sys.executable, __file__, "child", "--variant", variant, "--seed", str(seed),
-                   "--out", str(out), "--device", args.device, "--sft-steps", str(args.sft_steps),
-                   "--steps", str(args.steps), "--eval-every", str(args.eval_every),
-                   "--threads", str(args.threads)]
-            cmd += ["--smoke"] if args.smoke else []
-            cmd += ["--init-from", args.init_from] if args.init_from else []
-            queue.append((f"{variant}-s{seed}", cmd))
+        cmd = [sys.executable, __file__, "child", "--variant", variant, "--seed", str(seed),
+               "--out", str(out), "--device", args.device, "--sft-steps", str(args.sft_steps),
+               "--steps", str(args.steps), "--eval-every", str(args.eval_every),
+               "--threads", str(args.threads)]
+        cmd += ["--smoke"] if args.smoke else []
+        cmd += ["--init-from", args.init_from] if args.init_from else []
+        queue.append((f"{variant}-s{seed}", cmd))
     t0, stopping = time.time(), False
     while queue or any(p.poll() is None for p in procs.values()):
         while queue and not stopping and sum(p.poll() is None for p in procs.values()) < args.parallel:

@@ -40,7 +40,7 @@ from core.envs.base import StepResult, make_env
 from core.lifecycle import record_and_exit, stop_on_sigint
 from core.records import step_tables
 from core.rollout import Sampling, initial_state_key
-from core.schedule import Schedule, held_out_seed
+from core.schedule import Schedule, eval_sampling_seed
 from core.scoring import score_all
 from core.trajectory import Trajectory, Turn
 
@@ -157,7 +157,7 @@ class _Collection:
     def evaluate(self, step: int) -> tuple[list[Trajectory], dict]:
         t0 = time.perf_counter()
         trajs = self.play(self.eval_env, self.schedule.eval_tasks, 1, self.eval_sampling,
-                          held_out_seed(self.cfg) + 7, f"e{step}", "eval")
+                          eval_sampling_seed(self.cfg), f"e{step}", "eval")
         m = _metrics(trajs, time.perf_counter() - t0)
         metrics = {"eval/success": m["success/rate"], "eval/reward_mean": m["reward/mean"],
                    "eval/turns_mean": m["env/turns_mean"],

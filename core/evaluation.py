@@ -33,13 +33,12 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from core.schedule import held_out_seed
+from core.schedule import eval_sampling_seed, held_out_seed
 
 TASK_FIELDS = ("env", "seed", "eval_seed", "topk", "outcome_metric", "env_options",
                "eval_env_options", "eval_tasks")
 """The configuration fields that decide the held-out tasks and their world (core/env_options.py,
 core/schedule.py): the evaluated run takes these from the task run, everything else from its own."""
-EVAL_SEED_OFFSET = 7  # core/trainer.py's evaluate: seed = held_out_seed(cfg) + 7 (rank 0)
 
 
 class EvaluationError(ValueError):
@@ -176,7 +175,7 @@ def prepare_job(db: str, run_id: str, step: int, tasks_from: str, seed: int | No
     return Job(db=str(db), run=run, tasks_run=other, step=step, tasks_step=tasks_step,
                snapshot_step=snap, cfg=cfg, env=env, tasks=tasks,
                seeds=[int(s) for s in recorded["seed"]],
-               seed=held_out_seed(cfg_tasks) + EVAL_SEED_OFFSET if seed is None else int(seed),
+               seed=eval_sampling_seed(cfg_tasks) if seed is None else int(seed),
                ckpt_dir=ckpt_dir)
 
 

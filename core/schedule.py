@@ -15,9 +15,18 @@ POOL_SIZES = (256, 64, 16)
 """Fallback pool sizes for an env that cannot make the default pool (``pool_size``)."""
 
 
+EVAL_SEED_OFFSET = 7
+"""Held-out sampling is seeded held_out_seed + 7, apart from the draw's own seed."""
+
+
 def held_out_seed(cfg) -> int:
-    """The seed of the held-out draw and its sampling: ``eval_seed``, or the run's seed."""
-    return cfg.seed if getattr(cfg, "eval_seed", -1) < 0 else cfg.eval_seed
+    """The seed of the held-out draw: ``eval_seed``, or the run's seed."""
+    return cfg.seed if cfg.eval_seed < 0 else cfg.eval_seed
+
+
+def eval_sampling_seed(cfg) -> int:
+    """The seed held-out rollouts are sampled with (rank 0; the trainer offsets other ranks)."""
+    return held_out_seed(cfg) + EVAL_SEED_OFFSET
 
 
 class TrainingError(RuntimeError):

@@ -35,7 +35,7 @@ from core.lifecycle import stop_on_sigint
 from core.policy import policy_from_config
 from core.records import StageResults, step_tables
 from core.rollout import Sampling, rollout
-from core.schedule import Schedule, TrainingError, held_out_seed, pool_size, task_pool  # noqa: F401
+from core.schedule import Schedule, TrainingError, eval_sampling_seed, pool_size, task_pool  # noqa: F401
 from core.scoring import score_all
 from core.sft import demonstrations
 from core.turn_credit import TurnCredit
@@ -331,7 +331,7 @@ class _Run:
         """Held-out tasks, one rollout each at eval temperature, recorded with split 'eval'."""
         t0 = time.perf_counter()
         own = self._rollouts(self.eval_env, self.eval_tasks, 1, self.eval_sampling,
-                             seed=held_out_seed(self.cfg) + 7 + 7_919 * self.ranks.rank,
+                             seed=eval_sampling_seed(self.cfg) + 7_919 * self.ranks.rank,
                              prefix=f"e{step}",
                              split="eval")
         score_all(own, self.cfg)

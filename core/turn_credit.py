@@ -43,11 +43,11 @@ class TurnCredit:
     def load_state(self, heads: dict | None) -> None:
         """Put a checkpoint's head weights back (a checkpoint without them leaves the heads to
         be built at the next step, as before they were saved)."""
-        size = self.policy.base.config.hidden_size
-        if (heads or {}).get("spa") is not None:
+        size, heads = self.policy.base.config.hidden_size, heads or {}
+        if heads.get("spa") is not None:
             self.spa_model = spa.ProgressModel(size, l2=self.cfg.spa_l2)
             self.spa_model.w = heads["spa"].clone()
-        if (heads or {}).get("prm") is not None:
+        if heads.get("prm") is not None:
             self.prm_model = prm.PrmModel(size, l2=self.cfg.spa_l2)
             self.prm_model.w = heads["prm"].clone()
 

@@ -71,6 +71,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.sft_eval_every >= 0, "sft_eval_every", "must be >= 0")
     need(cfg.eval_tasks >= 0, "eval_tasks", "must be >= 0")
     need(cfg.eval_seed >= -1, "eval_seed", "must be >= 0, or -1 for the run's seed")
+    # "checkpoint.pt" is core/checkpoint.py's FILE (that module imports torch; this one must not)
     need(not cfg.init_from or Path(cfg.init_from).is_file()
          or (Path(cfg.init_from) / "checkpoint.pt").is_file(), "init_from",
          "must be a run's checkpoint directory or its checkpoint.pt file")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pandas as pd
 import streamlit as st
 
+from pages import _jobs
 from storage import db, queries
 
 REPLAY = "pages/replay.py"
@@ -317,7 +318,6 @@ def read_or_stop(fn, *args, **kwargs):
 def job_progress(job: dict, stop, waiting: str, unit: str, button: str, key: str) -> None:
     """A running job's progress bar (from the ``progress DONE/TOTAL`` lines of its log) and its
     Stop button; ``stop(job)`` raises ``_jobs.JobError`` with the reason it could not."""
-    from pages import _jobs
     done = _jobs.progress_of(_jobs.log_tail(job, lines=40))
     st.progress(0.0 if done is None or not done[1] else done[0] / done[1],
                 text=waiting if done is None else f"{done[0]} of {done[1]} {unit} finished")

@@ -45,7 +45,7 @@ def config_of(row) -> dict:
 def test_every_sample_store_is_small():
     sizes = {p.name: p.stat().st_size for p in RUNS.glob("*.duckdb")}
     assert sizes, "no sample runs"
-    # nine stores, four of them SmolLM2 search stores of ~9 MB each after compaction (the credit
+    # nine stores, three of them SmolLM2 search stores of ~9 MB each after compaction (the credit
     # comparison keeps token tables for two of its runs only)
     assert sum(sizes.values()) < 60e6, sizes
 

@@ -137,7 +137,7 @@ def test_a_plugin_environment_launched_from_the_page_trains_and_is_recorded(page
 def test_checkpoint_paths_are_not_launcher_settings():
     # --init-from reads a checkpoint file: a crafted request must not pick one
     for bad in (dict(init_from="runs/checkpoints/x"), dict(resume="x"),
-                dict(checkpoint_dir="/tmp")):
+                dict(checkpoint_dir="elsewhere")):
         with pytest.raises(_jobs.JobError, match="not launcher settings"):
             _jobs.command(TrainConfig(**bad), "job")
 
