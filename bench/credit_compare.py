@@ -4,6 +4,7 @@ and the PRM from the same SFT start, each a real training run in its own process
     python bench/credit_compare.py run --out DIR [--device cuda] [--seeds 0,1] [--sft-steps 60]
                                        [--steps 10] [--eval-every 5] [--limit-s 420]
                                        [--init-from SFT_CHECKPOINT] [--parallel N]
+                                       [--eval-seed S] [--set KEY=VALUE ...]
                                        [--variants grpo,gigpo,info_gain,spa,prm,fresh_moments,sft_curve]
     python bench/credit_compare.py load DIR --db STORE.duckdb      # the runs into one store
     python bench/credit_compare.py table DIR                        # held-out table (also on run)
@@ -103,7 +104,7 @@ def child(variant: str, seed: int, args, log: Path) -> None:
             "steps": args.steps, "eval_every": args.eval_every, "adapter_every": 0,
             "checkpoint_every": 10_000,  # the runs are not resumed: save only at the end
             "checkpoint_dir": str(log.with_suffix(".ckpt")), "threads": args.threads,
-            **VARIANTS[variant]}
+            "eval_seed": args.eval_seed, **overrides(args.set), **VARIANTS[variant]}
     if args.smoke:  # a seconds-long check of the plumbing on the tiny model (not a measurement)
         over.update(model="tiny", group_size=2, tasks_per_step=2, eval_tasks=4, max_turns=2,
                     max_new_tokens=12, sft_steps=min(over["sft_steps"], 2),
@@ -111,6 +112,24 @@ def child(variant: str, seed: int, args, log: Path) -> None:
     cfg = TrainConfig.from_dict({**PRESETS["search-smollm2"], **over,
                                  "name": f"credit {variant} seed {seed}"})
     train(cfg, LogRecorder(log), progress=False)
+
+
+def overrides(items: list[str]) -> dict:
+    """``--set KEY=VALUE`` pairs as config fields (a number where VALUE reads as one); every
+    variant gets them, so they change the common budget, never one method's credit."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            sys.exit(f"--set {item!r}: expected KEY=VALUE")
+        for cast in (int, float):
+            try:
+                value = cast(value)
+                break
+            except ValueError:
+                pass
+        out[key.strip().replace("-", "_")] = value
+    return out
 
 
 def run(args) -> None:
@@ -125,13 +144,17 @@ def run(args) -> None:
     if args.runs:  # an explicit order, e.g. every variant's first seed before any second one
         pairs = [(key.rsplit("-s", 1)[0], int(key.rsplit("-s", 1)[1]))
                  for key in args.runs.split(",")]
+    # every seed is evaluated on the first seed's held-out draw (the start's, when the runs go
+    # on from a checkpoint of that seed), so Compare pairs any two of them task by task
+    eval_seed = seeds[0] if args.eval_seed < 0 else args.eval_seed
     for variant, seed in pairs:
         if variant not in VARIANTS:
             sys.exit(f"unknown variant {variant!r}: one of {', '.join(VARIANTS)}")
         cmd = [sys.executable, __file__, "child", "--variant", variant, "--seed", str(seed),
                "--out", str(out), "--device", args.device, "--sft-steps", str(args.sft_steps),
                "--steps", str(args.steps), "--eval-every", str(args.eval_every),
-               "--threads", str(args.threads)]
+               "--threads", str(args.threads), "--eval-seed", str(eval_seed)]
+        cmd += [f"--set={item}" for item in args.set]
         cmd += ["--smoke"] if args.smoke else []
         cmd += ["--init-from", args.init_from] if args.init_from else []
         queue.append((f"{variant}-s{seed}", cmd))
@@ -279,6 +302,10 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--init-from", help="an SFT checkpoint every run starts from "
                         "(core/config.py init_from): SFT once instead of once per run")
+    parser.add_argument("--eval-seed", type=int, default=-1,
+                        help="the held-out draw every run is evaluated on (default: the first seed)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config field for every run, e.g. env_options=two_hop_frac=1.0")
     parser.add_argument("--parallel", type=int, default=64, help="runs at a time")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per run")
     parser.add_argument("--runs", help="VARIANT-sSEED,... in this order (instead of "

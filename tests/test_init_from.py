@@ -76,6 +76,30 @@ def test_a_run_from_an_sft_checkpoint_repeats_the_uninterrupted_run(tmp_path):
     assert set(queries.trajectories(gigpo.db, _train(gigpo))["step"]) == {3}
 
 
+def test_sft_continued_from_a_checkpoint_repeats_the_uninterrupted_sft(tmp_path):
+    """The SFT budget curve goes on from one SFT checkpoint (60 -> 80 -> 100 steps): the steps
+    after it must be the ones an uninterrupted SFT run of that length takes."""
+    whole = _train(_cfg(tmp_path, sft_steps=4, steps=0))
+    first = _train(_cfg(tmp_path, sft_steps=2, steps=0, db=str(tmp_path / "first.duckdb")))
+    start = checkpoint.checkpoint_dir(_cfg(tmp_path), first)
+    cfg = _cfg(tmp_path, sft_steps=4, steps=0, db=str(tmp_path / "more.duckdb"),
+               init_from=str(start))
+    more = _train(cfg)
+    one = checkpoint.load(checkpoint.checkpoint_dir(cfg, whole))
+    two = checkpoint.load(checkpoint.checkpoint_dir(cfg, more))
+    assert (one.phase, one.step) == (two.phase, two.step) == ("sft", 4)
+    differs = [k for k in one.adapter if not torch.equal(one.adapter[k], two.adapter[k])]
+    assert not differs, f"{len(differs)} adapter tensors differ, e.g. {differs[:2]}"
+    assert any(not torch.equal(one.adapter[k], checkpoint.load(start).adapter[k])
+               for k in one.adapter)  # the two SFT steps after the checkpoint did move it
+    # the steps' SFT losses agree too (the same batches in the same order)
+    loss = {name: queries.metrics(db, run).query("name == 'sft/loss'").set_index("step")["value"]
+            for name, db, run in (("whole", str(tmp_path / "store.duckdb"), whole),
+                                  ("more", cfg.db, more))}
+    assert list(loss["more"].index) == [3, 4]
+    assert loss["more"].to_dict() == pytest.approx(loss["whole"].loc[[3, 4]].to_dict(), rel=1e-5)
+
+
 def test_init_from_refuses_what_does_not_fit(tmp_path):
     with pytest.raises(ConfigError, match="init_from"):
         validate(_cfg(tmp_path, init_from=str(tmp_path / "nowhere")))

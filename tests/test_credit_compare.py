@@ -1,0 +1,57 @@
+"""bench/credit_compare.py: the harness that runs the credit methods side by side. Its runs must
+differ only where the comparison says they do: every seed is evaluated on one held-out draw, and
+``--set`` changes every run alike."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import credit_compare  # noqa: E402
+
+
+def _held_out(log: Path) -> list[tuple[str, str]]:
+    """(task id, prompt) of every held-out trajectory a child logged."""
+    out = []
+    for name, args, kwargs in credit_compare.calls(log):
+        trajs = kwargs.get("trajectories") if name == "record_step" else None
+        if trajs:
+            out += [(t, s) for t, s, split in zip(trajs["task_id"], trajs["prompt"], trajs["split"])
+                    if split == "eval"]
+    return sorted(out)
+
+
+def _config(log: Path) -> dict:
+    return next(args[0] for name, args, _ in credit_compare.calls(log) if name == "start_run")
+
+
+def test_two_seeds_are_evaluated_on_one_draw_and_set_reaches_every_run(tmp_path):
+    out = tmp_path / "cmp"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "credit_compare.py"), "run", "--out", str(out),
+         "--device", "cpu", "--smoke", "--runs", "grpo-s0,info_gain-s1", "--steps", "1",
+         "--eval-every", "1", "--sft-steps", "1", "--parallel", "1",
+         "--set", "lr=5e-5", "--set", "env_options=two_hop_frac=1.0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    a, b = out / "grpo-s0.log", out / "info_gain-s1.log"
+    for log, seed in ((a, 0), (b, 1)):
+        cfg = _config(log)
+        assert (cfg["seed"], cfg["eval_seed"]) == (seed, 0)
+        assert (cfg["lr"], cfg["env_options"]) == (5e-5, "two_hop_frac=1.0")
+    assert _config(b)["w_info_gain"] == 1.0 and _config(a)["w_info_gain"] == 0.0
+    held_a, held_b = _held_out(a), _held_out(b)
+    assert held_a and held_a == held_b  # the same held-out tasks
+    assert "grpo-s0" in done.stdout and "info_gain-s1" in done.stdout  # the table
+
+
+def test_set_reads_numbers_and_refuses_what_is_not_a_pair():
+    assert credit_compare.overrides(["lr=1e-4", "steps=3", "env-options=two_hop_frac=1.0"]) == \
+        {"lr": 1e-4, "steps": 3, "env_options": "two_hop_frac=1.0"}
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        credit_compare.overrides(["lr"])
