@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from core import branch, checkpoint
+from tests.subprocesses import kill_at_first_progress
 from core.envs.base import Outcome, StepResult, Task
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -212,18 +213,9 @@ def test_cli_records_continuations_whose_means_are_the_recorded_values(run, tmp_
 def test_a_job_killed_midway_writes_nothing(run):
     db, run_id, traj = run
     before = _counts(db)
-    proc = subprocess.Popen([sys.executable, "-m", "core.branch", "--db", str(db), "--run", run_id,
-                             "--traj", traj, "--k", "3", "--turns", "0", "--seed", "9"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        for line in proc.stdout:
-            if line.startswith("progress"):  # continuations are running: kill it now
-                proc.send_signal(signal.SIGKILL)
-                break
-    finally:
-        proc.kill()
-        proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    code = kill_at_first_progress("core.branch", "--db", str(db), "--run", run_id, "--traj", traj,
+                                  "--k", "3", "--turns", "0", "--seed", "9")
+    assert code == -signal.SIGKILL
     assert _counts(db) == before
 
 

@@ -26,6 +26,7 @@ import pytest
 
 from core import evaluation
 from storage import evaldiff, evalsets
+from tests.subprocesses import kill_at_first_progress
 from tests.test_pages import app, demo  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -182,18 +183,9 @@ def _source(db: Path, run_id: str, source: str) -> None:
 def test_a_job_killed_midway_writes_nothing(store):
     db, a, b = store
     before = _counts(db)
-    proc = subprocess.Popen([sys.executable, "-m", "core.evaluation", "--db", str(db), "--run",
-                             b, "--step", "0", "--tasks-from", f"{a}:0", "--seed", "3"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        for line in proc.stdout:
-            if line.startswith("progress"):  # the rollout is under way: kill it now
-                proc.send_signal(signal.SIGKILL)
-                break
-    finally:
-        proc.kill()
-        proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    code = kill_at_first_progress("core.evaluation", "--db", str(db), "--run", b, "--step", "0",
+                                  "--tasks-from", f"{a}:0", "--seed", "3")
+    assert code == -signal.SIGKILL
     assert _counts(db) == before
 
 
