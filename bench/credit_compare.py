@@ -115,13 +115,16 @@ def child(variant: str, seed: int, args, log: Path) -> None:
 
 
 def overrides(items: list[str]) -> dict:
-    """``--set KEY=VALUE`` pairs as config fields (a number where VALUE reads as one); every
-    variant gets them, so they change the common budget, never one method's credit."""
+    """``--set KEY=VALUE`` pairs as config fields (a number or true/false where VALUE reads as
+    one); every run gets them, so they change the common setup, never one method's credit."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
             sys.exit(f"--set {item!r}: expected KEY=VALUE")
+        if value.lower() in ("true", "false"):
+            out[key.strip().replace("-", "_")] = value.lower() == "true"
+            continue
         for cast in (int, float):
             try:
                 value = cast(value)

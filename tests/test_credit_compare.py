@@ -51,7 +51,8 @@ def test_two_seeds_are_evaluated_on_one_draw_and_set_reaches_every_run(tmp_path)
 
 
 def test_set_reads_numbers_and_refuses_what_is_not_a_pair():
-    assert credit_compare.overrides(["lr=1e-4", "steps=3", "env-options=two_hop_frac=1.0"]) == \
-        {"lr": 1e-4, "steps": 3, "env_options": "two_hop_frac=1.0"}
+    assert credit_compare.overrides(["lr=1e-4", "steps=3", "env-options=two_hop_frac=1.0",
+                                     "record_info_gain=False"]) == \
+        {"lr": 1e-4, "steps": 3, "env_options": "two_hop_frac=1.0", "record_info_gain": False}
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         credit_compare.overrides(["lr"])
