@@ -39,6 +39,7 @@ import uuid
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from core import joblog
 # the estimators, the replay and the export have their own modules; their names stay
 # importable from here
 from core.branch_estimates import (BOOTSTRAP, bootstrap_ci, diff_ci, estimate,  # noqa: F401
@@ -336,26 +337,20 @@ def main(argv: list[str] | None = None) -> int:
                         "turn to FILE (.jsonl or .parquet)")
     args = parser.parse_args(argv)
     if args.export and Path(args.export).suffix not in (".jsonl", ".parquet"):
-        print("error: --export must end in .jsonl or .parquet", file=sys.stderr)
-        return 2
+        return joblog.fail(BranchError("--export must end in .jsonl or .parquet"))
     try:
         job = prepare_job(args.db, args.run, args.traj, args.turns, args.k, args.seed)
     except BranchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return joblog.fail(exc)
     exact = "" if job.snapshot_step == job.sampled_by else \
         f" (nearest kept at or before step {job.sampled_by}, which sampled it)"
     print(f"branching {job.traj_id} (step {job.step}, {job.split}) at turns "
           f"{','.join(map(str, job.turns))}: {2 * job.k * len(job.turns)} continuations, "
           f"adapter of step {job.snapshot_step}{exact}", flush=True)
-
-    def progress(done, total, rounds):
-        print(f"progress {done}/{total} continuations finished after {rounds} turns", flush=True)
     try:
-        result = run_job(job, progress=progress, device=args.device)
+        result = run_job(job, progress=joblog.progress_printer("continuations"), device=args.device)
     except BranchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return joblog.fail(exc)
     record(result)
     print(f"{'turn':>4} {'V':>7} {'Q':>7} {'A':>7}  A 95% interval")
     for r in result.rows:

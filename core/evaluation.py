@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from core import joblog
 from core.schedule import eval_sampling_seed, held_out_seed
 
 TASK_FIELDS = ("env", "seed", "eval_seed", "topk", "outcome_metric", "env_options",
@@ -269,22 +270,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         job = prepare_job(args.db, args.run, args.step, args.tasks_from, args.seed)
     except EvaluationError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return joblog.fail(exc)
     nearest = "" if job.snapshot_step == job.step else \
         f" (the nearest kept at or before step {job.step})"
     print(f"evaluating {job.run['run_id']} with the adapter of step {job.snapshot_step}{nearest} "
           f"on the {len(job.tasks)} tasks and episode seeds of {job.tasks_run['run_id']}@"
           f"{job.tasks_step}, seed {job.seed}", flush=True)
-
-    def progress(done, total, rounds):
-        print(f"progress {done}/{total} tasks finished after {rounds} turns", flush=True)
     t0 = time.perf_counter()
     try:
-        trajs, metrics = run_job(job, progress=progress, device=args.device)
+        trajs, metrics = run_job(job, progress=joblog.progress_printer("tasks"), device=args.device)
     except EvaluationError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return joblog.fail(exc)
     run_id = record(job, trajs, metrics)
     print(f"recorded run {run_id} ({job.name}): eval/success {metrics['eval/success']:.3f} on "
           f"{len(trajs)} tasks, step {job.snapshot_step}, in {time.perf_counter() - t0:.1f} s",
