@@ -6,7 +6,7 @@ and the PRM from the same SFT start, each a real training run in its own process
                                        [--init-from SFT_CHECKPOINT] [--parallel N]
                                        [--eval-seed S] [--set KEY=VALUE ...]
                                        [--variants grpo,gigpo,info_gain,spa,prm,fresh_moments,sft_curve]
-    python bench/credit_compare.py load DIR --db STORE.duckdb      # the runs into one store
+    python bench/credit_compare.py load DIR --db STORE.duckdb [--tag TEXT]  # into one store
     python bench/credit_compare.py table DIR                        # held-out table (also on run)
     python bench/credit_compare.py paired --db STORE --start RUN:STEP  # paired against the start
     python bench/credit_compare.py pack DIR DEST [--tokens-for grpo-s0,...]  # xz logs to carry
@@ -244,14 +244,17 @@ def _has_eval(kwargs) -> bool:
     return "eval" in (trajs.get("split") or [])
 
 
-def load(out, db: str) -> None:
+def load(out, db: str, tag: str = "") -> None:
     """Replay every log into ``db`` with storage's Recorder; a run whose log ends without
-    ``finish`` (killed) is marked stopped."""
+    ``finish`` (killed) is marked stopped. ``tag`` goes after each run's name ("credit grpo
+    seed 0 TAG"), so comparisons from several starts can share one store."""
     from storage.recorder import Recorder
     for log in sorted(Path(out).glob("*.log*")):
         rec, finished = Recorder(db), False
         for name, args, kwargs in calls(log):
             if name == "start_run":
+                if tag:
+                    kwargs = {**kwargs, "name": f"{kwargs.get('name') or ''} {tag}".strip()}
                 print(f"{log.name.split('.')[0]}: run {rec.start_run(*args, **kwargs)}")
             elif name == "close":
                 continue
@@ -296,6 +299,7 @@ def main() -> None:
     parser.add_argument("--tokens-for", default="", help="pack: runs that keep token tables")
     parser.add_argument("--out", default="runs/credit-compare")
     parser.add_argument("--db", help="load: the store to write; paired: the store to read")
+    parser.add_argument("--tag", default="", help="load: text after every run's name")
     parser.add_argument("--start", help="paired: RUN:STEP, the evaluation the runs started from")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--variants", default=",".join(VARIANTS))
@@ -333,7 +337,7 @@ def main() -> None:
     else:
         if not args.db:
             sys.exit("load needs --db STORE.duckdb")
-        load(args.dir or args.out, args.db)
+        load(args.dir or args.out, args.db, args.tag)
 
 
 if __name__ == "__main__":

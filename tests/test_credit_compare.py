@@ -14,6 +14,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import credit_compare  # noqa: E402
 
+from storage import queries  # noqa: E402
+
 
 def _held_out(log: Path) -> list[tuple[str, str]]:
     """(task id, prompt) of every held-out trajectory a child logged."""
@@ -48,6 +50,13 @@ def test_two_seeds_are_evaluated_on_one_draw_and_set_reaches_every_run(tmp_path)
     held_a, held_b = _held_out(a), _held_out(b)
     assert held_a and held_a == held_b  # the same held-out tasks
     assert "grpo-s0" in done.stdout and "info_gain-s1" in done.stdout  # the table
+    # loaded with a tag, the runs keep their steps and say which comparison they belong to
+    db = str(tmp_path / "cmp.duckdb")
+    credit_compare.load(out, db, tag="from SFT 1")
+    runs = queries.runs(db).set_index("name")
+    assert sorted(runs.index) == ["credit grpo seed 0 from SFT 1",
+                                  "credit info_gain seed 1 from SFT 1"]
+    assert set(queries.trajectories(db, runs["run_id"].iloc[0])["step"]) == {1, 2}
 
 
 def test_set_reads_numbers_and_refuses_what_is_not_a_pair():
