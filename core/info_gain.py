@@ -105,11 +105,14 @@ def measure(policy, trajs: Sequence[Trajectory], batch: int = BATCH) -> dict[str
             continue
         for start in action_starts(t):
             jobs.append((t.traj_id, list(t.token_ids[:start]) + open_ids + gold, len(gold)))
-    lps: list[list[float]] = []
+    # contexts of like length batched together: a turn-0 context padded to a last turn's
+    # length would cost as much as the last turn
+    order = sorted(range(len(jobs)), key=lambda j: len(jobs[j][1]))
+    lps: list[list[float]] = [[] for _ in jobs]
     device = next(policy.base.parameters()).device
     with torch.no_grad():
-        for i in range(0, len(jobs), batch):
-            part = jobs[i:i + batch]
+        for i in range(0, len(order), batch):
+            part = [jobs[j] for j in order[i:i + batch]]
             width = max(len(ids) for _, ids, _ in part)
             pad = policy.pad_id
             ids = torch.full((len(part), width), pad, dtype=torch.long)
@@ -121,7 +124,8 @@ def measure(policy, trajs: Sequence[Trajectory], batch: int = BATCH) -> dict[str
                 score[r, len(seq) - n:len(seq)] = True
             out = token_logprobs(policy, ids.to(device), score.to(device),
                                  attention_mask=attn.to(device))["logprobs"].cpu()
-            lps += [out[r][score[r]].tolist() for r in range(len(part))]
+            for r, j in enumerate(order[i:i + batch]):
+                lps[j] = out[r][score[r]].tolist()
     probs: dict[str, list[float]] = {}
     for (traj_id, _, _), lp in zip(jobs, lps):
         probs.setdefault(traj_id, []).append(answer_probability(lp))
