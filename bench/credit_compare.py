@@ -88,11 +88,13 @@ class LogRecorder:
 
 
 def calls(log: Path):
+    """The recorder calls of a log, in order. A record cut short (the child is writing it now,
+    or was killed while writing it) ends the log: what came before it is whole."""
     with (lzma.open if log.suffix == ".xz" else open)(log, "rb") as f:
         while True:
             try:
                 yield pickle.load(f)
-            except EOFError:
+            except (EOFError, pickle.UnpicklingError):
                 return
 
 

@@ -65,3 +65,17 @@ def test_set_reads_numbers_and_refuses_what_is_not_a_pair():
         {"lr": 1e-4, "steps": 3, "env_options": "two_hop_frac=1.0", "record_info_gain": False}
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         credit_compare.overrides(["lr"])
+
+
+def test_a_log_cut_mid_record_reads_up_to_the_cut(tmp_path):
+    """The table and load read logs that a running (or killed) child is still writing."""
+    log = tmp_path / "run.log"
+    rec = credit_compare.LogRecorder(log)
+    rec.start_run({"env": "search"}, name="x", run_id="r")
+    rec.record_step(1, metrics={"a": 1.0}, trajectories={"split": ["train"] * 300})
+    rec.file.close()
+    whole = log.read_bytes()
+    log.write_bytes(whole[:-40])
+    assert [name for name, _, _ in credit_compare.calls(log)] == ["start_run"]
+    log.write_bytes(whole)
+    assert [name for name, _, _ in credit_compare.calls(log)] == ["start_run", "record_step"]
