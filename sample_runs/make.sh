@@ -201,10 +201,24 @@ search_credit() {
     timed "$PY" bench/credit_compare.py run --out "$dir/cmp" --device cpu --init-from "$ckpt" \
         --runs grpo-s0,info_gain-s0,gigpo-s0,spa-s0,prm-s0,grpo-s1,${CREDIT_BEST:-info_gain}-s1 \
         --sft-steps 60 --steps 3 --eval-every 3 --parallel 2 --limit-s 20000
-    "$PY" bench/credit_compare.py load "$dir/cmp" --db "$db"
+    "$PY" bench/credit_compare.py pack "$dir/cmp" "$dir/cmp-packed" --tokens-for grpo-s0,info_gain-s0
+    "$PY" bench/credit_compare.py load "$dir/cmp-packed" --db "$db"
     timed "$PY" -m core.train --preset search-smollm2 --seed 0 --threads 2 --init-from "$ckpt" \
         --sft-steps 100 --steps 0 --sft-eval-every 20 --adapter-every 0 --quiet \
-        --name "search-smollm2: SFT 60 -> 100 steps" --db "$db" --checkpoint-dir "$dir/ckpt100"
+        --name "credit sft_curve seed 0" --db "$db" --checkpoint-dir "$dir/ckpt100"
+    timed "$PY" -m core.train --preset search-smollm2 --seed 0 --threads 2 \
+        --init-from "$(ls -d "$dir"/ckpt100/*)" --sft-steps 140 --steps 0 --sft-eval-every 20 \
+        --adapter-every 0 --checkpoint-every 1000 --quiet \
+        --name "search-smollm2: SFT 100 -> 140 steps" --db "$db" --checkpoint-dir "$dir/ckpt140"
+    # RL from the 100-step checkpoint on train tasks SFT never saw (task_pool=0: the whole train
+    # split, none of SFT's 256), all two-hop, sampled at temperature 1; one held-out draw (seed 0)
+    timed "$PY" bench/credit_compare.py run --out "$dir/rl100" --device cpu \
+        --init-from "$(ls -d "$dir"/ckpt100/*)" --runs info_gain-s0,grpo-s0 --sft-steps 100 \
+        --steps 12 --eval-every 6 --parallel 2 --set env_options=two_hop_frac=1.0 \
+        --set task_pool=0 --set temperature=1.0 --set record_info_gain=false --limit-s 20000
+    # without token tables (the store stays small; trajectories, turns and signals are kept)
+    "$PY" bench/credit_compare.py pack "$dir/rl100" "$dir/rl100-packed"
+    "$PY" bench/credit_compare.py load "$dir/rl100-packed" --db "$db" --tag "from SFT 100"
     compact search_credit.duckdb
 }
 
