@@ -3,18 +3,28 @@ differ only where the comparison says they do: every seed is evaluated on one he
 ``--set`` changes every run alike."""
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from storage import queries
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
 
-import credit_compare  # noqa: E402
 
-from storage import queries  # noqa: E402
+def _script(name: str):
+    """A bench script as a module, without putting bench/ on sys.path (its pages.py would
+    shadow the app's pages package for every later test)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+credit_compare = _script("credit_compare")
 
 
 def _held_out(log: Path) -> list[tuple[str, str]]:
