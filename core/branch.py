@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
                         "turn to FILE (.jsonl or .parquet)")
     args = parser.parse_args(argv)
     if args.export and Path(args.export).suffix not in (".jsonl", ".parquet"):
-        return joblog.fail(BranchError("--export must end in .jsonl or .parquet"))
+        return joblog.fail("--export must end in .jsonl or .parquet")
     try:
         job = prepare_job(args.db, args.run, args.traj, args.turns, args.k, args.seed)
     except BranchError as exc:

@@ -15,7 +15,7 @@ def progress_printer(unit: str) -> Callable[[int, int, int], None]:
     return progress
 
 
-def fail(exc: Exception) -> int:
-    """Print ``error: <exc>`` on stderr; the exit code a refused job returns (2)."""
-    print(f"error: {exc}", file=sys.stderr)
+def fail(reason: Exception | str) -> int:
+    """Print ``error: <reason>`` on stderr; the exit code a refused job returns (2)."""
+    print(f"error: {reason}", file=sys.stderr)
     return 2
