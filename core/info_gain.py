@@ -13,8 +13,10 @@ would write its answer. p_0 is read before any turn (the prompt alone). Turn t's
                                           keeps the outcome reward and gets no gain)
 
 In this code's 0-based turns: turn k's gain is p(after turn k) - p(before turn k), for every turn
-but the last. All (trajectory, turn) contexts of a step are scored in padded batches, one forward
-pass each, without gradients. The first gold answer is the one read (golds are aliases).
+but the last. The turn contexts of one trajectory are prefixes of each other, so they are read in
+one row (``pack``): the history once, then one answer block per turn that sees only its own
+prefix. Rows are scored in padded batches, without gradients. The first gold answer is the one
+read (golds are aliases).
 
 Recorded per turn in ``turn_signals`` (source 'train'): ``answer_prob`` (p after turn k; turn -1
 holds p_0) and ``info_gain``; the trajectory's sum of gains (p_{T-1} - p_0, the sum telescopes)
@@ -35,7 +37,7 @@ from core.trajectory import Trajectory
 ANSWER_OPEN = "<answer>"
 """What the policy writes before an answer (Search-R1's tag): the gold is read right after it."""
 BATCH = 8
-"""Contexts per forward pass."""
+"""Rows per forward pass."""
 
 
 def answer_probability(token_logprobs: Sequence[float]) -> float:
@@ -88,14 +90,58 @@ def has_gold(traj: Trajectory) -> bool:
     return bool(traj.task.golds) and bool(traj.turns)
 
 
-def measure(policy, trajs: Sequence[Trajectory], batch: int = BATCH) -> dict[str, TurnSignals]:
+def pack(history: Sequence[int], starts: Sequence[int], answer: Sequence[int]):
+    """Every turn's context of one trajectory in one sequence: the history up to the last turn's
+    action (n = starts[-1] tokens), then one copy of ``answer`` (m tokens) per turn k, placed at
+    positions starts[k] .. starts[k]+m-1 and seeing only history[:starts[k]] and itself. Turn k's
+    context history[:starts[k]] + answer is then read exactly as if it stood alone, but the
+    history is run once instead of once per turn (the turn contexts are prefixes of each other).
+
+    Returns (ids, positions, allowed): ``allowed[i, j]`` is True where token i attends to j.
+
+    >>> ids, pos, allowed = pack([5, 6, 7], [1, 3], [9])
+    >>> ids, pos
+    ([5, 6, 7, 9, 9], [0, 1, 2, 1, 3])
+    >>> allowed.int().tolist()[3:]
+    [[1, 0, 0, 1, 0], [1, 1, 1, 0, 1]]
+    """
+    n, m = starts[-1], len(answer)
+    size = n + len(starts) * m
+    allowed = torch.zeros((size, size), dtype=torch.bool)
+    allowed[:n, :n] = torch.ones((n, n), dtype=torch.bool).tril()
+    ids, positions = list(history[:n]), list(range(n))
+    block = torch.ones((m, m), dtype=torch.bool).tril()
+    for k, start in enumerate(starts):
+        b = n + k * m
+        allowed[b:b + m, :start] = True
+        allowed[b:b + m, b:b + m] = block
+        ids += answer
+        positions += range(start, start + m)
+    return ids, positions, allowed
+
+
+def packs_supported(policy) -> bool:
+    """A packed sequence needs an attention that takes a custom (B, 1, T, T) mask."""
+    return policy.base.config._attn_implementation in ("sdpa", "eager")
+
+
+def measure(policy, trajs: Sequence[Trajectory], batch: int = BATCH,
+            packed: bool | None = None) -> dict[str, TurnSignals]:
     """Teacher-forced p_k before each turn's action, for every trajectory with a gold answer;
-    trajectory id -> its ``TurnSignals``. Trajectories without golds (or turns) are left out."""
+    trajectory id -> its ``TurnSignals``. Trajectories without golds (or turns) are left out.
+
+    ``packed`` (default: where the attention allows it) reads all turns of a trajectory in one
+    sequence (``pack``); otherwise each turn's context is its own row. Both give the same
+    probabilities up to float rounding."""
     from core.policy import token_logprobs  # torch-heavy; imported where used
 
     tok = policy.tokenizer
     open_ids = tok.encode(ANSWER_OPEN, add_special_tokens=False)
-    jobs: list[tuple[str, list[int], int]] = []  # (traj id, ids, number of answer tokens)
+    if packed is None:
+        packed = packs_supported(policy)
+    # one row per trajectory (packed) or per turn:
+    # (traj id, ids, positions, allowed, scored positions, answer length L)
+    rows: list[tuple] = []
     for t in trajs:
         # a turn without action tokens (none in rollouts) would shift gains off their turns
         if not has_gold(t) or len(action_starts(t)) != t.num_turns:
@@ -103,33 +149,62 @@ def measure(policy, trajs: Sequence[Trajectory], batch: int = BATCH) -> dict[str
         gold = tok.encode(t.task.golds[0], add_special_tokens=False)
         if not gold:
             continue
-        for start in action_starts(t):
-            jobs.append((t.traj_id, list(t.token_ids[:start]) + open_ids + gold, len(gold)))
-    # contexts of like length batched together: a turn-0 context padded to a last turn's
-    # length would cost as much as the last turn
-    order = sorted(range(len(jobs)), key=lambda j: len(jobs[j][1]))
-    lps: list[list[float]] = [[] for _ in jobs]
+        answer, starts = open_ids + gold, action_starts(t)
+        if packed:
+            ids, positions, allowed = pack(t.token_ids, starts, answer)
+            n, m = starts[-1], len(answer)
+            scored = [i for k in range(len(starts))
+                      for i in range(n + k * m + m - len(gold), n + (k + 1) * m)]
+            rows.append((t.traj_id, ids, positions, allowed, scored, len(gold)))
+        else:
+            for start in starts:
+                ids = list(t.token_ids[:start]) + answer
+                rows.append((t.traj_id, ids, None, None,
+                             list(range(len(ids) - len(gold), len(ids))), len(gold)))
+    # rows of like length batched together: a short row padded to a long one's length would
+    # cost as much as the long one
+    order = sorted(range(len(rows)), key=lambda j: len(rows[j][1]))
+    lps: list[list[float]] = [[] for _ in rows]
     device = next(policy.base.parameters()).device
     with torch.no_grad():
         for i in range(0, len(order), batch):
-            part = [jobs[j] for j in order[i:i + batch]]
-            width = max(len(ids) for _, ids, _ in part)
-            pad = policy.pad_id
-            ids = torch.full((len(part), width), pad, dtype=torch.long)
-            attn = torch.zeros((len(part), width), dtype=torch.long)
-            score = torch.zeros((len(part), width), dtype=torch.bool)
-            for r, (_, seq, n) in enumerate(part):
-                ids[r, :len(seq)] = torch.tensor(seq)
-                attn[r, :len(seq)] = 1
-                score[r, len(seq) - n:len(seq)] = True
+            part = [rows[j] for j in order[i:i + batch]]
+            ids, score, kwargs = _batch(part, policy, packed)
             out = token_logprobs(policy, ids.to(device), score.to(device),
-                                 attention_mask=attn.to(device))["logprobs"].cpu()
+                                 **{k: v.to(device) for k, v in kwargs.items()})["logprobs"].cpu()
             for r, j in enumerate(order[i:i + batch]):
                 lps[j] = out[r][score[r]].tolist()
     probs: dict[str, list[float]] = {}
-    for (traj_id, _, _), lp in zip(jobs, lps):
-        probs.setdefault(traj_id, []).append(answer_probability(lp))
+    for (traj_id, *_, size), lp in zip(rows, lps):  # rows in turn order, L scores per turn
+        probs.setdefault(traj_id, []).extend(
+            answer_probability(lp[k:k + size]) for k in range(0, len(lp), size))
     return {k: TurnSignals(p, turn_gains(p)) for k, p in probs.items()}
+
+
+def _batch(part, policy, packed: bool):
+    """Padded (B, W) ids, the score mask, and the attention arguments of a batch of rows."""
+    width = max(len(row[1]) for row in part)
+    ids = torch.full((len(part), width), policy.pad_id, dtype=torch.long)
+    score = torch.zeros((len(part), width), dtype=torch.bool)
+    if not packed:
+        attn = torch.zeros((len(part), width), dtype=torch.long)
+        for r, (_, seq, _, _, scored, _) in enumerate(part):
+            ids[r, :len(seq)] = torch.tensor(seq)
+            attn[r, :len(seq)] = 1
+            score[r, scored] = True
+        return ids, score, {"attention_mask": attn}
+    # padding attends to itself only (a row of nothing allowed would be NaN) and is not scored
+    allowed = torch.eye(width, dtype=torch.bool).repeat(len(part), 1, 1)
+    positions = torch.zeros((len(part), width), dtype=torch.long)
+    for r, (_, seq, pos, mask, scored, _) in enumerate(part):
+        ids[r, :len(seq)] = torch.tensor(seq)
+        positions[r, :len(seq)] = torch.tensor(pos)
+        allowed[r, :len(seq), :len(seq)] = mask
+        score[r, scored] = True
+    mask = allowed[:, None]
+    if policy.base.config._attn_implementation == "eager":  # eager adds the mask to the scores
+        mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    return ids, score, {"attention_mask": mask, "position_ids": positions}
 
 
 def signal_rows(trajs: Sequence[Trajectory], signals: dict[str, TurnSignals]) -> list[dict]:

@@ -274,13 +274,17 @@ def _chunk_scores(lm_head: nn.Module, hidden: torch.Tensor, targets: torch.Tenso
 
 def token_logprobs(policy: Policy, input_ids: torch.Tensor, score_mask: torch.Tensor, *,
                    attention_mask: torch.Tensor | None = None, temperature: float = 1.0,
-                   with_values: bool = False, chunk: int = LOGIT_CHUNK) -> dict[str, torch.Tensor]:
+                   with_values: bool = False, chunk: int = LOGIT_CHUNK,
+                   position_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Per-token scores of ``input_ids`` (B, T) at the positions where ``score_mask`` (B, T) is True.
 
     Returns (B, T) float tensors, zero where not scored:
       ``logprobs[b, t] = log softmax(logits(ids[b, :t]) / temperature)[ids[b, t]]``,
       ``entropy`` (detached), and with ``with_values`` the value head's ``V(ids[b, :t])``.
     Position 0 is never scored (nothing precedes it). Gradients flow when grad is enabled.
+    ``attention_mask`` is (B, T) padding, or with ``position_ids`` a custom (B, 1, T, T) mask
+    (several contexts packed in one row, core/info_gain.py ``pack``); token t is still scored
+    from position t-1's hidden state.
     The network runs on ``policy.device`` (bf16 autocast on CUDA, fp32 logits); the results come
     back on ``input_ids``' device, as fp32.
     """
@@ -291,7 +295,11 @@ def token_logprobs(policy: Policy, input_ids: torch.Tensor, score_mask: torch.Te
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     attention_mask = attention_mask.to(dev)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    if position_ids is None:
+        if attention_mask.dim() != 2:
+            raise ValueError("a custom (B, 1, T, T) attention mask needs its position_ids")
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    position_ids = position_ids.to(dev)
     with policy.autocast():
         hidden = policy.backbone(input_ids=input_ids, attention_mask=attention_mask,
                                  position_ids=position_ids, use_cache=False).last_hidden_state

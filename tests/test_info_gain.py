@@ -64,9 +64,13 @@ def search_trajs(tiny):
                                      temperature=1.0))
 
 
-def test_batched_measurement_equals_scoring_each_context_alone(tiny, search_trajs):
-    signals = measure(tiny, search_trajs, batch=3)  # batches mix trajectories and lengths
+@pytest.mark.parametrize("packed", [True, False])
+def test_batched_measurement_equals_scoring_each_context_alone(tiny, search_trajs, packed):
+    # packed: a trajectory's turns in one row; else one row per turn. Batches of 3 rows mix
+    # trajectories and lengths either way.
+    signals = measure(tiny, search_trajs, batch=3, packed=packed)
     assert set(signals) == {t.traj_id for t in search_trajs}
+    assert max(t.num_turns for t in search_trajs) >= 3  # the packing has turns to share
     tok = tiny.tokenizer
     for t in search_trajs:
         s = signals[t.traj_id]
@@ -86,6 +90,24 @@ def test_batched_measurement_equals_scoring_each_context_alone(tiny, search_traj
     assert [(r["turn"], r["name"]) for r in first] == (
         [(k - 1, "answer_prob") for k in range(search_trajs[0].num_turns)]
         + [(k, "info_gain") for k in range(search_trajs[0].num_turns - 1)])
+
+
+def test_packed_measurement_under_eager_attention(search_trajs):
+    # eager attention adds the mask to the scores: the packed rows' mask becomes 0 / -inf
+    eager = load_policy("tiny", seed=0)
+    eager.base.set_attn_implementation("eager")
+    assert eager.base.config._attn_implementation == "eager"
+    packed = measure(eager, search_trajs, batch=3, packed=True)
+    alone = measure(eager, search_trajs, batch=1, packed=False)
+    for k, s in alone.items():
+        assert packed[k].probs == pytest.approx(s.probs, rel=1e-4, abs=1e-9)
+
+
+def test_a_custom_mask_needs_its_positions(tiny):
+    ids = torch.tensor([[1, 2, 3]])
+    allowed = torch.ones((1, 1, 3, 3), dtype=torch.bool).tril()
+    with pytest.raises(ValueError, match="position_ids"):
+        token_logprobs(tiny, ids, torch.ones_like(ids, dtype=torch.bool), attention_mask=allowed)
 
 
 def test_trajectories_without_gold_answers_are_skipped(tiny, search_trajs):
