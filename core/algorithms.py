@@ -214,6 +214,29 @@ def info_gain_turn_advantages(gains: list[list[float]], group_ids: Sequence[Hash
              if gid in stats else 0.0 for x in g] for g, gid in zip(gains, group_ids)]
 
 
+def discounted_turn_sums(values: list[list[float]], gamma: float) -> list[list[float]]:
+    """Each turn's discounted sum of its own and its later turns' values, per trajectory:
+
+        S_{i,k} = sum_{j >= k} gamma^(j-k) v_{i,j}        (S_{i,k} = v_{i,k} + gamma S_{i,k+1})
+
+    IGPO's turn-level accumulation of normalised turn rewards (gamma 1 in its released scripts);
+    gamma 0 leaves every value as it is.
+
+    >>> discounted_turn_sums([[1.0, -0.5, 2.0]], 0.5)
+    [[1.5, 0.5, 2.0]]
+    """
+    if not 0 <= gamma <= 1:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    out = []
+    for vs in values:
+        acc, sums = 0.0, [0.0] * len(vs)
+        for k in range(len(vs) - 1, -1, -1):
+            acc = float(vs[k]) + gamma * acc
+            sums[k] = acc
+        out.append(sums)
+    return out
+
+
 # -------------------------------------------------------------------------------------------------
 # The registry
 

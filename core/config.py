@@ -232,6 +232,11 @@ class TrainConfig:
     the policy's probability of the gold answer, normalised within its task group, added to that
     turn's action tokens' advantage (not to the trajectory's total reward). Envs with gold
     answers (search); 0 = off."""
+    info_gain_gamma: float = 1.0
+    """Turn discount of the information-gain credit: turn k's action tokens get the discounted
+    sum of the normalised gains of turns k, k+1, ... (IGPO's released trainer accumulates turn
+    rewards this way, gamma 1.0 in all its scripts), so a first search that made the second one
+    informative shares its gain. 0 = each turn its own gain only."""
     w_spa: float = 0.0
     """Weight of SPA-RL's stepwise progress credit (core/progress.py): a head on the policy's
     hidden state at each action's end, fitted every RL step so a trajectory's per-turn

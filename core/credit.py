@@ -16,8 +16,9 @@ advantage) and ``traj.filtered`` (dropped from the update) are set too; ``traj.i
                             each trajectory's last trained token, whitened over the batch (verl)
 After any of them, LOOP's filter drops trajectories with |A| < ``min_abs_advantage``, and with
 ``w_info_gain`` > 0 each turn's information gain (IGPO, core/info_gain.py), normalised within its
-task group (core/algorithms.py ``info_gain_turn_advantages``), is added x ``w_info_gain`` to that
-turn's action tokens and to its recorded turn advantage; likewise with ``w_spa`` > 0 each turn's
+task group (core/algorithms.py ``info_gain_turn_advantages``) and summed over the turns from it on
+with discount ``info_gain_gamma`` (IGPO's turn returns), is added x ``w_info_gain`` to that turn's
+action tokens and to its recorded turn advantage; likewise with ``w_spa`` > 0 each turn's
 SPA progress contribution (core/progress.py) and with ``w_prm`` > 0 each turn's process reward
 model score (core/prm.py), both centred within the group rather than scaled.
 """
@@ -30,7 +31,7 @@ import torch
 
 from core import algorithms
 from core.advantages import anchor_key, drop_small, gae, gigpo_step_advantages, starpo_s_keep
-from core.algorithms import info_gain_turn_advantages
+from core.algorithms import discounted_turn_sums, info_gain_turn_advantages
 from core.trajectory import Trajectory
 
 
@@ -170,7 +171,8 @@ def assign(trajs: Sequence[Trajectory], cfg, values=None,
         for t, k in zip(trajs, keep.tolist()):
             t.filtered = t.filtered or not k
     if getattr(cfg, "w_info_gain", 0.0) > 0 and info_gains is not None:
-        credit = add_info_gain(credit, trajs, info_gains, cfg.w_info_gain)
+        credit = add_info_gain(credit, trajs, info_gains, cfg.w_info_gain,
+                               cfg.info_gain_gamma)
     if getattr(cfg, "w_spa", 0.0) > 0 and progress is not None:
         credit = add_turn_credit(credit, trajs, progress, cfg.w_spa, scale=False)
     if getattr(cfg, "w_prm", 0.0) > 0 and prm is not None:
@@ -179,22 +181,27 @@ def assign(trajs: Sequence[Trajectory], cfg, values=None,
 
 
 def add_info_gain(credit: Credit, trajs: Sequence[Trajectory],
-                  info_gains: Sequence[Sequence[float] | None], weight: float) -> Credit:
-    """A_token += weight x A_{i,k} on turn k's action tokens, A_{i,k} the group-normalised gain
-    of turn k (the last turn has none: its credit is the outcome's)."""
-    return add_turn_credit(credit, trajs, info_gains, weight)
+                  info_gains: Sequence[Sequence[float] | None], weight: float,
+                  gamma: float = 0.0) -> Credit:
+    """A_token += weight x S_{i,k} on turn k's action tokens, S_{i,k} = sum_{j >= k}
+    gamma^(j-k) A_{i,j} with A_{i,j} the group-normalised gain of turn j (core/algorithms.py
+    ``discounted_turn_sums``; gamma 0: turn k's own A_{i,k}). The last turn has no gain: its
+    credit is the outcome's."""
+    return add_turn_credit(credit, trajs, info_gains, weight, gamma=gamma)
 
 
 def add_turn_credit(credit: Credit, trajs: Sequence[Trajectory],
                     info_gains: Sequence[Sequence[float] | None], weight: float,
-                    scale: bool = True) -> Credit:
+                    scale: bool = True, gamma: float = 0.0) -> Credit:
     """A_token += weight x A_{i,k} on turn k's action tokens, A_{i,k} turn k's value (an
     information gain, an SPA contribution) z-scored over every value of its task group (only
-    centred with ``scale=False``); turns without a value keep their credit."""
+    centred with ``scale=False``), then accumulated over later turns with ``gamma``
+    (``discounted_turn_sums``; 0: none); turns without a value keep their credit."""
     if len(info_gains) != len(trajs):
         raise ValueError(f"{len(info_gains)} gain lists for {len(trajs)} trajectories")
-    dense = info_gain_turn_advantages([list(g or []) for g in info_gains],
-                                      [t.group_id for t in trajs], scale=scale)
+    dense = discounted_turn_sums(
+        info_gain_turn_advantages([list(g or []) for g in info_gains],
+                                  [t.group_id for t in trajs], scale=scale), gamma)
     per_token, turns = [], []
     for t, adv, base, d in zip(trajs, credit.per_token, credit.turn_advantages, dense):
         adv = adv.clone()

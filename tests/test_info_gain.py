@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from core.algorithms import info_gain_turn_advantages
+from core.algorithms import discounted_turn_sums, info_gain_turn_advantages
 from core.config import ConfigError, TrainConfig, validate
 from core.credit import Credit, add_info_gain
 from core.envs.base import Task, make_env
@@ -136,14 +136,30 @@ def test_dense_credit_lands_on_each_turns_action_tokens():
     assert tokens[2:4] == pytest.approx([expect_a[0]] * 2, rel=1e-5) and tokens[4] == 0.0
     assert tokens[5:7] == pytest.approx([expect_a[1]] * 2, rel=1e-5) and tokens[7] == 0.0
     assert tokens[8:10] == pytest.approx([1.0, 1.0])
+    # IGPO's turn returns (gamma 1): turn 0 also carries turn 1's normalised gain
+    igpo = add_info_gain(base, [a, b], gains, weight=0.5, gamma=1.0)
+    assert igpo.turn_advantages[0] == pytest.approx(
+        [1.0 + 0.5 * (d[0][0] + d[0][1]), 1.0 + 0.5 * d[0][1], 1.0], rel=1e-5)
+    assert igpo.turn_advantages[1] == out.turn_advantages[1]  # one gain: nothing later to add
     # a trajectory with no measured gains keeps its credit
     same = add_info_gain(base, [a, b], [None, None], weight=0.5)
     assert torch.equal(same.per_token[0], base.per_token[0]) and same.turn_advantages == [None, None]
 
 
+def test_turn_sums_discount_later_turns():
+    # S_k = v_k + gamma S_{k+1}: [1, -0.5, 2] at gamma 0.5 -> S_2 = 2, S_1 = 0.5, S_0 = 1.25
+    assert discounted_turn_sums([[1.0, -0.5, 2.0], []], 0.5) == [[1.25, 0.5, 2.0], []]
+    assert discounted_turn_sums([[1.0, -0.5]], 1.0) == [[0.5, -0.5]]
+    assert discounted_turn_sums([[1.0, -0.5]], 0.0) == [[1.0, -0.5]]
+    with pytest.raises(ValueError):
+        discounted_turn_sums([[1.0]], 1.5)
+
+
 def test_w_info_gain_is_validated():
     with pytest.raises(ConfigError, match="w_info_gain"):
         validate(TrainConfig(w_info_gain=-1.0))
+    with pytest.raises(ConfigError, match="info_gain_gamma"):
+        validate(TrainConfig(info_gain_gamma=1.5))
 
 
 # -- a real training step -------------------------------------------------------------------------
@@ -174,10 +190,12 @@ def test_training_step_records_info_gain_and_trains_on_it(trained):
         gains.append(g.value.tolist())
         groups.append(t.group_id)
     # the recorded turn advantages are the outcome advantage (0: tiny never answers right)
-    # plus w_info_gain x the group-normalised gain, and the last turn has the outcome's alone
+    # plus w_info_gain x the group-normalised gains of this turn and the later ones (the default
+    # info_gain_gamma 1: IGPO's turn returns), and the last turn has the outcome's alone
     dense = assert_turns_carry(db_path, run_id, trajs, gains, groups, scale=True,
-                               last_keeps_outcome=True)
+                               last_keeps_outcome=True, gamma=1.0)
     assert any(abs(x) > 0 for d in dense for x in d)  # the signal trained something
+    assert any(len(g) >= 2 for g in gains)  # some turn carries a later turn's gain
     by_turn = queries.signal_by_turn(db_path, run_id)
     assert set(by_turn.turn) == set(range(int(trajs.num_turns.max()) - 1))
     assert by_turn.n.sum() == sum(len(g) for g in gains)
