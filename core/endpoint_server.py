@@ -185,7 +185,16 @@ def make_handler(model: ChatModel, faults: FaultPlan, api_key: str | None):
         def log_message(self, fmt, *args):  # quiet: tests and demos read their own output
             pass
 
+        def _leave(self) -> None:
+            """The request stops counting as in flight once (do_POST's ``entered``)."""
+            if getattr(self, "entered", False):
+                self.entered = False
+                faults.enter(-1)
+
         def _send(self, status: int, body: bytes, headers: dict | None = None) -> None:
+            # before the first byte goes out: a client that has its answer may send its next
+            # request at once, and counted until after the write it would read as one too many
+            self._leave()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -212,10 +221,11 @@ def make_handler(model: ChatModel, faults: FaultPlan, api_key: str | None):
 
         def do_POST(self):
             faults.enter(1)
+            self.entered = True
             try:
                 self._post()
             finally:
-                faults.enter(-1)
+                self._leave()
 
         def _post(self):
             length = int(self.headers.get("Content-Length") or 0)
