@@ -22,7 +22,8 @@ Recorded per turn in ``turn_signals`` (source 'train'): ``answer_prob`` (p after
 holds p_0) and ``info_gain``; the trajectory's sum of gains (p_{T-1} - p_0, the sum telescopes)
 is its ``info_gain`` reward component. With ``w_info_gain`` > 0 the gains become a dense
 turn-level advantage on each turn's action tokens (core/algorithms.py
-``info_gain_turn_advantages``, applied by core/credit.py).
+``info_gain_turn_advantages``, then ``discounted_turn_sums`` with ``info_gain_gamma``, applied by
+core/credit.py).
 """
 from __future__ import annotations
 
