@@ -200,7 +200,8 @@ search_credit() {
     ckpt=$(ls -d "$dir"/ckpt/*)
     timed "$PY" bench/credit_compare.py run --out "$dir/cmp" --device cpu --init-from "$ckpt" \
         --runs grpo-s0,info_gain-s0,gigpo-s0,spa-s0,prm-s0,grpo-s1,${CREDIT_BEST:-info_gain}-s1 \
-        --sft-steps 60 --steps 3 --eval-every 3 --parallel 2 --limit-s 20000
+        --sft-steps 60 --steps 3 --eval-every 3 --parallel 2 --limit-s 20000 \
+        --set info_gain_gamma=0
     "$PY" bench/credit_compare.py pack "$dir/cmp" "$dir/cmp-packed" --tokens-for grpo-s0,info_gain-s0
     "$PY" bench/credit_compare.py load "$dir/cmp-packed" --db "$db"
     timed "$PY" -m core.train --preset search-smollm2 --seed 0 --threads 2 --init-from "$ckpt" \
@@ -210,15 +211,38 @@ search_credit() {
         --init-from "$(ls -d "$dir"/ckpt100/*)" --sft-steps 140 --steps 0 --sft-eval-every 20 \
         --adapter-every 0 --checkpoint-every 1000 --quiet \
         --name "search-smollm2: SFT 100 -> 140 steps" --db "$db" --checkpoint-dir "$dir/ckpt140"
+    # (both comparisons above were recorded before IGPO's turn returns existed: info_gain_gamma=0
+    # gives each turn its own gain, as they had)
     # RL from the 100-step checkpoint on train tasks SFT never saw (task_pool=0: the whole train
     # split, none of SFT's 256), all two-hop, sampled at temperature 1; one held-out draw (seed 0)
     timed "$PY" bench/credit_compare.py run --out "$dir/rl100" --device cpu \
         --init-from "$(ls -d "$dir"/ckpt100/*)" --runs info_gain-s0,grpo-s0 --sft-steps 100 \
         --steps 12 --eval-every 6 --parallel 2 --set env_options=two_hop_frac=1.0 \
-        --set task_pool=0 --set temperature=1.0 --set record_info_gain=false --limit-s 20000
+        --set task_pool=0 --set temperature=1.0 --set record_info_gain=false --limit-s 20000 \
+        --set info_gain_gamma=0
     # without token tables (the store stays small; trajectories, turns and signals are kept)
     "$PY" bench/credit_compare.py pack "$dir/rl100" "$dir/rl100-packed"
     "$PY" bench/credit_compare.py load "$dir/rl100-packed" --db "$db" --tag "from SFT 100"
+    # the weak start: 30 SFT steps (held-out 24%), then RL on fresh train tasks of the preset's
+    # half-two-hop mix at the preset's temperature 0.7 (at 1.0 this policy solved 0 of step 31's
+    # 32 rollouts), stopped at 5,700 s each (two runs share 2 cores); information gain with
+    # IGPO's turn returns (info_gain_gamma 1, the default)
+    timed "$PY" -m core.train --preset search-smollm2 --seed 0 --threads 2 --sft-steps 30 \
+        --steps 0 --sft-eval-every 30 --checkpoint-every 1 --adapter-every 0 --quiet \
+        --name "search-smollm2: 30 SFT steps" --db "$db" --checkpoint-dir "$dir/ckpt30"
+    timed "$PY" bench/credit_compare.py run --out "$dir/rl30" --device cpu \
+        --init-from "$(ls -d "$dir"/ckpt30/*)" --runs info_gain-s0,grpo-s0 --sft-steps 30 \
+        --steps 8 --eval-every 4 --parallel 2 --set task_pool=0 \
+        --set record_info_gain=false --limit-s 5700
+    "$PY" bench/credit_compare.py pack "$dir/rl30" "$dir/rl30-packed"
+    "$PY" bench/credit_compare.py load "$dir/rl30-packed" --db "$db" --tag "from SFT 30"
+    # the same pair at a tenth of the RL learning rate
+    timed "$PY" bench/credit_compare.py run --out "$dir/rl30lr" --device cpu \
+        --init-from "$(ls -d "$dir"/ckpt30/*)" --runs info_gain-s0,grpo-s0 --sft-steps 30 \
+        --steps 8 --eval-every 4 --parallel 2 --set task_pool=0 --set lr=2e-5 \
+        --set record_info_gain=false --limit-s 5700
+    "$PY" bench/credit_compare.py pack "$dir/rl30lr" "$dir/rl30lr-packed"
+    "$PY" bench/credit_compare.py load "$dir/rl30lr-packed" --db "$db" --tag "from SFT 30, lr 2e-5"
     compact search_credit.duckdb
 }
 
