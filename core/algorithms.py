@@ -223,7 +223,7 @@ def discounted_turn_sums(values: list[list[float]], gamma: float) -> list[list[f
     gamma 0 leaves every value as it is.
 
     >>> discounted_turn_sums([[1.0, -0.5, 2.0]], 0.5)
-    [[1.5, 0.5, 2.0]]
+    [[1.25, 0.5, 2.0]]
     """
     if not 0 <= gamma <= 1:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")

@@ -172,7 +172,7 @@ def assign(trajs: Sequence[Trajectory], cfg, values=None,
             t.filtered = t.filtered or not k
     if getattr(cfg, "w_info_gain", 0.0) > 0 and info_gains is not None:
         credit = add_info_gain(credit, trajs, info_gains, cfg.w_info_gain,
-                               cfg.info_gain_gamma)
+                               gamma=cfg.info_gain_gamma)
     if getattr(cfg, "w_spa", 0.0) > 0 and progress is not None:
         credit = add_turn_credit(credit, trajs, progress, cfg.w_spa, scale=False)
     if getattr(cfg, "w_prm", 0.0) > 0 and prm is not None:
@@ -181,8 +181,8 @@ def assign(trajs: Sequence[Trajectory], cfg, values=None,
 
 
 def add_info_gain(credit: Credit, trajs: Sequence[Trajectory],
-                  info_gains: Sequence[Sequence[float] | None], weight: float,
-                  gamma: float = 0.0) -> Credit:
+                  info_gains: Sequence[Sequence[float] | None], weight: float, *,
+                  gamma: float) -> Credit:
     """A_token += weight x S_{i,k} on turn k's action tokens, S_{i,k} = sum_{j >= k}
     gamma^(j-k) A_{i,j} with A_{i,j} the group-normalised gain of turn j (core/algorithms.py
     ``discounted_turn_sums``; gamma 0: turn k's own A_{i,k}). The last turn has no gain: its

@@ -181,13 +181,15 @@ class FaultPlan:
 def make_handler(model: ChatModel, faults: FaultPlan, api_key: str | None):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        entered = False
+        """A chat request of this connection is counted in flight (set by do_POST)."""
 
         def log_message(self, fmt, *args):  # quiet: tests and demos read their own output
             pass
 
         def _leave(self) -> None:
-            """The request stops counting as in flight once (do_POST's ``entered``)."""
-            if getattr(self, "entered", False):
+            """The request stops counting as in flight, once."""
+            if self.entered:
                 self.entered = False
                 faults.enter(-1)
 

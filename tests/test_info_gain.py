@@ -125,7 +125,7 @@ def test_dense_credit_lands_on_each_turns_action_tokens():
     base = Credit.outcome([1.0 * torch.tensor(a.trained).float(),
                            -1.0 * torch.tensor(b.trained).float()])
     gains = [[0.5, 0.1], [0.0]]
-    out = add_info_gain(base, [a, b], gains, weight=0.5)
+    out = add_info_gain(base, [a, b], gains, weight=0.5, gamma=0.0)  # each turn its own gain
     std = math.sqrt(0.07)
     d = [[0.3 / std, -0.1 / std], [-0.2 / std]]
     expect_a = [1.0 + 0.5 * d[0][0], 1.0 + 0.5 * d[0][1], 1.0]  # the last turn: outcome only
@@ -142,8 +142,15 @@ def test_dense_credit_lands_on_each_turns_action_tokens():
         [1.0 + 0.5 * (d[0][0] + d[0][1]), 1.0 + 0.5 * d[0][1], 1.0], rel=1e-5)
     assert igpo.turn_advantages[1] == out.turn_advantages[1]  # one gain: nothing later to add
     # a trajectory with no measured gains keeps its credit
-    same = add_info_gain(base, [a, b], [None, None], weight=0.5)
+    same = add_info_gain(base, [a, b], [None, None], weight=0.5, gamma=1.0)
     assert torch.equal(same.per_token[0], base.per_token[0]) and same.turn_advantages == [None, None]
+
+
+def test_algorithm_doctests_pass():
+    import doctest
+    from core import algorithms
+    result = doctest.testmod(algorithms)
+    assert result.attempted > 0 and result.failed == 0, result
 
 
 def test_turn_sums_discount_later_turns():

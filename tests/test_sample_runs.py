@@ -478,7 +478,7 @@ def test_rl_from_the_30_step_start_matches_the_readme():
     assert (int(start["success"].sum()), int(start[~two]["success"].sum()),
             int(start[two]["success"].sum())) == (24, 17, 7)
     found = {}
-    for (tag, lr), _ in EXPECT_30.items():
+    for tag, lr in EXPECT_30:
         for variant in ("grpo", "info_gain"):
             run = runs.loc[f"credit {variant} seed 0 {tag}"]
             cfg = config_of(run)
