@@ -14,13 +14,15 @@ advantage) and ``traj.filtered`` (dropped from the update) are set too; ``traj.i
     gigpo                   A = A_episode + w * A_step per turn (anchor-state step groups)
     gae (ppo)               GAE over trained tokens with the value head's estimates, reward on
                             each trajectory's last trained token, whitened over the batch (verl)
-After any of them, LOOP's filter drops trajectories with |A| < ``min_abs_advantage``, and with
+After any of them, with
 ``w_info_gain`` > 0 each turn's information gain (IGPO, core/info_gain.py), normalised within its
 task group (core/algorithms.py ``info_gain_turn_advantages``) and summed over the turns from it on
 with discount ``info_gain_gamma`` (IGPO's turn returns), is added x ``w_info_gain`` to that turn's
 action tokens and to its recorded turn advantage; likewise with ``w_spa`` > 0 each turn's
 SPA progress contribution (core/progress.py) and with ``w_prm`` > 0 each turn's process reward
-model score (core/prm.py), both centred within the group rather than scaled.
+model score (core/prm.py), both centred within the group rather than scaled. Last, LOOP's
+filter drops the trajectories none of whose trained tokens has |A| >= ``min_abs_advantage``
+(for the outcome estimators: |A| of the trajectory), so the dense credit is not filtered away.
 """
 from __future__ import annotations
 
@@ -160,16 +162,12 @@ def assign(trajs: Sequence[Trajectory], cfg, values=None,
            info_gains: Sequence[Sequence[float] | None] | None = None,
            progress: Sequence[Sequence[float] | None] | None = None,
            prm: Sequence[Sequence[float] | None] | None = None) -> Credit:
-    """Credit for ``cfg.algo``; then LOOP's |A| filter (``min_abs_advantage``); then the dense
-    information-gain credit (``w_info_gain``; ``info_gains``: each trajectory's per-turn gains,
-    None where none was measured) and SPA's progress credit (``w_spa``; ``progress``: each
-    trajectory's per-turn contributions, core/progress.py) and the process reward model's
-    scores (``w_prm``; ``prm``, core/prm.py)."""
+    """Credit for ``cfg.algo``; then the dense information-gain credit (``w_info_gain``;
+    ``info_gains``: each trajectory's per-turn gains, None where none was measured) and SPA's
+    progress credit (``w_spa``; ``progress``: each trajectory's per-turn contributions,
+    core/progress.py) and the process reward model's scores (``w_prm``; ``prm``, core/prm.py);
+    then LOOP's |A| filter (``min_abs_advantage``) on the tokens' final advantages."""
     credit = CREDIT[cfg.algo](trajs, cfg, values)
-    if cfg.min_abs_advantage > 0 and trajs:
-        keep = drop_small(torch.tensor([t.advantage for t in trajs]), cfg.min_abs_advantage)
-        for t, k in zip(trajs, keep.tolist()):
-            t.filtered = t.filtered or not k
     if getattr(cfg, "w_info_gain", 0.0) > 0 and info_gains is not None:
         credit = add_info_gain(credit, trajs, info_gains, cfg.w_info_gain,
                                gamma=cfg.info_gain_gamma)
@@ -177,6 +175,14 @@ def assign(trajs: Sequence[Trajectory], cfg, values=None,
         credit = add_turn_credit(credit, trajs, progress, cfg.w_spa, scale=False)
     if getattr(cfg, "w_prm", 0.0) > 0 and prm is not None:
         credit = add_turn_credit(credit, trajs, prm, cfg.w_prm, scale=False)
+    if cfg.min_abs_advantage > 0 and trajs:
+        # after the dense credit: a rollout whose group outcomes were all equal (A = 0) still
+        # trains where a turn signal gave its turns credit (IGPO's answer to zero-variance groups)
+        largest = torch.tensor([float(adv[_mask(t)].abs().max()) if any(t.trained) else 0.0
+                                for t, adv in zip(trajs, credit.per_token)])
+        keep = drop_small(largest, cfg.min_abs_advantage)
+        for t, k in zip(trajs, keep.tolist()):
+            t.filtered = t.filtered or not k
     return credit
 
 

@@ -53,7 +53,7 @@ def _after_sft(env, steps=4):
 def _rl_step(pol, env, opt, scale: float) -> tuple[float, float]:
     """One GRPO update whose advantages are multiplied by ``scale`` (a batch in which few groups
     disagree has a proportionally small gradient); (mean |dtheta| over weights that had a
-    gradient, the gradient norm)."""
+    gradient, the gradient norm). Checks the update's own ``update/delta_rms`` on the way."""
     cfg = _cfg()
     trajs = rollout(pol, env, env.tasks("train", 1, 0), group_size=4, seed=0, id_prefix="s",
                     sampling=Sampling(max_turns=1, max_new_tokens=8, temperature=1.0))
@@ -64,6 +64,9 @@ def _rl_step(pol, env, opt, scale: float) -> tuple[float, float]:
     before = [p.detach().clone() for p in params]
     result = policy_update(pol, opt, samples, cfg)
     moved = torch.cat([(p.detach() - b).abs().flatten() for p, b in zip(params, before)])
+    assert result.metrics["update/delta_rms"] == pytest.approx(
+        float(moved.double().pow(2).mean().sqrt()), rel=1e-4)
+    assert result.metrics["update/delta_rel"] > 0
     return float(moved[moved > 0].mean()), result.metrics["grad/norm"]
 
 

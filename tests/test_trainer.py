@@ -185,6 +185,15 @@ def test_min_abs_advantage_filter_and_ppo_returns():
              fake("d", "h", 1, 1.0)]
     assign(trajs, cfg)
     assert [t.filtered for t in trajs] == [True, True, False, False]
+    # a group whose outcomes are all equal (A = 0) still trains where information gain gave its
+    # turns credit: the filter looks at the tokens' final advantages
+    for w, expect in ((0.0, [True, True]), (0.5, [False, False])):
+        dense = [fake("a", "g", 2, 1.0, golds=("x",)), fake("b", "g", 2, 1.0, golds=("x",))]
+        credit = assign(dense, _cfg(algo="grpo", min_abs_advantage=0.01, w_info_gain=w),
+                        info_gains=[[0.6], [0.1]])
+        assert [t.filtered for t in dense] == expect
+        assert [t.advantage for t in dense] == [0.0, 0.0]
+    assert float(credit.per_token[0].max()) > 0.01 > float(credit.per_token[1].max())
     ppo_cfg = _cfg(algo="ppo", gamma=1.0, lam=1.0)
     trajs = [fake("a", "g", 2, 1.0), fake("b", "g", 2, 0.0)]
     values = [torch.zeros(len(t.token_ids)) for t in trajs]
