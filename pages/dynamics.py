@@ -152,6 +152,12 @@ ROWS = [
     (dict(names=["env/turns_mean", "env/valid_action_ratio"], title="Turns and valid actions",
           key="dyn_turns"),
      dict(names=["sft/loss", "value/loss"], title="SFT and value loss", key="dyn_losses")),
+    (dict(names=["update/delta_rms"], title="Step size: RMS weight change per update",
+          key="dyn_delta",
+          note="A fresh AdamW's first step moves every weight by the learning rate; a step far "
+               "below the lr means the updates barely move the policy."),
+     dict(names=["update/delta_rel"], title="Step size relative to the adapter's norm",
+          key="dyn_delta_rel")),
 ]
 for row in ROWS:
     for column, spec in zip(st.columns(2), row):

@@ -12,6 +12,7 @@ import pytest
 
 from pages import _signals
 from storage.recorder import Recorder
+from tests.test_page_speed import values
 from tests.test_pages import ROOT, app, demo, texts  # noqa: F401  (fixtures)
 
 # SFT steps 1-20, then one RL step (21): most curves hold only step 21.
@@ -94,6 +95,28 @@ def test_an_imported_runs_kl_is_the_other_trainers(app, tmp_path):
     rec.finish("finished")
     at = app("dynamics", store_dir=str(path.parent), store=str(path), run=run_id)
     assert "trainer that recorded it" in kl_caption(at)
+
+
+def test_the_step_size_chart_draws_how_far_each_update_moved_the_adapter(app, tmp_path):
+    path = tmp_path / "delta" / "delta.duckdb"
+    path.parent.mkdir()
+    rec = Recorder(path)
+    run_id = rec.start_run({"env": "search", "model": "tiny", "algo": "grpo"}, name="delta")
+    for step, rms in ((1, 2e-4), (2, 3e-5), (3, 1e-5)):
+        rec.record_step(step, metrics={"update/delta_rms": rms, "update/delta_rel": rms * 10,
+                                       "reward/mean": 0.5})
+    rec.finish("finished")
+    at = app("dynamics", store_dir=str(path.parent), store=str(path), run=run_id)
+    charts = {c["layout"]["title"]["text"]: c for c in step_charts(at)}
+    delta = charts["Step size: RMS weight change per update"]
+    assert values(delta["data"][0]["y"]) == [2e-4, 3e-5, 1e-5]
+    assert any("moves every weight by the learning rate" in t for t in texts(at, "caption"))
+
+
+def test_a_run_recorded_before_the_step_size_metric_says_so(app):
+    old = app("dynamics", store_dir="sample_runs", store=SAMPLE_STORE, run=SAMPLE_RUN)
+    assert any("Step size: RMS weight change per update: not recorded" in t
+               for t in texts(old, "caption"))
 
 
 # -- the sidebar's step ----------------------------------------------------------------------------
