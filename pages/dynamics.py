@@ -155,7 +155,9 @@ ROWS = [
     (dict(names=["update/delta_rms"], title="Step size: RMS weight change per update",
           key="dyn_delta",
           note="A fresh AdamW's first step moves every weight by the learning rate; a step far "
-               "below the lr means the updates barely move the policy."),
+               "below the lr means the updates barely move the policy."
+               + (f" This run's RL lr: {pick.config['lr']:g}."
+                  if isinstance((pick.config or {}).get("lr"), (int, float)) else "")),
      dict(names=["update/delta_rel"], title="Step size relative to the adapter's norm",
           key="dyn_delta_rel")),
 ]

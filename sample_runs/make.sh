@@ -243,6 +243,23 @@ search_credit() {
         --set record_info_gain=false --limit-s 5700
     "$PY" bench/credit_compare.py pack "$dir/rl30lr" "$dir/rl30lr-packed"
     "$PY" bench/credit_compare.py load "$dir/rl30lr-packed" --db "$db" --tag "from SFT 30, lr 2e-5"
+    # from the 60-step checkpoint again: 8 tasks x 8 rollouts per step at temperature 1, LOOP's
+    # |A| filter, fresh train tasks of the held-out mix; the step size at lr 2e-4 (one step; the
+    # recorded run was stopped by hand after it, without this evaluation) and 5 steps at lr 6e-4
+    # (the recorded run was started with --steps 20 and stopped after step 65's evaluation)
+    local rl60=(--device cpu --init-from "$ckpt" --runs grpo-s0 --sft-steps 60 --eval-every 5
+                --parallel 1 --threads 1 --set task_pool=0 --set temperature=1.0
+                --set env_options=two_hop_frac=0.75 --set tasks_per_step=8
+                --set min_abs_advantage=0.01 --set record_info_gain=false)
+    timed "$PY" bench/credit_compare.py run --out "$dir/rl60a" "${rl60[@]}" --steps 1 &
+    timed "$PY" bench/credit_compare.py run --out "$dir/rl60b" "${rl60[@]}" --steps 5 \
+        --set lr=6e-4 &
+    wait
+    for run in a:2e-4 b:6e-4; do
+        "$PY" bench/credit_compare.py pack "$dir/rl60${run%%:*}" "$dir/rl60${run%%:*}-packed"
+        "$PY" bench/credit_compare.py load "$dir/rl60${run%%:*}-packed" --db "$db" \
+            --tag "from SFT 60, 8 tasks, lr ${run##*:}"
+    done
     compact search_credit.duckdb
 }
 

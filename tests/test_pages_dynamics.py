@@ -101,7 +101,8 @@ def test_the_step_size_chart_draws_how_far_each_update_moved_the_adapter(app, tm
     path = tmp_path / "delta" / "delta.duckdb"
     path.parent.mkdir()
     rec = Recorder(path)
-    run_id = rec.start_run({"env": "search", "model": "tiny", "algo": "grpo"}, name="delta")
+    run_id = rec.start_run({"env": "search", "model": "tiny", "algo": "grpo", "lr": 2e-4},
+                           name="delta")
     for step, rms in ((1, 2e-4), (2, 3e-5), (3, 1e-5)):
         rec.record_step(step, metrics={"update/delta_rms": rms, "update/delta_rel": rms * 10,
                                        "reward/mean": 0.5})
@@ -110,7 +111,8 @@ def test_the_step_size_chart_draws_how_far_each_update_moved_the_adapter(app, tm
     charts = {c["layout"]["title"]["text"]: c for c in step_charts(at)}
     delta = charts["Step size: RMS weight change per update"]
     assert values(delta["data"][0]["y"]) == [2e-4, 3e-5, 1e-5]
-    assert any("moves every weight by the learning rate" in t for t in texts(at, "caption"))
+    assert any("moves every weight by the learning rate" in t and "This run's RL lr: 0.0002." in t
+               for t in texts(at, "caption"))
 
 
 def test_a_run_recorded_before_the_step_size_metric_says_so(app):
