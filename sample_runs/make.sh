@@ -255,10 +255,14 @@ search_credit() {
     timed "$PY" bench/credit_compare.py run --out "$dir/rl60b" "${rl60[@]}" --steps 5 \
         --set lr=6e-4 &
     wait
-    for run in a:2e-4 b:6e-4; do
+    # two more steps at lr 6e-4 from step 65's checkpoint (two threads), evaluated at step 67;
+    # the later --init-from and --threads override the array's
+    timed "$PY" bench/credit_compare.py run --out "$dir/rl60c" "${rl60[@]}" \
+        --init-from "$(ls -d "$dir"/rl60b/grpo-s0.ckpt/*)" --steps 7 --threads 2 --set lr=6e-4
+    for run in a:2e-4 b:6e-4 "c:6e-4, steps 66-67"; do
         "$PY" bench/credit_compare.py pack "$dir/rl60${run%%:*}" "$dir/rl60${run%%:*}-packed"
         "$PY" bench/credit_compare.py load "$dir/rl60${run%%:*}-packed" --db "$db" \
-            --tag "from SFT 60, 8 tasks, lr ${run##*:}"
+            --tag "from SFT 60, 8 tasks, lr ${run#*:}"
     done
     compact search_credit.duckdb
 }

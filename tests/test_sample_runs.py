@@ -555,3 +555,33 @@ def test_the_carried_rl_step_moves_the_adapter_by_a_few_percent_of_its_lr():
             int(d[two]["solved_b"].sum())) == (70, 15, 55)
     assert (int((~d["solved_a"] & d["solved_b"]).sum()),
             int((d["solved_a"] & ~d["solved_b"]).sum())) == (7, 9)
+
+
+def test_two_more_steps_at_lr_6e_4_broke_the_greedy_answers():
+    """Section 9: going on from step 65's checkpoint for steps 66-67, held-out fell to 43%; the
+    greedy policy's final answers stopped carrying a <think> summary (95 -> 43 of 100), and the
+    losses are answers given with the evidence in view, mostly the bridge entity."""
+    from storage import evaldiff
+    path = store(CREDIT)
+    runs = the_runs(CREDIT).set_index("name")
+    row = runs.loc[f"credit grpo seed 0 {FROM_60}6e-4, steps 66-67"]
+    before = runs.loc[f"credit grpo seed 0 {FROM_60}6e-4", "run_id"]
+    assert before in config_of(row)["init_from"]
+    start = runs.loc["search-smollm2: 60 SFT steps", "run_id"]
+    d = evaldiff.diff(path, (start, 60), (row["run_id"], 67))
+    p = d["paired"]
+    two = p["task_id"].str.contains(">", regex=False)
+    assert (int(p["solved_b"].sum()), int(p[~two]["solved_b"].sum()),
+            int(p[two]["solved_b"].sum())) == (43, 16, 27)
+    assert (d["counts"]["gained"], d["counts"]["lost"]) == (9, 38)
+    lost = p[p["solved_a"] & ~p["solved_b"]]
+    assert int((lost["class_b"] == "wrong_answer_with_evidence").sum()) == 34
+
+    def thinking(run_id, step):
+        t = queries.trajectories(path, run_id, step=step)
+        t = t[t["split"] == "eval"]
+        turns = queries.turns(path, run_id, t["traj_id"].tolist())
+        last = turns.merge(t[["traj_id", "num_turns"]], on="traj_id")
+        last = last[last["turn"] == last["num_turns"] - 1]
+        return int(last["action"].str.contains("<think>", regex=False).sum())
+    assert (thinking(start, 60), thinking(before, 65), thinking(row["run_id"], 67)) == (95, 95, 43)
