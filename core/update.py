@@ -238,26 +238,31 @@ def policy_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg,
             if result.bad or "update/kl_aborted" in result.metrics:
                 break
     result.metrics.update(_loss_metrics(all_stats, ranks))
-    result.metrics.update(weight_change(before, _snapshot(policy)))
+    result.metrics.update(weight_change(before, policy.trainable_parameters()))
     result.metrics["update/trained_trajectories"] = float(n_train)
     return result
 
 
-def _snapshot(policy: Policy) -> torch.Tensor:
-    """The trainable weights as one flat float64 vector (a LoRA adapter: a few MB)."""
-    return torch.cat([p.detach().reshape(-1).double().cpu() for p in policy.trainable_parameters()])
+def _snapshot(policy: Policy) -> list[torch.Tensor]:
+    """Copies of the trainable weights, where they live (a LoRA adapter: a few MB)."""
+    return [p.detach().clone() for p in policy.trainable_parameters()]
 
 
-def weight_change(before: torch.Tensor, after: torch.Tensor) -> dict[str, float]:
+def weight_change(before: Sequence[torch.Tensor], after: Sequence[torch.Tensor]) -> dict[str, float]:
     """How far one update moved the adapter: ``update/delta_rms`` = sqrt(mean_i (w'_i - w_i)^2)
-    and ``update/delta_rel`` = ||w' - w|| / ||w||. AdamW's first step from a fresh state moves
-    every weight with a gradient by the full lr (delta_rms = lr); started from SFT's second
-    moments it moves them by lr x |g| / sqrt(v_sft), far less when RL's gradients are small
-    next to SFT's, so delta_rms / lr says how hard RL is actually pushing."""
-    delta = after - before
-    norm = float(before.norm())
-    return {"update/delta_rms": float(delta.pow(2).mean().sqrt()) if delta.numel() else 0.0,
-            "update/delta_rel": float(delta.norm()) / norm if norm > 0 else 0.0}
+    and ``update/delta_rel`` = ||w' - w|| / ||w||, summed on the weights' device in float64 and
+    read back once. AdamW's first step from a fresh state moves every weight with a gradient by
+    the full lr (delta_rms = lr); started from SFT's second moments with zero momentum it moves
+    them by lr x m_hat / sqrt(v_sft), far less when RL's gradients are small next to SFT's, so
+    delta_rms / lr says how hard RL is actually pushing."""
+    if not before:
+        return {"update/delta_rms": 0.0, "update/delta_rel": 0.0}
+    sums = torch.stack([torch.stack([(a.detach().double() - b.double()).pow(2).sum(),
+                                     b.double().pow(2).sum()]) for b, a in zip(before, after)])
+    moved, size = sums.sum(0).tolist()
+    count = sum(b.numel() for b in before)
+    return {"update/delta_rms": (moved / count) ** 0.5 if count else 0.0,
+            "update/delta_rel": (moved / size) ** 0.5 if size > 0 else 0.0}
 
 
 def _minibatches(order: list[Sample], count: int, ranks: Ranks) -> list[list[Sample]]:
@@ -330,7 +335,7 @@ def sft_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg,
     with policy.dropout(seed=seed + 7_919 * ranks.rank):
         _optimizer_step(policy, optimizer, train, loss_of, sft_cfg, record_grad_norms=True,
                         result=result, ranks=ranks)
-    result.metrics.update(weight_change(before, _snapshot(policy)))
+    result.metrics.update(weight_change(before, policy.trainable_parameters()))
     result.metrics = {"sft/loss": ranks.sum([sum(losses)])[0], "sft/grad_norm": result.metrics.get("grad/norm", 0.0),
                       "sft/tokens": float(total), **{k: v for k, v in result.metrics.items()
                                                      if k.startswith("update/")}}

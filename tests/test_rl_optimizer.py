@@ -19,7 +19,8 @@ from core.policy import load_policy
 from core.rollout import Sampling, rollout
 from core.sft import demonstrations
 from core.trainer import _Run
-from core.update import carry_second_moments, make_samples, policy_update, sft_update
+from core.update import (carry_second_moments, make_samples, policy_update, sft_update,
+                         weight_change)
 from storage.recorder import NullRecorder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -74,6 +75,15 @@ def _restore(pol, state):
     with torch.no_grad():
         for p, s in zip(pol.trainable_parameters(), state):
             p.copy_(s)
+
+
+def test_weight_change_by_hand():
+    before = [torch.tensor([1.0, 2.0]), torch.tensor([[3.0]])]
+    after = [torch.tensor([1.0, 4.0]), torch.tensor([[3.0]])]
+    m = weight_change(before, after)  # moved 2 on one of 3 weights; ||w|| = sqrt(14)
+    assert m["update/delta_rms"] == pytest.approx((4 / 3) ** 0.5)
+    assert m["update/delta_rel"] == pytest.approx(2 / 14 ** 0.5)
+    assert weight_change([], []) == {"update/delta_rms": 0.0, "update/delta_rel": 0.0}
 
 
 def test_fresh_adamw_moves_every_weight_by_lr_whatever_the_gradient(env):

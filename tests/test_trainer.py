@@ -193,6 +193,7 @@ def test_min_abs_advantage_filter_and_ppo_returns():
                         info_gains=[[0.6], [0.1]])
         assert [t.filtered for t in dense] == expect
         assert [t.advantage for t in dense] == [0.0, 0.0]
+    # b's only credit is negative (its gain was the group's lower one): kept by |A|, not by A
     assert float(credit.per_token[0].max()) > 0.01 > float(credit.per_token[1].max())
     ppo_cfg = _cfg(algo="ppo", gamma=1.0, lam=1.0)
     trajs = [fake("a", "g", 2, 1.0), fake("b", "g", 2, 0.0)]
