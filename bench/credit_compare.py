@@ -164,6 +164,9 @@ def run(args) -> None:
         cmd += ["--smoke"] if args.smoke else []
         cmd += ["--init-from", args.init_from] if args.init_from else []
         queue.append((f"{variant}-s{seed}", cmd))
+    # the default limit suits a lent GPU's minutes, not CPU runs of 10-minute steps: say it
+    print(f"every run is stopped (Ctrl-C: its step finishes) at --limit-s {args.limit_s:.0f} s "
+          f"and killed {args.grace_s:.0f} s later", flush=True)
     t0, stopping = time.time(), False
     while queue or any(p.poll() is None for p in procs.values()):
         while queue and not stopping and sum(p.poll() is None for p in procs.values()) < args.parallel:

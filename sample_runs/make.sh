@@ -247,8 +247,9 @@ search_credit() {
     # |A| filter, fresh train tasks of the held-out mix; the step size at lr 2e-4 (one step; the
     # recorded run was stopped by hand after it, without this evaluation) and 5 steps at lr 6e-4
     # (the recorded run was started with --steps 20 and stopped after step 65's evaluation)
+    # (--limit-s: the harness's default of 420 s would stop these hour-long runs after one step)
     local rl60=(--device cpu --init-from "$ckpt" --runs grpo-s0 --sft-steps 60 --eval-every 5
-                --parallel 1 --threads 1 --set task_pool=0 --set temperature=1.0
+                --parallel 1 --threads 1 --limit-s 20000 --set task_pool=0 --set temperature=1.0
                 --set env_options=two_hop_frac=0.75 --set tasks_per_step=8
                 --set min_abs_advantage=0.01 --set record_info_gain=false)
     timed "$PY" bench/credit_compare.py run --out "$dir/rl60a" "${rl60[@]}" --steps 1 &
@@ -264,6 +265,13 @@ search_credit() {
         "$PY" bench/credit_compare.py load "$dir/rl60${run%%:*}-packed" --db "$db" \
             --tag "from SFT 60, 8 tasks, lr ${run#*:}"
     done
+    # the same 5 steps at lr 6e-4 with two dense credits, side by side at one thread each; the
+    # later --runs overrides the array's grpo-s0
+    timed "$PY" bench/credit_compare.py run --out "$dir/rl60m" "${rl60[@]}" \
+        --runs info_gain-s0,prm-s0 --parallel 2 --steps 5 --set lr=6e-4
+    "$PY" bench/credit_compare.py pack "$dir/rl60m" "$dir/rl60m-packed"
+    "$PY" bench/credit_compare.py load "$dir/rl60m-packed" --db "$db" \
+        --tag "from SFT 60, 8 tasks, lr 6e-4"
     compact search_credit.duckdb
 }
 

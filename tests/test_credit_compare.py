@@ -60,6 +60,7 @@ def test_two_seeds_are_evaluated_on_one_draw_and_set_reaches_every_run(tmp_path)
     held_a, held_b = _held_out(a), _held_out(b)
     assert held_a and held_a == held_b  # the same held-out tasks
     assert "grpo-s0" in done.stdout and "info_gain-s1" in done.stdout  # the table
+    assert "--limit-s 420 s" in done.stdout  # the default stop is said before it bites
     # loaded with a tag, the runs keep their steps and say which comparison they belong to
     db = str(tmp_path / "cmp.duckdb")
     credit_compare.load(out, db, tag="from SFT 1")
