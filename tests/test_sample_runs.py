@@ -585,3 +585,25 @@ def test_two_more_steps_at_lr_6e_4_broke_the_greedy_answers():
         last = last[last["turn"] == last["num_turns"] - 1]
         return int(last["action"].str.contains("<think>", regex=False).sum())
     assert (thinking(start, 60), thinking(before, 65), thinking(row["run_id"], 67)) == (95, 95, 43)
+
+
+def test_dense_credits_at_lr_6e_4_share_grpos_first_rollouts_and_information_gain_fell_furthest():
+    """Section 9's last comparison: information gain and the PRM from the 60-step start at GRPO's
+    lr 6e-4 settings. Step 61's rollouts are GRPO's; information gain's gradient was about twice
+    GRPO's and held-out fell to 39% (5 gained / 38 lost); the PRM ended at 66% (8 / 14)."""
+    from storage import evaldiff
+    path = store(CREDIT)
+    runs = the_runs(CREDIT).set_index("name")
+    ids = {v: runs.loc[f"credit {v} seed 0 {FROM_60}6e-4", "run_id"]
+           for v in ("grpo", "info_gain", "prm")}
+    first = {v: queries.trajectories(path, r, step=61).sort_values("traj_id") for v, r in ids.items()}
+    for v in ("info_gain", "prm"):
+        assert first[v]["answer"].tolist() == first["grpo"]["answer"].tolist()
+    m = {v: wide_metrics(path, r) for v, r in ids.items()}
+    assert m["info_gain"].loc[61, "grad/norm"] > 1.8 * m["grpo"].loc[61, "grad/norm"]
+    assert m["info_gain"].loc[65, "policy/kl"] == pytest.approx(0.0409, abs=0.0001)
+    start = runs.loc["search-smollm2: 60 SFT steps", "run_id"]
+    for v, (solved, gained, lost) in {"info_gain": (39, 5, 38), "prm": (66, 8, 14)}.items():
+        d = evaldiff.diff(path, (start, 60), (ids[v], 65))
+        assert int(d["paired"]["solved_b"].sum()) == solved
+        assert (d["counts"]["gained"], d["counts"]["lost"]) == (gained, lost)
