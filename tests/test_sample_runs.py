@@ -607,3 +607,9 @@ def test_dense_credits_at_lr_6e_4_share_grpos_first_rollouts_and_information_gai
         d = evaldiff.diff(path, (start, 60), (ids[v], 65))
         assert int(d["paired"]["solved_b"].sum()) == solved
         assert (d["counts"]["gained"], d["counts"]["lost"]) == (gained, lost)
+    # information gain's greedy episodes loop to the turn limit (GRPO 3, PRM 7 of 100)
+    at_limit = {}
+    for v, r in ids.items():
+        t = queries.trajectories(path, r, step=65)
+        at_limit[v] = int((t[t["split"] == "eval"]["finish_reason"] == "max_turns").sum())
+    assert at_limit == {"grpo": 3, "info_gain": 36, "prm": 7}
