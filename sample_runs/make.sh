@@ -275,20 +275,29 @@ search_credit() {
     # the 60-step start made once more (recorded on another CPU model, where its SFT losses
     # differ from the first start's from step 1 and it solves 71 held-out tasks; on one machine
     # the two starts are identical), then GRPO at lr 6e-4 and GRPO + information gain at half
-    # that lr (its gradient was twice GRPO's), side by side at one thread each
+    # that lr (its gradient was twice GRPO's), side by side at one thread each. The recorded
+    # runs were stopped with Ctrl-C during step 64 (no evaluation on a stop), their step-64
+    # adapters written from the checkpoints and evaluated with core.evaluation on the start's
+    # tasks; here 4 steps keep the step-64 adapter (adapter_every=4) for the same evaluation.
+    local start
     timed "$PY" -m core.train --preset search-smollm2 --seed 0 --threads 2 --sft-steps 60 \
         --steps 0 --sft-eval-every 60 --checkpoint-every 1 --adapter-every 0 --quiet \
         --name "search-smollm2: 60 SFT steps, made again" --db "$db" --checkpoint-dir "$dir/ckpt60b"
-    local again=("${rl60[@]}" --init-from "$(ls -d "$dir"/ckpt60b/*)" --steps 5)
+    start=$(basename "$(ls -d "$dir"/ckpt60b/*)")
+    local again=("${rl60[@]}" --init-from "$dir/ckpt60b/$start" --steps 4 --set adapter_every=4)
     timed "$PY" bench/credit_compare.py run --out "$dir/rl60n" "${again[@]}" --set lr=6e-4 &
     timed "$PY" bench/credit_compare.py run --out "$dir/rl60h" "${again[@]}" \
         --runs info_gain-s0 --set lr=3e-4 &
     wait
-    for run in n:6e-4 h:3e-4; do
-        "$PY" bench/credit_compare.py pack "$dir/rl60${run%%:*}" "$dir/rl60${run%%:*}-packed"
-        "$PY" bench/credit_compare.py load "$dir/rl60${run%%:*}-packed" --db "$db" \
-            --tag "from SFT 60 again, 8 tasks, lr ${run#*:}"
+    for run in n:grpo:6e-4 h:info_gain:3e-4; do
+        IFS=: read -r out variant lr <<< "$run"
+        "$PY" bench/credit_compare.py pack "$dir/rl60$out" "$dir/rl60$out-packed"
+        "$PY" bench/credit_compare.py load "$dir/rl60$out-packed" --db "$db" \
+            --tag "from SFT 60 again, 8 tasks, lr $lr"
+        timed "$PY" -m core.evaluation --db "$db" --step 64 --tasks-from "$start:60" \
+            --run "$(basename "$(ls -d "$dir/rl60$out/$variant-s0.ckpt"/*)")"
     done
+    # (the evaluations' token rows were deleted from the committed store for its size cap)
     compact search_credit.duckdb
 }
 
