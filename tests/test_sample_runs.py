@@ -654,14 +654,12 @@ def test_the_start_made_again_differs_by_rounding_and_grpo_ends_where_it_began()
         row = evals[evals.index.str.startswith(f"credit {v} seed 0 {AGAIN_60}")]
         assert len(row) == 1
         held[v] = evaldiff.diff(path, (again, 60), (row["run_id"].iloc[0], 64))
-    p = held["grpo"]["paired"]
-    two = p["task_id"].str.contains(">", regex=False)
-    assert (int(p["solved_b"].sum()), int(p[~two]["solved_b"].sum()),
-            int(p[two]["solved_b"].sum())) == (70, 12, 58)
-    assert (held["grpo"]["counts"]["gained"], held["grpo"]["counts"]["lost"]) == (7, 8)
-    p = held["info_gain"]["paired"]
-    two = p["task_id"].str.contains(">", regex=False)
-    assert (int(p["solved_b"].sum()), int(p[~two]["solved_b"].sum()),
-            int(p[two]["solved_b"].sum())) == (74, 16, 58)
-    assert (held["info_gain"]["counts"]["gained"], held["info_gain"]["counts"]["lost"]) == (6, 3)
+    # held-out, single-hop, two-hop; gained, lost against this start
+    expected = {"grpo": ((70, 12, 58), (7, 8)), "info_gain": ((74, 16, 58), (6, 3))}
+    for v, (solved, (gained, lost)) in expected.items():
+        p = held[v]["paired"]
+        two = p["task_id"].str.contains(">", regex=False)
+        assert (int(p["solved_b"].sum()), int(p[~two]["solved_b"].sum()),
+                int(p[two]["solved_b"].sum())) == solved
+        assert (held[v]["counts"]["gained"], held[v]["counts"]["lost"]) == (gained, lost)
     assert m["info_gain"].loc[64, "policy/kl"] < m["grpo"].loc[64, "policy/kl"]
