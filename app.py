@@ -53,7 +53,7 @@ def run_labels(rows: list[dict], multi_store: bool) -> dict[tuple[str, str], str
     run ``demo``) were one option, and the first click on any widget switched to the other run."""
     labels = {}
     for r in rows:
-        created = pd.Timestamp(r["created_at"]) if pd.notna(r.get("created_at")) else None
+        created = None if c.missing(r.get("created_at")) else pd.Timestamp(r["created_at"])
         parts = [c.text_of(r["name"]) or r["run_id"],
                  created.strftime("%Y-%m-%d %H:%M") if created is not None else None,
                  _short_id(r["run_id"]), r["shown_status"], r["store"] if multi_store else None]
@@ -85,7 +85,7 @@ def _redraw_on_new_step(store: str, run_id: str, shown_last: int) -> None:
         row = queries.runs(store).set_index("run_id").loc[run_id]
     except (db.StoreError, KeyError):
         return
-    last = int(row["last_step"]) if c.text_of(row["last_step"]) else -1
+    last = c.int_of(row["last_step"], -1)
     if last != shown_last or row["shown_status"] != "running":
         c.run_table.clear()
         st.rerun()
@@ -113,7 +113,7 @@ def run_picker(with_step: bool) -> None:
     st.session_state["_url_run"] = (store, run_id)
 
     row = readable[(readable["store"] == store) & (readable["run_id"] == run_id)].iloc[0]
-    last = int(row["last_step"]) if c.text_of(row["last_step"]) else -1
+    last = c.int_of(row["last_step"], -1)
     if row["shown_status"] == "running" and st.sidebar.toggle(
             "Follow the live run", value=True, key="follow_live",
             help=f"Re-reads the run every {FOLLOW_S} s and redraws the page when a step lands."):

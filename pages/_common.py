@@ -140,8 +140,7 @@ class Pick:
 
     @property
     def last_step(self) -> int:
-        value = self.run.get("last_step")
-        return -1 if value is None or pd.isna(value) else int(value)
+        return int_of(self.run.get("last_step"), -1)
 
     @property
     def config(self) -> dict:
@@ -190,12 +189,30 @@ def safe_label(text, limit: int = 60) -> str:
     return kept.replace("_", "\\_")
 
 
+def missing(value) -> bool:
+    """Whether a value read from the store is NULL. The one test for it: pandas hands a NULL over
+    as None, NaN, ``pd.NA`` (nullable integer and string columns, e.g. a new run's ``last_step``
+    before its first step) or ``NaT``, and ``pd.NA`` cannot be compared, cast or tested for truth
+    (``int(pd.NA)`` and ``bool(pd.NA)`` raise; ``str(pd.NA)`` is the text "<NA>")."""
+    if value is None or value is pd.NA or value is pd.NaT:
+        return True
+    try:
+        return bool(pd.isna(value)) if pd.api.types.is_scalar(value) else False
+    except (TypeError, ValueError):
+        return False
+
+
 def text_of(value) -> str | None:
-    """A stored text value, or None for NULL / NaN / empty (pandas turns NULLs into either)."""
-    if value is None or (isinstance(value, float) and value != value):
+    """A stored text value, or None for NULL (see ``missing``) or empty."""
+    if missing(value):
         return None
     value = str(value)
     return value if value else None
+
+
+def int_of(value, default: int) -> int:
+    """A stored integer, or ``default`` for NULL (see ``missing``)."""
+    return default if missing(value) else int(value)
 
 
 CHAT_MARKER = re.compile(

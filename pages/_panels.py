@@ -2,7 +2,6 @@
 box; and Replay's reading order of a state diff."""
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from pages import _common as c
@@ -22,7 +21,7 @@ def trajectory_panel(pick: Pick, sel: dict) -> None:
         left, right = st.columns([3, 2])
         with left:
             st.subheader(f"Trajectory {c.safe_label(traj_id)}")
-            reward = f"{sel['reward']:.3f}" if pd.notna(sel["reward"]) else "-"
+            reward = "-" if c.missing(sel["reward"]) else f"{sel['reward']:.3f}"
             st.caption(f"{c.safe_label(sel['failure_class'])} · reward {reward} · "
                        f"{'solved' if c.flag(sel['success']) else 'failed'} · "
                        f"{len(turns)} turns · step {step} · task {c.safe_label(sel['task_id'])}")

@@ -1,7 +1,6 @@
 """Groups: all rollouts of one task at one step side by side, with the credit each one got."""
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from pages import _common as c

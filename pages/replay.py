@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 
-import pandas as pd
 import streamlit as st
 
 from pages import _common as c
@@ -25,10 +24,10 @@ traj_id = c.url_select("Trajectory", trajs["traj_id"].tolist(), key="traj", para
                        format_func=str)
 row = trajs.set_index("traj_id").loc[traj_id].to_dict()
 cols = st.columns(5)
-cols[0].metric("Reward", f"{row['reward']:.3f}" if pd.notna(row["reward"]) else "-")
-cols[1].metric("Advantage", f"{row['advantage']:.3f}" if pd.notna(row["advantage"]) else "-")
+cols[0].metric("Reward", "-" if c.missing(row["reward"]) else f"{row['reward']:.3f}")
+cols[1].metric("Advantage", "-" if c.missing(row["advantage"]) else f"{row['advantage']:.3f}")
 cols[2].metric("Success", "yes" if c.flag(row["success"]) else "no")
-cols[3].metric("Turns", int(row["num_turns"]) if pd.notna(row["num_turns"]) else 0)
+cols[3].metric("Turns", c.int_of(row["num_turns"], 0))
 cols[4].metric("Failure class", c.safe_label(c.text_of(row["failure_class"]) or "unclassified"))
 st.caption(f"group {c.safe_label(row['group_id'])} · task {c.safe_label(row['task_id'])} · "
            f"split {c.safe_label(row['split'])} · finish {c.safe_label(row['finish_reason'])}"

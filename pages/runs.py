@@ -45,7 +45,7 @@ def run_frame(table: pd.DataFrame) -> pd.DataFrame:
     """The runs table with config columns, last metric values and sparkline lists."""
     rows = []
     for store, part in table.groupby("store", sort=False):
-        last = tuple(int(x) if pd.notna(x) else -1 for x in part["last_step"])
+        last = tuple(c.int_of(x, -1) for x in part["last_step"])
         long = series(store, tuple(part["run_id"]), last, SPARK_METRICS)
         for run in part.to_dict("records"):
             cfg = queries.run_config(run["config"])
@@ -94,7 +94,7 @@ chosen = st.multiselect("Runs to overlay", list(labels), format_func=labels.get,
 if not chosen:
     c.stop("Pick one or more runs to overlay their curves and compare their configs.")
 picked = frame.loc[chosen]
-last_of = {i: int(v) if pd.notna(v) else -1 for i, v in picked["last step"].items()}
+last_of = {i: c.int_of(v, -1) for i, v in picked["last step"].items()}
 names = sorted({n for i, r in picked.iterrows()
                 for n in metric_names(r.store, r.run_id, last_of[i])})
 if names:

@@ -169,7 +169,7 @@ def job_panel() -> None:
                 + (f" · exit code {code}" if code is not None else ""))
     run = run_row(job)
     total = max(int(job.get("total_steps") or 1), 1)
-    done = int(run["last_step"]) if run and c.text_of(run["last_step"]) else 0
+    done = c.int_of(run["last_step"], 0) if run else 0
     st.progress(min(done / total, 1.0), text=f"step {done} of {total}"
                 + (f" · run {run['shown_status']}" if run else " · starting (loading the model)"))
     if run:
