@@ -52,7 +52,8 @@ def show_turn(t: dict) -> None:
     left, right = st.columns(2)
     with left:
         st.markdown(f"**Action** · {c.safe_label(t['action_type'])}"
-                    + (" · invalid" if t["action_valid"] is False else "")
+                    + (" · invalid" if t["action_valid"] is False
+                       and c.text_of(t["action_type"]) != "invalid" else "")
                     + (" · cut by the token limit" if t["action_truncated"] else ""))
         st.code(c.readable(t["action"]) or "", language=None, wrap_lines=True)
     with right:
@@ -109,6 +110,37 @@ else:
     playing = st.toggle("Play (advance one turn per second)", key="replay_play")
     st.fragment(turn_player, run_every=1.0 if playing else None)()
 
+# -- tokens (right under the turns: the page's heart, not below every panel) ---------------------
+st.subheader("Tokens")
+tokens = c.load_tokens(pick.store, pick.run_id, traj_id)
+if tokens.empty:
+    st.info("No token records for this trajectory (imported runs carry text only).")
+else:
+    # Held-out evaluations, rollouts filtered out of the update and an endpoint's collection
+    # rounds (split 'collect', core/collection.py) and branch continuations (core/branch.py)
+    # train nothing, by design.
+    updated = row["split"] not in ("eval", "collect", "branch") and not c.flag(row["filtered"])
+
+    @st.fragment
+    def token_view() -> None:
+        """A fragment: another colouring redraws the tokens alone, not the whole page."""
+        mode = st.selectbox("Colour by", list(_tokens.MODES), key="replay_colour")
+        column = _tokens.MODES[mode]
+        if column and tokens[column].isna().all():
+            st.info(f"This run recorded no {column} values; showing the tokens uncoloured.")
+        st.caption(_tokens.LEGEND[mode] + ". Hover a token for its exact values.")
+        st.html(_tokens.token_html(tokens, mode, updated))
+
+    token_view()
+    lint = _tokens.mask_lint(tokens, turns, updated)
+    st.markdown("**Mask lint**")
+    if lint.empty:
+        st.success("Loss mask consistent: only the model's own tokens were trained; "
+                   "no turn was cut.")
+    else:
+        st.warning(f"{len(lint)} mask or length issue(s) in this trajectory.")
+        st.dataframe(lint, key="replay_lint", hide_index=True)
+
 # -- outcome ---------------------------------------------------------------------------------------
 st.subheader("Outcome")
 left, right = st.columns(2)
@@ -139,33 +171,3 @@ _branches.panel(pick, traj_id, row, n)
 st.subheader("Tags")
 _panels.tag_form(pick, traj_id, "replay")
 
-# -- tokens ----------------------------------------------------------------------------------------
-st.subheader("Tokens")
-tokens = c.load_tokens(pick.store, pick.run_id, traj_id)
-if tokens.empty:
-    st.info("No token records for this trajectory (imported runs carry text only).")
-else:
-    # Held-out evaluations, rollouts filtered out of the update and an endpoint's collection
-    # rounds (split 'collect', core/collection.py) and branch continuations (core/branch.py)
-    # train nothing, by design.
-    updated = row["split"] not in ("eval", "collect", "branch") and not c.flag(row["filtered"])
-
-    @st.fragment
-    def token_view() -> None:
-        """A fragment: another colouring redraws the tokens alone, not the whole page."""
-        mode = st.selectbox("Colour by", list(_tokens.MODES), key="replay_colour")
-        column = _tokens.MODES[mode]
-        if column and tokens[column].isna().all():
-            st.info(f"This run recorded no {column} values; showing the tokens uncoloured.")
-        st.caption(_tokens.LEGEND[mode] + ". Hover a token for its exact values.")
-        st.html(_tokens.token_html(tokens, mode, updated))
-
-    token_view()
-    lint = _tokens.mask_lint(tokens, turns, updated)
-    st.markdown("**Mask lint**")
-    if lint.empty:
-        st.success("Loss mask consistent: only the model's own tokens were trained; "
-                   "no turn was cut.")
-    else:
-        st.warning(f"{len(lint)} mask or length issue(s) in this trajectory.")
-        st.dataframe(lint, key="replay_lint", hide_index=True)

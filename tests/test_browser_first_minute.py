@@ -1,4 +1,4 @@
-"""A run in its first seconds -- started, no step recorded yet -- in a real browser.
+"""A user's first minute, in a real browser: a run in its first seconds, and Replay's layout.
 
 A TRL run starting or a job just launched has a ``runs`` row and nothing else, so its
 ``last_step`` is NULL, which pandas hands over as ``pd.NA``. Every page once raised
@@ -6,7 +6,11 @@ A TRL run starting or a job just launched has a ``runs`` row and nothing else, s
 seconds. Here such a run (recorded through the real Recorder, left ``running``) is opened on every
 page; none may show an exception, and the run must be the one picked.
 
-Run alone: ``.venv/bin/python -m pytest -q tests/test_browser_new_run.py``.
+Replay's token view, the heart of the product, once sat about 2,000 px down the page, under the
+outcome, information-gain, branch and tag panels; it now follows the turns. And an invalid action
+was labelled "invalid · invalid" (its type, then its validity).
+
+Run alone: ``.venv/bin/python -m pytest -q tests/test_browser_first_minute.py``.
 """
 from __future__ import annotations
 
@@ -49,7 +53,7 @@ def server():
     rec.close()
     row = queries.runs(ROOT / store).set_index("run_id").loc[run_id]
     assert row["last_step"] is pd.NA and row["shown_status"] == "running"   # the case itself
-    with served_app(base, [stores], base / "runs") as url:
+    with served_app(base, [stores, "sample_runs"], base / "runs") as url:
         yield url, str(store), run_id
 
 
@@ -67,3 +71,24 @@ def test_every_page_opens_on_a_run_with_no_step_yet(page, server, path):
     picker = page.locator('[data-testid="stSidebar"]').get_by_role("combobox", name="Run")
     assert "just-started" in picker.input_value() or "just-started" in picker.inner_text() \
         or page.get_by_text("just-started").count() > 0
+
+
+LAKE = ("sample_runs/spike_frozenlake.duckdb", "20261129-224034-6beb19", 21, "s21-g0-r0")
+"""A sample trajectory whose first turn's action is invalid."""
+
+
+def test_replay_shows_the_tokens_within_two_screens_and_labels_an_action_once(page, server):
+    url = server[0]
+    store, run, step, traj = LAKE
+    query = {"store": store, "run": run, "step": step, "traj": traj, "turn": 0}
+    page.goto(f"{url}/replay?{urllib.parse.urlencode(query)}")
+    page.get_by_role("heading", name="Replay", exact=True).first.wait_for(timeout=60_000)
+    settle(page)
+    no_exception(page)
+    view = page.locator(".token-view")
+    view.wait_for(timeout=30_000)
+    top = view.bounding_box()["y"] + page.evaluate("window.scrollY")
+    assert top < 2 * 900, f"the token view starts {top:.0f} px down the page"
+    main = page.locator('[data-testid="stMain"]').inner_text()
+    assert "invalid · invalid" not in main
+    assert "Action · invalid" in main
