@@ -214,6 +214,74 @@ def info_gain_turn_advantages(gains: list[list[float]], group_ids: Sequence[Hash
              if gid in stats else 0.0 for x in g] for g, gid in zip(gains, group_ids)]
 
 
+def igpo_stats(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, std) as IGPO's released trainer normalises a group: the population std with 1e-8
+    under the root, std = sqrt(mean((v - mean)^2) + 1e-8); a group of one value (or none) gets
+    std 1, so it is only centred (to 0).
+
+    >>> [round(x, 6) for x in igpo_stats([1.0, 0.0, 0.0])]
+    [0.333333, 0.471405]
+    """
+    if len(values) <= 1:
+        return (float(values[0]) if values else 0.0), 1.0
+    mean = math.fsum(values) / len(values)
+    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values) + 1e-8)
+
+
+def igpo_turn_advantages(gains: list[list[float]], outcomes: Sequence[float],
+                         group_ids: Sequence[Hashable], gamma: float,
+                         gain_weight: float = 1.0) -> tuple[list[list[float]], int]:
+    """IGPO's turn advantages (Wang et al. 2025), as its released trainer computes them
+    ("separate" normalisation, the mode of its training script): within one task group the
+    gains and the outcomes are z-scored apart, each with ``igpo_stats`` (population std),
+
+        zg_{i,k} = (g_{i,k} - mean_G(g)) / (std_G(g) + 1e-6)     over every gain of the group
+        zo_i     = (R_i - mean_G(R)) / (std_G(R) + 1e-6)           over the group's outcomes
+
+    the outcome is the last turn's reward and the turn rewards are accumulated backwards,
+
+        r_{i,k} = w * zg_{i,k}  (k < T_i - 1),   r_{i,T_i-1} = zo_i
+        A_{i,k} = r_{i,k} + gamma * A_{i,k+1}
+
+    so gamma discounts the outcome into earlier turns too. ``gains[i]`` holds turns 0..T_i-2 (the
+    last turn has no gain); ``w`` is ``gain_weight`` (IGPO's information-gain weight, 1 there).
+    A gain that is not finite (a NaN read of the gold answer) is left out of its group's
+    statistics and its turn gets no gain reward (r = 0, IGPO's code does the same with a NaN
+    difference); the count of such turns is returned beside the advantages.
+
+    >>> adv, skipped = igpo_turn_advantages([[0.5], [0.1]], [1.0, 0.0], ["g", "g"], gamma=1.0)
+    >>> [[round(a, 3) for a in row] for row in adv], skipped
+    ([[2.0, 1.0], [-2.0, -1.0]], 0)
+    """
+    if not len(gains) == len(outcomes) == len(group_ids):
+        raise ValueError(f"gains ({len(gains)}), outcomes ({len(outcomes)}) and group_ids "
+                         f"({len(group_ids)}) must have one entry per trajectory")
+    if not 0 <= gamma <= 1:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    if not all(math.isfinite(float(r)) for r in outcomes):
+        raise ValueError("outcomes contain NaN or inf")
+    pooled_g: dict[Hashable, list[float]] = {}
+    pooled_r: dict[Hashable, list[float]] = {}
+    for g, r, gid in zip(gains, outcomes, group_ids):
+        pooled_g.setdefault(gid, []).extend(float(x) for x in g if math.isfinite(float(x)))
+        pooled_r.setdefault(gid, []).append(float(r))
+    stats_g = {gid: igpo_stats(v) for gid, v in pooled_g.items()}
+    stats_r = {gid: igpo_stats(v) for gid, v in pooled_r.items()}
+    out, skipped = [], 0
+    for g, r, gid in zip(gains, outcomes, group_ids):
+        (mg, sg), (mr, sr) = stats_g[gid], stats_r[gid]
+        rewards = []
+        for x in g:
+            if math.isfinite(float(x)):
+                rewards.append(gain_weight * (float(x) - mg) / (sg + EPS))
+            else:
+                rewards.append(0.0)
+                skipped += 1
+        rewards.append((float(r) - mr) / (sr + EPS))
+        out.append(discounted_turn_sums([rewards], gamma)[0])
+    return out, skipped
+
+
 def discounted_turn_sums(values: list[list[float]], gamma: float) -> list[list[float]]:
     """Each turn's discounted sum of its own and its later turns' values, per trajectory:
 

@@ -228,15 +228,18 @@ class TrainConfig:
     w_process: float = 0.0
     """Weight of the process component."""
     w_info_gain: float = 0.0
-    """Weight of the dense information-gain credit (IGPO, core/info_gain.py): each turn's gain in
-    the policy's probability of the gold answer, normalised within its task group, added to that
-    turn's action tokens' advantage (not to the trajectory's total reward). Envs with gold
-    answers (search); 0 = off."""
+    """Weight of the information-gain turn rewards (IGPO, core/info_gain.py); > 0 turns IGPO's
+    credit on: each turn's gain in the policy's probability of the gold answer and the
+    trajectory's outcome are z-scored apart within the task group, the outcome is the last
+    turn's reward, and turn k's action tokens get the discounted sum of the turn rewards from k
+    on (core/algorithms.py igpo_turn_advantages; it replaces the algorithm's own credit of the
+    trajectories it applies to). Envs with gold answers (search); 0 = off."""
     info_gain_gamma: float = 1.0
-    """Turn discount of the information-gain credit: turn k's action tokens get the discounted
-    sum of the normalised gains of turns k, k+1, ... (IGPO's released trainer accumulates turn
-    rewards this way, gamma 1.0 in all its scripts), so a first search that made the second one
-    informative shares its gain. 0 = each turn its own gain only."""
+    """Turn discount of IGPO's turn returns, the outcome included: A_k = r_k + gamma A_{k+1}
+    (gamma 1.0 in all of IGPO's released scripts); 0 = each turn its own reward only."""
+    info_gain_type: str = "prob"
+    """How a turn's information gain is differenced: "prob", the answer probability (IGPO's
+    paper), or "log_prob", its log (IGPO's released training script)."""
     w_spa: float = 0.0
     """Weight of SPA-RL's stepwise progress credit (core/progress.py): a head on the policy's
     hidden state at each action's end, fitted every RL step so a trajectory's per-turn

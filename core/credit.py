@@ -15,12 +15,13 @@ advantage) and ``traj.filtered`` (dropped from the update) are set too; ``traj.i
     gae (ppo)               GAE over trained tokens with the value head's estimates, reward on
                             each trajectory's last trained token, whitened over the batch (verl)
 After any of them, with
-``w_info_gain`` > 0 each turn's information gain (IGPO, core/info_gain.py), normalised within its
-task group (core/algorithms.py ``info_gain_turn_advantages``) and summed over the turns from it on
-with discount ``info_gain_gamma`` (IGPO's turn returns), is added x ``w_info_gain`` to that turn's
-action tokens and to its recorded turn advantage; likewise with ``w_spa`` > 0 each turn's
+``w_info_gain`` > 0 the trajectories with measured gains (IGPO, core/info_gain.py) take IGPO's
+turn returns instead: gains and outcomes z-scored apart within the task group, the outcome as the
+last turn's reward, accumulated backwards with ``info_gain_gamma`` (core/algorithms.py
+``igpo_turn_advantages``); with ``w_spa`` > 0 each turn's
 SPA progress contribution (core/progress.py) and with ``w_prm`` > 0 each turn's process reward
-model score (core/prm.py), both centred within the group rather than scaled. Last, LOOP's
+model score (core/prm.py) are added to that turn's action tokens, both centred within the group
+rather than scaled. Last, LOOP's
 filter drops the trajectories none of whose trained tokens has |A| >= ``min_abs_advantage``
 (for the outcome estimators: |A| of the trajectory), so the dense credit is not filtered away.
 """
@@ -189,11 +190,28 @@ def assign(trajs: Sequence[Trajectory], cfg, values=None,
 def add_info_gain(credit: Credit, trajs: Sequence[Trajectory],
                   info_gains: Sequence[Sequence[float] | None], weight: float, *,
                   gamma: float) -> Credit:
-    """A_token += weight x S_{i,k} on turn k's action tokens, S_{i,k} = sum_{j >= k}
-    gamma^(j-k) A_{i,j} with A_{i,j} the group-normalised gain of turn j (core/algorithms.py
-    ``discounted_turn_sums``; gamma 0: turn k's own A_{i,k}). The last turn has no gain: its
-    credit is the outcome's."""
-    return add_turn_credit(credit, trajs, info_gains, weight, gamma=gamma)
+    """IGPO's credit for every trajectory with measured gains: turn k's action tokens get
+    A_{i,k} = sum_{j >= k} gamma^(j-k) r_{i,j}, with r the group-z-scored gains (x ``weight``)
+    and, on the last turn, the group-z-scored outcome reward (core/algorithms.py
+    ``igpo_turn_advantages``, its released trainer's form). This replaces the algorithm's own
+    per-token credit of those trajectories, as IGPO's advantage is built from these turn returns
+    alone; trajectories without gains (no gold answer) keep theirs. A gain that is not finite
+    gives its turn no gain reward (TurnCredit counts those turns as ``info_gain/skipped_turns``)."""
+    if len(info_gains) != len(trajs):
+        raise ValueError(f"{len(info_gains)} gain lists for {len(trajs)} trajectories")
+    measured = [i for i, g in enumerate(info_gains) if g is not None]
+    dense, _ = algorithms.igpo_turn_advantages(
+        [list(info_gains[i]) for i in measured], [trajs[i].reward for i in measured],
+        [trajs[i].group_id for i in measured], gamma, gain_weight=weight)
+    per_token, turns = list(credit.per_token), list(credit.turn_advantages)
+    for i, d in zip(measured, dense):
+        t = trajs[i]
+        per_turn = d[:t.num_turns] + [d[-1]] * (t.num_turns - len(d))
+        adv, turn_of, mask = torch.zeros(len(t.token_ids)), torch.tensor(t.token_turn), _mask(t)
+        for k, a in enumerate(per_turn):
+            adv[(turn_of == k) & mask] = a
+        per_token[i], turns[i] = adv, per_turn
+    return Credit(per_token, turns, credit.returns)
 
 
 def add_turn_credit(credit: Credit, trajs: Sequence[Trajectory],

@@ -12,6 +12,10 @@ would write its answer. p_0 is read before any turn (the prompt alone). Turn t's
     info_gain_t = p_t - p_{t-1}          (turns 1..T-1 in IGPO's numbering; the final turn
                                           keeps the outcome reward and gets no gain)
 
+That is the paper's gain (``info_gain_type`` "prob"). IGPO's released training script uses the
+log-probability difference instead ("log_prob": the same reads, differenced as the mean log
+probability of the answer tokens, log p_t - log p_{t-1}); ``turn_gains`` takes either.
+
 In this code's 0-based turns: turn k's gain is p(after turn k) - p(before turn k), for every turn
 but the last. The turn contexts of one trajectory are prefixes of each other, so they are read in
 one row (``pack``): the history once, then one answer block per turn that sees only its own
@@ -20,10 +24,10 @@ read (golds are aliases).
 
 Recorded per turn in ``turn_signals`` (source 'train'): ``answer_prob`` (p after turn k; turn -1
 holds p_0) and ``info_gain``; the trajectory's sum of gains (p_{T-1} - p_0, the sum telescopes)
-is its ``info_gain`` reward component. With ``w_info_gain`` > 0 the gains become a dense
-turn-level advantage on each turn's action tokens (core/algorithms.py
-``info_gain_turn_advantages``, then ``discounted_turn_sums`` with ``info_gain_gamma``, applied by
-core/credit.py).
+is its ``info_gain`` reward component. With ``w_info_gain`` > 0 the gains become IGPO's turn
+returns on each turn's action tokens (core/algorithms.py ``igpo_turn_advantages``, applied by
+core/credit.py). A gain that is not finite (a NaN read) is recorded as it is, left out of the
+total and of the credit, and counted (``info_gain/skipped_turns``).
 """
 from __future__ import annotations
 
@@ -53,14 +57,26 @@ def answer_probability(token_logprobs: Sequence[float]) -> float:
     return math.exp(math.fsum(token_logprobs) / len(token_logprobs))
 
 
-def turn_gains(probs: Sequence[float]) -> list[float]:
-    """[p_1 - p_0, p_2 - p_1, ...] for probs = [p_0, p_1, ..., p_{T-1}] (p_0 before any turn, p_k
-    after turn k-1): one gain per turn but the last, whose reward is the outcome.
+GAIN_TYPES = ("prob", "log_prob")
+"""How a turn's gain is differenced: the answer probability (IGPO's paper) or its log (IGPO's
+released training script, ``info_gain_type=log_prob_diff``)."""
+
+
+def turn_gains(probs: Sequence[float], kind: str = "prob") -> list[float]:
+    """[v_1 - v_0, v_2 - v_1, ...] for probs = [p_0, p_1, ..., p_{T-1}] (p_0 before any turn, p_k
+    after turn k-1), v = p ("prob") or log p ("log_prob"): one gain per turn but the last, whose
+    reward is the outcome. log 0 is -inf, so such a gain is not finite (skipped by the credit).
 
     >>> [round(g, 6) for g in turn_gains([0.1, 0.4, 0.3])]
     [0.3, -0.1]
+    >>> [round(g, 6) for g in turn_gains([0.1, 0.4], "log_prob")]
+    [1.386294]
     """
-    return [b - a for a, b in zip(probs[:-1], probs[1:])]
+    if kind not in GAIN_TYPES:
+        raise ValueError(f"info gain type must be one of {GAIN_TYPES}, got {kind!r}")
+    values = list(probs) if kind == "prob" else [math.log(p) if p > 0 else -math.inf
+                                                 for p in probs]
+    return [b - a for a, b in zip(values[:-1], values[1:])]
 
 
 @dataclass
@@ -73,8 +89,14 @@ class TurnSignals:
 
     @property
     def total(self) -> float:
-        """Sum of the gains: p_{T-1} - p_0 (the trajectory's ``info_gain`` reward component)."""
-        return math.fsum(self.gains)
+        """Sum of the finite gains: p_{T-1} - p_0 when all are (the trajectory's ``info_gain``
+        reward component)."""
+        return math.fsum(g for g in self.gains if math.isfinite(g))
+
+    @property
+    def skipped(self) -> int:
+        """Gains that are not finite (left out of the total and the credit)."""
+        return sum(not math.isfinite(g) for g in self.gains)
 
 
 def action_starts(traj: Trajectory) -> list[int]:
@@ -127,13 +149,13 @@ def packs_supported(policy) -> bool:
 
 
 def measure(policy, trajs: Sequence[Trajectory], batch: int = BATCH,
-            packed: bool | None = None) -> dict[str, TurnSignals]:
+            packed: bool | None = None, kind: str = "prob") -> dict[str, TurnSignals]:
     """Teacher-forced p_k before each turn's action, for every trajectory with a gold answer;
     trajectory id -> its ``TurnSignals``. Trajectories without golds (or turns) are left out.
 
     ``packed`` (default: where the attention allows it) reads all turns of a trajectory in one
     sequence (``pack``); otherwise each turn's context is its own row. Both give the same
-    probabilities up to float rounding."""
+    probabilities up to float rounding. ``kind``: how gains are differenced (``turn_gains``)."""
     from core.policy import token_logprobs  # torch-heavy; imported where used
 
     tok = policy.tokenizer
@@ -179,7 +201,7 @@ def measure(policy, trajs: Sequence[Trajectory], batch: int = BATCH,
     for (traj_id, *_, size), lp in zip(rows, lps):  # rows in turn order, L scores per turn
         probs.setdefault(traj_id, []).extend(
             answer_probability(lp[k:k + size]) for k in range(0, len(lp), size))
-    return {k: TurnSignals(p, turn_gains(p)) for k, p in probs.items()}
+    return {k: TurnSignals(p, turn_gains(p, kind)) for k, p in probs.items()}
 
 
 def _batch(part, policy, packed: bool):

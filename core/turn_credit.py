@@ -53,26 +53,30 @@ class TurnCredit:
 
     def measure(self, own: list) -> TurnValues:
         """Every signal of this rank's scored trajectories ``own``."""
-        cfg, rows = self.cfg, []
-        gains = self._info_gain(own, rows)
+        cfg, rows, metrics = self.cfg, [], {}
+        gains = self._info_gain(own, rows, metrics)
         # SPA's progress head and the PRM read the same hidden states at each action's end
         feats = spa.features(self.policy, own) if cfg.w_spa > 0 or cfg.w_prm > 0 else None
         contributions, spa_metrics = self._progress(own, rows, feats)
         prm_scores, prm_metrics = self._prm(own, rows, feats)
-        return TurnValues(gains, contributions, prm_scores, rows, {**spa_metrics, **prm_metrics})
+        return TurnValues(gains, contributions, prm_scores, rows,
+                          {**metrics, **spa_metrics, **prm_metrics})
 
-    def _info_gain(self, own: list, rows: list) -> list:
+    def _info_gain(self, own: list, rows: list, metrics: dict) -> list:
         """Each trajectory's per-turn information gains (core/info_gain.py; None where its task
         has no gold answer or it is off); the trajectory's sum becomes its ``info_gain`` reward
         component and every turn's answer_prob / info_gain goes to ``turn_signals``."""
         cfg = self.cfg
         if not (cfg.record_info_gain or cfg.w_info_gain > 0):
             return [None] * len(own)
-        signals = info_gain.measure(self.policy, own)
+        signals = info_gain.measure(self.policy, own, kind=cfg.info_gain_type)
         for t in own:
             if t.traj_id in signals:
                 t.rewards["info_gain"] = signals[t.traj_id].total
         rows += info_gain.signal_rows(own, signals)
+        skipped = sum(s.skipped for s in signals.values())
+        if skipped:  # a NaN read skips its turn, not the step; the count says it happened
+            metrics["info_gain/skipped_turns"] = float(skipped)
         return [signals[t.traj_id].gains if t.traj_id in signals else None for t in own]
 
     def _progress(self, own: list, rows: list, feats: list | None) -> tuple[list, dict]:

@@ -108,6 +108,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.outcome_metric in ("em", "f1"), "outcome_metric", "must be em or f1")
     need(cfg.w_info_gain >= 0, "w_info_gain", "must be >= 0")
     need(0 <= cfg.info_gain_gamma <= 1, "info_gain_gamma", "must be in [0, 1]")
+    need(cfg.info_gain_type in ("prob", "log_prob"), "info_gain_type",
+         "must be 'prob' (IGPO's paper) or 'log_prob' (its released script)")
     need(cfg.w_spa >= 0, "w_spa", "must be >= 0")
     need(cfg.w_prm >= 0, "w_prm", "must be >= 0")
     need(cfg.spa_l2 > 0, "spa_l2", "must be > 0")

@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 import torch
 
-from core.algorithms import discounted_turn_sums, info_gain_turn_advantages
+from core.algorithms import (discounted_turn_sums, igpo_turn_advantages,
+                             info_gain_turn_advantages)
 from core.config import ConfigError, TrainConfig, validate
 from core.credit import Credit, add_info_gain
 from core.envs.base import Task, make_env
@@ -18,8 +19,7 @@ from core.policy import load_policy, token_logprobs
 from core.rollout import Sampling, rollout
 from core.trajectory import Trajectory
 from storage import queries
-from tests.credit_checks import (assert_turns_carry, fake_trajectory,  # noqa: F401
-                                 one_rl_step, open_page)  # (open_page: a fixture)
+from tests.credit_checks import fake_trajectory, one_rl_step, open_page  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -119,28 +119,64 @@ def test_trajectories_without_gold_answers_are_skipped(tiny, search_trajs):
 
 
 # -- the dense credit -----------------------------------------------------------------------------
+def test_igpo_turn_advantages_by_hand_from_its_formula():
+    # one task group: a (3 turns, gains 0.5 / 0.1, reward 1), b and c (2 turns, one gain, reward 0)
+    gains, outcomes = [[0.5, 0.1], [0.0], [0.2]], [1.0, 0.0, 0.0]
+    # gains z-scored over the group's four gains, population std: mean 0.2, var 0.14 / 4
+    sg = math.sqrt(0.14 / 4 + 1e-8) + 1e-6
+    zg = [[0.3 / sg, -0.1 / sg], [-0.2 / sg], [0.0]]
+    # outcomes z-scored apart: mean 1/3, var (4/9 + 1/9 + 1/9) / 3 = 2/9
+    so = math.sqrt(2 / 9 + 1e-8) + 1e-6
+    zo = [(2 / 3) / so, (-1 / 3) / so, (-1 / 3) / so]
+    adv, skipped = igpo_turn_advantages(gains, outcomes, ["g"] * 3, gamma=1.0)
+    # the outcome is the last turn's reward, and every turn sums its own and the later ones
+    assert adv[0] == pytest.approx([zg[0][0] + zg[0][1] + zo[0], zg[0][1] + zo[0], zo[0]])
+    assert adv[0] == pytest.approx([2.483247, 0.879694, 1.414210], abs=1e-5)
+    assert adv[1] == pytest.approx([zg[1][0] + zo[1], zo[1]]) and skipped == 0
+    # gamma discounts the outcome into earlier turns too; the weight scales the gains only
+    adv, _ = igpo_turn_advantages(gains, outcomes, ["g"] * 3, gamma=0.5, gain_weight=0.5)
+    assert adv[0] == pytest.approx([0.5 * zg[0][0] + 0.5 * (0.5 * zg[0][1] + 0.5 * zo[0]),
+                                    0.5 * zg[0][1] + 0.5 * zo[0], zo[0]])
+    # unbiased std (n - 1) would give every value sqrt(3/4) or sqrt(2/3) of these: not IGPO's
+    assert adv[0][2] == pytest.approx(math.sqrt(2), abs=1e-5)
+
+
+def test_igpo_skips_a_nan_gain_and_counts_it():
+    adv, skipped = igpo_turn_advantages([[float("nan"), 0.4], [0.0]], [1.0, 0.0], ["g", "g"],
+                                        gamma=1.0)
+    assert skipped == 1
+    # the group's statistics come from the finite gains 0.4 and 0.0 alone: z = +-1 (nearly)
+    s = math.sqrt(0.04 + 1e-8) + 1e-6
+    zo = 0.5 / (math.sqrt(0.25 + 1e-8) + 1e-6)
+    assert adv[0] == pytest.approx([0.0 + 0.2 / s + zo, 0.2 / s + zo, zo])
+    assert adv[1] == pytest.approx([-0.2 / s - zo, -zo])
+    with pytest.raises(ValueError, match="outcomes"):
+        igpo_turn_advantages([[0.1]], [float("nan")], ["g"], gamma=1.0)
+
+
+def test_log_prob_gains_as_igpos_released_script():
+    assert turn_gains([0.1, 0.4, 0.2], "log_prob") == pytest.approx(
+        [math.log(4.0), math.log(0.5)])
+    assert turn_gains([0.0, 0.5], "log_prob") == [math.inf]  # log 0: not finite, then skipped
+    with pytest.raises(ValueError, match="info gain type"):
+        turn_gains([0.1, 0.2], "ratio")
+
+
 def test_dense_credit_lands_on_each_turns_action_tokens():
     a, b = (fake_trajectory(name, "g", turns, golds=("a",)) for name, turns in (("a", 3), ("b", 2)))
+    a.reward, b.reward = 1.0, 0.0
     a.advantage, b.advantage = 1.0, -1.0
     base = Credit.outcome([1.0 * torch.tensor(a.trained).float(),
                            -1.0 * torch.tensor(b.trained).float()])
     gains = [[0.5, 0.1], [0.0]]
-    out = add_info_gain(base, [a, b], gains, weight=0.5, gamma=0.0)  # each turn its own gain
-    std = math.sqrt(0.07)
-    d = [[0.3 / std, -0.1 / std], [-0.2 / std]]
-    expect_a = [1.0 + 0.5 * d[0][0], 1.0 + 0.5 * d[0][1], 1.0]  # the last turn: outcome only
-    assert out.turn_advantages[0] == pytest.approx(expect_a, rel=1e-5)
-    assert out.turn_advantages[1] == pytest.approx([-1.0 + 0.5 * d[1][0], -1.0], rel=1e-5)
+    out = add_info_gain(base, [a, b], gains, weight=0.5, gamma=0.0)  # each turn its own reward
+    expect, _ = igpo_turn_advantages(gains, [1.0, 0.0], ["g", "g"], gamma=0.0, gain_weight=0.5)
+    assert out.turn_advantages == [pytest.approx(e) for e in expect]
     tokens = out.per_token[0].tolist()
     assert tokens[:2] == [0.0, 0.0]  # prompt
-    assert tokens[2:4] == pytest.approx([expect_a[0]] * 2, rel=1e-5) and tokens[4] == 0.0
-    assert tokens[5:7] == pytest.approx([expect_a[1]] * 2, rel=1e-5) and tokens[7] == 0.0
-    assert tokens[8:10] == pytest.approx([1.0, 1.0])
-    # IGPO's turn returns (gamma 1): turn 0 also carries turn 1's normalised gain
-    igpo = add_info_gain(base, [a, b], gains, weight=0.5, gamma=1.0)
-    assert igpo.turn_advantages[0] == pytest.approx(
-        [1.0 + 0.5 * (d[0][0] + d[0][1]), 1.0 + 0.5 * d[0][1], 1.0], rel=1e-5)
-    assert igpo.turn_advantages[1] == out.turn_advantages[1]  # one gain: nothing later to add
+    assert tokens[2:4] == pytest.approx([expect[0][0]] * 2) and tokens[4] == 0.0
+    assert tokens[5:7] == pytest.approx([expect[0][1]] * 2) and tokens[7] == 0.0
+    assert tokens[8:10] == pytest.approx([expect[0][2]] * 2)   # the last turn: the outcome's z
     # a trajectory with no measured gains keeps its credit
     same = add_info_gain(base, [a, b], [None, None], weight=0.5, gamma=1.0)
     assert torch.equal(same.per_token[0], base.per_token[0]) and same.turn_advantages == [None, None]
@@ -167,6 +203,8 @@ def test_w_info_gain_is_validated():
         validate(TrainConfig(w_info_gain=-1.0))
     with pytest.raises(ConfigError, match="info_gain_gamma"):
         validate(TrainConfig(info_gain_gamma=1.5))
+    with pytest.raises(ConfigError, match="info_gain_type"):
+        validate(TrainConfig(info_gain_type="ratio"))
 
 
 # -- a real training step -------------------------------------------------------------------------
@@ -196,11 +234,14 @@ def test_training_step_records_info_gain_and_trains_on_it(trained):
         assert component.value.tolist() == pytest.approx([sum(g.value)], abs=1e-9)
         gains.append(g.value.tolist())
         groups.append(t.group_id)
-    # the recorded turn advantages are the outcome advantage (0: tiny never answers right)
-    # plus w_info_gain x the group-normalised gains of this turn and the later ones (the default
-    # info_gain_gamma 1: IGPO's turn returns), and the last turn has the outcome's alone
-    dense = assert_turns_carry(db_path, run_id, trajs, gains, groups, scale=True,
-                               last_keeps_outcome=True, gamma=1.0)
+    # the recorded turn advantages are IGPO's turn returns (default info_gain_gamma 1): the
+    # group-z-scored gains of this turn and the later ones, plus the z-scored outcome
+    outcomes = trajs["reward"].tolist()
+    dense, _ = igpo_turn_advantages(gains, outcomes, groups, gamma=1.0)
+    turns = queries.turns(db_path, run_id, ids)
+    for (_, t), d in zip(trajs.iterrows(), dense):
+        adv = turns[turns.traj_id == t.traj_id].sort_values("turn").advantage.tolist()
+        assert adv == pytest.approx(d, abs=1e-6)
     assert any(abs(x) > 0 for d in dense for x in d)  # the signal trained something
     assert any(len(g) >= 2 for g in gains)  # some turn carries a later turn's gain
     by_turn = queries.signal_by_turn(db_path, run_id)
