@@ -20,9 +20,10 @@ core/rewards.py)::
     Q(s_t, a_t) = mean of R over the keep continuations
     A_t         = Q(s_t, a_t) - V(s_t)
 
-with 95% percentile-bootstrap intervals (``BOOTSTRAP`` resamples of each set, seeded), and the
-worst turn argmin_t A_t: the turn whose recorded action lost the most value, "the turn that lost
-the reward".
+with 95% intervals that stay truthful at small K (Wilson / Newcombe for 0-1 returns, else a
+seeded bootstrap), and the worst turn: argmin_t A_t among the turns whose interval for A lies
+below 0, "the turn that lost the reward"; when none does, the candidates with A < 0 and how many
+continuations would tell (core/branch_estimates.py).
 
 CLI (exit 0 with the estimates recorded; 2 with a message and nothing written for bad input)::
 
@@ -42,8 +43,8 @@ from pathlib import Path
 from core import joblog
 # the estimators, the replay and the export have their own modules; their names stay
 # importable from here
-from core.branch_estimates import (BOOTSTRAP, bootstrap_ci, diff_ci, estimate,  # noqa: F401
-                                   worst_turn)
+from core.branch_estimates import (BOOTSTRAP, bootstrap_ci, candidates, diff_ci,  # noqa: F401
+                                   estimate, worst_turn)
 from core.branch_export import export, export_rows  # noqa: F401
 from core.branch_replay import (BranchError, ReplayMismatch, end_reason, replay,  # noqa: F401
                                 reseed)
@@ -285,7 +286,7 @@ def record(result: Result) -> None:
     srows = [{"traj_id": job.traj_id, "turn": r["turn"], "name": name, "value": float(r[name]),
               "source": "branch"}
              for r in result.rows for name in ("q", "v", "a", "q_lo", "q_hi", "v_lo", "v_hi",
-                                               "a_lo", "a_hi", "n")]
+                                               "a_lo", "a_hi", "n", "k_needed")]
     for r in result.rows:
         srows.append({"traj_id": job.traj_id, "turn": r["turn"], "name": "worst",
                       "value": float(r["turn"] == result.worst), "source": "branch"})
@@ -353,14 +354,18 @@ def main(argv: list[str] | None = None) -> int:
         return joblog.fail(exc)
     record(result)
     print(f"{'turn':>4} {'V':>7} {'Q':>7} {'A':>7}  A 95% interval")
+    maybe = {r["turn"]: r for r in candidates(result.rows)}
     for r in result.rows:
-        mark = "  <- lost the most" if r["turn"] == result.worst else ""
+        mark = ("  <- lost the most" if r["turn"] == result.worst else
+                f"  <- may have lost value (~{r['k_needed']:.0f} per kind to tell)"
+                if r["turn"] in maybe else "")
         print(f"{r['turn']:>4} {r['v']:7.3f} {r['q']:7.3f} {r['a']:7.3f}  "
               f"[{r['a_lo']:.3f}, {r['a_hi']:.3f}]{mark}")
+    verdict = (f"worst turn {result.worst}" if result.worst is not None else
+               "no turn's interval excludes 0" + (f" (candidates: {', '.join(map(str, maybe))})"
+                                                  if maybe else ""))
     print(f"recorded job {job.job_id}: {len(result.children)} continuations in "
-          f"{result.seconds:.1f} s; worst turn "
-          f"{'none (no recorded action lost value)' if result.worst is None else result.worst}",
-          flush=True)
+          f"{result.seconds:.1f} s; {verdict}", flush=True)
     if args.export:
         print(f"exported {export(job, result.rows, args.export)}")
     return 0

@@ -100,7 +100,7 @@ def chart(est: pd.DataFrame) -> go.Figure:
             line={"color": colour},
             error_y={"type": "data", "symmetric": False, "array": est[f"{name}_hi"] - est[name],
                      "arrayminus": est[name] - est[f"{name}_lo"]}))
-    worst = est[est["worst"] == 1.0]["turn"].tolist()
+    worst = est[(est["worst"] == 1.0) & (est["a_hi"] < 0)]["turn"].tolist()
     for t in worst:
         fig.add_vrect(x0=t - 0.4, x1=t + 0.4, fillcolor="#ff7f0e", opacity=0.2, line_width=0,
                       annotation_text="lost the most", annotation_position="top left")
@@ -133,9 +133,7 @@ def panel(pick: c.Pick, traj_id: str, row: dict, n_turns: int) -> None:
         st.info("Branch values not computed yet for this trajectory.")
         return
     st.plotly_chart(chart(est), key="branch_chart")
-    worst = est[est["worst"] == 1.0]["turn"].tolist()
-    st.markdown(f"**The turn that lost the reward: {int(worst[0])}**" if worst else
-                "No recorded action lost value (every A >= 0).")
+    verdict(est)
     st.dataframe(est.drop(columns="worst"), key="branch_table", hide_index=True)
     kids = c.read_or_stop(load_children, pick.store, pick.run_id, traj_id)
     if not kids.empty:
@@ -148,6 +146,30 @@ def panel(pick: c.Pick, traj_id: str, row: dict, n_turns: int) -> None:
             st.dataframe(kids.drop(columns=["job_id", "seed", "step"]), key="branch_kids",
                          hide_index=True, column_config={
                              "replay": st.column_config.LinkColumn("replay", display_text="open")})
+
+
+def verdict(est: pd.DataFrame) -> None:
+    """Name the turn that lost the reward only when its interval for A lies below 0; else show
+    the candidates (A < 0, interval reaching 0) and how many continuations would tell."""
+    worst = est[(est["worst"] == 1.0) & (est["a_hi"] < 0)]["turn"].tolist()
+    if worst:
+        st.markdown(f"**The turn that lost the reward: {int(worst[0])}** (its interval for A "
+                    "lies below 0)")
+        return
+    maybe = est[(est["a"] < 0) & ~(est["a_hi"] < 0)].sort_values("a")
+    if maybe.empty:
+        st.markdown("No recorded action lost value (every A >= 0).")
+        return
+    st.markdown("No turn is shown to have lost the reward: every interval for A still "
+                "reaches 0.")
+    with st.expander(f"Candidates: {len(maybe)} turn(s) with A < 0, and how many "
+                     "continuations would tell them apart"):
+        shown = maybe[["turn", "a", "a_lo", "a_hi", "n", "k_needed"]].rename(
+            columns={"n": "K now", "k_needed": "K to tell (per kind, about)"})
+        st.dataframe(shown, key="branch_candidates", hide_index=True)
+        st.caption("K to tell: the continuations per kind at which this A's interval would "
+                   "exclude 0 (half-widths shrink as 1/sqrt(K)); blank for jobs recorded before "
+                   "it was computed.")
 
 
 def job_controls(pick: c.Pick, traj_id: str, n_turns: int) -> None:

@@ -58,12 +58,14 @@ def signal_names(path: str | Path, run_id: str, source: str = "train") -> list[s
 
 
 # -- branch-from-turn analyses (branches + turn_signals source 'branch', core/branch.py) -----------
-BRANCH_SIGNALS = ["v", "q", "a", "v_lo", "v_hi", "q_lo", "q_hi", "a_lo", "a_hi", "n", "worst"]
+BRANCH_SIGNALS = ["v", "q", "a", "v_lo", "v_hi", "q_lo", "q_hi", "a_lo", "a_hi", "n", "k_needed",
+                  "worst"]
 
 
 def branch_estimates(path: str | Path, run_id: str, traj_id: str) -> pd.DataFrame:
     """Per analysed turn of ``traj_id``: V, Q, A = Q - V with their intervals, n continuations per
-    kind, worst (1.0 on the turn that lost the most); empty when never branched (or schema < 4)."""
+    kind, k_needed (continuations per kind to tell A from 0; NaN in jobs recorded before it),
+    worst (1.0 on the turn that lost the most); empty when never branched (or schema < 4)."""
     with db.reading(path) as con:
         check_version(con, where=str(path))
         if not _has_table(con, "turn_signals"):

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import shutil
 import signal
@@ -106,7 +107,8 @@ def test_the_estimator_finds_the_known_bad_turn():
         assert r["q_lo"] - 0.02 <= q <= r["q_hi"] + 0.02
         assert r["a"] == pytest.approx(r["q"] - r["v"])
     assert rows[2]["a_hi"] < 0 < rows[0]["a_lo"]          # the bad door lost value, good ones won
-    assert rows[3]["a"] == 0.0 and rows[3]["a_lo"] == rows[3]["a_hi"] == 0.0
+    # after the bad door every return is 0: A = 0, and Newcombe's interval still has a width
+    assert rows[3]["a"] == 0.0 and rows[3]["a_lo"] < 0 < rows[3]["a_hi"] < 0.02
 
 
 def test_replay_refuses_at_the_first_differing_turn():
@@ -126,6 +128,38 @@ def test_bootstrap_interval_brackets_the_mean_and_is_seeded():
     lo, hi = branch.bootstrap_ci(x, seed=3)
     assert lo < np.mean(x) < hi and (lo, hi) == branch.bootstrap_ci(x, seed=3)
     assert branch.bootstrap_ci([1.0] * 5, seed=0) == (1.0, 1.0)
+
+
+def test_intervals_stay_honest_for_one_continuation_or_constant_returns():
+    from core.branch_estimates import newcombe, wilson
+    # K = 1: one success says little; the bootstrap said [1, 1]
+    (row,) = branch.estimate({0: {"keep": [1.0], "resample": [0.0]}})
+    assert (row["q_lo"], row["q_hi"]) == pytest.approx(wilson(1, 1)) and row["q_lo"] < 0.25
+    assert (row["a_lo"], row["a_hi"]) == pytest.approx(newcombe(1, 1, 0, 1))
+    assert row["a_lo"] < 0 < row["a"] == 1.0
+    # Wilson by hand, 8 of 8: centre (1 + z^2/16) / (1 + z^2/8), half z sqrt(z^2/256) / (1 + z^2/8)
+    z2 = 1.959964 ** 2
+    lo = ((1 + z2 / 16) - 1.959964 * math.sqrt(z2 / 256)) / (1 + z2 / 8)
+    assert wilson(8, 8) == pytest.approx((lo, 1.0)) and lo == pytest.approx(0.6756, abs=1e-4)
+    # returns that are not 0/1 and all equal: no interval rather than a zero-width one
+    (row,) = branch.estimate({0: {"keep": [0.2, 0.2, 0.2], "resample": [0.5]}})
+    assert math.isnan(row["q_lo"]) and math.isnan(row["a_hi"]) and row["a"] == pytest.approx(-0.3)
+
+
+def test_the_turn_that_lost_the_reward_is_named_only_when_its_interval_excludes_zero():
+    # 3 of 8 keeps solved against 5 of 8 resamples: A = -0.25, but the interval reaches 0
+    rows = branch.estimate({0: {"keep": [1.0] * 3 + [0.0] * 5, "resample": [1.0] * 5 + [0.0] * 3},
+                            1: {"keep": [1.0] * 8, "resample": [1.0] * 8}})
+    assert rows[0]["a"] == pytest.approx(-0.25) and rows[0]["a_lo"] < -0.25 < 0 < rows[0]["a_hi"]
+    assert branch.worst_turn(rows) is None
+    (cand,) = branch.candidates(rows)
+    # K (h / |A|)^2 with h the half-width towards 0: more continuations than the 8 run
+    h = rows[0]["a_hi"] - rows[0]["a"]
+    assert cand["turn"] == 0 and cand["k_needed"] == math.ceil(8 * (h / 0.25) ** 2) > 8
+    # with the same shares at K = 64 the interval lies below 0: now it is named
+    rows = branch.estimate({0: {"keep": [1.0] * 24 + [0.0] * 40,
+                                "resample": [1.0] * 40 + [0.0] * 24}})
+    assert rows[0]["a_hi"] < 0 and branch.worst_turn(rows) == 0 and branch.candidates(rows) == []
 
 
 # -- a real run -------------------------------------------------------------------------------------
@@ -207,7 +241,8 @@ def test_cli_records_continuations_whose_means_are_the_recorded_values(run, tmp_
     with duckdb.connect(str(db), read_only=True) as con:
         again = con.execute("SELECT turn, name, value FROM turn_signals WHERE traj_id = ? AND "
                             "source = 'branch'", [traj]).df()
-    assert {(r.turn, r.name): r.value for r in again.itertuples()} == got
+    # the same values (NaN where a value is undefined, e.g. k_needed at A = 0)
+    assert {(r.turn, r.name): r.value for r in again.itertuples()} == pytest.approx(got, nan_ok=True)
 
 
 def test_a_job_killed_midway_writes_nothing(run):

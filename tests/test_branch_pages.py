@@ -40,7 +40,8 @@ def _analyse(store: str, run_id: str, traj_id: str, returns: dict) -> list[str]:
     worst = worst_turn(rows)
     sig = [{"traj_id": traj_id, "turn": r["turn"], "name": n, "value": float(r[n]),
             "source": "branch"} for r in rows for n in ("v", "q", "a", "v_lo", "v_hi", "q_lo",
-                                                        "q_hi", "a_lo", "a_hi", "n")]
+                                                        "q_hi", "a_lo", "a_hi", "n",
+                                                        "k_needed")]
     sig += [{"traj_id": traj_id, "turn": r["turn"], "name": "worst",
              "value": float(r["turn"] == worst), "source": "branch"} for r in rows]
     branches.write_job(store, run_id, STEP, traj_id, sorted(returns),
@@ -84,6 +85,27 @@ def test_replay_shows_values_worst_turn_and_opens_a_continuation(app, analysed):
     at = app("replay", store_dir=base, store=store, run=run, step=STEP, traj=kids[-1])
     assert not at.exception
     assert any(f"A continuation of {SCRIPT_TRAJ[:2]}" in c for c in texts(at, "caption"))
+
+
+def test_replay_names_no_turn_when_every_interval_reaches_zero(app, demo, tmp_path):
+    """One keep of four solved against two of four resamples: A = -0.25 with an interval that
+    reaches 0. Replay once said "The turn that lost the reward" in bold for such a turn; now it
+    says no turn is shown to have lost it and lists the candidate with the K it would take."""
+    base = tmp_path / "stores"
+    base.mkdir()
+    store = str(base / "demo.duckdb")
+    shutil.copy(demo[1], store)
+    run = demo[2]["demo-search-starpo"]
+    _analyse(store, run, SCRIPT_TRAJ, {0: {"resample": [1.0, 1.0, 0.0, 0.0],
+                                           "keep": [1.0, 0.0, 0.0, 0.0]}})
+    at = app("replay", store_dir=str(base), store=store, run=run, step=STEP, traj=SCRIPT_TRAJ)
+    assert not at.exception
+    shown = texts(at, "markdown")
+    assert not any("The turn that lost the reward" in m for m in shown)
+    assert any("every interval for A still reaches 0" in m for m in shown)
+    cand = next(f.value for f in at.dataframe if "K to tell (per kind, about)" in f.value.columns)
+    assert cand["turn"].tolist() == [0] and cand["a"].tolist() == [-0.25]
+    assert cand["K to tell (per kind, about)"].iloc[0] > 4
 
 
 def test_groups_counts_where_values_fell(app, analysed):
