@@ -46,8 +46,8 @@ from core import joblog
 from core.branch_estimates import (BOOTSTRAP, bootstrap_ci, candidates, diff_ci,  # noqa: F401
                                    estimate, worst_turn)
 from core.branch_export import export, export_rows  # noqa: F401
-from core.branch_replay import (BranchError, ReplayMismatch, end_reason, replay,  # noqa: F401
-                                reseed)
+from core.branch_replay import (KEEP_MODES, BranchError, ReplayMismatch, branch_point,  # noqa: F401
+                                end_reason, replay, reseed)
 from core.continuation import Start, continue_all, recorded_turns
 
 MAX_K = 64
@@ -79,6 +79,9 @@ class Job:
     """The snapshot step that sampled the trajectory (the one before its step; an evaluation's
     own step); ``snapshot_step`` is the nearest kept one at or before it."""
     job_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    keep: str = "fresh"
+    """How keep continuations execute the kept action (core/branch_replay.py ``KEEP_MODES``):
+    "fresh" draws its transition anew (Q(s_t, a_t)); "recorded" replays the recorded one."""
 
 
 def parse_turns(spec: str, n: int) -> list[int]:
@@ -127,8 +130,10 @@ def _find_task(cfg, env, split: str, task_id: str):
 
 
 def prepare_job(db: str, run_id: str, traj_id: str, turns: str = "all", k: int = 8,
-                seed: int = 0) -> Job:
+                seed: int = 0, keep: str = "fresh") -> Job:
     """Check everything that can be checked before the model loads; BranchError if bad."""
+    if keep not in KEEP_MODES:
+        raise BranchError(f"--keep-transition must be one of {', '.join(KEEP_MODES)}, got {keep!r}")
     from core import checkpoint
     from core.config import env_kwargs
     from core.envs.base import make_env
@@ -186,7 +191,7 @@ def prepare_job(db: str, run_id: str, traj_id: str, turns: str = "all", k: int =
     job = Job(db=str(db), run_id=run_id, traj_id=traj_id, step=step, split=split, cfg=cfg,
               env=env, task=task, episode_seed=int(info["episode_seed"]), turns=turn_list, k=k,
               seed=seed, recorded=data["turns"], tokens=data["tokens"], ckpt_dir=ckpt_dir,
-              snapshot_step=snap, sampled_by=sampled_by)
+              snapshot_step=snap, sampled_by=sampled_by, keep=keep)
     # every asked turn's start (and its kept action) must replay before any model work
     replay(env, task, job.episode_seed, job.recorded, max(turn_list) + 1)
     return job
@@ -198,54 +203,78 @@ def child_seed(seed: int, turn: int, kind: str, i: int) -> int:
     return (seed * 1_000_003 + turn * 7_919 + KINDS.index(kind) * 4_099 + i * 31 + 17) % 2 ** 31
 
 
-def starts(job: Job, tokenizer) -> list[Start]:
-    """K resample and K keep continuations per asked turn, each replayed to its starting state."""
-    from core.envs.base import Outcome
+def starts(job: Job, tokenizer, sampling) -> list[Start]:
+    """K resample and K keep continuations per asked turn, each at its branch point
+    (core/branch_replay.py: a keep continuation's kept action is executed afresh, unless the job
+    replays recorded transitions)."""
     from core.transcript import prompt_ids
-    from core.trajectory import Trajectory
     tok = job.tokens
     out = []
     for turn in job.turns:
         for kind in KINDS:
-            upto = turn if kind == "resample" else turn + 1
-            prefix = tok[tok["turn"] < upto]
             for i in range(job.k):
-                episode, first, key, done, last = replay(job.env, job.task, job.episode_seed,
-                                                         job.recorded, upto)
+                seed = child_seed(job.seed, turn, kind, i)
+                point = branch_point(job.env, job.task, job.episode_seed, job.recorded, turn,
+                                     kind, seed, keep=job.keep)
                 if i == 0 and kind == "resample":
-                    want = prompt_ids(tokenizer, job.env.system_prompt, first)
+                    want = prompt_ids(tokenizer, job.env.system_prompt, point.first)
                     have = [int(x) for x in tok[tok["turn"] < 0]["token_id"]]
                     if want != have:
                         raise ReplayMismatch(-1, "the prompt's tokens differ (another tokenizer "
                                                  "or system prompt)")
-                seed = child_seed(job.seed, turn, kind, i)
-                reseed(episode, seed)
-                traj = Trajectory(
-                    traj_id=f"{job.traj_id}~b{turn}{kind[0]}{i}", task=job.task, split="branch",
-                    group_id=f"{job.traj_id}~b{turn}{kind[0]}",
-                    turns=recorded_turns(job.recorded, upto),
-                    info={"episode_seed": seed,
-                          "branch": {"parent": job.traj_id, "turn": turn, "kind": kind,
-                                     "job_id": job.job_id, "checkpoint_step": job.snapshot_step,
-                                     "seed": job.seed}})
-                traj.token_ids = [int(x) for x in prefix["token_id"]]
-                traj.roles = [str(r) for r in prefix["role"]]
-                # the history's own actions count as the episode's (cost per token), whatever
-                # mask the parent's split applied; nothing of a continuation is ever trained
-                traj.trained = [r == "action" for r in traj.roles]
-                traj.logprobs = [None if lp is None or lp != lp else float(lp)
-                                 for lp in prefix["logprob"]]
-                traj.token_turn = [int(x) for x in prefix["turn"]]
-                start = Start(traj, episode, upto, key)
-                if done:
-                    start.done_reason = end_reason(job.recorded[upto - 1], last)
-                    try:
-                        traj.outcome = episode.outcome()
-                    except Exception as exc:
-                        traj.outcome = Outcome(score=0.0, success=False, info={"error": repr(exc)})
-                    traj.finish_reason = start.done_reason
-                out.append(start)
+                out.append(_start(job, tokenizer, sampling, turn, kind, i, seed, point))
     return out
+
+
+def _start(job: Job, tokenizer, sampling, turn: int, kind: str, i: int, seed: int,
+           point) -> Start:
+    """One continuation's trajectory so far: the recorded history before its first sampled turn
+    (and, for a keep drawn afresh, the kept action with its new observation)."""
+    from core.envs.base import Outcome, observation_role
+    from core.transcript import record_turn
+    from core.trajectory import Trajectory, Turn
+    tok, fresh = job.tokens, kind == "keep" and job.keep == "fresh"
+    upto = turn + 1 if kind == "keep" else turn   # the next turn the policy samples
+    history = turn if fresh else upto             # turns taken from the record as they were
+    prefix = tok[tok["turn"] < history]
+    traj = Trajectory(
+        traj_id=f"{job.traj_id}~b{turn}{kind[0]}{i}", task=job.task, split="branch",
+        group_id=f"{job.traj_id}~b{turn}{kind[0]}", turns=recorded_turns(job.recorded, history),
+        info={"episode_seed": seed,
+              "branch": {"parent": job.traj_id, "turn": turn, "kind": kind, "keep": job.keep,
+                         "job_id": job.job_id, "checkpoint_step": job.snapshot_step,
+                         "seed": job.seed}})
+    traj.token_ids = [int(x) for x in prefix["token_id"]]
+    traj.roles = [str(r) for r in prefix["role"]]
+    # the history's own actions count as the episode's (cost per token), whatever mask the
+    # parent's split applied; nothing of a continuation is ever trained
+    traj.trained = [r == "action" for r in traj.roles]
+    traj.logprobs = [None if lp is None or lp != lp else float(lp) for lp in prefix["logprob"]]
+    traj.token_turn = [int(x) for x in prefix["turn"]]
+    start, rec = Start(traj, point.episode, upto, point.key), job.recorded[turn]
+    reason = None
+    if fresh and point.kept is not None:   # the kept action, its transition drawn afresh
+        acted = tok[(tok["turn"] == turn) & (tok["role"] == "action")]
+        lps = [None if lp is None or lp != lp else float(lp) for lp in acted["logprob"]]
+        _, reason = record_turn(traj, tokenizer, turn, str(rec.get("action") or ""),
+                                [int(x) for x in acted["token_id"]], lps, point.kept, sampling,
+                                action_truncated=bool(rec.get("action_truncated")),
+                                state_key=rec.get("state_key") or None,
+                                role=observation_role(job.env))
+    elif fresh and point.kept_error is not None:
+        traj.turns.append(Turn(turn=turn, action=str(rec.get("action") or ""), observation="",
+                               valid=False, error=point.kept_error,
+                               state_key=rec.get("state_key") or None))
+        reason = "env_error"
+    if point.done or reason is not None:
+        start.done_reason = reason or end_reason(rec if fresh else job.recorded[upto - 1],
+                                                 point.last)
+        try:
+            traj.outcome = point.episode.outcome()
+        except Exception as exc:
+            traj.outcome = Outcome(score=0.0, success=False, info={"error": repr(exc)})
+        traj.finish_reason = start.done_reason
+    return start
 
 
 # -- recording ------------------------------------------------------------------------------------
@@ -317,7 +346,7 @@ def run_job(job: Job, progress=None, device: str = "auto") -> Result:
     # the policy's own sampling (training temperature) even for an evaluation trajectory: a
     # greedy evaluation would make the K continuations one
     sampling = Sampling.from_config(job.cfg)
-    items = starts(job, policy.tokenizer)
+    items = starts(job, policy.tokenizer, sampling)
     children = continue_all(policy, job.env, items, sampling, seed=job.seed, progress=progress)
     score_all(children, job.cfg)
     rows = estimate(returns_of(children), seed=job.seed)
@@ -336,18 +365,25 @@ def main(argv: list[str] | None = None) -> int:
                         "cuda:N")
     parser.add_argument("--export", metavar="FILE", help="also write (state, action, Q, V, A) per "
                         "turn to FILE (.jsonl or .parquet)")
+    parser.add_argument("--keep-transition", choices=KEEP_MODES, default="fresh",
+                        help="keep continuations execute the recorded action with a fresh "
+                        "transition (fresh: Q(s_t, a_t)) or replay its recorded one (recorded: "
+                        "r_t + V(recorded next state); for deterministic debugging)")
     args = parser.parse_args(argv)
     if args.export and Path(args.export).suffix not in (".jsonl", ".parquet"):
         return joblog.fail("--export must end in .jsonl or .parquet")
     try:
-        job = prepare_job(args.db, args.run, args.traj, args.turns, args.k, args.seed)
+        job = prepare_job(args.db, args.run, args.traj, args.turns, args.k, args.seed,
+                          keep=args.keep_transition)
     except BranchError as exc:
         return joblog.fail(exc)
     exact = "" if job.snapshot_step == job.sampled_by else \
         f" (nearest kept at or before step {job.sampled_by}, which sampled it)"
     print(f"branching {job.traj_id} (step {job.step}, {job.split}) at turns "
           f"{','.join(map(str, job.turns))}: {2 * job.k * len(job.turns)} continuations, "
-          f"adapter of step {job.snapshot_step}{exact}", flush=True)
+          f"adapter of step {job.snapshot_step}{exact}"
+          + ("; keep continuations replay the recorded transition" if job.keep == "recorded"
+             else ""), flush=True)
     try:
         result = run_job(job, progress=joblog.progress_printer("continuations"), device=args.device)
     except BranchError as exc:

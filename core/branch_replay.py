@@ -2,10 +2,22 @@
 and episode seed, replaying the recorded actions a_0..a_{t-1}. Every environment is deterministic
 from (task, seed), so every replayed observation (and state key) must equal the recorded one, else
 the job is refused naming the first differing turn (``ReplayMismatch``).
+
+``branch_point`` then gives each continuation fresh randomness (``reseed``). A ``keep``
+continuation estimates Q(s_t, a_t), so it executes the recorded a_t *after* the reseed: on a
+stochastic world (a slippery lake) the kept action's transition is drawn afresh, as Q's
+expectation over s_{t+1} requires. Replaying a_t with its recorded transition (``KEEP_MODES``
+"recorded") estimates r_t + V(the recorded s_{t+1}) instead; it is kept, labelled, for
+deterministic debugging.
 """
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
+
+KEEP_MODES = ("fresh", "recorded")
+"""How a keep continuation executes the kept action: with a freshly drawn transition (Q(s_t, a_t),
+the default) or with the recorded one (r_t + V(recorded s_{t+1}); deterministic debugging)."""
 
 
 class BranchError(ValueError):
@@ -78,3 +90,45 @@ def end_reason(rec: dict, result) -> str:
     if result.action_type == "answer":
         return "answered"
     return "done" if result.valid else "invalid"
+
+
+@dataclass
+class BranchPoint:
+    """Where one continuation starts: its episode (reseeded), the first message, the state key
+    and whether the episode has ended, after the replayed turns; for a keep continuation whose
+    action was drawn afresh, ``kept`` is that action's StepResult (None otherwise)."""
+    episode: object
+    first: str
+    key: str | None
+    done: bool
+    last: object
+    kept: object = None
+    kept_error: str | None = None
+    """The environment's error when the kept action was executed afresh (the continuation ends
+    there as env_error)."""
+
+
+def branch_point(env, task, episode_seed: int, recorded: list[dict], turn: int, kind: str,
+                 seed: int, keep: str = "fresh") -> BranchPoint:
+    """The state a ``kind`` continuation from ``turn`` starts in, with fresh randomness ``seed``:
+    resample: a_0..a_{t-1} replayed, then reseeded (the policy samples a_t anew);
+    keep, "fresh": the same, then the recorded a_t executed on the reseeded episode;
+    keep, "recorded": a_0..a_t replayed as recorded, then reseeded."""
+    if keep not in KEEP_MODES:
+        raise BranchError(f"keep mode must be one of {KEEP_MODES}, got {keep!r}")
+    upto = turn + 1 if kind == "keep" and keep == "recorded" else turn
+    episode, first, key, done, last = replay(env, task, episode_seed, recorded, upto)
+    reseed(episode, seed)
+    point = BranchPoint(episode, first, key, done, last)
+    if kind == "keep" and keep == "fresh":
+        rec = recorded[turn]
+        if _not_executed(rec):  # the final-answer turn's unexecuted action: the episode ends
+            point.done = True
+            return point
+        try:
+            point.kept = episode.step(rec["action"])
+        except Exception as exc:  # an env bug ends this continuation, not the job
+            point.kept_error, point.done = f"{type(exc).__name__}: {exc}", True
+            return point
+        point.key, point.done, point.last = point.kept.state_key, bool(point.kept.done), point.kept
+    return point

@@ -304,3 +304,53 @@ def test_no_adapters_imported_runs_and_broken_replays_are_refused(run, tmp_path,
     res = _cli("--db", str(copy), "--run", run_id, "--traj", traj, "--k", "2")
     assert res.returncode == 2 and "was imported" in res.stderr
     assert _counts(copy) == before
+
+
+# -- keep must estimate Q(s_t, a_t) on a stochastic world -------------------------------------------
+def _lake_returns(env, task, recorded, turn: int, keep: str, k: int = 64):
+    """Returns of k resample and k keep continuations from ``turn`` with the lake's own planner as
+    the policy (one move per turn: optimal play), and the cells the keep continuations start in."""
+    from core.branch_replay import branch_point
+    out, cells = {}, set()
+    for kind in branch.KINDS:
+        out[kind] = []
+        for i in range(k):
+            point = branch_point(env, task, 0, recorded, turn, kind,
+                                 branch.child_seed(0, turn, kind, i), keep=keep)
+            cells |= {point.key} if kind == "keep" else set()
+            ep = point.episode
+            while not ep.done:
+                ep.step(ep.expert_action())
+            out[kind].append(ep.outcome().score)
+    return out, cells
+
+
+def test_keep_estimates_q_on_a_slippery_lake_against_value_iteration():
+    """The planner's first move is optimal, so the exact A is 0 and V = Q (value iteration). A
+    keep continuation that replayed the recorded transition measured r + V(the recorded next
+    cell) instead: on these lakes A = -0.19 and -0.38 with intervals below 0, a false verdict."""
+    from core.envs.base import make_env
+    env = make_env("frozenlake", seed=0, slip=0.5, actions_per_turn=1, max_actions=10)
+    tasks = env.tasks("train", 6, 0)
+    for task in (tasks[3], tasks[5]):
+        lake, start = tuple(task.meta["lake"]), tuple(task.meta["start"])
+        ep, recorded = env.episode(task, 0), []
+        ep.reset()
+        while not ep.done:
+            key, action = ep.state_key(), ep.expert_action()
+            res = ep.step(action)
+            recorded.append({"turn": len(recorded), "action": action, "observation": res.observation,
+                             "state_key": key, "action_valid": True})
+        move = recorded[0]["action"].removeprefix("<answer>").removesuffix("</answer>")
+        planner = env.planner(lake)
+        exact_v, exact_q = planner.value(start, 10), planner.q(start, move, 10)
+        assert exact_q == pytest.approx(exact_v) and 0.3 < exact_v < 0.5
+        returns, cells = _lake_returns(env, task, recorded, 0, "fresh")
+        (row,) = branch.estimate({0: returns})
+        assert row["v_lo"] <= exact_v <= row["v_hi"] and row["q_lo"] <= exact_q <= row["q_hi"]
+        assert row["a_lo"] <= 0 <= row["a_hi"] and branch.worst_turn([row]) is None
+        assert len(cells) >= 2   # the kept move's own slips: the continuations start apart
+        # the labelled debugging mode replays the recorded transition: one cell, a biased A
+        returns, cells = _lake_returns(env, task, recorded, 0, "recorded")
+        (old,) = branch.estimate({0: returns})
+        assert len(cells) == 1 and old["a_hi"] < 0 and branch.worst_turn([old]) == 0
