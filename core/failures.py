@@ -13,6 +13,8 @@ explains the others:
  1. collateral_damage   the world was changed in ways the task did not ask for. Harm outranks
                         everything, even an otherwise successful outcome.
  2. success             solved: nothing else needs explaining.
+ 2a. sample_error       the harness raised (finish reason ``error``: an Inspect sample's tool,
+                        model API or scorer crashed): whatever the agent did was cut off by it.
  3. format_error        no parseable action where it mattered (every action unparseable, or the
                         episode ended on one): the model never got to use the environment.
  4. invalid_action      it ended on (or only made) actions that parsed but were refused
@@ -24,6 +26,9 @@ explains the others:
                         Before tool errors: retrying the identical failing call is the loop.
  6. tool_error_unrecovered the last tool call failed and none succeeded after it (LOOP's agents
                         learned not to give up after failed calls).
+ 6a. limit_exceeded    an evaluation limit cut the episode (finish reason ``{type}_limit``:
+                        Inspect's token, message, time, working, context, turn or cost limits).
+                        After the loop and tool-error rules, which explain why a budget ran out.
  7. no_answer           it ran out of turns or context (or the env failed) without answering.
  8. unmet_state_test    a unit test on the final state failed (stateful envs): more precise than
                         any answer-level class below.
@@ -101,6 +106,10 @@ def succeeded(turns, success, finish, answer, info) -> bool:
     return bool(success)
 
 
+def sample_error(turns, success, finish, answer, info) -> bool:
+    return finish == "error"
+
+
 def format_error(turns, success, finish, answer, info) -> bool:
     if not turns:
         return False
@@ -127,6 +136,10 @@ def repeated_action_loop(turns, success, finish, answer, info) -> bool:
 def tool_error_unrecovered(turns, success, finish, answer, info) -> bool:
     calls = _tool_calls(turns)
     return bool(calls) and _tool_failed(calls[-1])
+
+
+def limit_exceeded(turns, success, finish, answer, info) -> bool:
+    return isinstance(finish, str) and finish.endswith("_limit")
 
 
 def no_answer(turns, success, finish, answer, info) -> bool:
@@ -156,10 +169,12 @@ def unsolved(turns, success, finish, answer, info) -> bool:
 RULES: tuple[tuple[str, Callable[..., bool]], ...] = (
     ("collateral_damage", collateral_damage),
     ("success", succeeded),
+    ("sample_error", sample_error),
     ("format_error", format_error),
     ("invalid_action", invalid_action),
     ("repeated_action_loop", repeated_action_loop),
     ("tool_error_unrecovered", tool_error_unrecovered),
+    ("limit_exceeded", limit_exceeded),
     ("no_answer", no_answer),
     ("unmet_state_test", unmet_state_test),
     ("answered_without_search", answered_without_search),
@@ -172,6 +187,8 @@ FAILURE_CLASSES: tuple[str, ...] = tuple(name for name, _ in RULES)
 DESCRIPTIONS: dict[str, str] = {
     "collateral_damage": "The agent changed records the task did not ask it to touch.",
     "success": "The task was solved: the answer or the final state passed the grader.",
+    "sample_error": "The evaluation harness raised an error during the episode (a tool, the "
+                    "model API or the scorer crashed), so it never finished.",
     "format_error": "The model's output could not be parsed as an action, so it never really "
                     "used the environment.",
     "invalid_action": "The actions parsed but the environment refused them (empty query, illegal "
@@ -180,6 +197,8 @@ DESCRIPTIONS: dict[str, str] = {
                             "instead of trying something new.",
     "tool_error_unrecovered": "The last tool call failed and the agent never made a successful "
                               "call after it.",
+    "limit_exceeded": "An evaluation limit (tokens, messages, time, cost) cut the episode "
+                      "before the agent finished.",
     "no_answer": "The episode ran out of turns or context before the agent answered or finished.",
     "unmet_state_test": "A unit test on the final state of the world failed.",
     "answered_without_search": "The agent answered from its own guess without a single "

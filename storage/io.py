@@ -1,7 +1,7 @@
 """Import trajectories into a store, and export runs out of it.
 
-    python -m storage.io import FILE --db PATH [--format jsonl|verl|trl] [--run-name NAME]
-                                    [--run-id ID] [--replace]
+    python -m storage.io import FILE --db PATH [--format jsonl|verl|trl|inspect|messages]
+                                    [--run-name NAME] [--run-id ID] [--replace]
     python -m storage.io follow DIR --db PATH --format verl|trl|jsonl [--run-id ID] [--poll S]
     python -m storage.io export --db PATH --run RUN_ID --out FILE [--format jsonl|parquet]
                                 [--partitioned] [--split S] [--success true|false]
@@ -14,7 +14,8 @@ storage/interchange.py), at its smallest::
      "turns": [{"action": "<answer>Frank Herbert</answer>", "observation": ""}],
      "reward": 1.0, "rewards": {"outcome": 1.0, "format": 0.0, "cost": 0.0, "process": 0.0}}
 
-Import (the verl and TRL readers are in storage/dumps.py) reads the input once, validating each
+Import (the verl and TRL readers are in storage/dumps.py, OpenAI-style ``messages`` JSONL in
+storage/messages.py; Inspect AI logs, one run per task and model, in storage/inspect_import.py) reads the input once, validating each
 line; every bad line is reported with where it is and what is wrong, and good lines still import.
 Valid trajectories are written in batches (storage/import_batch.py), each batch one transaction
 holding all their rows (trajectories, rewards, turns, tokens, test results), so no trajectory is
@@ -58,10 +59,14 @@ from storage.dumps import READERS
 from storage.import_batch import (  # noqa: F401 (RunNotImportable re-exported)
     RunNotImportable, finish_import, refuse_foreign, run_source, write_batch)
 from storage.interchange import MAX_LINE_BYTES, LineError, read_json_lines, to_rows, validate
+from storage.messages import read_messages
 from storage.migrations import prepare
 from storage.recorder import check_run_id, clean_text
 
 FORMATS = ("jsonl", "verl", "trl")
+IMPORT_FORMATS = FORMATS + ("inspect", "messages")
+IMPORT_READERS = {**READERS, "messages": read_messages}
+INSPECT_JSON = re.compile(rb'^\s*\{\s*"version"\s*:\s*\d+\s*,\s*"status"\s*:')
 MAX_REPORTED_ERRORS = 1000
 
 
@@ -100,13 +105,24 @@ def guess_format(source: Path) -> str:
     if source.is_dir():
         if any(source.rglob("completions_*.parquet")):
             return "trl"
+        if any(source.rglob("*.eval")):
+            return "inspect"
         return "verl"
     if source.suffix == ".parquet":
         return "trl"
+    if source.suffix == ".eval":
+        return "inspect"
+    if source.suffix == ".json":
+        with open(source, "rb") as f:  # an Inspect JSON log starts {"version": 2, "status": ...
+            if INSPECT_JSON.match(f.read(256)):
+                return "inspect"
     for _, obj in read_json_lines(source):  # sniff the first line
         if isinstance(obj, dict) and {"input", "output", "score"} <= obj.keys() \
                 and "traj_id" not in obj:
             return "verl"
+        if isinstance(obj, list) or (isinstance(obj, dict) and "messages" in obj
+                                     and "turns" not in obj):
+            return "messages"
         break
     return "jsonl"
 
@@ -135,13 +151,19 @@ def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
     if not source.exists():
         raise FileNotFoundError(f"no such file or directory: {source}")
     fmt = fmt or guess_format(source)
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
+    if fmt not in IMPORT_FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; expected one of {IMPORT_FORMATS}")
+    if fmt == "inspect":  # one run per task and model: a log file is one run
+        result = import_runs(source, db_path, fmt, run_name, run_id, replace, live=live)
+        if len(result.reports) != 1:
+            raise ValueError(f"{source} holds {len(result.reports)} runs (one per task and "
+                             "model): import it with import_runs")
+        return result.reports[0]
     run_id = check_run_id(run_id) if run_id else default_run_id(source)
     prepare(db_path)
     refuse_foreign(run_id, run_source(db_path, run_id))
     report = ImportReport(run_id, source.name, fmt)
-    reader = READERS.get(fmt, _read_generic)
+    reader = IMPORT_READERS.get(fmt, _read_generic)
     classify, first_seen, batch = _classifier(), {}, []
     run = {"name": run_name or source.stem, "config": None, "created": False}
     try:
@@ -179,6 +201,28 @@ def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
     return report
 
 
+@dataclass
+class ImportRuns:
+    """What ``import_runs`` did: one report per run, and inputs that could not be read at all."""
+    reports: list[ImportReport]
+    errors: list[str] = field(default_factory=list)
+
+
+def import_runs(source: str | Path, db_path: str | Path, fmt: str | None = None,
+                run_name: str | None = None, run_id: str | None = None, replace: bool = False,
+                live: bool = False, max_line_bytes: int = MAX_LINE_BYTES) -> ImportRuns:
+    """``import_file`` for any input, including those that hold several runs (an Inspect log
+    directory: one run per task and model, storage/inspect_import.py)."""
+    source = Path(source)
+    fmt = fmt or (guess_format(source) if source.exists() else None)
+    if fmt == "inspect":
+        from storage.inspect_import import import_inspect
+        result = import_inspect(source, db_path, run_name, run_id, replace, live=live)
+        return ImportRuns(result.reports, result.errors)
+    return ImportRuns([import_file(source, db_path, fmt, run_name, run_id, replace, live=live,
+                                   max_line_bytes=max_line_bytes)])
+
+
 def _reason(exc: BaseException) -> str:
     """Why an import stopped, naming a file by its name only (never a full path)."""
     if isinstance(exc, OSError) and exc.filename:
@@ -213,10 +257,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m storage.io",
                                      description="Import trajectories into a store; export runs.")
     sub = parser.add_subparsers(dest="command", required=True)
-    imp = sub.add_parser("import", help="import a JSONL file, a verl dump or TRL completions")
-    imp.add_argument("file", help="file, or directory (verl {step}.jsonl / TRL completions)")
+    imp = sub.add_parser("import", help="import a JSONL file, a verl dump, TRL completions, an "
+                                        "Inspect AI log or OpenAI-style messages")
+    imp.add_argument("file", help="file, or directory (verl {step}.jsonl / TRL completions / "
+                                  "Inspect logs)")
     imp.add_argument("--db", required=True, help="the DuckDB store (created if missing)")
-    imp.add_argument("--format", choices=FORMATS, help="default: guessed from the input")
+    imp.add_argument("--format", choices=IMPORT_FORMATS, help="default: guessed from the input")
     imp.add_argument("--run-name", help="name shown in the app (default: the file's name)")
     imp.add_argument("--run-id", help="run to import into (default: derived from the file path)")
     imp.add_argument("--replace", action="store_true",
@@ -246,14 +292,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _import(args) -> int:
-    report = import_file(args.file, args.db, args.format, args.run_name, args.run_id,
+    result = import_runs(args.file, args.db, args.format, args.run_name, args.run_id,
                          args.replace, max_line_bytes=args.max_line_bytes)
-    for line in report.errors[:50]:  # cleaned: a file name may be any bytes (surrogateescape)
+    for line in result.errors:
         print(f"error: {clean_text(line)}", file=sys.stderr)
-    if report.failed > 50:
-        print(f"error: ... and {report.failed - 50} more", file=sys.stderr)
-    print(clean_text(report.summary()))
-    return 1 if report.failed else 0
+    for report in result.reports:
+        for line in report.errors[:50]:  # cleaned: a file name may be any bytes (surrogateescape)
+            print(f"error: {clean_text(line)}", file=sys.stderr)
+        if report.failed > 50:
+            print(f"error: ... and {report.failed - 50} more", file=sys.stderr)
+        print(clean_text(report.summary()))
+    return 1 if result.errors or any(r.failed for r in result.reports) else 0
 
 
 def _export(args) -> int:
