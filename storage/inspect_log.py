@@ -42,7 +42,8 @@ from typing import Any, Iterator
 from storage.interchange import LineError
 from storage.messages import MAX_MESSAGES, content_text, render_call, turns_of
 from storage.recorder import clean_json
-from storage.zip_members import MAX_MEMBER_BYTES, MAX_TOTAL_BYTES, Archive, MemberError
+from storage.zip_members import (MAX_MEMBER_BYTES, MAX_TOTAL_BYTES, Archive, MemberError,
+                                 ZipError)
 
 CORRECT, INCORRECT, PARTIAL, NOANSWER = "C", "I", "P", "N"  # inspect_ai.scorer's defaults
 MAX_JSON_LOG_BYTES = 1024 ** 3
@@ -155,8 +156,9 @@ def inspect_message(m: Any, where: str, attachments: dict) -> dict:
                       "text": render_call(c["function"], _resolve(c.get("arguments"),
                                                                    attachments))})
     error = m.get("error")
-    if isinstance(error, dict):
-        error = f"{error.get('type') or 'error'}: {error.get('message') or ''}"
+    if isinstance(error, dict):  # ToolCallError: a type (timeout, permission, ...) and a message
+        kind = error.get("type")
+        error = f"{'' if kind in (None, 'unknown') else f'{kind}: '}{error.get('message') or ''}"
     return {"role": m["role"], "text": text, "name": m.get("function"),
             "call_id": m.get("tool_call_id"), "calls": calls, "error": error or None}
 
@@ -208,6 +210,11 @@ def sample_record(sample: Any, log: "InspectLog", prefix: str = "") -> dict:
     prompt, turns = turns_of([inspect_message(m, f"messages[{i}]", attachments)
                               for i, m in enumerate(messages)])
     notes: list[str] = []
+    error = sample.get("error")
+    if error and turns:  # what cut the episode short, beside the turn it cut (not in its text:
+        message = error.get("message") if isinstance(error, dict) else error  # no model saw it)
+        turns[-1]["error"] = "; ".join(filter(None, [turns[-1].get("error"),
+                                                     f"sample error: {message}"]))
     scores = sample.get("scores") or {}
     if not isinstance(scores, dict):
         raise LineError(f"scores must be an object, got {type(scores).__name__}")
@@ -237,15 +244,15 @@ def sample_record(sample: Any, log: "InspectLog", prefix: str = "") -> dict:
                          "success is all of them correct")
         answer = scores[primary].get("answer")
     output = sample.get("output") or {}
-    if not isinstance(answer, str):
+    if not isinstance(answer, str) and turns and turns[-1]["action_type"] == "answer":
+        # no scorer's answer: the final words, if the model ended on words and not on a call
         answer = output.get("completion") if isinstance(output.get("completion"), str) else None
-    answer = answer or None
+    answer = answer if isinstance(answer, str) and answer else None
     usage, model_usage = _usage(sample.get("model_usage")), sample.get("model_usage") or {}
     own_usage = model_usage.get(log.model) if isinstance(model_usage, dict) else None
     out_tokens = (own_usage or {}).get("output_tokens", usage.get("output_tokens", 0))
     notes.append("an evaluation log: no token was trained (tokens are whitespace pieces of the "
                  "messages' text, without ids or logprobs)")
-    error = sample.get("error")
     inspect_info = {
         "sample_id": sid, "epoch": epoch, "uuid": sample.get("uuid"), "scores": kept,
         "primary_scorer": primary, "usage": usage, "model_usage": model_usage,
@@ -349,6 +356,9 @@ class InspectLog:
             except MemberError as exc:
                 yield where, LineError(str(exc))
                 continue
+            except ZipError as exc:  # over the total: what is left of the log stays unread
+                yield where, LineError(f"{exc}; this sample and those after it are not read")
+                return
             except (ValueError, RecursionError) as exc:  # bad JSON, bad UTF-8
                 yield where, LineError(f"member {name}: not valid JSON ({exc})")
                 continue

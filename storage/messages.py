@@ -146,7 +146,8 @@ def turns_of(messages: list[dict]) -> tuple[str, list[dict]]:
             prompt.append(f"{m['role']}: {m['text']}\n")
         elif m["role"] in ("tool", "function"):
             name = m.get("name") or called.get(m.get("call_id")) or "tool"
-            turns[-1]["observation"] += f"{name} -> {m['text']}\n"
+            shown = "\n".join(filter(None, [m["text"], m.get("error") and f"error: {m['error']}"]))
+            turns[-1]["observation"] += f"{name} -> {shown}\n"
             if m.get("error"):
                 turns[-1]["error"] = "; ".join(filter(None, [turns[-1].get("error"), m["error"]]))
         else:
