@@ -180,10 +180,10 @@ def messages_record(obj: Any, default_id: str) -> dict:
     if "group_id" in rec:
         rec["group_id"] = str(rec["group_id"])
     last = turns[-1] if turns else None
-    if last and last["action_type"] == "answer" and not last["observation"]:
+    final = content_text(msgs[-1].get("content")) if msgs[-1].get("role") == "assistant" else ""
+    if last and last["action_type"] == "answer" and final.strip():
         rec.setdefault("finish_reason", "answered")  # it ended on its own words, no call pending
-        rec.setdefault("answer", msgs[-1].get("content") if isinstance(msgs[-1].get("content"), str)
-                       else last["action"])
+        rec.setdefault("answer", final)  # without the reasoning
     if "reward" not in rec:
         rec["reward"] = 0.0
         notes.append("no reward given: recorded as 0.0")
