@@ -39,13 +39,13 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
+from storage.inspect_scores import primary_scorer, score_components
 from storage.interchange import LineError
 from storage.messages import MAX_MESSAGES, content_text, render_call, turns_of
 from storage.recorder import clean_json
 from storage.zip_members import (MAX_MEMBER_BYTES, MAX_TOTAL_BYTES, Archive, MemberError,
                                  ZipError)
 
-CORRECT, INCORRECT, PARTIAL, NOANSWER = "C", "I", "P", "N"  # inspect_ai.scorer's defaults
 MAX_JSON_LOG_BYTES = 1024 ** 3
 SAMPLE_MEMBER = re.compile(r"^samples/(?P<id>.+)_epoch_(?P<epoch>\d+)\.json$")
 USAGE_KEYS = ("input_tokens", "output_tokens", "total_tokens", "reasoning_tokens",
@@ -53,76 +53,6 @@ USAGE_KEYS = ("input_tokens", "output_tokens", "total_tokens", "reasoning_tokens
 STOP_REASONS = {"model_length": "context_full", "max_tokens": "max_tokens",
                 "tool_calls": "tool_calls", "content_filter": "content_filter"}
 ATTACHMENT = "attachment://"
-
-
-# -- scores ----------------------------------------------------------------------------------------
-def value_to_float(value: Any) -> tuple[float, str | None]:
-    """(float, note) by inspect_ai.scorer.value_to_float (0.3.285), in its order: ``== "C"`` ->
-    1, ``== "P"`` -> 0.5, ``== "I"`` or ``== "N"`` -> 0; a number or bool -> float(value); a
-    string, lower-cased: yes/true -> 1, no/false -> 0, a finite number -> float; anything else ->
-    0 with a warning (here, the note)."""
-    if value == CORRECT:
-        return 1.0, None
-    if value == PARTIAL:
-        return 0.5, None
-    if value == INCORRECT or value == NOANSWER:
-        return 0.0, None
-    if isinstance(value, (int, float, bool)):
-        return float(value), None
-    if isinstance(value, str):
-        low = value.lower()
-        if low in ("yes", "true"):
-            return 1.0, None
-        if low in ("no", "false"):
-            return 0.0, None
-        try:
-            number = float(low)
-            if math.isfinite(number):
-                return number, None
-        except ValueError:
-            pass
-    return 0.0, f"{str(value)[:40]!r} is not a value Inspect converts: 0.0, as Inspect does"
-
-
-def _scalar(value: Any) -> bool:
-    return isinstance(value, (str, int, float, bool))
-
-
-def score_components(name: str, value: Any) -> tuple[dict[str, float], list[str]]:
-    """Components of one score (``score/{name}``, or one per key/element) and notes; LineError
-    for a value Inspect's ``Value`` type does not allow (scalar, list of scalars, or object of
-    scalars and nulls)."""
-    if _scalar(value):
-        items = {f"score/{name}": value}
-    elif isinstance(value, list) and value and all(_scalar(v) for v in value):
-        items = {f"score/{name}/{i}": v for i, v in enumerate(value)}
-    elif isinstance(value, dict) and value and all(_scalar(v) or v is None for v in value.values()):
-        items = {f"score/{name}/{k}": v for k, v in value.items()}
-    else:
-        kind = "null" if value is None else type(value).__name__
-        raise LineError(f"score {name!r} has a value Inspect does not allow ({kind}: "
-                        f"{json.dumps(value, default=str)[:60]})")
-    out, notes = {}, []
-    for key, v in items.items():
-        number, note = value_to_float(v)
-        if not math.isfinite(number):
-            raise LineError(f"score {name!r} is not a finite number ({v!r})")
-        out[key] = number
-        if note:
-            notes.append(f"{key}: {note}")
-    return out, notes
-
-
-def primary_scorer(spec: dict, results: dict | None) -> str | None:
-    """The scorer Inspect headlines: results.headline, else the eval's first scorer."""
-    headline = (results or {}).get("headline") or {}
-    for name in (headline.get("score"), headline.get("scorer")):
-        if isinstance(name, str):
-            return name
-    scorers = spec.get("scorers") or []
-    if scorers and isinstance(scorers[0], dict) and isinstance(scorers[0].get("name"), str):
-        return scorers[0]["name"]
-    return None
 
 
 # -- messages ----------------------------------------------------------------------------------------
@@ -373,6 +303,21 @@ def log_files(source: Path) -> list[Path]:
     found = [p for p in source.rglob("*") if p.suffix in (".eval", ".json") and p.is_file()
              and p.name not in ("logs.json", "eval-set.json") and not p.name.startswith(".")]
     return sorted(found, key=lambda p: (len(p.parts), str(p)))
+
+
+def finished(path: Path) -> bool:
+    """Whether an Inspect log is finished being written, for a follower (storage/follow.py):
+    a ``.eval`` once its directory lists ``header.json`` (Inspect writes it when the eval ends;
+    before that the zip is valid but still growing), a ``.json`` once it ends with ``}``."""
+    try:
+        if path.suffix == ".json":
+            with open(path, "rb") as f:
+                f.seek(max(0, f.seek(0, 2) - 64))
+                return f.read().rstrip().endswith(b"}")
+        with Archive(path) as archive:
+            return not archive.truncated and "header.json" in archive.members
+    except (ValueError, OSError):
+        return False
 
 
 def log_metrics(log: InspectLog) -> dict[str, float]:

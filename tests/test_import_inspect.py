@@ -13,7 +13,8 @@ import pytest
 
 from storage import db, io
 from storage.inspect_import import import_inspect
-from storage.inspect_log import value_to_float
+from storage.inspect_log import finished
+from storage.inspect_scores import value_to_float
 from storage.messages import MAX_MESSAGE_CHARS
 from storage.zip_members import Archive
 
@@ -198,6 +199,7 @@ def test_a_cut_log_imports_its_whole_samples_and_names_the_cut_one(logs, tmp_pat
     assert "6 records read, 5 imported" in out_err.out
     cfg = json.loads(_q(store, "SELECT config FROM runs").config[0])
     assert cfg["env"] == "inspect:arith"  # from _journal/start.json: header.json was cut off
+    assert finished(log) and not finished(cut)  # what a follower waits for
 
 
 def test_bad_members_fail_alone_naming_the_sample(logs, tmp_path, capsys):
