@@ -174,7 +174,7 @@ class Archive:
     def close(self) -> None:
         self.fp.close()
 
-    def read(self, name: str) -> bytes:
+    def read(self, name: str) -> bytearray:
         """The member's bytes, or MemberError/ZipError naming the file, the member and why."""
         member = self.members[name]
         where = f"{self.path.name}: member {name}"
@@ -204,7 +204,7 @@ class Archive:
         if crc != member.crc:
             raise MemberError(f"{where}: corrupt (CRC-32 {crc:08x}, expected {member.crc:08x})")
         self.read_total += len(out)
-        return bytes(out)
+        return out  # json.loads reads a bytearray: no second copy of a large member
 
     def _inflate(self, member: Member, data: _Slice, where: str):
         if member.method == STORED:
