@@ -15,8 +15,8 @@ storage/interchange.py), at its smallest::
      "reward": 1.0, "rewards": {"outcome": 1.0, "format": 0.0, "cost": 0.0, "process": 0.0}}
 
 Import (the verl and TRL readers are in storage/dumps.py, OpenAI-style ``messages`` JSONL in
-storage/messages.py; Inspect AI logs, one run per task and model, in storage/inspect_import.py) reads the input once, validating each
-line; every bad line is reported with where it is and what is wrong, and good lines still import.
+storage/messages.py; Inspect AI logs, one run per task and model, in storage/inspect_import.py)
+reads the input once, validating each line; every bad line is reported with where it is and what is wrong, and good lines still import.
 Valid trajectories are written in batches (storage/import_batch.py), each batch one transaction
 holding all their rows (trajectories, rewards, turns, tokens, test results), so no trajectory is
 ever half-written.
@@ -294,7 +294,7 @@ def _parser() -> argparse.ArgumentParser:
 def _import(args) -> int:
     result = import_runs(args.file, args.db, args.format, args.run_name, args.run_id,
                          args.replace, max_line_bytes=args.max_line_bytes)
-    for line in result.errors:
+    for line in result.errors[:50]:  # whole inputs that could not be read (logs of a directory)
         print(f"error: {clean_text(line)}", file=sys.stderr)
     for report in result.reports:
         for line in report.errors[:50]:  # cleaned: a file name may be any bytes (surrogateescape)
