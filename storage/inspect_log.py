@@ -55,7 +55,7 @@ STOP_REASONS = {"model_length": "context_full", "max_tokens": "max_tokens",
 ATTACHMENT = "attachment://"
 
 
-# -- messages ----------------------------------------------------------------------------------------
+# -- messages --------------------------------------------------------------------------------------
 def _resolve(value: Any, attachments: dict) -> Any:
     """``attachment://{hash}`` strings replaced by the text Inspect moved out of the message."""
     if isinstance(value, str):
@@ -93,7 +93,7 @@ def inspect_message(m: Any, where: str, attachments: dict) -> dict:
             "call_id": m.get("tool_call_id"), "calls": calls, "error": error or None}
 
 
-# -- one sample --------------------------------------------------------------------------------------
+# -- one sample ------------------------------------------------------------------------------------
 def _usage(model_usage: Any) -> dict[str, float]:
     total: dict[str, float] = {}
     for usage in (model_usage or {}).values():
@@ -187,7 +187,8 @@ def sample_record(sample: Any, log: "InspectLog", prefix: str = "") -> dict:
         "sample_id": sid, "epoch": epoch, "uuid": sample.get("uuid"), "scores": kept,
         "primary_scorer": primary, "usage": usage, "model_usage": model_usage,
         "total_time": sample.get("total_time"), "working_time": sample.get("working_time"),
-        "error": {"message": error.get("message"), "traceback": (error.get("traceback") or "")[-4000:]}
+        "error": {"message": error.get("message"),
+                  "traceback": (error.get("traceback") or "")[-4000:]}
         if isinstance(error, dict) else error, "limit": sample.get("limit"),
         "error_retries": len(sample.get("error_retries") or []), "metadata": sample.get("metadata"),
         "log": log.path.name, "eval_id": log.spec.get("eval_id")}
@@ -202,11 +203,12 @@ def sample_record(sample: Any, log: "InspectLog", prefix: str = "") -> dict:
     if answer is not None:
         rec["answer"] = answer
     if sample.get("target") not in (None, "", []):
-        rec["golds"] = sample["target"] if isinstance(sample["target"], list) else [sample["target"]]
+        target = sample["target"]
+        rec["golds"] = target if isinstance(target, list) else [target]
     return rec
 
 
-# -- one log file -----------------------------------------------------------------------------------
+# -- one log file ----------------------------------------------------------------------------------
 class InspectLog:
     """One log file: its header (``spec``, ``plan``, ``results``, ``stats``, ``status``) on
     opening, its samples one at a time from ``samples()``. ValueError (ZipError) if the file

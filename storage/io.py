@@ -16,7 +16,8 @@ storage/interchange.py), at its smallest::
 
 Import (the verl and TRL readers are in storage/dumps.py, OpenAI-style ``messages`` JSONL in
 storage/messages.py; Inspect AI logs, one run per task and model, in storage/inspect_import.py)
-reads the input once, validating each line; every bad line is reported with where it is and what is wrong, and good lines still import.
+reads the input once, validating each line; every bad line is reported with where it is and what
+is wrong, and good lines still import.
 Valid trajectories are written in batches (storage/import_batch.py), each batch one transaction
 holding all their rows (trajectories, rewards, turns, tokens, test results), so no trajectory is
 ever half-written.

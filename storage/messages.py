@@ -6,16 +6,19 @@ turn rules Inspect logs (storage/inspect_log.py) share.
     {"messages": [{"role": "system", "content": "You can call tools."},
                   {"role": "user", "content": "What is 2+3?"},
                   {"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
-                   "type": "function", "function": {"name": "add", "arguments": "{\\"x\\": 2, \\"y\\": 3}"}}]},
+                   "type": "function",
+                   "function": {"name": "add", "arguments": "{\\"x\\": 2, \\"y\\": 3}"}}]},
                   {"role": "tool", "tool_call_id": "c1", "content": "5"},
                   {"role": "assistant", "content": "5"}],
      "reward": 1.0, "task_id": "add-2-3", "group_id": "add-2-3@0"}
 
 Optional besides ``messages``: ``reward`` (else 0.0, noted), ``task_id`` (else a hash of the
-prompt), ``group_id`` (else ``{step}:{task_id}``), ``traj_id`` (else ``{file}:{byte offset of the line}``,
-stable however the file is read, whole or followed in pieces), ``rewards``, ``success`` (else
-reward >= 1, noted), ``step``, ``split``, ``finish_reason``, ``answer``, ``info``. A line may
-also be the bare array of messages. Other keys are kept under ``info.extra``.
+prompt), ``group_id`` (else ``{step}:{task_id}``), ``traj_id`` (else ``{file}:{byte offset of
+the line}``, stable however the file is read, whole or followed in pieces), ``rewards``,
+``success`` (else reward >= 1, noted), ``step``, ``split``, ``finish_reason`` and ``answer``
+(else ``answered`` and the final assistant message's text, when the conversation ends on one),
+``info``. A line may also be the bare array of messages. Other keys are kept under
+``info.extra``.
 
 Turns (the same for Inspect): the messages before the first assistant message (system, user) are
 the prompt; each assistant message is one turn, its action the text (reasoning as ``<think>``)
@@ -125,7 +128,7 @@ def openai_message(m: Any, where: str) -> dict:
             "error": None}
 
 
-# -- a conversation as turns ------------------------------------------------------------------------
+# -- a conversation as turns -----------------------------------------------------------------------
 def turns_of(messages: list[dict]) -> tuple[str, list[dict]]:
     """(prompt, turns) of normalised messages ``{role, text, name, calls, error}`` (see above)."""
     prompt, turns, called = [], [], {}
@@ -136,9 +139,9 @@ def turns_of(messages: list[dict]) -> tuple[str, list[dict]]:
         if m["role"] == "assistant":
             called.update({c["id"]: c["name"] for c in m["calls"] if c.get("id")})
             bad = [c["bad"] for c in m["calls"] if c["bad"]]
-            turn = {"action": "\n".join([m["text"]] * bool(m["text"]) + [c["text"] for c in m["calls"]]),
-                    "observation": "", "action_type": "tool" if m["calls"] else "answer",
-                    "action_valid": not bad}
+            parts = [m["text"]] * bool(m["text"]) + [c["text"] for c in m["calls"]]
+            turn = {"action": "\n".join(parts), "observation": "",
+                    "action_type": "tool" if m["calls"] else "answer", "action_valid": not bad}
             if bad:
                 turn["action_type"], turn["error"] = "invalid", "; ".join(bad)
             turns.append(turn)
@@ -159,7 +162,7 @@ def task_of(prompt: str) -> str:
     return "p" + hashlib.sha1(prompt.encode("utf-8", "replace")).hexdigest()[:12]
 
 
-# -- the messages JSONL format --------------------------------------------------------------------------
+# -- the messages JSONL format ---------------------------------------------------------------------
 def messages_record(obj: Any, default_id: str) -> dict:
     """A generic record (storage/interchange.py) of one conversation line, or LineError."""
     if isinstance(obj, list):

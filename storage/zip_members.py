@@ -112,7 +112,8 @@ def _walk_local_headers(fp, size: int) -> list[Member]:
     members, pos = [], 0
     while pos + LOCAL.size <= size and len(members) <= MAX_MEMBERS:
         fp.seek(pos)
-        sig, _, flags, method, _, _, crc, csize, usize, nlen, xlen = LOCAL.unpack(fp.read(LOCAL.size))
+        head = fp.read(LOCAL.size)
+        sig, _, flags, method, _, _, crc, csize, usize, nlen, xlen = LOCAL.unpack(head)
         if sig != b"PK\x03\x04":
             break  # the (partial) central directory, or garbage: nothing more to find
         raw_name, extra = fp.read(nlen), fp.read(xlen)

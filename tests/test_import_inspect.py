@@ -87,7 +87,8 @@ def test_eval_log_is_one_trajectory_per_sample_and_epoch(logs, tmp_path, capsys)
     for traj_id, sample in inspect_scores.items():
         scores = sample["scores"]
         assert (t.loc[traj_id, "finish_reason"] == "error") == sample["error"]
-        assert (t.loc[traj_id, "finish_reason"] == "message_limit") == (sample["limit"] == "message")
+        limited = t.loc[traj_id, "finish_reason"] == "message_limit"
+        assert limited == (sample["limit"] == "message")
         for name, value in scores.items():
             values = value if isinstance(value, dict) else {None: value}
             for key, v in values.items():

@@ -18,8 +18,9 @@ SOLVED = {"messages": [
     "reward": 1.0, "task_id": "osk", "group_id": "osk@3", "model": "agent-v2"}
 LOOPING = [  # a bare array: no reward, no task; it ends on a call with no answer
     {"role": "user", "content": "Write the report."},
-    {"role": "assistant", "content": "", "function_call": {"name": "python",
-                                                          "arguments": "{\"code\": \"print(1)\\nprint(2)\"}"}},
+    {"role": "assistant", "content": "",
+     "function_call": {"name": "python",
+                       "arguments": json.dumps({"code": "print(1)\nprint(2)"})}},
     {"role": "function", "name": "python", "content": "1\n2"}]
 GARBLED = {"messages": [{"role": "user", "content": "hi"},
                         {"role": "assistant", "content": "calling",
