@@ -215,6 +215,16 @@ class TrainConfig:
     """Abort an update whose approximate KL to the sampling policy exceeds this (LOOP)."""
     max_bad_steps: int = 3
     """Stop the run after this many consecutive updates skipped for NaN/inf."""
+    rollout_correction: str = "none"
+    """Correct the sampler-trainer mismatch (core/mismatch.py, verl's rollout correction):
+    "tis" weights each token's loss by min(pi_train / pi_sampler, rollout_is_cap); "mis" leaves
+    out tokens (or whole trajectories, rollout_correction_level) whose ratio leaves
+    [1 / cap, cap]. Either takes the PPO ratio against the trainer's own logprob and costs one
+    scoring pass per trajectory. "none": the ratio is against the sampler's logprob, as before."""
+    rollout_is_cap: float = 2.0
+    """C of the rollout correction: the TIS truncation and the MIS band [1/C, C]."""
+    rollout_correction_level: str = "token"
+    """Where "mis" masks: each "token", or each "sequence" by exp(sum of its log-ratios)."""
 
     # -- rewards -------------------------------------------------------------------------------
     outcome_metric: str = "em"

@@ -132,6 +132,7 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
                 clip_mode: str = "ppo", agg: str = "token-mean",
                 ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0,
                 dual_clip: float | None = None, t_max: int | None = None,
+                is_weights: torch.Tensor | None = None,
                 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate (Schulman et al. 2017) per trained token, plus an optional k3 KL penalty:
 
@@ -139,6 +140,8 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
 
     clip_mode "ppo": [1 - clip_low, 1 + clip_high]; "log": LOOP's [1/(1+eps), 1+eps], eps =
     clip_high. dual_clip c > 1 (Ye et al. 2020, verl): for A < 0 the loss is capped at -A * c.
+    ``is_weights`` (B,T), detached: rollout correction's importance weights (core/mismatch.py
+    ``tis_weights``), multiplying each token's pg term before aggregation, as verl applies them.
     ``old_logprobs`` and ``advantages`` are constants (detached). ``advantages`` may be (B,T) or
     (B,) (one per sequence, spread over its tokens).
     Shapes: logprobs, old_logprobs, mask (B,T) -> (loss scalar, metrics):
@@ -171,6 +174,9 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     pg = torch.maximum(pg_unclipped, pg_clipped)  # pessimistic bound
     if dual_clip is not None:
         pg = torch.where(adv < 0, torch.minimum(pg, -adv * dual_clip), pg)
+    if is_weights is not None:
+        _check_pair(is_weights, mask, "is_weights")
+        pg = pg * is_weights.detach()
 
     per_token = pg
     kl = torch.zeros_like(pg)

@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 from core.diagnostics import COMPONENTS, success_of
 from core.trajectory import Trajectory
 
-TOKEN_VALUE_COLUMNS = ("advantage", "new_logprob", "ref_logprob", "value")
+TOKEN_VALUE_COLUMNS = ("advantage", "new_logprob", "ref_logprob", "value", "train_logprob")
 _PRIVATE_INFO = ("token_entropy",)
 """Per-token lists the rollout keeps in Trajectory.info that have their own column."""
 
@@ -46,7 +46,8 @@ class StageResults:
                                                for v, m in zip(x[0].tolist(), mask)]
             self.token_values[s.traj.traj_id] = {
                 "advantage": col(s.advantages), "new_logprob": col(s.new_logprobs),
-                "ref_logprob": col(s.ref_logprobs), "value": col(s.values)}
+                "ref_logprob": col(s.ref_logprobs), "value": col(s.values),
+                "train_logprob": col(s.train_logprobs)}
         self.grad_norms.update(grad_norms)
 
     def merge(self, other: "StageResults") -> "StageResults":

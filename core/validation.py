@@ -110,6 +110,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(0 <= cfg.info_gain_gamma <= 1, "info_gain_gamma", "must be in [0, 1]")
     need(cfg.info_gain_type in ("prob", "log_prob"), "info_gain_type",
          "must be 'prob' (IGPO's paper) or 'log_prob' (its released script)")
+    need(cfg.rollout_correction in ("none", "tis", "mis"), "rollout_correction",
+         "must be none, tis or mis")
+    need(cfg.rollout_is_cap >= 1, "rollout_is_cap", "must be >= 1 (the band is [1/C, C])")
+    need(cfg.rollout_correction_level in ("token", "sequence"), "rollout_correction_level",
+         "must be token or sequence")
     need(cfg.w_spa >= 0, "w_spa", "must be >= 0")
     need(cfg.w_prm >= 0, "w_prm", "must be >= 0")
     need(cfg.spa_l2 > 0, "spa_l2", "must be > 0")

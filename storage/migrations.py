@@ -132,8 +132,15 @@ def m005_failure_clusters(con: duckdb.DuckDBPyConnection) -> None:
             created_at TIMESTAMP)""")
 
 
+def m006_train_logprob(con: duckdb.DuckDBPyConnection) -> None:
+    """The trainer's own logprob of each trained token under the weights that sampled it,
+    computed before the update (core/mismatch.py); ``logprob`` stays the sampler's. NULL where
+    not computed (older rows, untrained tokens, imports without it)."""
+    con.execute("ALTER TABLE tokens ADD COLUMN train_logprob DOUBLE")
+
+
 MIGRATIONS = [m001_initial, m002_imports, m003_turn_state, m004_turn_analyses,
-              m005_failure_clusters]
+              m005_failure_clusters, m006_train_logprob]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -1,0 +1,138 @@
+"""Training-inference mismatch (core/mismatch.py): the metrics and verl's corrections by hand, the
+loss weighted by them, and a real tiny-model RL step that records the trainer's own logprob of
+every trained token beside the sampler's, the per-step metrics from them, and the corrections."""
+import math
+
+import pytest
+import torch
+
+from core.config import ConfigError, TrainConfig, validate
+from core.losses import policy_loss
+from core.mismatch import distribution, mis_keep, mismatch_metrics, tis_weights
+from storage import queries
+from tests.credit_checks import one_rl_step
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+# -- by hand --------------------------------------------------------------------------------------
+def test_metrics_by_hand():
+    train = torch.tensor([-1.0, -2.0, -0.5, -3.0])
+    sampler = torch.tensor([-1.0, -2.2, -0.45, -3.0])
+    mask = torch.tensor([True, True, True, False])          # the last token is not trained
+    m = mismatch_metrics(train, sampler, mask)
+    d = [0.0, 0.2, -0.05]                                     # lp_train - lp_sampler
+    assert m["mismatch/abs_mean"] == pytest.approx(0.25 / 3)
+    # r = e^0.2 = 1.22 leaves [0.9, 1.1]; e^-0.05 = 0.951 and 1 stay in
+    assert m["mismatch/ratio_out_frac"] == pytest.approx(1 / 3)
+    assert m["mismatch/kl_k3"] == pytest.approx(sum(math.exp(x) - 1 - x for x in d) / 3)
+    # p95 of |d| = (0, 0.05, 0.2) by linear interpolation: 0.05 + 0.9 * 0.15
+    assert m["mismatch/abs_p95"] == pytest.approx(0.185)
+    table = distribution(train, sampler, mask)
+    assert table["tokens"] == 3 and table["max"] == pytest.approx(0.2)
+    assert table["sd"] == pytest.approx(torch.tensor([0.0, 0.2, 0.05]).std().item())
+    assert mismatch_metrics(train, sampler, torch.zeros(4, dtype=torch.bool)) == {}
+
+
+def test_truncated_and_masked_importance_sampling_by_hand():
+    train = torch.tensor([[-1.0, -1.0, -1.0, -1.0]])
+    sampler = torch.tensor([[-1.0, -1.5, -3.0, -0.2]])        # r = 1, e^0.5, e^2, e^-0.8
+    assert tis_weights(train, sampler, 2.0).tolist()[0] == pytest.approx(
+        [1.0, math.exp(0.5), 2.0, math.exp(-0.8)])             # only the top is truncated
+    mask = torch.tensor([[True, True, True, True]])
+    # the band [1/2, 2] in log space is [-0.693, 0.693]: e^2 and e^-0.8 leave it
+    assert mis_keep(train, sampler, mask, 2.0).tolist() == [[True, True, False, False]]
+    # sequence level: sum of d = 0 + 0.5 + 2 - 0.8 = 1.7 > log 2: the whole row goes
+    assert mis_keep(train, sampler, mask, 2.0, "sequence").tolist() == [[False] * 4]
+    assert mis_keep(train, sampler, mask, 8.0, "sequence").tolist() == [[True] * 4]
+    with pytest.raises(ValueError, match="cap"):
+        tis_weights(train, sampler, 0.5)
+
+
+def test_the_weights_multiply_each_tokens_policy_gradient_loss():
+    lp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    old, adv = lp.detach().clone(), torch.tensor([[1.0, 1.0]])
+    mask = torch.tensor([[True, True]])
+    plain, _ = policy_loss(lp, old, adv, mask)
+    weighted, _ = policy_loss(lp, old, adv, mask, is_weights=torch.tensor([[0.5, 2.0]]))
+    # ratio 1 at the start: pg = -A per token; token mean of (-0.5, -2.0) against (-1, -1)
+    assert plain.item() == pytest.approx(-1.0) and weighted.item() == pytest.approx(-1.25)
+
+
+def test_correction_settings_are_validated():
+    for field, value in (("rollout_correction", "pis"), ("rollout_is_cap", 0.9),
+                         ("rollout_correction_level", "turn")):
+        with pytest.raises(ConfigError, match=field):
+            validate(TrainConfig(**{field: value}))
+
+
+# -- a real step ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def steps(tmp_path_factory):
+    """(store, run id) of one real tiny-model RL step per correction: none, tis, mis (token level
+    with a cap so close to 1 that fp32 rounding between the passes decides)."""
+    base = tmp_path_factory.mktemp("mismatch")
+    return {"none": one_rl_step(base, "none"),
+            "tis": one_rl_step(base, "tis", rollout_correction="tis"),
+            "mis": one_rl_step(base, "mis", rollout_correction="mis", rollout_is_cap=1.000001)}
+
+
+def _tokens(db, run_id):
+    trajs = queries.trajectories(db, run_id)
+    return {t: queries.tokens(db, run_id, t) for t in trajs["traj_id"]}
+
+
+def test_a_step_records_the_trainers_logprob_and_the_metrics(steps):
+    db, run_id = steps["none"]
+    toks = _tokens(db, run_id)
+    trained = [tok[tok["trained"]] for tok in toks.values()]
+    assert sum(len(t) for t in trained) > 0
+    for tok in toks.values():
+        assert tok[tok["trained"]]["train_logprob"].notna().all()       # every trained token
+        assert tok[~tok["trained"]]["train_logprob"].isna().all()
+    train = torch.tensor([x for t in trained for x in t["train_logprob"]])
+    sampler = torch.tensor([x for t in trained for x in t["logprob"]])
+    want = mismatch_metrics(train, sampler, torch.ones(len(train), dtype=torch.bool))
+    metrics = queries.metrics(db, run_id)
+    got = {n: float(metrics[metrics["name"] == n]["value"].iloc[-1]) for n in want}
+    assert got == pytest.approx(want, abs=1e-6)
+    # the same weights, fp32 on both sides: the KV-cached sampling pass and the full-sequence
+    # training pass differ by rounding only
+    assert got["mismatch/abs_mean"] < 1e-3 and got["mismatch/ratio_out_frac"] == 0.0
+
+
+def test_tis_and_mis_steps_record_their_correction(steps):
+    db, run_id = steps["tis"]
+    m = queries.metrics(db, run_id)
+    names = set(m["name"])
+    assert {"rollout_corr/weight_mean", "rollout_corr/truncated_frac", "mismatch/abs_mean"} <= names
+    assert float(m[m["name"] == "rollout_corr/weight_mean"]["value"].iloc[-1]) == pytest.approx(
+        1.0, abs=1e-2)
+    db, run_id = steps["mis"]
+    m = queries.metrics(db, run_id)
+    masked = float(m[m["name"] == "rollout_corr/masked_frac"]["value"].iloc[-1])
+    # the recorded loss mask is the one the optimiser applied: masked tokens are not "trained"
+    toks = _tokens(db, run_id)
+    actions = sum(int((t["role"] == "action").sum()) for t in toks.values())
+    kept = sum(int(t["trained"].sum()) for t in toks.values())
+    assert kept == pytest.approx(actions * (1 - masked))
+    out = [t["train_logprob"][t["role"] == "action"] - t["logprob"][t["role"] == "action"]
+           for t in toks.values()]
+    band = math.log(1.000001)
+    assert actions - kept == sum(int((d.abs() > band).sum()) for d in out)
+
+
+def test_mis_narrows_the_loss_mask_and_the_trajectorys_trained_flags():
+    from core.trajectory import Trajectory
+    from core.update import Sample, correct_rollout
+    traj = Trajectory(traj_id="t", group_id="g", task=None, turns=[])
+    traj.trained = [False, True, True, True]
+    s = Sample(traj=traj, ids=torch.tensor([[1, 2, 3, 4]]),
+               mask=torch.tensor([[False, True, True, True]]),
+               old_logprobs=torch.tensor([[0.0, -1.0, -3.0, -1.0]]))   # the sampler's
+    s.train_logprobs = torch.tensor([[0.0, -1.0, -1.0, -1.1]])         # d = 0, 2, -0.1
+    cfg = TrainConfig(rollout_correction="mis", rollout_is_cap=2.0)
+    metrics = correct_rollout([s], cfg)
+    assert s.mask.tolist() == [[False, True, False, True]] and traj.trained == s.mask[0].tolist()
+    assert metrics == {"rollout_corr/masked_frac": pytest.approx(1 / 3)}
+    assert torch.equal(s.old_logprobs, s.train_logprobs)   # the ratio is against the trainer's
