@@ -62,6 +62,8 @@ CASES = {
                                       "Lenna", {"retrieved_gold": False}),
     "collateral_damage": ([turn("<tool>{}</tool>", "ok", kind="tool"), answer("done")], True,
                           "answered", "done", {"collateral": True}),
+    "sample_error": ([turn("<tool>{}</tool>", "ok", kind="tool")], False, "error", None, {}),
+    "limit_exceeded": ([search("a"), search("b", "other")], False, "message_limit", None, {}),
     "unsolved": ([turn("<answer>Up</answer>", "grid 1", kind="move"),
                   turn("<answer>Left</answer>", "grid 2 (fell in a hole)", kind="move")],
                  False, "done", None, {}),
