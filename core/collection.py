@@ -14,7 +14,9 @@ conversation so far, the env's stop tags as ``stop``) -> the action (with its st
 core/endpoint.py) -> ``env.step`` -> the observation as the next user message (an ``inline``
 env's observation too: the chat protocol has no way to continue the model's own message). The
 episodes' requests run concurrently on ``endpoint_concurrency`` threads; the environments are
-stepped in the calling thread only, as in our own rollouts.
+stepped one call at a time, as in our own rollouts, through the same guard (core/envs/guard.py:
+a deadline per call, observations cut by bytes, results checked; a failure ends the trajectory
+as ``env_error``, the error in ``trajectories.info.env_error``).
 
 The record is the trainer's (core/records.py), one transaction per step: prompt and observation
 text as whitespace-led pieces without token ids, each action as the server's own tokens with the
@@ -37,9 +39,10 @@ from core.config import ConfigError, TrainConfig, env_kwargs, validate
 from core.endpoint import (PREFIX, ChatClient, EndpointError, EndpointRefused, Reply,
                            action_pieces, api_key, pieces, restore_stop)
 from core.envs.base import StepResult, make_env
+from core.envs.guard import CUT_KEY, EnvError, Guard
 from core.lifecycle import record_and_exit, stop_on_sigint
 from core.records import step_tables
-from core.rollout import Sampling, initial_state_key
+from core.rollout import Sampling, grade, initial_state_key, step_failed
 from core.schedule import Schedule, eval_sampling_seed
 from core.scoring import score_all
 from core.trajectory import Trajectory, Turn
@@ -179,12 +182,27 @@ class _Collection:
     def play(self, env, tasks: list, group_size: int, sampling: Sampling, seed: int,
              prefix: str, split: str) -> list[Trajectory]:
         """``group_size`` episodes of each task, requests concurrent, env steps here."""
-        eps = []
-        for g, task in enumerate(tasks):
-            for r in range(group_size):
-                ep_seed = (seed * 1_000_003 + g * 1_009 + r) % (2 ** 31)
-                eps.append(_start(env, task, f"{prefix}-g{g}-r{r}", f"{prefix}-g{g}", split,
-                                  ep_seed))
+        with sampling.guard(env) as guard:
+            eps = []
+            for g, task in enumerate(tasks):
+                for r in range(group_size):
+                    ep_seed = (seed * 1_000_003 + g * 1_009 + r) % (2 ** 31)
+                    eps.append(_start(env, guard, task, f"{prefix}-g{g}-r{r}", f"{prefix}-g{g}",
+                                      split, ep_seed))
+            self._requests(env, eps, sampling)
+        trajs = [ep.traj for ep in eps]
+        score_all(trajs, self.cfg)
+        failed = [t for t in trajs if t.finish_reason == FINISH]
+        if failed:  # said where the user looks: a wrong setting fails every episode alike
+            first = failed[0].info["endpoint_error"]
+            tqdm.write(f"{prefix}: {len(failed)} of {len(trajs)} episodes ended as {FINISH} "
+                       f"(first: {first['kind']}"
+                       + (f", HTTP {first['status']}" if first.get("status") else "")
+                       + f", {first['attempts']} attempts: {first['detail'][:200]})")
+        return trajs
+
+    def _requests(self, env, eps: list[_Episode], sampling: Sampling) -> None:
+        """Every episode's turns: requests concurrent, each reply acted on as it comes."""
         pending: dict = {}
         with ThreadPoolExecutor(max_workers=self.cfg.endpoint_concurrency) as pool:
             def submit(ep: _Episode) -> None:
@@ -213,20 +231,11 @@ class _Collection:
                 for future in pending:  # stop what has not started; the running ones end
                     future.cancel()
                 raise
-        trajs = [ep.traj for ep in eps]
-        score_all(trajs, self.cfg)
-        failed = [t for t in trajs if t.finish_reason == FINISH]
-        if failed:  # said where the user looks: a wrong setting fails every episode alike
-            first = failed[0].info["endpoint_error"]
-            tqdm.write(f"{prefix}: {len(failed)} of {len(trajs)} episodes ended as {FINISH} "
-                       f"(first: {first['kind']}"
-                       + (f", HTTP {first['status']}" if first.get("status") else "")
-                       + f", {first['attempts']} attempts: {first['detail'][:200]})")
-        return trajs
 
 
-def _start(env, task, traj_id: str, group_id: str, split: str, seed: int) -> _Episode:
-    episode = env.episode(task, seed=seed)
+def _start(env, guard: Guard, task, traj_id: str, group_id: str, split: str,
+           seed: int) -> _Episode:
+    episode = guard.open(task, seed)
     first = episode.reset()
     messages = ([{"role": "system", "content": env.system_prompt}] if env.system_prompt else [])
     messages.append({"role": "user", "content": first})
@@ -260,20 +269,18 @@ def _act(ep: _Episode, env, reply: Reply, sampling: Sampling) -> bool:
         info["top_logprobs"] = reply.top[:len(rows)]
     t0 = time.perf_counter()
     try:
-        if final and not env.is_answer(action):
+        if final and not ep.episode.guard.is_answer(action):
             result = StepResult("", done=True, valid=False, action_type="invalid",
                                 error="final-answer turn: only an answer is accepted; the action "
                                       "was not executed", state_key=ep.state_key)
         else:
-            result = ep.episode.step(action)
-            if not isinstance(result, StepResult) or not isinstance(result.observation, str):
-                raise TypeError(f"env step returned {type(result).__name__}, not a StepResult")
-    except Exception as exc:  # an env bug ends this trajectory, not the run
+            result = ep.episode.step(action)  # checked, observation cut by bytes
+    except EnvError as exc:  # an env bug ends this trajectory, not the run
         _append(traj, rows, "action", turn)
-        traj.turns.append(Turn(turn=turn, action=action, observation="", valid=False,
-                               error=f"{type(exc).__name__}: {exc}", action_tokens=len(rows),
-                               action_truncated=reply.finish_reason == "length",
-                               state_key=ep.state_key, info={"endpoint": info}))
+        traj.turns.append(step_failed(traj, exc, Turn(
+            turn=turn, action=action, observation="", valid=False, action_tokens=len(rows),
+            action_truncated=reply.finish_reason == "length", state_key=ep.state_key,
+            latency_s=time.perf_counter() - t0, info={"endpoint": info})))
         return _finish(ep, "env_error")
     obs = result.observation
     _append(traj, rows, "action", turn)
@@ -283,6 +290,7 @@ def _act(ep: _Episode, env, reply: Reply, sampling: Sampling) -> bool:
         turn=turn, action=action, observation=obs, valid=result.valid,
         action_type=result.action_type, parsed=result.parsed, error=result.error,
         state_diff=result.state_diff, action_truncated=reply.finish_reason == "length",
+        obs_truncated=CUT_KEY in result.info,
         latency_s=time.perf_counter() - t0, step_reward=result.reward, action_tokens=len(rows),
         state_key=ep.state_key, info={**(result.info or {}), "endpoint": info}))
     ep.state_key = result.state_key
@@ -317,13 +325,8 @@ def _failed(ep: _Episode, exc: EndpointError) -> None:
 
 
 def _finish(ep: _Episode, reason: str) -> bool:
-    from core.envs.base import Outcome
     ep.done = True
-    ep.traj.finish_reason = reason
-    try:
-        ep.traj.outcome = ep.episode.outcome()
-    except Exception as exc:  # grading failed: record it rather than lose the round
-        ep.traj.outcome = Outcome(score=0.0, success=False, info={"error": repr(exc)})
+    grade(ep.traj, ep.episode, reason)
     return False
 
 

@@ -124,7 +124,13 @@ class TrainConfig:
     max_new_tokens: int = 96
     """Most tokens the model may generate in one turn; a turn cut here is recorded as such."""
     max_obs_tokens: int = 256
-    """Observations longer than this are truncated (and recorded as truncated)."""
+    """Observations longer than this are truncated (and recorded as truncated). Before they are
+    tokenised they are cut to 128 bytes of UTF-8 per token allowed (core/envs/guard.py), the cut
+    recorded in the turn's info as observation_cut_bytes."""
+    env_step_timeout: float = 120.0
+    """Seconds one env.step / outcome may take; past it the trajectory ends as env_error naming
+    the deadline and the run goes on (the call is abandoned on its worker thread; too many still
+    stuck stops the run, naming the env)."""
     max_context: int = 1536
     """Most tokens in a whole trajectory context; reaching it ends the trajectory."""
     temperature: float = 1.0

@@ -114,7 +114,8 @@ def turn_rows(trajs: Sequence[Trajectory],
             cols["state_diff"].append(turn.state_diff)
             cols["advantage"].append(float(turn_adv[turn.turn]) if turn_adv is not None
                                      and turn.turn < len(turn_adv) else float(t.advantage))
-            cols["step_reward"].append(float(turn.step_reward))
+            cols["step_reward"].append(None if turn.env_failed
+                                       else float(turn.step_reward))
             cols["state_key"].append(turn.state_key)
             cols["info"].append(turn.info or None)
     return dict(cols)

@@ -20,6 +20,7 @@ punctuation, drop the whole words a/an/the, collapse whitespace), then compare w
 """
 from __future__ import annotations
 
+import math
 import re
 import string
 from collections import Counter
@@ -186,7 +187,20 @@ def score(traj: "Trajectory", cfg: "TrainConfig") -> tuple[dict[str, float], flo
 
     Components are returned unweighted, so the rewards table shows what each signal said and the
     weights (stored with the run's config) show how much it counted.
+
+    A component that is not a finite number raises ValueError naming the trajectory, its task
+    and the component: one NaN would turn the whole step's advantages into NaN. (Our rollouts
+    check the env's outcome before it gets here, core/envs/guard.py; this names what else does.)
     """
-    parts = {name: float(fn(traj, cfg)) for name, (fn, _) in COMPONENTS.items()}
+    parts = {}
+    for name, (fn, _) in COMPONENTS.items():
+        value = fn(traj, cfg)
+        try:
+            parts[name] = float(value)
+        except (TypeError, ValueError, OverflowError):
+            parts[name] = math.nan
+        if not math.isfinite(parts[name]):
+            raise ValueError(f"trajectory {traj.traj_id} (task {traj.task.task_id}): reward "
+                             f"component {name} is {value!r:.80}, not a finite number")
     total = sum(getattr(cfg, weight) * parts[name] for name, (_, weight) in COMPONENTS.items())
     return parts, float(total)

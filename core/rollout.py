@@ -24,6 +24,10 @@ Chat templates and how a turn's tokens are written into the trajectory (roles, t
 the cuts to ``max_obs_tokens`` and ``max_context``): core/transcript.py, shared with the SFT
 demonstrations; its names are re-exported here.
 
+The environment is called only through core/envs/guard.py (a deadline on every call, the
+observation cut by bytes before it is tokenised, step results and outcomes checked); whatever it
+raises there ends that trajectory as ``env_error`` (``step_failed``, ``grade``), and the run goes on.
+
 ``final_answer_turn`` (Search-R1): a row still going after ``max_turns`` gets one more generation
 in which only an answer (``env.is_answer``) is executed; anything else is recorded unexecuted.
 
@@ -38,7 +42,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from core.envs.base import Episode, Environment, StepResult, Task, observation_role
+from core.envs.base import Environment, Outcome, StepResult, Task, observation_role
+from core.envs.guard import (CUT_KEY, DEFAULT_TIMEOUT_S, EnvError, Guard, GuardedEpisode,
+                             obs_byte_cap)
 from core.kv_cache import Batch
 from core.policy import Policy, token_logprobs, token_texts
 from core.transcript import (  # noqa: F401 (user_turn_text re-exported)
@@ -56,6 +62,8 @@ class Sampling:
     top_p: float = 1.0
     final_answer_turn: bool = False
     """One extra answer-only generation for rows still going after max_turns (Search-R1)."""
+    env_step_timeout: float = DEFAULT_TIMEOUT_S
+    """Seconds one call into the env may take (core/envs/guard.py)."""
 
     @classmethod
     def from_config(cls, cfg, eval: bool = False) -> "Sampling":
@@ -63,13 +71,18 @@ class Sampling:
                    max_obs_tokens=cfg.max_obs_tokens, max_context=cfg.max_context,
                    temperature=cfg.eval_temperature if eval else cfg.temperature,
                    top_p=1.0 if eval else cfg.top_p,
-                   final_answer_turn=bool(getattr(cfg, "final_answer_turn", False)))
+                   final_answer_turn=bool(getattr(cfg, "final_answer_turn", False)),
+                   env_step_timeout=float(getattr(cfg, "env_step_timeout", DEFAULT_TIMEOUT_S)))
+
+    def guard(self, env: Environment) -> Guard:
+        """The guard one rollout of ``env`` calls its episodes through."""
+        return Guard(env, self.env_step_timeout, obs_byte_cap(self.max_obs_tokens))
 
 
 @dataclass
 class _Row:
     traj: Trajectory
-    episode: Episode
+    episode: GuardedEpisode
     pending: list[int]
     """Token ids already in the trajectory but not yet fed to the cache."""
     fed: int = 0
@@ -88,7 +101,7 @@ class _Row:
     """Key of the state the episode is in now (the next turn's anchor)."""
 
 
-def initial_state_key(episode: Episode) -> str | None:
+def initial_state_key(episode) -> str | None:
     """The episode's ``state_key()`` right after reset (the first turn's anchor), if it has one."""
     key_of = getattr(episode, "state_key", None)
     if not callable(key_of):
@@ -155,31 +168,32 @@ def rollout(policy: Policy, env: Environment, tasks: list[Task], *, group_size: 
     # on the policy's device: sampling draws there (a GPU run samples other tokens than a CPU
     # run of the same seed, each reproducible on its own device)
     generator = torch.Generator(device=policy.device).manual_seed(seed)
-    rows: list[_Row] = []
-    for g, task in enumerate(tasks):
-        for r in range(group_size):
-            ep_seed = (seed * 1_000_003 + g * 1_009 + r) % (2 ** 31)
-            episode = env.episode(task, seed=ep_seed)
-            traj = Trajectory(traj_id=f"{id_prefix}-g{g}-r{r}", group_id=f"{id_prefix}-g{g}",
-                              task=task, split=split, info={"episode_seed": ep_seed})
-            ids = prompt_ids(tok, env.system_prompt, episode.reset())
-            append_tokens(traj, ids, "prompt", turn=-1)
-            rows.append(_Row(traj=traj, episode=episode, pending=ids,
-                             state_key=initial_state_key(episode)))
-    for row in rows:
-        if len(row.traj.token_ids) >= sampling.max_context:
-            _finish(row, "context_full")
-    was_training = policy.model.training
-    policy.model.eval()
-    try:
-        with torch.inference_mode():
-            _run_turns(policy, env, [r for r in rows if not r.done], sampling, generator,
-                       reuse_cache)
-    finally:
-        policy.model.train(was_training)
-    for row in rows:
-        if not row.done:
-            _finish(row, "max_turns")
+    with sampling.guard(env) as guard:  # a failing reset or state_key fails the run, named
+        rows: list[_Row] = []
+        for g, task in enumerate(tasks):
+            for r in range(group_size):
+                ep_seed = (seed * 1_000_003 + g * 1_009 + r) % (2 ** 31)
+                episode = guard.open(task, ep_seed)
+                traj = Trajectory(traj_id=f"{id_prefix}-g{g}-r{r}", group_id=f"{id_prefix}-g{g}",
+                                  task=task, split=split, info={"episode_seed": ep_seed})
+                ids = prompt_ids(tok, env.system_prompt, episode.reset())
+                append_tokens(traj, ids, "prompt", turn=-1)
+                rows.append(_Row(traj=traj, episode=episode, pending=ids,
+                                 state_key=initial_state_key(episode)))
+        for row in rows:
+            if len(row.traj.token_ids) >= sampling.max_context:
+                _finish(row, "context_full")
+        was_training = policy.model.training
+        policy.model.eval()
+        try:
+            with torch.inference_mode():
+                _run_turns(policy, env, [r for r in rows if not r.done], sampling, generator,
+                           reuse_cache)
+        finally:
+            policy.model.train(was_training)
+        for row in rows:
+            if not row.done:
+                _finish(row, "max_turns")
     trajs = [row.traj for row in rows]
     _fill_missing_logprobs(policy, trajs, sampling.temperature)
     for traj in trajs:
@@ -284,22 +298,25 @@ def _act(row: _Row, turn: int, sampling: Sampling, tok, env: Environment,
     truncated = row.stopped == "max_new_tokens"
     t0 = time.perf_counter()
     try:
-        if final and not env.is_answer(action):
+        if final and not row.episode.guard.is_answer(action):
             result = StepResult("", done=True, valid=False, action_type="invalid",
                                 error="final-answer turn: only an answer is accepted; the action "
                                       "was not executed", state_key=row.state_key)
         else:
-            result = _checked(row.episode.step(action))
-    except Exception as exc:  # an env bug ends this trajectory, not the run
+            result = row.episode.step(action)  # checked, observation cut by bytes
+    except EnvError as exc:  # an env bug ends this trajectory, not the run
         append_tokens(traj, row.gen, "action", turn, logprobs=row.gen_lp)
-        traj.turns.append(Turn(turn=turn, action=action, observation="", valid=False,
-                               error=f"{type(exc).__name__}: {exc}", action_tokens=len(row.gen),
-                               action_truncated=truncated, state_key=row.state_key))
+        traj.turns.append(step_failed(traj, exc, Turn(
+            turn=turn, action=action, observation="", valid=False, action_tokens=len(row.gen),
+            action_truncated=truncated, state_key=row.state_key,
+            latency_s=time.perf_counter() - t0)))
         _finish(row, "env_error")
         return
     obs_ids, reason = record_turn(traj, tok, turn, action, row.gen, row.gen_lp, result, sampling,
                                   latency=time.perf_counter() - t0, action_truncated=truncated,
                                   state_key=row.state_key, role=observation_role(env))
+    if CUT_KEY in result.info:  # cut by bytes before the token cut could see it
+        traj.turns[-1].obs_truncated = True
     row.state_key = result.state_key
     row.pending = _unfed(row, obs_ids)
     if final:
@@ -308,15 +325,30 @@ def _act(row: _Row, turn: int, sampling: Sampling, tok, env: Environment,
         _finish(row, reason)
 
 
-def _checked(result):
-    """``result`` if it is a StepResult with a UTF-8-encodable text observation; otherwise an
-    error (a tool returning garbage ends its trajectory as env_error, like one that raises)."""
-    if not isinstance(result, StepResult) or not isinstance(result.observation, str):
-        raise TypeError(f"env step returned {type(result).__name__} "
-                        f"(observation {type(getattr(result, 'observation', None)).__name__}), "
-                        "not a StepResult with a text observation")
-    result.observation.encode("utf-8")  # lone surrogates would break tokenizer and store
-    return result
+def step_failed(traj: Trajectory, exc: EnvError, turn: Turn) -> Turn:
+    """``turn`` as the failed step ``exc`` says (shared with core/collection.py): the error on
+    the turn, its step reward unknown (recorded NULL), and ``trajectories.info.env_error``
+    naming the env, the call and the turn. The caller ends the trajectory as env_error."""
+    turn.error, turn.env_failed = exc.text, True
+    traj.info.setdefault("env_error", {**exc.info(), "turn": turn.turn})
+    return turn
+
+
+def grade(traj: Trajectory, episode: GuardedEpisode, reason: str) -> None:
+    """End ``traj`` with ``reason`` and the episode's outcome (shared with core/collection.py).
+
+    An outcome that fails (raises, times out, returns a NaN or wrong-typed score) ends the
+    trajectory as ``env_error`` instead, graded score 0, not a success: the env, not the
+    policy, failed, and a wrong answer's failure class would blame the policy. The error and the
+    env go in the outcome's info and in ``trajectories.info.env_error`` (with the finish reason
+    it had); a step that failed first keeps its own error there."""
+    traj.finish_reason = reason
+    try:
+        traj.outcome = episode.outcome()
+    except EnvError as exc:
+        traj.outcome = Outcome(score=0.0, success=False, info={"error": exc.text, "env": exc.env})
+        traj.info.setdefault("env_error", {**exc.info(), "finish_reason": reason})
+        traj.finish_reason = "env_error"
 
 
 def _unfed(row: _Row, obs_ids: list[int]) -> list[int]:
@@ -327,12 +359,7 @@ def _unfed(row: _Row, obs_ids: list[int]) -> list[int]:
 
 def _finish(row: _Row, reason: str) -> None:
     row.done = True
-    row.traj.finish_reason = reason
-    try:
-        row.traj.outcome = row.episode.outcome()
-    except Exception as exc:  # grading failed: record it rather than lose the step
-        from core.envs.base import Outcome
-        row.traj.outcome = Outcome(score=0.0, success=False, info={"error": repr(exc)})
+    grade(row.traj, row.episode, reason)
 
 
 def _fill_missing_logprobs(policy: Policy, trajs: list[Trajectory], temperature: float) -> None:

@@ -35,6 +35,10 @@ class Turn:
     latency_s: float = 0.0
     """Wall time of env.step for this action."""
     step_reward: float = 0.0
+    env_failed: bool = False
+    """The env's step raised, ran past its deadline or returned something unusable (``error``
+    says which; core/envs/guard.py): it gave no reward, so ``step_reward`` is recorded as NULL
+    (and counts 0 in credit)."""
     action_tokens: int = 0
     state_key: str | None = None
     """Key of the environment state this turn acted from (GiGPO's anchor): the episode's

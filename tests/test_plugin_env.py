@@ -194,6 +194,49 @@ def test_an_exception_in_step_ends_only_that_trajectory(tmp_path):
     assert len(others) == 2 and all(r[2] == 2 and "backend" not in (r[3] or "") for r in others)
 
 
+BAD_OUTCOMES = """
+import math
+from examples.guess import Factory, GuessEpisode
+from core.envs.base import Outcome
+
+class GradedBadly(GuessEpisode):
+    def __init__(self, env, task, seed):
+        super().__init__(env, task)
+        self.seed = seed
+
+    def outcome(self):
+        if self.seed % 4 == 1:
+            raise KeyError("grades")
+        if self.seed % 4 == 3:
+            return Outcome(score=math.nan, success=False)
+        return super().outcome()
+
+class Env(Factory):
+    def episode(self, task, seed):
+        return GradedBadly(self, task, seed)
+"""
+
+
+def test_an_outcome_that_raises_or_scores_nan_ends_only_that_trajectory(tmp_path):
+    (tmp_path / "bad_grader.py").write_text(BAD_OUTCOMES)
+    db = tmp_path / "store.duckdb"
+    proc = _cli(["--env", "bad_grader:Env", "--env-options", "high=8", "--steps", "1",
+                 "--max-turns", "1", "--eval-every", "0", "--db", str(db), *SMALL],
+                pythonpath=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _q(db, "SELECT status FROM runs") == [("finished",)]
+    rows = _q(db, """SELECT info->>'$.episode_seed', finish_reason, reward,
+                            info->>'$.env_error.env', info->>'$.env_error.call',
+                            info->>'$.env_error.error' FROM trajectories ORDER BY 1""")
+    by_seed = {int(r[0]) % 4: r[1:] for r in rows}
+    # step 1's episode seeds 1000003, 1000004, 1001012, 1001013 (core/rollout.py)
+    assert len(rows) == 4 and set(by_seed) == {0, 1, 3}
+    assert by_seed[1] == ("env_error", 0.0, "guess", "outcome", "KeyError: 'grades'")
+    assert by_seed[3] == ("env_error", 0.0, "guess", "outcome",
+                          "outcome returned score=nan: not a finite real number")
+    assert by_seed[0][0] != "env_error" and by_seed[0][2] is None
+
+
 @pytest.fixture(scope="module")
 def guess_store(tmp_path_factory):
     """The example trained through the real CLI: 1 SFT step, 1 RL step, evaluations."""
