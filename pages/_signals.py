@@ -88,6 +88,34 @@ def _onsets(flag: pd.Series) -> list:
     return [int(s) for s in flag.index[starts]]
 
 
+DRIFT_WINDOW = 5
+"""Steps in the baseline (the first ones with a mismatch) and in the rolling median compared."""
+DRIFT_RATIO = 2.0
+DRIFT_FLOOR = 0.005
+"""Mismatch drift: the rolling median of mismatch/abs_mean over DRIFT_WINDOW steps reaches both
+DRIFT_RATIO x its baseline (the median of the run's first DRIFT_WINDOW steps) and the baseline +
+DRIFT_FLOOR nats. The ratio catches slime/vime issue 64's drift (0.011 -> 0.036 over 30 steps);
+the floor keeps a healthy fp32 run (|d| ~ 1e-6, where doubling is rounding) from alarming, and
+the medians keep one odd step from starting an alarm."""
+
+
+def mismatch_alarms(wide: pd.DataFrame, window: int = DRIFT_WINDOW) -> list[dict]:
+    """Onsets of mismatch drift (see DRIFT_RATIO), as [{step, kind, message}]; none before
+    2 x ``window`` steps carry the metric."""
+    if "mismatch/abs_mean" not in wide.columns:
+        return []
+    series = wide["mismatch/abs_mean"].dropna()
+    if len(series) < 2 * window:
+        return []
+    base = float(series.iloc[:window].median())
+    rolling = series.rolling(window).median()
+    drift = (rolling >= DRIFT_RATIO * base) & (rolling >= base + DRIFT_FLOOR)
+    return [{"step": s, "kind": "mismatch",
+             "message": f"the sampler-trainer mismatch (median |lp_train - lp_sampler| over "
+                        f"{window} steps) reached {DRIFT_RATIO:g}x its first steps' {base:.4f}"}
+            for s in _onsets(drift)]
+
+
 def collapse_alarms(wide: pd.DataFrame, single_turn: bool = False) -> list[dict]:
     """Where collapse signals start, as [{step, kind, message}] by step (RAGEN's Echo Trap:
     in-group reward std and entropy fall first; repeated action sequences rise).

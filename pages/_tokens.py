@@ -16,8 +16,20 @@ MODES = {
     "sampling logprob": "logprob",
     "entropy": "entropy",
     "advantage": "advantage",
+    "mismatch": "mismatch",
 }
-"""Colouring choices of the token view -> the tokens column each one reads."""
+"""Colouring choices of the token view -> the tokens column each one reads (``mismatch``:
+train_logprob - logprob, added by ``with_mismatch``)."""
+MISMATCH_FULL = 0.1
+"""|d| (nats) at which the mismatch colour is full: a ratio about 0.9 or 1.1, the band's edge."""
+
+
+def with_mismatch(tokens: pd.DataFrame) -> pd.DataFrame:
+    """``tokens`` with a ``mismatch`` column, d = train_logprob - logprob (the trainer's logprob
+    against the sampler's; NaN where either is missing, e.g. stores recorded before it)."""
+    train = pd.to_numeric(tokens.get("train_logprob"), errors="coerce") \
+        if "train_logprob" in tokens else float("nan")
+    return tokens.assign(mismatch=train - pd.to_numeric(tokens["logprob"], errors="coerce"))
 
 _ROLE_BG = {"prompt": "rgba(80,120,220,0.12)", "observation": "rgba(130,130,130,0.18)"}
 _TRAINED_BG = "rgba(46,160,67,0.38)"
@@ -40,10 +52,13 @@ def _title(row: dict) -> str:
     lp = _num(row.get("logprob"))
     if lp is not None:
         parts.append(f"logprob {lp:.4f} (p={math.exp(lp):.3f})")
-    for name in ("entropy", "advantage", "new_logprob", "ref_logprob", "value"):
+    for name in ("entropy", "advantage", "new_logprob", "ref_logprob", "value", "train_logprob"):
         v = _num(row.get(name))
         if v is not None:
             parts.append(f"{name} {v:.4f}")
+    d = _num(row.get("mismatch"))
+    if d is not None:
+        parts.append(f"mismatch d {d:+.3g} (ratio {math.exp(min(d, 50.0)):.4f})")
     return " | ".join(parts)
 
 
@@ -63,6 +78,8 @@ def _background(row: dict, mode: str, scale: float, updated: bool = True) -> str
     strength = min(abs(value) / scale, 1.0) if scale > 0 else 0.0
     if mode == "entropy":
         return f"rgba(255,150,0,{0.8 * strength:.3f})"
+    if mode == "mismatch":  # an absolute scale: a ratio at the band's edge is full purple
+        return f"rgba(140,60,200,{0.85 * min(abs(value) / MISMATCH_FULL, 1.0):.3f})"
     colour = "46,160,67" if value >= 0 else "220,40,40"  # advantage: green helps, red hurts
     return f"rgba({colour},{0.75 * strength:.3f})"
 
@@ -98,6 +115,8 @@ LEGEND = {
     "sampling logprob": "redder = less likely under the sampling policy; uncoloured: no logprob",
     "entropy": "more orange = higher entropy of the sampling distribution at that token",
     "advantage": "green = positive advantage, red = negative; strength relative to the largest",
+    "mismatch": "more purple = the trainer's logprob further from the sampler's, full at |d| = "
+                f"{MISMATCH_FULL:g} nats (a ratio near 0.9 or 1.1); hover for d and the ratio",
 }
 
 

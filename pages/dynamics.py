@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from pages import _common as c
-from pages import _info_gain, _signals
+from pages import _info_gain, _mismatch, _signals
 from storage import queries
 
 c.ensure_app()
@@ -32,11 +32,14 @@ st.title("Dynamics")
 wide = c.read_or_stop(c.load_metrics, pick.store, pick.run_id, pick.last_step)
 if wide.empty:
     c.stop("This run recorded no metrics yet.")
-alarms = _signals.collapse_alarms(wide, single_turn=_signals.single_turn(pick.config))
+alarms = sorted(_signals.collapse_alarms(wide, single_turn=_signals.single_turn(pick.config))
+                + _signals.mismatch_alarms(wide), key=lambda a: a["step"])
 SHOWN_ALARMS = 5  # listed one by one; a signal that flickers can start thousands of alarms
-ALARM_LINES = {"std+entropy": ("red", "dot"), "repeats": ("darkorange", "dash")}  # kind: style
+ALARM_LINES = {"std+entropy": ("red", "dot"), "repeats": ("darkorange", "dash"),  # kind: style
+               "mismatch": ("purple", "dashdot")}
 for a in alarms[:SHOWN_ALARMS]:
-    st.warning(f"Collapse alarm at step {a['step']} ({a['kind']}): {a['message']}.")
+    what = "Mismatch alarm" if a["kind"] == "mismatch" else "Collapse alarm"
+    st.warning(f"{what} at step {a['step']} ({a['kind']}): {a['message']}.")
 if len(alarms) > SHOWN_ALARMS:
     with st.expander(f"{len(alarms) - SHOWN_ALARMS:,} more collapse alarms"):
         st.dataframe(pd.DataFrame(alarms[SHOWN_ALARMS:]), hide_index=True)
@@ -160,6 +163,12 @@ ROWS = [
                   if isinstance((pick.config or {}).get("lr"), (int, float)) else "")),
      dict(names=["update/delta_rel"], title="Step size relative to the adapter's norm",
           key="dyn_delta_rel")),
+    (dict(names=["mismatch/abs_mean", "mismatch/abs_p95"], key="dyn_mismatch",
+          title="Training-inference mismatch |lp_train - lp_sampler|",
+          note="The trainer's own logprob of each trained token against the sampler's, under "
+               "the same weights, before the update: both should agree."),
+     dict(names=["mismatch/ratio_out_frac", "mismatch/kl_k3"], key="dyn_mismatch_ratio",
+          title="Ratio outside [0.9, 1.1]; k3 KL(sampler || trainer)")),
 ]
 for row in ROWS:
     for column, spec in zip(st.columns(2), row):
@@ -176,6 +185,9 @@ if others:
 
 # -- information gain (IGPO) -----------------------------------------------------------------------
 _info_gain.dynamics_panel(pick)
+
+# -- training-inference mismatch -------------------------------------------------------------------
+_mismatch.dynamics_panel(pick, wide)
 
 # -- gradient spikes -------------------------------------------------------------------------------
 st.subheader("Gradient norm and spikes")

@@ -112,7 +112,7 @@ else:
 
 # -- tokens (right under the turns: the page's heart, not below every panel) ---------------------
 st.subheader("Tokens")
-tokens = c.load_tokens(pick.store, pick.run_id, traj_id)
+tokens = _tokens.with_mismatch(c.load_tokens(pick.store, pick.run_id, traj_id))
 if tokens.empty:
     st.info("No token records for this trajectory (imported runs carry text only).")
 else:
@@ -124,6 +124,7 @@ else:
     @st.fragment
     def token_view() -> None:
         """A fragment: another colouring redraws the tokens alone, not the whole page."""
+        c.adopt_url("colour", "replay_colour", list(_tokens.MODES))  # a link may ask for one
         mode = st.selectbox("Colour by", list(_tokens.MODES), key="replay_colour")
         column = _tokens.MODES[mode]
         if column and tokens[column].isna().all():

@@ -136,3 +136,61 @@ def test_mis_narrows_the_loss_mask_and_the_trajectorys_trained_flags():
     assert s.mask.tolist() == [[False, True, False, True]] and traj.trained == s.mask[0].tolist()
     assert metrics == {"rollout_corr/masked_frac": pytest.approx(1 / 3)}
     assert torch.equal(s.old_logprobs, s.train_logprobs)   # the ratio is against the trainer's
+
+
+# -- the drift alarm --------------------------------------------------------------------------------
+def test_the_drift_alarm_fires_on_a_drift_and_not_on_a_healthy_run():
+    import numpy as np
+    import pandas as pd
+    from pages._signals import mismatch_alarms
+    steps = range(1, 31)
+    # slime/vime issue 64's stack: 0.011 -> 0.036 over 30 steps
+    drift = pd.DataFrame({"mismatch/abs_mean": np.linspace(0.011, 0.036, 30)}, index=steps)
+    (alarm,) = mismatch_alarms(drift)
+    assert alarm["kind"] == "mismatch" and 15 <= alarm["step"] <= 30
+    # a healthy fp32 run: rounding-level noise that doubles and halves, and a flat bf16 run
+    rng = np.random.default_rng(0)
+    assert mismatch_alarms(pd.DataFrame({"mismatch/abs_mean": rng.uniform(2e-7, 1e-6, 30)},
+                                        index=steps)) == []
+    flat = 0.011 + rng.normal(0, 0.001, 30)
+    flat[12] = 0.05   # one odd step: the rolling median does not follow it
+    assert mismatch_alarms(pd.DataFrame({"mismatch/abs_mean": flat}, index=steps)) == []
+    assert mismatch_alarms(drift.head(9)) == []   # too few steps to judge
+
+
+# -- the pages --------------------------------------------------------------------------------------
+def test_dynamics_and_replay_show_the_mismatch(steps, monkeypatch, tmp_path):
+    from streamlit.testing.v1 import AppTest
+    from streamlit.testing.v1 import app_test
+    import streamlit as st
+    from pages import _jobs
+    from tests.test_pages import APP, ROOT, _NavigationPagesManager
+    db, run_id = steps["none"]
+    monkeypatch.setattr(app_test, "PagesManager", _NavigationPagesManager)
+    monkeypatch.setenv(queries.STORE_DIRS_ENV, str(db.parent))
+    monkeypatch.setenv(_jobs.RUNS_DIR_ENV, str(tmp_path / "runs"))
+    monkeypatch.chdir(ROOT)
+    st.cache_data.clear()
+
+    def open_page(page, **params):
+        at = AppTest.from_file(APP, default_timeout=60).run()
+        at.query_params.update({k: str(v) for k, v in params.items()})
+        return at.switch_page(f"pages/{page}.py").run()
+
+    m = queries.metrics(db, run_id)
+    step = int(m[m["name"] == "mismatch/abs_mean"]["step"].iloc[0])
+    at = open_page("dynamics", store=str(db), run=run_id, mismatch_step=step)
+    assert not at.exception, at.exception
+    assert any("Training-inference mismatch" in h.value for h in at.subheader)
+    table = next(f.value for f in at.dataframe if "out_of_band" in f.value.columns
+                 and "p95" in f.value.columns)
+    assert int(table["tokens"].iloc[0]) == sum(
+        int(t["trained"].sum()) for t in _tokens(db, run_id).values())
+    ranked = next(f.value for f in at.dataframe if "max_abs" in f.value.columns)
+    assert ranked["replay"].str.contains("colour=mismatch").all()
+    traj = ranked["traj_id"].iloc[0]
+    at = open_page("replay", store=str(db), run=run_id, step=step, traj=traj, colour="mismatch")
+    assert not at.exception, at.exception
+    assert at.selectbox(key="replay_colour").value == "mismatch"
+    view = next(h.value for h in at.get("html") if "token-view" in h.value)
+    assert "mismatch d " in view and "train_logprob " in view
