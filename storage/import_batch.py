@@ -129,7 +129,18 @@ SELECT $run AS run_id, step, name, value FROM (UNPIVOT wide ON COLUMNS(* EXCLUDE
 UNION ALL
 SELECT $run, step, 'eval/success', avg(success::DOUBLE) FROM trajectories
 WHERE run_id = $run AND split = 'eval' AND success IS NOT NULL GROUP BY step
+UNION ALL
+SELECT $run, step, name, value FROM (UNPIVOT (
+    SELECT step, avg(abs(d)) AS "mismatch/abs_mean", quantile_cont(abs(d), 0.95) AS "mismatch/abs_p95",
+           avg((d < ln(0.9) OR d > ln(1.1))::DOUBLE) AS "mismatch/ratio_out_frac",
+           avg(exp(d) - 1 - d) AS "mismatch/kl_k3"
+    FROM (SELECT step, train_logprob - logprob AS d FROM tokens WHERE run_id = $run AND trained
+          AND train_logprob IS NOT NULL AND logprob IS NOT NULL)
+    GROUP BY step) ON COLUMNS(* EXCLUDE step) INTO NAME name VALUE value)
 """
+"""Metrics an import derives from its rows, as the trainer records them: rewards, success,
+turns and lengths per step, held-out success, and (core/mismatch.py) the training-inference
+mismatch of the steps whose tokens carry both the sampler's and the trainer's logprob."""
 
 
 def finish_import(db_path, run_id, fmt, run, report, stopped: str | None = None,

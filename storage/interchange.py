@@ -175,8 +175,10 @@ TOKEN_FIELDS = {
     "text": ("str", True), "role": ("str", True), "trained": ("bool", False),
     "logprob": ("num", False), "token_id": ("int", False), "turn": ("sint", False),
     "advantage": ("num", False), "entropy": ("num", False), "new_logprob": ("num", False),
-    "ref_logprob": ("num", False), "value": ("num", False),
+    "ref_logprob": ("num", False), "value": ("num", False), "train_logprob": ("num", False),
 }
+"""``logprob`` is the sampler's; ``train_logprob`` the trainer's own under the same weights (the
+training-inference mismatch, core/mismatch.py, is their difference)."""
 
 
 def _fields(obj: Any, spec: dict, where: str, keep_extra: bool) -> dict:

@@ -194,3 +194,25 @@ def test_dynamics_and_replay_show_the_mismatch(steps, monkeypatch, tmp_path):
     assert at.selectbox(key="replay_colour").value == "mismatch"
     view = next(h.value for h in at.get("html") if "token-view" in h.value)
     assert "mismatch d " in view and "train_logprob " in view
+
+
+# -- imported runs ----------------------------------------------------------------------------------
+def test_an_exported_run_reimports_with_both_logprobs_and_the_same_metrics(steps, tmp_path):
+    from storage.export import export_jsonl
+    from storage.io import import_file
+    db, run_id = steps["none"]
+    out = tmp_path / "run.jsonl"
+    export_jsonl(db, run_id, out)
+    assert '"train_logprob"' in out.read_text()
+    store = tmp_path / "imported.duckdb"
+    rep = import_file(out, store, "jsonl")
+    assert rep.imported == len(queries.trajectories(db, run_id))
+    mine = queries.metrics(db, run_id)
+    theirs = queries.metrics(store, rep.run_id)
+    for name in ("mismatch/abs_mean", "mismatch/abs_p95", "mismatch/ratio_out_frac",
+                 "mismatch/kl_k3"):
+        a = mine[mine["name"] == name].set_index("step")["value"]
+        b = theirs[theirs["name"] == name].set_index("step")["value"]
+        assert len(a) == len(b) == 1 and b.to_dict() == pytest.approx(a.to_dict(), abs=1e-9)
+    step = int(theirs[theirs["name"] == "mismatch/abs_mean"]["step"].iloc[0])
+    assert queries.mismatch_ranking(store, rep.run_id, step)["traj_id"].tolist()
