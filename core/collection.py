@@ -241,6 +241,8 @@ def _start(env, guard: Guard, task, traj_id: str, group_id: str, split: str,
     messages.append({"role": "user", "content": first})
     traj = Trajectory(traj_id=traj_id, group_id=group_id, task=task, split=split,
                       info={"episode_seed": seed})
+    if episode.prompt_cut_bytes:
+        traj.info["prompt_cut_bytes"] = episode.prompt_cut_bytes
     _append(traj, [(p, None) for p in pieces("\n\n".join(m["content"] for m in messages)
                                              + "\n\n")], "prompt", -1)
     return _Episode(traj, episode, messages, initial_state_key(episode))

@@ -76,7 +76,8 @@ class Sampling:
 
     def guard(self, env: Environment) -> Guard:
         """The guard one rollout of ``env`` calls its episodes through."""
-        return Guard(env, self.env_step_timeout, obs_byte_cap(self.max_obs_tokens))
+        return Guard(env, self.env_step_timeout, obs_byte_cap(self.max_obs_tokens),
+                     max_prompt_bytes=obs_byte_cap(self.max_context))
 
 
 @dataclass
@@ -177,6 +178,8 @@ def rollout(policy: Policy, env: Environment, tasks: list[Task], *, group_size: 
                 traj = Trajectory(traj_id=f"{id_prefix}-g{g}-r{r}", group_id=f"{id_prefix}-g{g}",
                                   task=task, split=split, info={"episode_seed": ep_seed})
                 ids = prompt_ids(tok, env.system_prompt, episode.reset())
+                if episode.prompt_cut_bytes:  # it will end as context_full: say why
+                    traj.info["prompt_cut_bytes"] = episode.prompt_cut_bytes
                 append_tokens(traj, ids, "prompt", turn=-1)
                 rows.append(_Row(traj=traj, episode=episode, pending=ids,
                                  state_key=initial_state_key(episode)))

@@ -86,7 +86,7 @@ class Episode:
         self.db.execute("CREATE TABLE s (n INTEGER)")
 
     def reset(self):
-        return "Say anything."
+        return self.env.big if self.mode == "flood_prompt" else "Say anything."
 
     def state_key(self):
         return str(self.db.execute("SELECT count(*) FROM s").fetchone()[0])
@@ -217,6 +217,13 @@ def test_a_40_mb_observation_is_cut_by_bytes_before_it_is_tokenised(pol):
         assert turn.info[CUT_KEY] == len(big) + len("tail") - cap    # recorded on the turn
         assert turn.obs_truncated and len(turn.observation) < cap
         assert sum(r == "observation" for r in t.roles) <= 16
+
+
+def test_a_40_mb_first_message_is_cut_too_and_ends_as_context_full(pol):
+    big = "flood " * (40_000_000 // 6)
+    [t] = _roll(pol, Env(["flood_prompt"], big=big), group_size=1, max_turns=1)
+    assert t.info["prompt_cut_bytes"] == len(big) - guard_mod.obs_byte_cap(512)  # max_context
+    assert t.finish_reason == "context_full" and t.num_turns == 0
 
 
 # -- bad outcomes and rewards ----------------------------------------------------------------------

@@ -155,13 +155,18 @@ class Guard:
     it returns, and leave the ``with`` block (or ``close``) to hand their workers back."""
 
     def __init__(self, env: Any, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 max_obs_bytes: int = obs_byte_cap(256)):
+                 max_obs_bytes: int = obs_byte_cap(256), max_prompt_bytes: int | None = None):
         if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
             raise ValueError(f"env_step_timeout={timeout_s!r}: must be a number of seconds > 0")
         if not (isinstance(max_obs_bytes, int) and max_obs_bytes >= 1):
             raise ValueError(f"max_obs_bytes={max_obs_bytes!r}: must be a whole number >= 1")
         self.env, self.name = env, env_name(env)
-        self.timeout_s, self.max_obs_bytes = float(timeout_s), max_obs_bytes
+        # the most a lock wait takes (about 292 years): a larger deadline would overflow it
+        self.timeout_s = min(float(timeout_s), threading.TIMEOUT_MAX)
+        self.max_obs_bytes = max_obs_bytes
+        self.max_prompt_bytes = max_prompt_bytes
+        """The cap on ``reset()``'s text (None: none); a prompt that long ends its trajectory
+        as context_full anyway, the cap only keeps it from being tokenised whole."""
         self._open: list[GuardedEpisode] = []
 
     def open(self, task, seed: int) -> "GuardedEpisode":
@@ -197,6 +202,8 @@ class GuardedEpisode:
 
     def __init__(self, guard: Guard, worker: _Worker):
         self.guard, self.worker, self.inner = guard, worker, None
+        self.prompt_cut_bytes = 0
+        """Bytes ``reset()``'s text lost to the guard's ``max_prompt_bytes``."""
         self.broken: str | None = None
         """Why the episode can take no more calls (its worker was abandoned), or None."""
 
@@ -229,6 +236,8 @@ class GuardedEpisode:
         first = self.call("reset", self.inner.reset)
         if not isinstance(first, str):
             raise EnvError(self.guard.name, "reset", f"returned {type(first).__name__}, not text")
+        if self.guard.max_prompt_bytes is not None:
+            first, self.prompt_cut_bytes = cut_utf8(first, self.guard.max_prompt_bytes)
         return first
 
     def state_key(self) -> str | None:
