@@ -84,7 +84,9 @@ def check(env: Any, name: str, *, need_expert: bool = False, seed: int = 0) -> N
     train task, its episode, ``reset()``. PluginError naming the plugin and the member.
 
     Only the members are checked, and that ``reset`` returns text: ``step`` is not called here
-    (an exception there ends only that trajectory during training, recorded as ``env_error``)."""
+    (during training an exception there, a call past ``--env-step-timeout`` or a result that is
+    not a usable StepResult / Outcome ends only that trajectory, recorded as ``env_error``:
+    core/envs/guard.py)."""
     def bad(why: str) -> PluginError:
         return PluginError(f"environment plugin {name}: {why} (see docs/environments.md)")
 
