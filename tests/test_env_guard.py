@@ -305,3 +305,11 @@ def test_a_run_whose_env_never_returns_finishes_with_env_errors_naming_the_deadl
     assert all("did not return within the 2 s deadline (--env-step-timeout)" in r[1]
                for r in rows)
     assert took < 240
+
+
+def test_the_step_deadline_is_validated_before_any_work():
+    from core.config import ConfigError, TrainConfig, validate
+    for bad in (0.0, -1.0, 1e9):
+        with pytest.raises(ConfigError, match="env_step_timeout"):
+            validate(TrainConfig(env_step_timeout=bad))
+    validate(TrainConfig(env_step_timeout=0.5))
