@@ -203,7 +203,7 @@ def child_seed(seed: int, turn: int, kind: str, i: int) -> int:
     return (seed * 1_000_003 + turn * 7_919 + KINDS.index(kind) * 4_099 + i * 31 + 17) % 2 ** 31
 
 
-def starts(job: Job, tokenizer, sampling) -> list[Start]:
+def starts(job: Job, tokenizer, sampling, guard=None) -> list[Start]:
     """K resample and K keep continuations per asked turn, each at its branch point
     (core/branch_replay.py: a keep continuation's kept action is executed afresh, unless the job
     replays recorded transitions)."""
@@ -215,7 +215,7 @@ def starts(job: Job, tokenizer, sampling) -> list[Start]:
             for i in range(job.k):
                 seed = child_seed(job.seed, turn, kind, i)
                 point = branch_point(job.env, job.task, job.episode_seed, job.recorded, turn,
-                                     kind, seed, keep=job.keep)
+                                     kind, seed, keep=job.keep, guard=guard)
                 if i == 0 and kind == "resample":
                     want = prompt_ids(tokenizer, job.env.system_prompt, point.first)
                     have = [int(x) for x in tok[tok["turn"] < 0]["token_id"]]
@@ -231,6 +231,8 @@ def _start(job: Job, tokenizer, sampling, turn: int, kind: str, i: int, seed: in
     """One continuation's trajectory so far: the recorded history before its first sampled turn
     (and, for a keep drawn afresh, the kept action with its new observation)."""
     from core.envs.base import Outcome, observation_role
+    from core.envs.guard import GuardedEpisode
+    from core.rollout import grade
     from core.transcript import record_turn
     from core.trajectory import Trajectory, Turn
     tok, fresh = job.tokens, kind == "keep" and job.keep == "fresh"
@@ -269,11 +271,14 @@ def _start(job: Job, tokenizer, sampling, turn: int, kind: str, i: int, seed: in
     if point.done or reason is not None:
         start.done_reason = reason or end_reason(rec if fresh else job.recorded[upto - 1],
                                                  point.last)
-        try:
-            traj.outcome = point.episode.outcome()
-        except Exception as exc:
-            traj.outcome = Outcome(score=0.0, success=False, info={"error": repr(exc)})
-        traj.finish_reason = start.done_reason
+        if isinstance(point.episode, GuardedEpisode):
+            grade(traj, point.episode, start.done_reason)  # a failing outcome: env_error
+        else:
+            try:
+                traj.outcome = point.episode.outcome()
+            except Exception as exc:
+                traj.outcome = Outcome(score=0.0, success=False, info={"error": repr(exc)})
+            traj.finish_reason = start.done_reason
     return start
 
 
@@ -346,8 +351,12 @@ def run_job(job: Job, progress=None, device: str = "auto") -> Result:
     # the policy's own sampling (training temperature) even for an evaluation trajectory: a
     # greedy evaluation would make the K continuations one
     sampling = Sampling.from_config(job.cfg)
-    items = starts(job, policy.tokenizer, sampling)
-    children = continue_all(policy, job.env, items, sampling, seed=job.seed, progress=progress)
+    # every episode call under the run's deadline and caps (core/envs/guard.py), on the
+    # episode's own worker from the replay on
+    with sampling.guard(job.env) as guard:
+        items = starts(job, policy.tokenizer, sampling, guard)
+        children = continue_all(policy, job.env, items, sampling, seed=job.seed,
+                                progress=progress)
     score_all(children, job.cfg)
     rows = estimate(returns_of(children), seed=job.seed)
     return Result(job, children, rows, worst_turn(rows), time.perf_counter() - t0)

@@ -45,13 +45,20 @@ def _not_executed(turn: dict) -> bool:
     return str(turn.get("error") or "").startswith("final-answer turn")
 
 
-def replay(env, task, episode_seed: int, recorded: list[dict], upto: int):
+def replay(env, task, episode_seed: int, recorded: list[dict], upto: int, guard=None):
     """A fresh episode of ``task`` with ``episode_seed`` after the recorded actions
     a_0..a_{upto-1}: returns (episode, first message, state key now, done, last StepResult).
-    Raises ``ReplayMismatch`` at the first turn whose observation, state or end differs."""
+    Raises ``ReplayMismatch`` at the first turn whose observation, state or end differs.
+    With ``guard`` (core/envs/guard.py) the episode is opened and called through it: each call
+    under the run's deadline, on the episode's own worker thread, where the continuation's
+    later calls run too."""
     from core.rollout import initial_state_key
-    episode = env.episode(task, seed=episode_seed)
-    first = episode.reset()
+    try:
+        episode = (guard.open(task, episode_seed) if guard is not None
+                   else env.episode(task, seed=episode_seed))
+        first = episode.reset()
+    except Exception as exc:
+        raise ReplayMismatch(0, f"the environment's episode could not start: {exc}") from exc
     key, done, result = initial_state_key(episode), False, None
     for k in range(upto):
         rec = recorded[k]
@@ -75,7 +82,12 @@ def replay(env, task, episode_seed: int, recorded: list[dict], upto: int):
 
 def reseed(episode, seed: int) -> None:
     """Fresh randomness for a continuation after the replay: the episode's ``reseed(seed)`` when
-    it has one, else its ``rng`` when that is a ``random.Random`` (the grid games' slips)."""
+    it has one, else its ``rng`` when that is a ``random.Random`` (the grid games' slips). A
+    guarded episode is reseeded on its worker thread, under the deadline."""
+    inner = getattr(episode, "inner", None)
+    if inner is not None and callable(getattr(episode, "call", None)):
+        episode.call("reseed", lambda: reseed(inner, seed))
+        return
     if callable(getattr(episode, "reseed", None)):
         episode.reseed(seed)
     elif isinstance(getattr(episode, "rng", None), random.Random):
@@ -109,15 +121,16 @@ class BranchPoint:
 
 
 def branch_point(env, task, episode_seed: int, recorded: list[dict], turn: int, kind: str,
-                 seed: int, keep: str = "fresh") -> BranchPoint:
+                 seed: int, keep: str = "fresh", guard=None) -> BranchPoint:
     """The state a ``kind`` continuation from ``turn`` starts in, with fresh randomness ``seed``:
     resample: a_0..a_{t-1} replayed, then reseeded (the policy samples a_t anew);
     keep, "fresh": the same, then the recorded a_t executed on the reseeded episode;
-    keep, "recorded": a_0..a_t replayed as recorded, then reseeded."""
+    keep, "recorded": a_0..a_t replayed as recorded, then reseeded.
+    ``guard``: the episode opened and called through it (``replay``)."""
     if keep not in KEEP_MODES:
         raise BranchError(f"keep mode must be one of {KEEP_MODES}, got {keep!r}")
     upto = turn + 1 if kind == "keep" and keep == "recorded" else turn
-    episode, first, key, done, last = replay(env, task, episode_seed, recorded, upto)
+    episode, first, key, done, last = replay(env, task, episode_seed, recorded, upto, guard)
     reseed(episode, seed)
     point = BranchPoint(episode, first, key, done, last)
     if kind == "keep" and keep == "fresh":
