@@ -313,3 +313,25 @@ def test_the_step_deadline_is_validated_before_any_work():
         with pytest.raises(ConfigError, match="env_step_timeout"):
             validate(TrainConfig(env_step_timeout=bad))
     validate(TrainConfig(env_step_timeout=0.5))
+
+
+def test_sft_demonstrations_run_through_the_guard_and_leave_a_hung_one_out(pol, released, capsys):
+    """The expert's episodes meet the same deadline: one whose step hangs is left out, named,
+    and the others are demonstrations (their sqlite episode stays on its one thread)."""
+    from core.sft import demonstrations
+
+    class Expert(Env):
+        def episode(self, task, seed):
+            ep = Episode(self, task, "hang" if task.task_id == "t1" else "fine")
+            ep.expert_action = lambda: "<a>x</a>"
+            return ep
+
+    env = Expert(["fine"])
+    released(env)
+    tasks = [Task(task_id=f"t{i}", prompt="Say anything.", split="train") for i in range(3)]
+    sampling = Sampling(max_turns=1, max_new_tokens=3, max_context=512, max_obs_tokens=16,
+                        env_step_timeout=0.5)
+    demos = demonstrations(env, tasks, pol.tokenizer, sampling, seed=0, id_prefix="sft")
+    assert [d.task.task_id for d in demos] == ["t0", "t2"]
+    assert "sft-d1 (t1) left out" in capsys.readouterr().err
+    assert all(d.outcome.success for d in demos)
