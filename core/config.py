@@ -221,6 +221,10 @@ class TrainConfig:
     """Abort an update whose approximate KL to the sampling policy exceeds this (LOOP)."""
     max_bad_steps: int = 3
     """Stop the run after this many consecutive updates skipped for NaN/inf."""
+    rollout_dtype: str = "auto"
+    """The sampling pass's precision: "auto" (bf16 autocast on CUDA, fp32 on the CPU), "fp32" or
+    "bf16" whatever the device. The update keeps auto's. bf16 sampling against an fp32 update is
+    the training-inference mismatch of bf16 inference engines, reproducible on a CPU."""
     rollout_correction: str = "none"
     """Correct the sampler-trainer mismatch (core/mismatch.py, verl's rollout correction):
     "tis" weights each token's loss by min(pi_train / pi_sampler, rollout_is_cap); "mis" leaves

@@ -78,7 +78,7 @@ def continue_all(policy, env, items: list[Start], sampling, seed: int, progress=
     total, rounds = len(rows), 0
     try:
         with torch.inference_mode():
-            batch = Batch(policy, rows)
+            batch = Batch(policy, rows, sampling.precision)
             while batch.rows:
                 generate_turn(batch, env, sampling, generator)
                 for row in batch.rows:

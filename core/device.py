@@ -71,6 +71,25 @@ def autocast(device: torch.device):
     return contextlib.nullcontext()
 
 
+ROLLOUT_DTYPES = ("auto", "fp32", "bf16")
+"""The sampling pass's precision (``--rollout-dtype``): auto as ``autocast`` (bf16 on CUDA, fp32
+on the CPU); fp32 or bf16 whatever the device. The update keeps ``autocast``'s."""
+
+
+def rollout_autocast(device: torch.device, dtype: str = "auto"):
+    """The context the sampling pass runs in for ``dtype`` (``ROLLOUT_DTYPES``). bf16 on the CPU
+    is torch's CPU autocast: the matrix products in bf16, as a bf16 inference engine samples,
+    while the update scores the same tokens in fp32 -- the training-inference mismatch of
+    core/mismatch.py at laptop scale."""
+    if dtype == "auto":
+        return autocast(device)
+    if dtype == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    if dtype == "fp32":
+        return full_precision(device)
+    raise ValueError(f"rollout dtype must be one of {ROLLOUT_DTYPES}, got {dtype!r}")
+
+
 def full_precision(device: torch.device):
     """Autocast off: for the vocabulary projection whose logits become logprobs and the loss."""
     if device.type == "cuda":

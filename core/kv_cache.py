@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from core.device import full_precision
+from core.device import full_precision, rollout_autocast
 
 _ROOM = 128
 """Columns added beyond what a growth needs (and at least a quarter more): growing copies the
@@ -89,8 +89,9 @@ class Batch:
     every row is live, in batch order.
     """
 
-    def __init__(self, policy, rows: list):
-        self.policy, self.rows = policy, rows
+    def __init__(self, policy, rows: list, precision: str = "auto"):
+        self.policy, self.rows, self.precision = policy, rows, precision
+        """``precision``: the sampling pass's (core/device.py ``rollout_autocast``)."""
         self.device = policy.device  # the mask, the fed ids and the KV cache live there
         self.cache = Cache(layer_class_to_replicate=_Layer)
         self.mask = torch.zeros(len(rows), 0, dtype=torch.long, device=self.device)
@@ -187,9 +188,12 @@ class Batch:
         self.mask = _grown(self.mask, 1, end)
         self.mask[:n, self.width:end] = new_mask.to(dev)
         self.width = end
-        with self.policy.autocast():
+        with rollout_autocast(dev, self.precision):
             out = self.policy.backbone(input_ids=ids.to(dev), attention_mask=self.mask[:n, :end],
                                        position_ids=pos.to(dev), cache=self.cache, use_cache=True)
+            if self.precision == "bf16":  # a bf16 engine's logits: the head in bf16 too
+                return self.policy.base.get_output_embeddings()(
+                    out.last_hidden_state[:, -1]).float()
         # the sampling distribution in fp32, like the logprobs the update compares it with
         with full_precision(dev):
             return self.policy.base.get_output_embeddings()(out.last_hidden_state[:, -1].float())

@@ -64,6 +64,8 @@ class Sampling:
     """One extra answer-only generation for rows still going after max_turns (Search-R1)."""
     env_step_timeout: float = DEFAULT_TIMEOUT_S
     """Seconds one call into the env may take (core/envs/guard.py)."""
+    precision: str = "auto"
+    """The sampling pass's precision (``--rollout-dtype``; core/device.py ``rollout_autocast``)."""
 
     @classmethod
     def from_config(cls, cfg, eval: bool = False) -> "Sampling":
@@ -72,7 +74,8 @@ class Sampling:
                    temperature=cfg.eval_temperature if eval else cfg.temperature,
                    top_p=1.0 if eval else cfg.top_p,
                    final_answer_turn=bool(getattr(cfg, "final_answer_turn", False)),
-                   env_step_timeout=float(getattr(cfg, "env_step_timeout", DEFAULT_TIMEOUT_S)))
+                   env_step_timeout=float(getattr(cfg, "env_step_timeout", DEFAULT_TIMEOUT_S)),
+                   precision=str(getattr(cfg, "rollout_dtype", "auto")))
 
     def guard(self, env: Environment) -> Guard:
         """The guard one rollout of ``env`` calls its episodes through."""
@@ -206,14 +209,14 @@ def rollout(policy: Policy, env: Environment, tasks: list[Task], *, group_size: 
 
 def _run_turns(policy: Policy, env: Environment, rows: list[_Row], sampling: Sampling,
                generator: torch.Generator, reuse_cache: bool = True) -> None:
-    batch = Batch(policy, rows)
+    batch = Batch(policy, rows, sampling.precision)
     for turn in range(sampling.max_turns + int(sampling.final_answer_turn)):
         if not batch.rows:
             return
         if turn and not reuse_cache:  # a fresh cache: the whole history is encoded again
             for row in batch.rows:
                 row.fed, row.pending = 0, list(row.traj.token_ids)
-            batch = Batch(policy, batch.rows)
+            batch = Batch(policy, batch.rows, sampling.precision)
         generate_turn(batch, env, sampling, generator)
         for row in batch.rows:
             _act(row, turn, sampling, policy.tokenizer, env, final=turn == sampling.max_turns)

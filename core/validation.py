@@ -112,6 +112,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          "must be 'prob' (IGPO's paper) or 'log_prob' (its released script)")
     need(0 < cfg.env_step_timeout <= 86_400, "env_step_timeout",
          "must be in (0, 86400] seconds (one env.step / outcome call's deadline)")
+    need(cfg.rollout_dtype in ("auto", "fp32", "bf16"), "rollout_dtype",
+         "must be auto, fp32 or bf16")
     need(cfg.rollout_correction in ("none", "tis", "mis"), "rollout_correction",
          "must be none, tis or mis")
     need(cfg.rollout_is_cap >= 1, "rollout_is_cap", "must be >= 1 (the band is [1/C, C])")

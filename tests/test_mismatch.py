@@ -70,11 +70,13 @@ def test_correction_settings_are_validated():
 @pytest.fixture(scope="module")
 def steps(tmp_path_factory):
     """(store, run id) of one real tiny-model RL step per correction: none, tis, mis (token level
-    with a cap so close to 1 that fp32 rounding between the passes decides)."""
+    with a cap so close to 1 that fp32 rounding between the passes decides); and one sampled
+    under bf16 autocast (the update in fp32)."""
     base = tmp_path_factory.mktemp("mismatch")
     return {"none": one_rl_step(base, "none"),
             "tis": one_rl_step(base, "tis", rollout_correction="tis"),
-            "mis": one_rl_step(base, "mis", rollout_correction="mis", rollout_is_cap=1.000001)}
+            "mis": one_rl_step(base, "mis", rollout_correction="mis", rollout_is_cap=1.000001),
+            "bf16": one_rl_step(base, "bf16", rollout_dtype="bf16")}
 
 
 def _tokens(db, run_id):
@@ -216,3 +218,16 @@ def test_an_exported_run_reimports_with_both_logprobs_and_the_same_metrics(steps
         assert len(a) == len(b) == 1 and b.to_dict() == pytest.approx(a.to_dict(), abs=1e-9)
     step = int(theirs[theirs["name"] == "mismatch/abs_mean"]["step"].iloc[0])
     assert queries.mismatch_ranking(store, rep.run_id, step)["traj_id"].tolist()
+
+
+def test_bf16_sampling_against_an_fp32_update_is_a_measurable_mismatch(steps):
+    got = {}
+    for kind in ("none", "bf16"):
+        db, run_id = steps[kind]
+        m = queries.metrics(db, run_id)
+        got[kind] = float(m[m["name"] == "mismatch/abs_mean"]["value"].iloc[-1])
+        assert queries.runs(db).set_index("run_id").loc[run_id, "config"] is not None
+    # fp32 on both sides differs by rounding (~5e-7); bf16 sampling by ~1e-3 on the tiny model
+    assert got["bf16"] > 100 * got["none"] and got["bf16"] > 1e-4
+    with pytest.raises(ConfigError, match="rollout_dtype"):
+        validate(TrainConfig(rollout_dtype="fp16"))
