@@ -12,7 +12,18 @@ vLLM do) and ``logprobs`` / ``top_logprobs`` (each returned token's logprob unde
 distribution, temperature applied). One request generates at a time (a lock); the others wait.
 
 Authentication: with ``--api-key-env VAR`` a request must carry ``Authorization: Bearer``
-followed by that variable's value (a key never appears on a command line), else 401.
+followed by that variable's value (a key never appears on a command line), else 401, decided
+from the headers before a byte of the body is read.
+
+Limits, so that whoever reaches the port cannot knock it over: a body over ``--max-body-mb``
+(``Content-Length``) gets 413 unread; a missing, negative or non-integer length 411/400; a bad
+field 400 with OpenAI's error object naming it (core/chat_request.py); ``max_tokens`` above the
+room the model's context leaves after the prompt 400 (as OpenAI; none given: min(256, room)); a
+client that leaves stops its generation (and its wait for the lock) within 0.05-0.2 s
+(core/client_watch.py); a request over ``--max-request-s`` gets 503; at most
+``--max-connections`` connections are served at once (503 for the next); what the server keeps
+per request (``server.faults.seen``) is bounded. Anything unexpected is a JSON 500, never a
+dropped connection.
 
 Faults (``--faults FILE.json``, or ``server.faults`` when started in-process with ``serve``): a list
 of rules, each ``{"fault": KIND, "when": TEXT, "times": N, ...}``. A request whose messages
@@ -25,143 +36,63 @@ scored by the model), ``401``.
 from __future__ import annotations
 
 import argparse
-import codecs
 import json
+import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 
-MAX_TOKENS = 256
-"""Default ``max_tokens`` when a request gives none."""
+from core.chat_model import ChatModel, token_bytes  # noqa: F401 (this module's names, kept)
+from core.chat_request import (MAX_TOKENS, ChatRequest, RequestError,  # noqa: F401 (MAX_TOKENS)
+                               completion_budget, content_length, parse_chat_request)
+from core.client_watch import ClientWatch
 
 
-class ChatModel:
-    """The model behind the server: chat template, sampling, per-token logprobs."""
-
-    def __init__(self, model: str = "tiny"):
-        from core.policy import load_base_model, load_tokenizer
-        self.name = model
-        self.tokenizer = load_tokenizer(model)
-        self.net = load_base_model(model, len(self.tokenizer))
-        self.lock = threading.Lock()
-
-    def prompt_ids(self, messages: list[dict]) -> list[int]:
-        tok = self.tokenizer
-        if getattr(tok, "chat_template", None):
-            out = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            return list(out["input_ids"] if hasattr(out, "keys") else out)
-        text = "\n\n".join(str(m.get("content") or "") for m in messages) + "\n\n"
-        return tok.encode(text, add_special_tokens=False)
-
-    def complete(self, messages: list[dict], *, max_tokens: int, temperature: float, top_p: float,
-                 seed: int | None, stop: list[str], top_k: int, reply: str | None = None) -> dict:
-        """{"text", "finish_reason", "tokens": [(text, bytes, logprob, [(alt, logprob), ...])],
-        "usage"}."""
-        tok = self.tokenizer
-        ids = self.prompt_ids(messages)
-        with self.lock, torch.no_grad():
-            if seed is not None:
-                torch.manual_seed(int(seed) % 2 ** 63)
-            if reply is None:
-                gen, logps = self._sample(ids, max_tokens, temperature, top_p, stop)
-            else:
-                gen = tok.encode(reply, add_special_tokens=False)[:max_tokens]
-                logps = self._score(ids, gen, temperature)
-        eos = tok.eos_token_id
-        ended = bool(gen) and gen[-1] == eos
-        if ended:
-            gen, logps = gen[:-1], logps[:-1]
-        # Each token's text is what its bytes add to the UTF-8 decoded whole ("" for the first
-        # part of a character split across tokens), so the texts always spell the content.
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        raw = [token_bytes(tok, t) for t in gen]
-        pieces = [decoder.decode(b) for b in raw]
-        text = "".join(pieces) + decoder.decode(b"", final=True)
-        cut = min([text.find(s) for s in stop if s and s in text], default=-1)
-        finish = "stop" if ended or cut >= 0 else ("length" if len(gen) >= max_tokens else "stop")
-        if cut >= 0:
-            text = text[:cut]
-        tokens, used = [], 0
-        for piece, b, (lp, alts) in zip(pieces, raw, logps):  # the returned text's tokens only
-            if used + len(piece) > len(text) or (used == len(text) and cut >= 0):
-                break
-            tokens.append((piece, b, lp, [(tok.decode([a]), v) for a, v in alts[:top_k]]))
-            used += len(piece)
-        return {"text": text, "finish_reason": finish, "tokens": tokens,
-                "usage": {"prompt_tokens": len(ids), "completion_tokens": len(gen),
-                          "total_tokens": len(ids) + len(gen)}}
-
-    def _sample(self, ids, max_tokens, temperature, top_p, stop):
-        kwargs = dict(do_sample=temperature > 0, max_new_tokens=max_tokens,
-                      output_scores=True, return_dict_in_generate=True,
-                      pad_token_id=self.tokenizer.eos_token_id)
-        if temperature > 0:
-            kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
-        if stop:
-            kwargs.update(stop_strings=list(stop), tokenizer=self.tokenizer)
-        out = self.net.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids),
-                                dtype=torch.long), **kwargs)
-        gen = out.sequences[0, len(ids):].tolist()
-        logps = []
-        for token, scores in zip(gen, out.scores):
-            # temperature-scaled: the processed scores are logits / T (top-p masks set -inf)
-            logp = torch.log_softmax(scores[0].float(), -1)
-            logps.append(self._entry(logp, token))
-        return gen, logps
-
-    def _score(self, ids, gen, temperature):
-        if not gen:
-            return []
-        logits = self.net(torch.tensor([ids + gen])).logits[0, len(ids) - 1:-1].float()
-        logp = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), -1)
-        return [self._entry(row, t) for row, t in zip(logp, gen)]
-
-    @staticmethod
-    def _entry(logp: torch.Tensor, token: int, k: int = 20):
-        top = torch.topk(logp, k)
-        return float(logp[token]), list(zip(top.indices.tolist(), top.values.tolist()))
+@dataclass(frozen=True)
+class Limits:
+    """How much one client may ask of the server (see the module docstring)."""
+    max_body_bytes: int = 4 << 20
+    """A request body's size at most: 4 MiB is ~1M tokens of text, past any context served here."""
+    request_s: float = 600.0
+    """One chat request's time at most, waiting for the generation lock included."""
+    max_connections: int = 64
+    """Connections served at once (one thread each); the next ones get 503."""
+    idle_s: float = 60.0
+    """A connection's silence at most while the server waits for its request's headers."""
+    body_s: float = 30.0
+    """Receiving one body at most (a deadline for the whole body, not per read)."""
 
 
-def _byte_alphabet() -> dict[str, int]:
-    """Byte-level BPE's printable stand-in for each byte (GPT-2's bytes_to_unicode), inverted."""
-    keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1))
-            + list(range(ord("\xae"), ord("\xff") + 1)))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + extra)] = b
-            extra += 1
-    return chars
-
-
-_BYTE_OF = _byte_alphabet()
-
-
-def token_bytes(tok, token_id: int) -> bytes:
-    """The raw bytes of one token of a byte-level BPE vocabulary (its decoded text otherwise)."""
-    piece = tok.convert_ids_to_tokens(token_id)
-    if isinstance(piece, str) and piece and all(ch in _BYTE_OF for ch in piece) \
-            and token_id not in set(getattr(tok, "all_special_ids", ()) or ()):
-        return bytes(_BYTE_OF[ch] for ch in piece)
-    return tok.decode([token_id]).encode("utf-8")
+DRAIN_BYTES, DRAIN_S = 1 << 20, 1.0
+"""After refusing a request unread, what is still read and dropped (at most) before closing:
+closing with unread bytes resets the connection, which can destroy the refusal before the client
+reads it."""
+SEEN_MAX, SEEN_BYTES = 1000, 16 << 20
+"""``FaultPlan.seen`` keeps the latest requests only: at most this many, whose bodies sum to at
+most this many bytes."""
 
 
 class FaultPlan:
-    """The fault rules, consumed thread-safely (see the module docstring)."""
+    """The fault rules, consumed thread-safely (see the module docstring), and what the server
+    saw: ``seen`` (bounded by SEEN_MAX and SEEN_BYTES), ``stopped``, ``in_flight``."""
 
     def __init__(self, rules: list[dict] | None = None):
         self.lock = threading.Lock()
         self.rules = [dict(r) for r in rules or []]
         self.seen: list[dict] = []
-        """Every request: its fault (or None), whether it carried the key (never the key), its
-        seed and messages."""
+        """The latest requests: their fault (or None), whether they carried the key (never the
+        key), seed, messages (None when unread or not valid) and body size in ``bytes``."""
+        self.stopped: list[dict] = []
+        """The latest requests cut short: ``reason`` (client_gone | deadline),
+        ``completion_tokens`` generated, ``max_tokens`` asked (at most SEEN_MAX kept)."""
         self.in_flight = self.most_in_flight = 0
         """Chat requests being answered now, and the most there ever were at once."""
+        # the list whose bodies _bytes sums: tests replace seen between runs
+        self._counted, self._bytes = None, 0
 
     def enter(self, delta: int) -> None:
         with self.lock:
@@ -177,130 +108,301 @@ class FaultPlan:
                     return rule
         return None
 
+    def record(self, entry: dict) -> None:
+        """Keep ``entry`` in ``seen``, dropping the oldest past SEEN_MAX entries or SEEN_BYTES."""
+        with self.lock:
+            if self._counted is not self.seen:
+                self._counted, self._bytes = self.seen, sum(e.get("bytes", 0) for e in self.seen)
+            self.seen.append(entry)
+            self._bytes += entry.get("bytes", 0)
+            while len(self.seen) > 1 and (len(self.seen) > SEEN_MAX or self._bytes > SEEN_BYTES):
+                self._bytes -= self.seen.pop(0).get("bytes", 0)
+            if self._bytes > SEEN_BYTES:  # one body alone over the bound: keep the fact only
+                entry["messages"], self._bytes = None, 0
 
-def make_handler(model: ChatModel, faults: FaultPlan, api_key: str | None):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        entered = False
-        """A chat request of this connection is counted in flight (set by do_POST)."""
+    def cut_short(self, entry: dict) -> None:
+        with self.lock:
+            self.stopped.append(entry)
+            del self.stopped[:-SEEN_MAX]
 
-        def log_message(self, fmt, *args):  # quiet: tests and demos read their own output
+
+class ChatHandler(BaseHTTPRequestHandler):
+    """One connection's requests; ``make_handler`` binds the model, faults, key and limits."""
+    protocol_version = "HTTP/1.1"
+    model: ChatModel
+    faults: FaultPlan
+    api_key: str | None = None
+    limits: Limits = Limits()
+    entered = answered = False
+    """A chat request of this connection is counted in flight (set by do_POST); a reply went out."""
+
+    def log_message(self, fmt, *args):  # quiet: tests and demos read their own output
+        pass
+
+    def setup(self):
+        self.timeout = self.limits.idle_s  # StreamRequestHandler.setup applies it to the socket
+        super().setup()
+
+    # -- replies ---------------------------------------------------------------------------
+    def _leave(self) -> None:
+        """The request stops counting as in flight, once."""
+        if self.entered:
+            self.entered = False
+            self.faults.enter(-1)
+
+    def _send(self, status: int, body: bytes, headers: dict | None = None,
+              close: bool = False) -> None:
+        # before the first byte goes out: a client that has its answer may send its next
+        # request at once, and counted until after the write it would read as one too many
+        self._leave()
+        self.answered = True
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        try:
+            self.wfile.write(body)
+        except OSError:  # the client gave up (its timeout), or stopped reading
+            self.close_connection = True
+
+    def _error(self, status: int, message: str, headers: dict | None = None,
+               close: bool = False) -> None:
+        body = {"error": {"message": message, "type": "server_error" if status >= 500 else
+                          "invalid_request_error", "param": None, "code": status}}
+        self._send(status, json.dumps(body).encode(), headers, close)
+
+    def _invalid(self, err: RequestError, close: bool = False) -> None:
+        self._send(err.status, json.dumps(err.body()).encode(), close=close)
+
+    def _refuse_unread(self, status: int, message: str = "", err: RequestError | None = None):
+        """Answer without reading the body, then close: what the client still sends is read
+        and dropped (DRAIN_BYTES, DRAIN_S at most) so that the close does not reset the
+        connection under the answer."""
+        if err is not None:
+            self._invalid(err, close=True)
+        else:
+            self._error(status, message, close=True)
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+            left, end = DRAIN_BYTES, time.monotonic() + DRAIN_S
+            while left > 0 and (rest := end - time.monotonic()) > 0:
+                self.connection.settimeout(rest)
+                chunk = self.rfile.read1(min(left, 1 << 16))
+                if not chunk:
+                    break
+                left -= len(chunk)
+        except OSError:
             pass
 
-        def _leave(self) -> None:
-            """The request stops counting as in flight, once."""
-            if self.entered:
-                self.entered = False
-                faults.enter(-1)
+    # -- requests --------------------------------------------------------------------------
+    def _keyed(self) -> bool:
+        return not self.api_key or self.headers.get("Authorization") == f"Bearer {self.api_key}"
 
-        def _send(self, status: int, body: bytes, headers: dict | None = None) -> None:
-            # before the first byte goes out: a client that has its answer may send its next
-            # request at once, and counted until after the write it would read as one too many
+    def do_GET(self):
+        if not self._keyed():
+            self._refuse_unread(401, "invalid API key")
+        elif self.path.rstrip("/").endswith("/models"):
+            self._send(200, json.dumps({"object": "list", "data": [
+                {"id": self.model.name, "object": "model", "owned_by": "local"}]}).encode())
+        else:
+            self._refuse_unread(404, f"no route {self.path}")
+
+    def do_POST(self):
+        self.faults.enter(1)
+        self.entered = True
+        try:
+            self._post()
+        except Exception as exc:  # noqa: BLE001 -- a JSON 500 rather than a dropped connection
+            if not self.answered:
+                self._error(500, f"internal error: {type(exc).__name__}: {str(exc)[:200]}",
+                            close=True)
+        finally:
             self._leave()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            self.end_headers()
+
+    def _post(self):
+        self.answered = False
+        if not self._keyed():
+            self.faults.record({"fault": None, "authorized": False, "seed": None,
+                                "messages": None, "bytes": 0})
+            return self._refuse_unread(401, "invalid API key")
+        if not self.path.rstrip("/").endswith("/chat/completions"):
+            return self._refuse_unread(404, f"no route {self.path}")
+        length = content_length(self.headers.get_all("Content-Length") or [],
+                                self.headers.get("Transfer-Encoding"),
+                                self.limits.max_body_bytes)
+        if isinstance(length, RequestError):
+            return self._refuse_unread(length.status, err=length)
+        raw = self._read_body(length)
+        if raw is None:
+            return
+        req = parse_chat_request(raw, context=self.model.context)
+        rule = self.faults.take(raw.decode("utf-8", "replace"))
+        ok = isinstance(req, ChatRequest)
+        self.faults.record({"fault": rule.get("fault") if rule else None, "authorized": True,
+                            "seed": req.seed if ok else None,
+                            "messages": req.messages if ok else None, "bytes": len(raw)})
+        del raw
+        if rule and rule["fault"] == "401":
+            return self._error(401, "invalid API key")
+        if not ok:
+            return self._invalid(req)
+        if rule and self._fault(rule):
+            return
+        self._complete(req, rule.get("text") if rule and rule["fault"] == "reply" else None)
+
+    def _read_body(self, length: int) -> bytearray | None:
+        """The body's ``length`` bytes, received within ``limits.body_s`` in all (else 408);
+        None when it did not come (the reply, if any, is sent)."""
+        raw, end = bytearray(), time.monotonic() + self.limits.body_s
+        try:
+            while len(raw) < length:
+                rest = end - time.monotonic()
+                if rest <= 0:
+                    raise TimeoutError
+                self.connection.settimeout(rest)
+                chunk = self.rfile.read1(min(length - len(raw), 1 << 16))
+                if not chunk:  # the client left mid-body: nobody to answer
+                    self.close_connection = True
+                    return None
+                raw += chunk
+        except TimeoutError:
+            self._error(408, f"the body's {length} bytes did not arrive within "
+                        f"{self.limits.body_s:g} s", close=True)
+            return None
+        self.connection.settimeout(self.limits.idle_s)
+        return raw
+
+    def _fault(self, rule: dict) -> bool:
+        """Answer an injected fault; False when the rule lets the model answer."""
+        kind = rule["fault"]
+        if kind == "timeout":  # the client has given up by now: answer without generating
+            time.sleep(float(rule.get("delay", 30)))
+            self._error(503, "answered too late")
+        elif kind in ("500", "503"):
+            self._error(int(kind), "injected server error")
+        elif kind == "429":
+            self._error(429, "rate limited", {"Retry-After": str(rule.get("retry_after", 1))})
+        elif kind == "malformed":
+            self._send(200, b'{"id": "chatcmpl-broken", "choices": [{"mess')
+        else:
+            return False
+        return True
+
+    def _complete(self, req: ChatRequest, reply: str | None) -> None:
+        watch = ClientWatch(self.connection, self.limits.request_s)
+        ids = self.model.prompt_ids(req.messages)
+        budget = completion_budget(req.max_tokens, len(ids), self.model.context)
+        if isinstance(budget, RequestError):
+            return self._invalid(budget)
+        out = self.model.complete(
+            ids, max_tokens=budget, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
+            stop=list(req.stop), top_k=req.top_logprobs if req.logprobs else 0, reply=reply,
+            watch=watch)
+        if watch.reason is not None:  # cut short: no answer, or 503 for the deadline
+            self.faults.cut_short({"reason": watch.reason, "max_tokens": budget,
+                                   "completion_tokens": out["usage"]["completion_tokens"]
+                                   if out else 0})
+            if watch.reason == "client_gone":
+                self.close_connection = True
+                return None
+            return self._error(503, f"the request took over {self.limits.request_s:g} s "
+                               "(--max-request-s)", {"Retry-After": "1"})
+        self._send(200, json.dumps(completion_body(req, out, self.model.name)).encode())
+
+
+def completion_body(req: ChatRequest, out: dict, model_name: str) -> dict:
+    """The chat.completion object for ``ChatModel.complete``'s ``out``."""
+    logprobs = None
+    if req.logprobs:
+        logprobs = {"content": [
+            {"token": t, "logprob": lp, "bytes": list(b),
+             "top_logprobs": [{"token": a, "logprob": v, "bytes": list(a.encode())}
+                              for a, v in alts]}
+            for t, b, lp, alts in out["tokens"]]}
+    return {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion",
+            "created": int(time.time()), "model": req.model or model_name,
+            "choices": [{"index": 0, "finish_reason": out["finish_reason"],
+                         "message": {"role": "assistant", "content": out["text"]},
+                         "logprobs": logprobs}],
+            "usage": out["usage"]}
+
+
+def make_handler(model: ChatModel, faults: FaultPlan, api_key: str | None,
+                 limits: Limits = Limits()) -> type[ChatHandler]:
+    return type("Handler", (ChatHandler,), {"model": model, "faults": faults,
+                                             "api_key": api_key, "limits": limits})
+
+
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+         b"Retry-After: 1\r\nConnection: close\r\nContent-Length: 104\r\n\r\n"
+         + json.dumps({"error": {"message": "too many connections; retry",
+                                 "type": "server_error", "param": None,
+                                 "code": 503}}).encode().ljust(104))
+
+
+class BoundedServer(ThreadingHTTPServer):
+    """A thread per connection, at most ``max_connections`` at once: the next is answered 503
+    (from the accepting thread: the fixed reply fits any socket's send buffer) and closed."""
+
+    def __init__(self, address, handler, max_connections: int):
+        self.slots = threading.BoundedSemaphore(max_connections)
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address):
+        if not self.slots.acquire(blocking=False):
             try:
-                self.wfile.write(body)
-            except (BrokenPipeError, ConnectionResetError):  # the client gave up (its timeout)
+                request.settimeout(1.0)
+                request.sendall(_BUSY)
+            except OSError:
                 pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
 
-        def _error(self, status: int, message: str, headers: dict | None = None) -> None:
-            body = {"error": {"message": message, "type": "server_error", "code": status}}
-            self._send(status, json.dumps(body).encode(), headers)
-
-        def do_GET(self):
-            if api_key and self.headers.get("Authorization") != f"Bearer {api_key}":
-                self._error(401, "invalid API key")
-            elif self.path.rstrip("/").endswith("/models"):
-                self._send(200, json.dumps({"object": "list", "data": [
-                    {"id": model.name, "object": "model", "owned_by": "local"}]}).encode())
-            else:
-                self._error(404, f"no route {self.path}")
-
-        def do_POST(self):
-            faults.enter(1)
-            self.entered = True
-            try:
-                self._post()
-            finally:
-                self._leave()
-
-        def _post(self):
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length).decode("utf-8", "replace")
-            if not self.path.rstrip("/").endswith("/chat/completions"):
-                return self._error(404, f"no route {self.path}")
-            keyed = self.headers.get("Authorization") == f"Bearer {api_key}" if api_key else True
-            rule = faults.take(raw)
-            try:
-                req = json.loads(raw)
-                messages = req["messages"]
-            except (ValueError, KeyError, TypeError):
-                req, messages = {}, None
-            with faults.lock:
-                faults.seen.append({"fault": rule.get("fault") if rule else None,
-                                    "authorized": keyed, "seed": req.get("seed"),
-                                    "messages": messages})
-            if not keyed or (rule and rule["fault"] == "401"):
-                return self._error(401, "invalid API key")
-            if not isinstance(messages, list):
-                return self._error(400, "body must be JSON with messages")
-            if int(req.get("n") or 1) != 1:
-                return self._error(400, "n > 1 is not supported")
-            kind = rule["fault"] if rule else None
-            if kind == "timeout":  # the client has given up by now: answer without generating
-                time.sleep(float(rule.get("delay", 30)))
-                return self._error(503, "answered too late")
-            if kind in ("500", "503"):
-                return self._error(int(kind), "injected server error")
-            elif kind == "429":
-                return self._error(429, "rate limited",
-                                   {"Retry-After": str(rule.get("retry_after", 1))})
-            elif kind == "malformed":
-                return self._send(200, b'{"id": "chatcmpl-broken", "choices": [{"mess')
-            stop = req.get("stop") or []
-            stop = [stop] if isinstance(stop, str) else list(stop)
-            top_k = int(req.get("top_logprobs") or 0) if req.get("logprobs") else 0
-            out = model.complete(
-                messages, max_tokens=int(req.get("max_completion_tokens") or req.get("max_tokens")
-                                         or MAX_TOKENS),
-                temperature=float(req.get("temperature", 1.0)),
-                top_p=float(req.get("top_p", 1.0)), seed=req.get("seed"), stop=stop,
-                top_k=top_k, reply=rule.get("text") if kind == "reply" else None)
-            logprobs = None
-            if req.get("logprobs"):
-                logprobs = {"content": [
-                    {"token": t, "logprob": lp, "bytes": list(b),
-                     "top_logprobs": [{"token": a, "logprob": v, "bytes": list(a.encode())}
-                                      for a, v in alts]}
-                    for t, b, lp, alts in out["tokens"]]}
-            body = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion",
-                    "created": int(time.time()), "model": req.get("model", model.name),
-                    "choices": [{"index": 0, "finish_reason": out["finish_reason"],
-                                 "message": {"role": "assistant", "content": out["text"]},
-                                 "logprobs": logprobs}],
-                    "usage": out["usage"]}
-            self._send(200, json.dumps(body).encode())
-
-    return Handler
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 def serve(model: ChatModel, host: str = "127.0.0.1", port: int = 0,
-          faults: list[dict] | None = None, api_key: str | None = None) -> ThreadingHTTPServer:
+          faults: list[dict] | None = None, api_key: str | None = None,
+          limits: Limits = Limits()) -> ThreadingHTTPServer:
     """Start serving in a daemon thread; ``server.server_address`` has the port, ``server.faults``
     the fault plan (``server.faults.rules`` may be replaced between requests). Stop with
     ``server.shutdown(); server.server_close()`` (the second waits for requests in flight)."""
     plan = FaultPlan(faults)
-    server = ThreadingHTTPServer((host, port), make_handler(model, plan, api_key))
+    server = BoundedServer((host, port), make_handler(model, plan, api_key, limits),
+                           limits.max_connections)
     # server_close() waits for the requests in flight: none is cut off in the middle of torch
     server.daemon_threads, server.block_on_close = False, True
     server.faults = plan
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+def _within(kind, low, high):
+    """An argparse type: a ``kind`` number in (low, high]."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            name = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {name}") from None
+        if not low < value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is outside ({low}, {high}]")
+        return value
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,7 +417,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-key-env", metavar="VAR",
                         help="require Authorization: Bearer $VAR on every request")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    parser.add_argument("--max-body-mb", type=_within(float, 0, 1024), default=4.0,
+                        help="a request body's size at most, MiB (default 4): 413 above")
+    parser.add_argument("--max-request-s", type=_within(float, 0, 86400), default=600.0,
+                        help="one request's time at most, waiting included (default 600): 503")
+    parser.add_argument("--max-connections", type=_within(int, 0, 4096), default=64,
+                        help="connections served at once (default 64): 503 for the next")
     args = parser.parse_args(argv)
+    limits = Limits(max_body_bytes=int(args.max_body_mb * (1 << 20)),
+                    request_s=args.max_request_s, max_connections=args.max_connections)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -325,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         if not key:
             parser.error(f"--api-key-env {args.api_key_env}: that variable is not set")
     rules = json.loads(open(args.faults).read()) if args.faults else None
-    server = serve(ChatModel(args.model), args.host, args.port, rules, key)
+    server = serve(ChatModel(args.model), args.host, args.port, rules, key, limits)
     host, port = server.server_address[:2]
     print(f"serving {args.model} at http://{host}:{port}/v1 (Ctrl-C stops)", flush=True)
     try:
