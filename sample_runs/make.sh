@@ -5,7 +5,8 @@
 #   bash sample_runs/make.sh spike      only the named ones: collapse spike apps careless credit
 #                                       import branches search (careless: only the imported run of
 #                                       apps_tiny; search, search_sft, search_credit: SmolLM2,
-#                                       an hour or more each, never by default)
+#                                       an hour or more each, and mismatch: SmolLM2, about 25
+#                                       minutes; never by default)
 #
 # Each store is rebuilt from scratch (the old file is removed first). Checkpoints go under runs/
 # (ignored by git), never next to the stores. Every command is the one sample_runs/README.md
@@ -301,15 +302,36 @@ search_credit() {
     compact search_credit.duckdb
 }
 
+# -- 10. training-inference mismatch: SmolLM2 sampled in bf16, updated in fp32 -------------------
+# One SFT start (30 steps of the search preset), then from it 8 RL steps each: sampled in fp32
+# (no mismatch but rounding), sampled in bf16 (a bf16 engine's mismatch at laptop scale), and
+# sampled in bf16 with verl's truncated importance sampling (cap 2); each evaluated on the same 40
+# held-out tasks at its last step.
+mismatch() {
+    fresh mismatch_bf16.duckdb
+    local db="$OUT/mismatch_bf16.duckdb" dir="$CKPT/mismatch"
+    local common=(--preset search-smollm2 --group-size 4 --tasks-per-step 2 --max-turns 3
+                  --max-new-tokens 48 --eval-tasks 40 --seed 0 --threads 1 --quiet --db "$db")
+    timed "$PY" -m core.train "${common[@]}" --sft-steps 30 --steps 0 --eval-every 0 \
+        --name "SFT start (30 steps)" --checkpoint-dir "$dir/sft"
+    for run in fp32:none bf16:none bf16:tis; do
+        IFS=: read -r dtype corr <<< "$run"
+        timed "$PY" -m core.train "${common[@]}" --sft-steps 30 --steps 8 --eval-every 8 \
+            --init-from "$dir/sft" --rollout-dtype "$dtype" --rollout-correction "$corr" \
+            --name "sampled $dtype, correction $corr" --checkpoint-dir "$dir/$dtype-$corr"
+    done
+    compact mismatch_bf16.duckdb
+}
+
 ALL=(collapse spike apps credit import_run branches)
 if [ $# -gt 0 ]; then
     ALL=()
     for name in "$@"; do
         case "$name" in
             import) ALL+=(import_run) ;;
-            collapse|spike|apps|careless|credit|branches|search|search_sft|search_credit)
+            collapse|spike|apps|careless|credit|branches|search|search_sft|search_credit|mismatch)
                 ALL+=("$name") ;;
-            *) echo "unknown run '$name' (collapse spike apps careless credit import branches search search_sft search_credit)" >&2
+            *) echo "unknown run '$name' (collapse spike apps careless credit import branches search search_sft search_credit mismatch)" >&2
                exit 2 ;;
         esac
     done
