@@ -10,16 +10,27 @@ stop tags as ``stop``, ``max_tokens``, ``temperature``, ``top_p``, ``seed`` and,
 (else ``OPENAI_API_KEY``) and sent as ``Authorization: Bearer``; it is never part of the config,
 and every error text is scrubbed of it before anything keeps it.
 
+Every request is bounded (core/endpoint_transport.py): ``timeout`` is its deadline, connect to
+last byte, however slowly the server sends; its body may be at most ``body_cap(max_tokens,
+top_logprobs)`` bytes (1 MiB + 2 KiB per token and 1 KiB per token per alternative); a redirect
+to another scheme, host or port is refused, so the key never reaches another origin. Each field
+of the reply is checked and the completion held to ``max_tokens`` (core/endpoint_reply.py): cut
+there, it reads as finish reason ``length`` and ``Reply.cut_chars`` / ``cut_tokens`` say how
+much was left out.
+
 Failures, per request:
-* timeout, connection lost, HTTP 5xx, HTTP 429, a 200 whose body is not a chat completion:
-  retried up to ``retries`` times, waiting ``backoff * 2**(attempt-1)`` seconds (x a jitter in
-  [0.5, 1], at most ``BACKOFF_CAP_S``) or, for a 429 with ``Retry-After``, that long (at most
+* the deadline passed, connection lost, HTTP 5xx, HTTP 429, a 200 whose body is not a chat
+  completion or has a field out of range (``malformed``, the field named): retried up to
+  ``retries`` times, waiting ``backoff * 2**(attempt-1)`` seconds (x a jitter in [0.5, 1], at
+  most ``BACKOFF_CAP_S``) or, for a 429 with ``Retry-After``, that long (at most
   ``RETRY_AFTER_CAP_S``). Still failing: ``EndpointError``, which ends that trajectory only.
-* any other 4xx (e.g. the context is longer than the server takes): ``EndpointError`` at once.
-* 401, 403, 404 (bad key, no such model or URL): ``EndpointRefused``; every request would fail
-  alike, so the run stops with that message.
+* a body over the cap (``too_large``: the server ignores ``max_tokens``, it would again) or any
+  other 4xx (e.g. the context is longer than the server takes): ``EndpointError`` at once.
+* 401, 403, 404 (bad key, no such model or URL) and a redirect to another origin:
+  ``EndpointRefused``; every request would fail alike, so the run stops with that message.
 Before a run starts, ``check`` asks ``GET {URL}/models``: a server that cannot be reached at all
-(after the same retries) or that refuses the key is said at once, and no run is recorded.
+(after the same retries), that refuses the key or redirects elsewhere is said at once, and no run
+is recorded.
 
 The stop tag: OpenAI's ``stop`` leaves the matched string out of the returned text and does not
 say which one matched (vLLM does, as ``stop_reason``). ``restore_stop`` appends it again: the
@@ -28,7 +39,6 @@ env receives and the store keeps ends with its closing tag, as our own rollouts'
 """
 from __future__ import annotations
 
-import codecs
 import http.client
 import json
 import os
@@ -37,10 +47,12 @@ import re
 import socket
 import time
 import urllib.error
-import urllib.request
-from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Callable, Sequence
+
+from core import endpoint_transport as transport
+from core.endpoint_reply import BadField, Reply, body_cap, parse
+from core.endpoint_transport import BodyTooLarge, Deadline, RedirectRefused
 
 PREFIX = "openai:"
 KEY_VARS = ("AGENTRL_OPENAI_API_KEY", "OPENAI_API_KEY")
@@ -53,7 +65,8 @@ _DETAIL_CHARS = 500
 
 class EndpointError(RuntimeError):
     """A request that failed for good: ``kind`` is timeout | connection | server_error |
-    rate_limited | malformed | bad_request | refused; ``status`` the HTTP status if any."""
+    rate_limited | malformed | too_large | bad_request | refused | redirect; ``status`` the HTTP
+    status if any."""
 
     def __init__(self, kind: str, detail: str, attempts: int = 1, status: int | None = None):
         super().__init__(f"{kind}" + (f" (HTTP {status})" if status else "")
@@ -66,7 +79,8 @@ class EndpointError(RuntimeError):
 
 
 class EndpointRefused(EndpointError):
-    """401 / 403 / 404: a wrong key, model name or URL. The run stops."""
+    """401 / 403 / 404 (a wrong key, model name or URL) or a redirect to another origin (kind
+    ``redirect``, the status its 3xx). The run stops."""
 
 
 class _Retry(Exception):
@@ -74,24 +88,6 @@ class _Retry(Exception):
                  retry_after: float | None = None):
         super().__init__(detail)
         self.kind, self.detail, self.status, self.retry_after = kind, detail, status, retry_after
-
-
-@dataclass
-class Reply:
-    """One chat completion as the collection needs it."""
-    text: str
-    """The message content exactly as returned (the stop string left out by the server)."""
-    finish_reason: str
-    """stop | length | ... as the server said."""
-    tokens: list[tuple[str, float]] | None
-    """(token text, logprob) of each returned token, when the server sent logprobs."""
-    top: list[list[tuple[str, float]]] | None = None
-    """Each token's top alternatives, when asked for (``top_logprobs``)."""
-    stop_reason: str | None = None
-    """The stop string that matched, where the server says (vLLM)."""
-    usage: dict = field(default_factory=dict)
-    latency_s: float = 0.0
-    attempts: int = 1
 
 
 def api_key() -> str | None:
@@ -189,6 +185,7 @@ class ChatClient:
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
         self.logprobs, self.top_logprobs = logprobs, top_logprobs
         self.retry_after_cap, self.sleep = retry_after_cap, sleep
+        self._opener = transport.opener()
 
     def body(self, messages: list[dict], *, stop: Sequence[str], max_tokens: int,
              temperature: float, top_p: float, seed: int | None) -> dict:
@@ -206,15 +203,19 @@ class ChatClient:
 
     def complete(self, messages: list[dict], **kwargs) -> Reply:
         """One chat completion (``body``'s keyword arguments); EndpointError when it fails for
-        good, EndpointRefused for 401/403/404."""
+        good, EndpointRefused for 401/403/404 and a redirect to another origin."""
         data = json.dumps(self.body(messages, **kwargs)).encode()
+        max_tokens = kwargs["max_tokens"]
+        cap = body_cap(max_tokens, self.top_logprobs if self.logprobs else 0)
         attempt, t0 = 0, time.perf_counter()
         while True:
             attempt += 1
             try:
-                reply = self._parse(self._post(data))
+                reply = self._parse(self._send(self.url, data=data, cap=cap), max_tokens)
                 reply.latency_s, reply.attempts = time.perf_counter() - t0, attempt
                 return reply
+            except EndpointError as exc:  # not retried; counted with the attempts before it
+                raise type(exc)(exc.kind, exc.detail, attempt, exc.status) from None
             except _Retry as exc:
                 if attempt > self.retries:
                     raise EndpointError(exc.kind, self.scrub(exc.detail), attempt,
@@ -226,16 +227,17 @@ class ChatClient:
     def check(self) -> None:
         """Fail early when the server cannot be reached at all (EndpointError, after the usual
         retries: it may be starting) or refuses the key (EndpointRefused): ``GET {URL}/models``.
-        Any other answer, a 404 included (not every server lists its models), will do."""
+        Any other answer, a 404 included (not every server lists its models), will do; its body
+        is not read."""
         base = self.url[:-len("/chat/completions")]
         attempt = 0
         while True:
             attempt += 1
             try:
-                self._send(urllib.request.Request(base + "/models", headers=self._headers()))
+                self._send(base + "/models")
                 return
             except EndpointRefused as exc:
-                if exc.status != 404:
+                if exc.status != 404 or exc.kind == "redirect":
                     raise
                 return
             except EndpointError:
@@ -261,14 +263,19 @@ class ChatClient:
             headers["Authorization"] = f"Bearer {self._key}"
         return headers
 
-    def _post(self, data: bytes) -> bytes:
-        return self._send(urllib.request.Request(self.url, data=data, headers=self._headers(),
-                                                 method="POST"))
-
-    def _send(self, request: urllib.request.Request) -> bytes:
+    def _send(self, url: str, data: bytes | None = None, cap: int = 0) -> bytes:
+        """One HTTP request within ``timeout`` seconds in all; the body (at most ``cap`` bytes)
+        when ``cap``, else nothing read. Failures as the module docstring sorts them."""
+        request = transport.request(url, Deadline(self.timeout), data, self._headers(),
+                                    "POST" if data is not None else "GET")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return response.read()
+            with self._opener.open(request, timeout=self.timeout) as response:
+                return transport.read_capped(response, cap) if cap else b""
+        except BodyTooLarge as exc:
+            raise EndpointError("too_large", f"{exc}, more than max_tokens can need; the server "
+                                             "may ignore max_tokens") from None
+        except RedirectRefused as exc:
+            raise EndpointRefused("redirect", self.scrub(str(exc)), 1, exc.code) from None
         except urllib.error.HTTPError as exc:
             detail = self.scrub(_body_text(exc))
             status = exc.code
@@ -285,47 +292,19 @@ class ChatClient:
                 else "connection"
             raise _Retry(kind, self.scrub(f"{exc.reason}")) from None
         except (socket.timeout, TimeoutError) as exc:
-            raise _Retry("timeout", f"no answer within {self.timeout:g} s ({exc})") from None
+            raise _Retry("timeout", f"{exc}") from None
         except (ConnectionError, http.client.HTTPException, OSError) as exc:
             raise _Retry("connection", self.scrub(f"{type(exc).__name__}: {exc}")) from None
 
-    def _parse(self, raw: bytes) -> Reply:
+    def _parse(self, raw: bytes, max_tokens: int) -> Reply:
         try:
-            data = json.loads(raw.decode("utf-8"))
-            choice = data["choices"][0]
-            message = choice["message"]
-            text = message.get("content") or ""
-            if not isinstance(text, str):
-                raise TypeError(f"content is {type(text).__name__}")
-            finish = str(choice.get("finish_reason") or "stop")
-            tokens, top = _logprobs(choice.get("logprobs"))
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            return parse(json.loads(raw.decode("utf-8")), max_tokens,
+                         self.top_logprobs if self.logprobs else 0)
+        except BadField as exc:
+            raise _Retry("malformed", self.scrub(f"{exc}")) from None
+        except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deep
             shown = raw[:200].decode("utf-8", "replace")
-            raise _Retry("malformed", self.scrub(f"not a chat completion ({exc}): {shown!r}"))
-        stop_reason = choice.get("stop_reason")
-        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-        return Reply(text=text, finish_reason=finish, tokens=tokens, top=top,
-                     stop_reason=stop_reason if isinstance(stop_reason, str) else None,
-                     usage={k: v for k, v in usage.items() if isinstance(v, (int, float))})
-
-
-def _logprobs(block) -> tuple[list | None, list | None]:
-    """(tokens, top) from a choice's ``logprobs`` (``{"content": [{"token", "logprob",
-    "top_logprobs"}]}``), or (None, None) when the server sent none."""
-    if not isinstance(block, dict) or not isinstance(block.get("content"), list):
-        return None, None
-    tokens, top = [], []
-    # A token's text from its bytes where the server sends them: a character split across
-    # tokens then reads "" for its first part and whole for the last (the texts spell the
-    # content), where the token strings would hold a broken character each.
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    for entry in block["content"]:
-        raw = entry.get("bytes")
-        text = decoder.decode(bytes(raw)) if isinstance(raw, list) else str(entry["token"])
-        tokens.append((text, float(entry["logprob"])))
-        top.append([(str(a["token"]), float(a["logprob"]))
-                    for a in entry.get("top_logprobs") or ()])
-    return tokens, (top if any(top) else None)
+            raise _Retry("malformed", self.scrub(f"not JSON ({exc}): {shown!r}")) from None
 
 
 def _body_text(exc: urllib.error.HTTPError) -> str:
