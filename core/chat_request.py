@@ -85,7 +85,7 @@ def parse_chat_request(raw: bytes, *, context: int) -> ChatRequest | RequestErro
         return RequestError(400, "body", f"not JSON ({str(exc)[:100]})")
     if not isinstance(req, dict):
         return RequestError(400, "body", f"must be a JSON object, not {_kind(req)}")
-    messages = _messages(req.get("messages"))
+    messages = _messages(req.get("messages"), context)
     if isinstance(messages, RequestError):
         return messages
     fields: dict = {"messages": messages}
@@ -127,10 +127,15 @@ def completion_budget(requested: int | None, prompt_tokens: int,
     return requested
 
 
-def _messages(value) -> list[dict] | RequestError:
-    """Each message as ``{"role", "content"}`` with a string content (text parts joined)."""
+def _messages(value, context: int) -> list[dict] | RequestError:
+    """Each message as ``{"role", "content"}`` with a string content (text parts joined). More
+    messages than the context has tokens can never fit (each takes at least one), and are
+    refused before they are copied or rendered."""
     if not isinstance(value, list) or not value:
         return RequestError(400, "messages", f"must be a non-empty list, not {_kind(value)}")
+    if len(value) > context:
+        return RequestError(400, "messages", f"{len(value)} messages cannot fit the model's "
+                            f"context of {context} tokens", "context_length_exceeded")
     out = []
     for i, m in enumerate(value):
         where = f"messages[{i}]"

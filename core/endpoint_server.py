@@ -46,10 +46,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 
+from core.bounded_server import BoundedServer
 from core.chat_model import ChatModel, token_bytes  # noqa: F401 (this module's names, kept)
 from core.chat_request import (MAX_TOKENS, ChatRequest, RequestError,  # noqa: F401 (MAX_TOKENS)
                                completion_budget, content_length, parse_chat_request)
 from core.client_watch import ClientWatch
+from core.fault_plan import FaultPlan
 
 
 @dataclass(frozen=True)
@@ -71,59 +73,6 @@ DRAIN_BYTES, DRAIN_S = 1 << 20, 1.0
 """After refusing a request unread, what is still read and dropped (at most) before closing:
 closing with unread bytes resets the connection, which can destroy the refusal before the client
 reads it."""
-SEEN_MAX, SEEN_BYTES = 1000, 16 << 20
-"""``FaultPlan.seen`` keeps the latest requests only: at most this many, whose bodies sum to at
-most this many bytes."""
-
-
-class FaultPlan:
-    """The fault rules, consumed thread-safely (see the module docstring), and what the server
-    saw: ``seen`` (bounded by SEEN_MAX and SEEN_BYTES), ``stopped``, ``in_flight``."""
-
-    def __init__(self, rules: list[dict] | None = None):
-        self.lock = threading.Lock()
-        self.rules = [dict(r) for r in rules or []]
-        self.seen: list[dict] = []
-        """The latest requests: their fault (or None), whether they carried the key (never the
-        key), seed, messages (None when unread or not valid) and body size in ``bytes``."""
-        self.stopped: list[dict] = []
-        """The latest requests cut short: ``reason`` (client_gone | deadline),
-        ``completion_tokens`` generated, ``max_tokens`` asked (at most SEEN_MAX kept)."""
-        self.in_flight = self.most_in_flight = 0
-        """Chat requests being answered now, and the most there ever were at once."""
-        # the list whose bodies _bytes sums: tests replace seen between runs
-        self._counted, self._bytes = None, 0
-
-    def enter(self, delta: int) -> None:
-        with self.lock:
-            self.in_flight += delta
-            self.most_in_flight = max(self.most_in_flight, self.in_flight)
-
-    def take(self, body_text: str) -> dict | None:
-        with self.lock:
-            for rule in self.rules:
-                if rule.get("times", 1) != 0 and rule.get("when", "") in body_text:
-                    if rule.get("times", 1) > 0:
-                        rule["times"] = rule.get("times", 1) - 1
-                    return rule
-        return None
-
-    def record(self, entry: dict) -> None:
-        """Keep ``entry`` in ``seen``, dropping the oldest past SEEN_MAX entries or SEEN_BYTES."""
-        with self.lock:
-            if self._counted is not self.seen:
-                self._counted, self._bytes = self.seen, sum(e.get("bytes", 0) for e in self.seen)
-            self.seen.append(entry)
-            self._bytes += entry.get("bytes", 0)
-            while len(self.seen) > 1 and (len(self.seen) > SEEN_MAX or self._bytes > SEEN_BYTES):
-                self._bytes -= self.seen.pop(0).get("bytes", 0)
-            if self._bytes > SEEN_BYTES:  # one body alone over the bound: keep the fact only
-                entry["messages"], self._bytes = None, 0
-
-    def cut_short(self, entry: dict) -> None:
-        with self.lock:
-            self.stopped.append(entry)
-            del self.stopped[:-SEEN_MAX]
 
 
 class ChatHandler(BaseHTTPRequestHandler):
@@ -179,7 +128,8 @@ class ChatHandler(BaseHTTPRequestHandler):
     def _invalid(self, err: RequestError, close: bool = False) -> None:
         self._send(err.status, json.dumps(err.body()).encode(), close=close)
 
-    def _refuse_unread(self, status: int, message: str = "", err: RequestError | None = None):
+    def _refuse_unread(self, status: int, message: str = "",
+                       err: RequestError | None = None) -> None:
         """Answer without reading the body, then close: what the client still sends is read
         and dropped (DRAIN_BYTES, DRAIN_S at most) so that the close does not reset the
         connection under the answer."""
@@ -224,8 +174,16 @@ class ChatHandler(BaseHTTPRequestHandler):
         finally:
             self._leave()
 
-    def _post(self):
-        self.answered = False
+    def handle_expect_100(self):
+        # a client that asks before sending its body (curl does over 1 MB) hears the refusal
+        # then, instead of "100 Continue"
+        if self.command == "POST" and self._gate() is None:
+            return False
+        return super().handle_expect_100()
+
+    def _gate(self) -> int | None:
+        """The body's length when this POST may send it; None once it is refused, unread: the
+        key, the route and the length are all in the headers."""
         if not self._keyed():
             self.faults.record({"fault": None, "authorized": False, "seed": None,
                                 "messages": None, "bytes": 0})
@@ -237,6 +195,13 @@ class ChatHandler(BaseHTTPRequestHandler):
                                 self.limits.max_body_bytes)
         if isinstance(length, RequestError):
             return self._refuse_unread(length.status, err=length)
+        return length
+
+    def _post(self):
+        self.answered = False
+        length = self._gate()
+        if length is None:
+            return
         raw = self._read_body(length)
         if raw is None:
             return
@@ -336,43 +301,6 @@ def make_handler(model: ChatModel, faults: FaultPlan, api_key: str | None,
                  limits: Limits = Limits()) -> type[ChatHandler]:
     return type("Handler", (ChatHandler,), {"model": model, "faults": faults,
                                              "api_key": api_key, "limits": limits})
-
-
-_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-         b"Retry-After: 1\r\nConnection: close\r\nContent-Length: 104\r\n\r\n"
-         + json.dumps({"error": {"message": "too many connections; retry",
-                                 "type": "server_error", "param": None,
-                                 "code": 503}}).encode().ljust(104))
-
-
-class BoundedServer(ThreadingHTTPServer):
-    """A thread per connection, at most ``max_connections`` at once: the next is answered 503
-    (from the accepting thread: the fixed reply fits any socket's send buffer) and closed."""
-
-    def __init__(self, address, handler, max_connections: int):
-        self.slots = threading.BoundedSemaphore(max_connections)
-        super().__init__(address, handler)
-
-    def process_request(self, request, client_address):
-        if not self.slots.acquire(blocking=False):
-            try:
-                request.settimeout(1.0)
-                request.sendall(_BUSY)
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self.slots.release()
-            raise
-
-    def process_request_thread(self, request, client_address):
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
 
 
 def serve(model: ChatModel, host: str = "127.0.0.1", port: int = 0,

@@ -18,8 +18,8 @@ import pytest
 from core.chat_request import (ChatRequest, RequestError, completion_budget, content_length,
                                parse_chat_request)
 from core.client_watch import ClientWatch, client_gone
-from core.endpoint_server import (SEEN_BYTES, SEEN_MAX, ChatModel, FaultPlan, Limits, main,
-                                  serve)
+from core.endpoint_server import ChatModel, Limits, main, serve
+from core.fault_plan import SEEN_BYTES, SEEN_MAX, FaultPlan
 
 KEY = "sk-limits-7Hq2"
 HI = [{"role": "user", "content": "hi"}]
@@ -55,7 +55,7 @@ def test_a_good_request_parses_into_its_fields():
 @pytest.mark.parametrize("body, param", [
     (b"\xff\xfe{}", "body"), (b"{nope", "body"), (b"[1, 2]", "body"), (b"[" * 100_000, "body"),
     (b"{}", "messages"), ({"messages": "hi"}, "messages"), ({"messages": []}, "messages"),
-    ({"messages": ["hi"]}, "messages[0]"),
+    ({"messages": ["hi"]}, "messages[0]"), ({"messages": HI * 4097}, "messages"),
     ({"messages": HI + [{"role": 3, "content": "x"}]}, "messages[1].role"),
     ({"messages": HI + [{"role": "user", "content": 5}]}, "messages[1].content"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
@@ -171,6 +171,13 @@ def reply(sock: socket.socket) -> tuple[int, dict, dict]:
     return int(lines[0].split()[1]), headers, json.loads(body)
 
 
+def until(condition, what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout:g} s for {what}"
+        time.sleep(0.05)
+
+
 def exchange(srv, request: bytes, timeout: float = 20.0) -> tuple[int, dict, dict]:
     with socket.create_connection(("127.0.0.1", srv.server_address[1]), timeout=timeout) as s:
         s.sendall(request)
@@ -187,6 +194,15 @@ def test_the_key_is_checked_before_the_body_is_read(server):
     assert body["error"]["message"] == "invalid API key"
     assert server.faults.seen == [{"fault": None, "authorized": False, "seed": None,
                                    "messages": None, "bytes": 0}]
+
+
+def test_a_client_that_asks_first_hears_the_refusal_instead_of_continue(server):
+    status, _, body = exchange(server, post(b"", key="wrong", length=str(50 << 20),
+                                            extra="Expect: 100-continue\r\n"), timeout=10)
+    assert status == 401 and body["error"]["message"] == "invalid API key"
+    status, _, body = exchange(server, post(b"", length=str(50 << 20),
+                                            extra="Expect: 100-continue\r\n"), timeout=10)
+    assert status == 413 and body["error"]["param"] == "Content-Length"
 
 
 @pytest.mark.parametrize("length, extra, status", [
@@ -228,13 +244,14 @@ def test_a_client_that_leaves_frees_the_generation_lock(server, model):
     port = server.server_address[1]
     first = socket.create_connection(("127.0.0.1", port))
     first.sendall(post({"messages": HI, "max_tokens": 3000, "temperature": 0}))
+    until(model.lock.locked, "the long request to start generating")
     time.sleep(1.0)
-    assert model.lock.locked(), "the long request should be generating by now"
     first.close()
     t0 = time.perf_counter()
     status, _, body = exchange(server, post({"messages": HI, "max_tokens": 2}))
     waited = time.perf_counter() - t0
     assert status == 200 and body["usage"]["completion_tokens"] <= 2
+    until(lambda: server.faults.stopped, "the cut-short request to be recorded")
     cut = server.faults.stopped[-1]
     assert cut["reason"] == "client_gone" and cut["max_tokens"] == 3000
     assert cut["completion_tokens"] < 3000
@@ -259,9 +276,10 @@ def test_a_body_that_does_not_arrive_in_time_gets_408(tight):
 
 def test_connections_beyond_the_limit_get_503(tight):
     addr = ("127.0.0.1", tight.server_address[1])
+    until(lambda: tight.active == 0, "the earlier tests' connections to end")
     held = [socket.create_connection(addr, timeout=10) for _ in range(2)]
     try:
-        time.sleep(0.5)                                        # both accepted and served
+        until(lambda: tight.active == 2, "both connections to be served")
         with socket.create_connection(addr, timeout=10) as third:
             status, headers, body = reply(third)
         assert status == 503 and headers["retry-after"] == "1"
@@ -269,6 +287,6 @@ def test_connections_beyond_the_limit_get_503(tight):
     finally:
         for s in held:
             s.close()
-    time.sleep(0.5)                                            # their threads end: slots free
+    until(lambda: tight.active == 0, "the closed connections to free their slots")
     request = b"GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n"
     assert exchange(tight, request, timeout=10)[0] == 200
