@@ -1,26 +1,81 @@
 """Environment options: the ``key=value,key=value`` text of ``env_options`` (and its SFT and
-evaluation layers), which environment takes which option, and the keyword arguments a run's
-environments are built with. Torch-free, like core/config.py, which re-exports these names.
+evaluation layers), which options each environment declares (its class's ``OPTIONS``,
+core/envs/options.py) and the keyword arguments a run's environments are built with. Torch-free,
+like core/config.py, which re-exports these names.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from core.budget import ConfigError
+from core.envs.options import Option, OptionError, take_options
 
 if TYPE_CHECKING:
     from core.config import TrainConfig
 
 
-ENV_OPTIONS: dict[str, tuple[str, ...]] = {
-    "search": ("two_hop_frac", "templates", "world_seed"),
-    "apps": ("templates", "code_cpu_s", "code_wall_s", "code_mem_mb"),
-    "frozenlake": ("size", "slip", "max_actions", "actions_per_turn"),
-    "sokoban": ("size", "max_actions", "actions_per_turn"),
-    "bandit": ("arms", "expert"),
-}
-"""Options each environment's constructor takes through env_options (topk and outcome_metric
-have their own fields; the env checks the values)."""
+def declared_options(env: str) -> dict[str, Option] | None:
+    """The options built-in environment ``env`` declares (its class's ``OPTIONS``); None for a
+    user's or a plugin's environment, whose module is imported only where the run builds it
+    (core/train.py's checked_env): its constructor is the authority on its options, and
+    ``take_options`` there checks any it declares the same way."""
+    from core.envs.base import BUILTIN, REGISTRY
+    if env not in BUILTIN:
+        return None
+    if env not in REGISTRY:
+        import importlib
+        importlib.import_module(BUILTIN[env])  # torch-free: registers the class
+    return dict(getattr(REGISTRY[env], "OPTIONS", {}))
+
+
+def check_env_options(env: str, text: str, field_name: str = "env_options") -> dict[str, Any]:
+    """``text`` parsed and checked against ``env``'s declared options: ConfigError naming
+    ``field_name`` and, from core/envs/options.py, an unknown option (with the known ones) or
+    the option, its value and its bounds. Options of an environment that declares none pass
+    as parsed."""
+    opts = parse_env_options(text, field_name)
+    declared = declared_options(env)
+    if declared is not None:
+        try:
+            take_options(env, declared, opts)
+        except OptionError as exc:
+            raise ConfigError(f"{field_name}={text!r}: {exc}") from exc
+    return opts
+
+
+def describe_options(env: str) -> str:
+    """One line per declared option ('code_mem_mb: integer in 64..1024, default 256 (...)'),
+    for help texts; a sentence where the environment declares none here."""
+    declared = declared_options(env)
+    if declared is None:
+        return f"{env}: options go to the environment's own constructor, which checks them"
+    if not declared:
+        return f"{env} takes no options"
+    return "\n".join(f"{name}: {opt.describe()}" + (f" ({opt.doc})" if opt.doc else "")
+                     for name, opt in declared.items())
+
+
+class _DeclaredNames(Mapping):
+    """``ENV_OPTIONS[env]``: the option names built-in ``env`` declares, read from its class on
+    first use (so this table never restates a constructor)."""
+
+    def __getitem__(self, env: str) -> tuple[str, ...]:
+        declared = declared_options(env)
+        if declared is None:
+            raise KeyError(env)
+        return tuple(declared)
+
+    def __iter__(self) -> Iterator[str]:
+        from core.envs.base import BUILTIN
+        return iter(BUILTIN)
+
+    def __len__(self) -> int:
+        from core.envs.base import BUILTIN
+        return len(BUILTIN)
+
+
+ENV_OPTIONS: Mapping[str, tuple[str, ...]] = _DeclaredNames()
+"""Option names per built-in environment (topk and outcome_metric have their own fields)."""
 
 
 def parse_env_options(text: str, field_name: str = "env_options") -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from core import budget
 from core.algorithms import ALGOS, GROUP_ALGOS
 from core.budget import ConfigError
-from core.env_options import ENV_OPTIONS, parse_env_options
+from core.env_options import check_env_options
 from core.envs import plugins as env_plugins  # torch-free: reads package metadata only
 
 if TYPE_CHECKING:
@@ -123,12 +123,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.w_prm >= 0, "w_prm", "must be >= 0")
     need(cfg.spa_l2 > 0, "spa_l2", "must be > 0")
     for fld in ("env_options", "sft_env_options", "eval_env_options"):
-        opts = parse_env_options(getattr(cfg, fld), fld)
-        if cfg.env not in ENVS:  # a user's environment takes the options it knows
-            continue
-        unknown = sorted(set(opts) - set(ENV_OPTIONS.get(cfg.env, ())))
-        need(not unknown, fld, f"unknown option(s) {', '.join(unknown)} for env {cfg.env}; "
-             f"known: {', '.join(ENV_OPTIONS.get(cfg.env, ())) or 'none'}")
+        check_env_options(cfg.env, getattr(cfg, fld), fld)  # ConfigError naming fld and option
     need(cfg.threads >= 0, "threads", "must be >= 0")
     need(DEVICE.fullmatch(cfg.device.strip().lower()) is not None, "device",
          "must be auto, cpu, cuda or cuda:N")

@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from core.config import ALGOS, ENVS as ENVS_BUILTIN, MODELS, PRESETS, ConfigError, TrainConfig
+from core.env_options import describe_options
 from pages import _common as c
 from pages import _jobs
 from storage import db, queries
@@ -43,6 +44,17 @@ def default_name(preset: str) -> str:
     return f"{stem}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
 
 
+def options_help(env: str | None) -> str:
+    """The environment options field's help: the format and what ``env`` declares (names,
+    kinds, bounds, defaults), the same declarations the launch is checked against."""
+    head = ("key=value,key=value, passed to the environment; a launch with an unknown option "
+            "or a value out of bounds is refused.")
+    if not env:
+        return head
+    lines = describe_options(env).replace("<", "\\<").splitlines()
+    return head + f"\n\nOptions of {env}:\n" + "".join(f"\n- {line}" for line in lines)
+
+
 def apply_preset() -> None:
     values = {**TrainConfig().to_dict(), **PRESETS.get(st.session_state["train_preset"], {})}
     for name in FIELDS:
@@ -72,7 +84,7 @@ with st.form("train_form"):
             values[name] = box.selectbox(label, kind, key=f"train_{name}")
         elif kind is str:
             values[name] = box.text_input(label, key=f"train_{name}",
-                                          help="key=value,key=value, passed to the environment")
+                                          help=options_help(st.session_state.get("train_env")))
         elif kind is int:
             values[name] = box.number_input(label, step=1, key=f"train_{name}")
         else:

@@ -98,3 +98,31 @@ def test_train_page_refuses_absurd_sizes(app):
     assert "Not launched:" in [e.value for e in at.error]
     assert any(c.value.startswith("group_size=1000000") for c in at.code)
     assert not _jobs.job_file().exists()
+
+
+@pytest.mark.parametrize("flag, text, option", [
+    ("--env-options", "code_mem_mb=1000000", "code_mem_mb=1000000: must be an integer in 64..1024"),
+    ("--env-options", "code_mem_mb=0,code_wall_s=-1", "code_wall_s=-1: must be a number in 1..60"),
+    ("--sft-env-options", "code_wall_s=1000000000", "code_wall_s=1000000000: must be a number"),
+    ("--env-options", "code_mem=512", "unknown option(s) code_mem for env apps"),
+])
+def test_cli_refuses_environment_options_that_lift_the_sandbox(tmp_path, flag, text, option):
+    db = tmp_path / "x.duckdb"
+    done = _cli("--env", "apps", flag, text, "--db", str(db), "--quiet")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert option in done.stderr and f"error: {flag[2:].replace('-', '_')}=" in done.stderr
+    assert not db.exists()
+
+
+def test_train_page_refuses_environment_options_that_lift_the_sandbox(app):
+    from pages import _jobs
+    at = app("train")
+    at.selectbox(key="train_env").set_value("apps")
+    at.text_input(key="train_env_options").input("code_mem_mb=1000000,code_wall_s=1000000000")
+    at.button(key="train_launch").click().run()
+    assert "Not launched:" in [e.value for e in at.error]
+    shown = [c.value for c in at.code]
+    assert any(s.startswith("env_options=") and "code_mem_mb=1000000: must be an integer in "
+               "64..1024" in s and "code_wall_s=1000000000" in s for s in shown), shown
+    assert not _jobs.job_file().exists()
+    assert "code_mem_mb: an integer in 64..1024" in at.text_input(key="train_env_options").help

@@ -56,3 +56,93 @@ def test_eval_env_options_fix_the_heldout_set_while_the_rl_mix_changes():
     first, second = _Run(base, NullRecorder(), False), _Run(moved, NullRecorder(), False)
     assert second.env.two_hop_frac == 0.25 and second.eval_env.two_hop_frac == 0.75
     assert [t.task_id for t in second.eval_tasks] == [t.task_id for t in first.eval_tasks]
+
+
+# ---- declared options: unknown names and out-of-bounds values are refused by name ------------
+SANDBOX_LIFTS = ["code_mem_mb=1000000", "code_wall_s=1000000000", "code_mem_mb=0",
+                 "code_wall_s=-1", "code_cpu_s=0", "code_cpu_s=1000000", "code_wall_s=nan",
+                 "code_mem_mb=512.5", "code_cpu_s=true"]
+
+
+@pytest.mark.parametrize("fld", ["env_options", "sft_env_options", "eval_env_options"])
+@pytest.mark.parametrize("text", SANDBOX_LIFTS)
+def test_options_that_would_lift_the_sandbox_are_refused_naming_option_value_and_bounds(fld, text):
+    name, value = text.split("=")
+    with pytest.raises(ConfigError) as caught:
+        validate(TrainConfig(env="apps", **{fld: text}))
+    message = str(caught.value)
+    assert message.startswith(f"{fld}={text!r}: ")
+    low, high = {"code_mem_mb": ("64", "1024"), "code_wall_s": ("1", "60"),
+                 "code_cpu_s": ("1", "60")}[name]
+    assert f" in {low}..{high}" in message and name in message and value.lower() in message.lower()
+
+
+def test_every_bad_option_is_named_at_once():
+    with pytest.raises(ConfigError, match=r"code_mem_mb=1000000: must be an integer in 64\.\.1024"
+                       r".*; code_wall_s=1000000000: must be a number in 1\.\.60"):
+        validate(TrainConfig(env="apps", env_options="code_mem_mb=1000000,code_wall_s=1000000000"))
+
+
+def test_the_bounds_themselves_are_accepted():
+    cfg = validate(TrainConfig(env="apps", env_options="code_mem_mb=1024,code_wall_s=60,code_cpu_s=60",
+                               eval_env_options="code_mem_mb=64,code_wall_s=1,code_cpu_s=1"))
+    env = make_env("apps", **env_kwargs(cfg))
+    assert env.limits == {"cpu_s": 60, "wall_s": 60.0, "mem_mb": 1024}
+
+
+def test_an_unknown_option_is_refused_listing_the_known_ones():
+    with pytest.raises(ConfigError, match=r"^env_options='code_mem=512': unknown option\(s\) "
+                       r"code_mem for env apps; known: .*code_mem_mb"):
+        validate(TrainConfig(env="apps", env_options="code_mem=512"))
+
+
+@pytest.mark.parametrize("name, kwargs, message", [
+    ("apps", {"code_mem_mb": 10 ** 6}, "code_mem_mb=1000000: must be an integer in 64..1024"),
+    ("apps", {"code_wall_s": -1}, "code_wall_s=-1: must be a number in 1..60"),
+    ("frozenlake", {"sizee": 5}, r"unknown option\(s\) sizee for env frozenlake"),
+    ("sokoban", {"size": 4}, "size=4: must be an integer in 5..12"),
+    ("bandit", {"arms": "both"}, "arms='both': must be text, one of fixed, stated"),
+    ("search", {"two_hop": 0.5}, r"unknown option\(s\) two_hop for env search"),
+])
+def test_the_environment_itself_refuses_what_it_does_not_declare(name, kwargs, message):
+    # make_env without validate (bench scripts, users' code): the constructor checks too
+    with pytest.raises(ValueError, match=message):
+        make_env(name, seed=0, topk=3, **kwargs)
+
+
+def test_declared_defaults_are_within_their_own_bounds():
+    from core.config import ENVS
+    from core.env_options import ENV_OPTIONS, declared_options
+    for env in ENVS:
+        declared = declared_options(env)
+        assert declared and tuple(declared) == ENV_OPTIONS[env], env
+        for name, opt in declared.items():
+            if opt.default is not None:
+                assert opt.check(name, opt.default) == opt.default, (env, name)
+
+
+def test_declarations_are_read_without_torch():
+    import subprocess
+    import sys
+    code = ("import sys; from core.config import ENV_OPTIONS, TrainConfig, validate; "
+            "names = {e: ENV_OPTIONS[e] for e in ENV_OPTIONS}; "
+            "validate(TrainConfig(env='apps', env_options='code_mem_mb=512')); "
+            "assert 'code_mem_mb' in names['apps'], names; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_largest_memory_allowed_still_refuses_a_1_5_gb_allocation():
+    """A real <code> action in the sandbox, built with the cap code_mem_mb may take."""
+    from core.envs.apps.env import AppsEnv
+    cap = AppsEnv.OPTIONS["code_mem_mb"].high
+    env = make_env("apps", **env_kwargs(validate(TrainConfig(
+        env="apps", env_options=f"code_mem_mb={cap},code_wall_s=20"))))
+    episode = env.episode(env.tasks("train", 1, 0)[0], 0)
+    episode.reset()
+    result = episode.step("<code>x = 'a' * (1536 * 1024 * 1024)\nprint(len(x))</code>")
+    assert result.error and result.error.startswith("MemoryError"), result.observation
+    assert "1610612736" not in result.observation
+    small = episode.step("<code>x = 'a' * (256 * 1024 * 1024)\nprint(len(x))</code>")
+    assert small.error is None and "268435456" in small.observation  # the cap is not 0

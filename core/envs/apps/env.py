@@ -35,6 +35,7 @@ from core.envs.apps.api import APPS, ENDPOINTS, ApiError, call_api
 from core.envs.apps.sandbox.parent import SandboxResult, run_code
 from core.envs.apps.tasks import COLLATERAL_TEST, TEMPLATES, build, grade, rng_of
 from core.envs.base import Outcome, StepResult, Task, register
+from core.envs.options import Option, take_options
 
 SPLITS = ("train", "heldout")
 ACTION = re.compile(r"<(tool|code|answer)>(.*?)</\1>", re.DOTALL)
@@ -91,17 +92,35 @@ def user_message(world, instruction: str) -> str:
 # ---- environment ---------------------------------------------------------------------------------
 @register("apps")
 class AppsEnv:
-    """Options: templates (restrict to these names, comma-separated or a list), code_cpu_s,
-    code_wall_s, code_mem_mb (the <code> sandbox limits). ``seed`` is accepted for the common
-    factory signature; tasks take their own seed."""
+    """Options: ``OPTIONS`` below. ``seed`` and ``topk`` are the arguments every environment is
+    built with (core/env_options.py's env_kwargs); tasks take their own seed and there is no
+    retrieval here, so neither changes anything."""
 
     name = "apps"
     stop_tags = ("</tool>", "</code>", "</answer>")
     system_prompt = SYSTEM_PROMPT
+    OPTIONS = {
+        "templates": Option((str, list, tuple), doc="only these template names: "
+                            "comma-separated, or ';'-separated inside env_options"),
+        "code_cpu_s": Option(int, 1, 60, default=2, doc="CPU seconds one <code> action may use"),
+        "code_wall_s": Option(float, 1, 60, default=6.0,
+                              doc="wall-clock seconds one <code> action may take"),
+        "code_mem_mb": Option(int, 64, 1024, default=256,
+                              doc="MB of address space one <code> action's process may map"),
+    }
+    """The <code> sandbox's limits (sandbox/parent.py) are bounded on both sides. Floors: the
+    sandboxed interpreter alone maps about 20 MB (a trivial action fails at 16 MB and runs at
+    24 MB; 64 MB leaves it room), and one second of CPU or wall time (starting the sandbox
+    takes 0.1-0.2 s of it on a quiet machine) is the least that still runs the code. Caps: 4x
+    the default memory (1024 MB) and a minute of CPU or wall time (30x and 10x the defaults):
+    ample for a few dozen API calls and their loops, while each action's process maps memory
+    of its own and several may run on one machine at once (a 1.5 GB allocation is refused at
+    the cap); and a minute stays under --env-step-timeout's default of 120 s, so the sandbox's
+    own deadline, with its clear error, comes first."""
 
-    def __init__(self, seed: int = 0, templates: str | list[str] | None = None,
-                 code_cpu_s: int = 2, code_wall_s: float = 6.0, code_mem_mb: int = 256,
-                 **ignored: Any):
+    def __init__(self, seed: int = 0, topk: int = 3, **options: Any):
+        opts = take_options(self.name, self.OPTIONS, options)
+        templates = opts["templates"]
         if isinstance(templates, str):
             templates = [t.strip() for t in templates.split(",") if t.strip()]
         unknown = sorted(set(templates or ()) - set(TEMPLATES))
@@ -109,8 +128,8 @@ class AppsEnv:
             raise ValueError(f"unknown apps templates {unknown}; known: {', '.join(TEMPLATES)}")
         self.seed = seed
         self.templates = list(templates) if templates else list(TEMPLATES)
-        self.limits = {"cpu_s": int(code_cpu_s), "wall_s": float(code_wall_s),
-                       "mem_mb": int(code_mem_mb)}
+        self.limits = {"cpu_s": opts["code_cpu_s"], "wall_s": opts["code_wall_s"],
+                       "mem_mb": opts["code_mem_mb"]}
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         """n distinct tasks, templates in turn (shuffled); train worlds have even world seeds,

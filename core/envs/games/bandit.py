@@ -28,6 +28,7 @@ from __future__ import annotations
 from core.envs.base import Outcome, StepResult, Task, register
 from core.envs.games.grid import (INVALID_PENALTY, check_count, check_split, parse_answer,
                             seeded_rng)
+from core.envs.options import Option, take_options
 
 LOW_PAYOUT = 0.1
 HIGH_PAYOUT = 1.0
@@ -53,22 +54,27 @@ def payout(is_high: bool, u: float) -> float:
 
 @register("bandit")
 class Bandit:
-    """Environment factory; option ``arms``: fixed | stated (see the module docstring)."""
+    """Environment factory; options: ``OPTIONS`` (see the module docstring). ``seed`` and
+    ``topk`` are the arguments every environment is built with (core/env_options.py's
+    env_kwargs); nothing is retrieved here, so topk changes nothing."""
 
     name = "bandit"
     stop_tags = ("</answer>",)
     observation_role = "user"
+    OPTIONS = {
+        "arms": Option(str, default="fixed", choices=MODES,
+                       doc="fixed names and payouts, or stated in each task"),
+        "expert": Option(str, default="best", choices=EXPERTS,
+                         doc="the SFT demonstrations' arm: the best one or either at random"),
+    }
     system_prompt = (
         "You are playing a two-armed bandit: a slot machine with two arms, each with its own "
         "payout. You pull exactly one arm. You may think first inside <think>...</think>, then "
         "answer with the arm's name, e.g. <answer>NAME</answer>.")
 
-    def __init__(self, seed: int = 0, arms: str = "fixed", expert: str = "best", **ignored):
-        if arms not in MODES:
-            raise ValueError(f"bandit: arms must be one of {MODES}, got {arms!r}")
-        if expert not in EXPERTS:
-            raise ValueError(f"bandit: expert must be one of {EXPERTS}, got {expert!r}")
-        self.seed, self.arms, self.expert = seed, arms, expert
+    def __init__(self, seed: int = 0, topk: int = 3, **options):
+        opts = take_options(self.name, self.OPTIONS, options)
+        self.seed, self.arms, self.expert = seed, opts["arms"], opts["expert"]
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         check_split(split)

@@ -24,6 +24,7 @@ from core.envs.base import Outcome, StepResult, Task, register
 from core.envs.games.grid import (INVALID_PENALTY, MOVES, PERPENDICULAR, check_count,
                             check_split, digest, format_help, parse_answer, render, seeded_rng,
                             split_of, state_block, step_to)
+from core.envs.options import Option, take_options
 
 ACTIONS = tuple(MOVES)
 FROZEN, HOLE, GOAL = "F", "H", "G"
@@ -150,17 +151,29 @@ class _Planner:
 
 @register("frozenlake")
 class FrozenLake:
-    """Environment factory; options: size, slip, max_actions (per episode), actions_per_turn."""
+    """Environment factory; options: ``OPTIONS``. ``seed`` and ``topk`` are the arguments every
+    environment is built with (core/env_options.py's env_kwargs); lakes take their own seed and
+    nothing is retrieved, so neither changes anything."""
 
     name = "frozenlake"
     stop_tags = ("</answer>",)
     observation_role = "user"
+    OPTIONS = {
+        "size": Option(int, 2, 32, default=4, doc="the lake's side"),
+        "slip": Option(float, 0, 0.95, default=0.2,
+                       doc="chance a move goes sideways instead"),
+        "max_actions": Option(int, 1, 10 ** 6, default=10, doc="moves per episode"),
+        "actions_per_turn": Option(int, 1, 20, default=3, doc="moves one answer may give"),
+    }
+    """Bounds: a 32 x 32 lake is still drawn in a fraction of a second (8 tasks: 0.17 s) and
+    shown in about 1 KB of text; at slip 0.95 a move is already almost all luck (1 would make
+    the intended move impossible); 20 moves a turn is more than a default lake's whole path;
+    max_actions only counts (the rollout's max_turns ends an episode anyway)."""
 
-    def __init__(self, seed: int = 0, size: int = 4, slip: float = 0.2, max_actions: int = 10,
-                 actions_per_turn: int = 3, **ignored):
-        if size < 2 or not 0 <= slip < 1 or max_actions < 1 or actions_per_turn < 1:
-            raise ValueError("frozenlake: need size >= 2, 0 <= slip < 1, max_actions >= 1, "
-                             "actions_per_turn >= 1")
+    def __init__(self, seed: int = 0, topk: int = 3, **options):
+        opts = take_options(self.name, self.OPTIONS, options)
+        size, slip = opts["size"], opts["slip"]
+        max_actions, actions_per_turn = opts["max_actions"], opts["actions_per_turn"]
         self.seed, self.size, self.slip = seed, size, slip
         self.max_actions, self.actions_per_turn = max_actions, actions_per_turn
         self._planners: dict[tuple[str, ...], _Planner] = {}

@@ -25,6 +25,7 @@ from functools import lru_cache
 from typing import Any, Sequence
 
 from core.envs.base import Outcome, StepResult, Task, register
+from core.envs.options import Option, take_options
 from core.envs.search.world import RELATIONS, WORLD_SEED, Doc, World, cached_world
 from core.rewards import exact_match, normalize_answer, token_f1
 
@@ -150,23 +151,31 @@ def _rng(*parts: Any) -> random.Random:
 # ---- environment -------------------------------------------------------------------------------
 @register("search")
 class SearchEnv:
-    """Search-R1 environment. Options: topk (documents per search), world_seed (the world; runs
-    share the default), two_hop_frac (share of two-hop tasks sampled), outcome_metric (em | f1),
-    templates (restrict to these template names, e.g. "capital,capital>city_founded").
-    ``seed`` is accepted for the common factory signature; this environment has no randomness of
-    its own (retrieval is deterministic), so it does not change the world."""
+    """Search-R1 environment. Options: ``OPTIONS`` below; topk (documents per search) and
+    outcome_metric (em | f1) are arguments of their own. ``seed`` is accepted for the common
+    factory signature; this environment has no randomness of its own (retrieval is
+    deterministic), so it does not change the world."""
 
     name = "search"
     stop_tags = ("</search>", "</answer>")
     system_prompt = SYSTEM_PROMPT
+    OPTIONS = {
+        "world_seed": Option(int, 0, 2 ** 31 - 1, default=WORLD_SEED,
+                             doc="the world's seed; runs share the default"),
+        "two_hop_frac": Option(float, 0, 1, default=0.5, doc="share of two-hop tasks sampled"),
+        "templates": Option((str, list, tuple), doc="only these template names: "
+                            "comma-separated, or ';'-separated inside env_options"),
+    }
+    """topk and outcome_metric are not options here: they have configuration fields of their
+    own (checked by core/validation.py) and every run passes them."""
 
-    def __init__(self, seed: int = 0, topk: int = 3, world_seed: int = WORLD_SEED,
-                 two_hop_frac: float = 0.5, outcome_metric: str = "em",
-                 templates: str | Sequence[str] | None = None, **ignored: Any):
+    def __init__(self, seed: int = 0, topk: int = 3, outcome_metric: str = "em",
+                 **options: Any):
+        opts = take_options(self.name, self.OPTIONS, options)
+        world_seed, two_hop_frac, templates = (opts["world_seed"], opts["two_hop_frac"],
+                                               opts["templates"])
         if not (isinstance(topk, int) and topk >= 1):
             raise ValueError(f"topk must be an integer >= 1, got {topk!r}")
-        if not 0.0 <= two_hop_frac <= 1.0:
-            raise ValueError(f"two_hop_frac must be in [0, 1], got {two_hop_frac!r}")
         if outcome_metric not in METRICS:
             raise ValueError(f"outcome_metric must be one of {', '.join(METRICS)}, "
                              f"got {outcome_metric!r}")
