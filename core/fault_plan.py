@@ -12,8 +12,8 @@ most this many bytes."""
 
 
 class FaultPlan:
-    """The fault rules, consumed thread-safely (core/endpoint_server.py's docstring), and what the server
-    saw: ``seen`` (bounded by SEEN_MAX and SEEN_BYTES), ``stopped``, ``in_flight``."""
+    """The fault rules, consumed thread-safely (core/endpoint_server.py's docstring), and what
+    the server saw: ``seen`` (bounded by SEEN_MAX and SEEN_BYTES), ``stopped``, ``in_flight``."""
 
     def __init__(self, rules: list[dict] | None = None):
         self.lock = threading.Lock()
