@@ -1,7 +1,7 @@
 """Follow a directory another trainer writes into and import each new complete file, live.
 
     python -m storage.io follow DIR --db PATH --format {verl,trl,jsonl} [--run-id ID]
-                                [--run-name NAME] [--poll SECONDS]
+                                [--run-name NAME] [--poll SECONDS] [--max-line-bytes N]
 
 * ``verl``: ``DIR`` is ``trainer.rollout_data_dir``; each ``{step}.jsonl`` (storage/dumps.py's
   verl reader) is imported once it is complete.
@@ -10,21 +10,45 @@
 * ``jsonl``: generic JSONL (storage/interchange.py) appended by any agent loop, one or more
   ``*.jsonl`` files in ``DIR``; each new *complete line* is imported as soon as it is there.
 
-Only files directly in ``DIR`` are watched. Everything goes into one run, by default the run
-``python -m storage.io import DIR`` would create (``default_run_id(DIR)``), so following and a
-later import of the same directory agree.
+Only files directly in ``DIR`` are watched, and only those whose real path is inside ``DIR``: a
+link pointing out of it is never opened (said once). Everything goes into one run, by default the
+run ``python -m storage.io import DIR`` would create (``default_run_id(DIR)``), with the same
+trajectory ids, so following and a later import of the same directory agree.
 
 When a file counts as complete (never a half-written one): its size and modification time are
 the same on two successive polls, and it ends the way a finished file of its kind ends (a verl
 file with a newline, a Parquet file with its ``PAR1`` footer). For appended JSONL only the bytes
 up to the last newline are taken; the rest waits for its newline.
 
-Idempotent and restartable: every import leaves a row in the store's ``imports`` table (the
-importer, storage/io.py), and the follower starts by reading them: a verl/TRL file whose name is
-there is not imported again (unless it changes afterwards: then its new records are added once
-it is stable again), and a JSONL file resumes after the last byte range recorded for it
-(sources named ``{file}#{start}-{end}``). Trajectories already in the run are skipped anyway
-(same ``traj_id``). A JSONL file that shrinks (rotated, rewritten) is read again from its start.
+Which file is which (storage/tail.py): a name is tracked by its file's identity (device and
+inode) and by a mark of the bytes already taken (the first and the last 4 KiB of them; for
+verl/TRL files a digest of the whole file). A name whose identity changed (atomic rename,
+logrotate) is a new file, read from its start; before that, the lines the old file got after the
+last poll are still read from the descriptor held open on it (a JSONL file, also when it is
+deleted or ``DIR`` goes). A JSONL file that shrank or whose mark changed (truncated and rewritten,
+even to the same length) is read again from its start. Reading again never duplicates a
+trajectory: one already in the run (same ``traj_id``) is skipped and counted as such. A verl or
+TRL file that changes after its import is imported again once stable if the bytes imported are
+still its start (its new lines are added); if they are not (rewritten with other content, whose
+ids ``{step}:{line}`` are already taken) it is refused with an error naming it, and the refusal
+is recorded in ``imports``. A ``DIR`` that vanishes is reported and followed again once it is
+back. A store that is deleted or replaced while following stops the follower (exit 2): it never
+writes into a new store at the same path (checked before every write).
+
+Memory is bounded whatever the files hold: lines are read one at a time and written in batches
+of at most 200 records or 8 MiB of input (storage/feed.py); a line longer than
+``--max-line-bytes`` (default 16 MiB, the limit ``import`` has: long enough for a 100k-token
+trajectory with every token's record) fails alone with a message and is skipped a MiB at a
+time, never held; an unfinished line is not held or re-read either (each poll scans only the
+bytes that arrived since, and one already over the limit is reported as soon as it is). No file
+is copied.
+
+Idempotent and restartable: every import leaves a row in the store's ``imports`` table, its
+source ``{file}#{start}-{end}~{mark}`` (JSONL: the byte range; verl/TRL: ``#0-{size}`` and the
+digest). The follower starts from the latest row of each file: a file whose bytes still match is
+resumed after ``end`` (JSONL) or left as imported (verl/TRL); one that does not is treated as
+above. Rows written before marks were (``{file}#{start}-{end}``, a bare verl/TRL name) are
+trusted as they are.
 
 While it follows, the run is ``running`` (refreshed every ``HEARTBEAT_S`` so the Runs page does
 not call it interrupted); Ctrl-C (SIGINT) or SIGTERM lets the import in progress finish, marks
@@ -34,20 +58,28 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from storage import db
+from storage import db, feed, tail
+from storage.import_batch import finish_import
+from storage.interchange import MAX_LINE_BYTES
 from storage.migrations import prepare
 from storage.recorder import check_run_id, clean_text, now
 
 PATTERNS = {"verl": "*.jsonl", "trl": "completions_*.parquet", "jsonl": "*.jsonl"}
 HEARTBEAT_S = 30.0
 MAX_TRIES = 3
+PIECE_BYTES = 16 << 20  # a JSONL file's new bytes are imported in ranges of about this size
+MAX_HELD = 64           # JSONL files kept open (to drain after a rotation); others reopened
+
+
+class StoreGone(RuntimeError):
+    """The store was deleted or replaced under the follower."""
 
 
 @dataclass
@@ -58,6 +90,7 @@ class FollowReport:
     skipped: int = 0         # trajectories already in the run
     failed: int = 0          # records that could not be imported (see the imports table)
     errors: list[str] = field(default_factory=list)
+    stopped: str | None = None  # why it stopped by itself (the store went away)
 
     def summary(self, seconds: float) -> str:
         return (f"followed for {seconds:.0f} s: {self.files} imports, {self.trajectories} "
@@ -65,22 +98,22 @@ class FollowReport:
                 f"-> run {self.run_id}")
 
 
-def complete_end(path: Path, fmt: str) -> bool:
-    """Whether a stable file also ends as a finished file of ``fmt`` ends."""
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        size = f.tell()
-        if size == 0:
-            return False
-        f.seek(max(size - 4, 0))
-        tail = f.read()
-    return tail == b"PAR1" if fmt == "trl" else tail.endswith(b"\n")
+@dataclass
+class Tracked:
+    """What the follower knows of one name in DIR."""
+    ident: tuple[int, int] | None = None  # (st_dev, st_ino); None: known only from the store
+    key: tuple | None = None              # (size, mtime_ns, ctime_ns) when last handled
+    offset: int | None = 0                # bytes taken (None: an unmarked row of an old version)
+    check: str | None = None              # mark (JSONL) or digest (verl/TRL) of [0, offset)
+    scanned: int = 0                      # JSONL: no newline in [offset, scanned)
+    told_long: bool = False               # JSONL: the unfinished line was reported too long
+    fd: int | None = None                 # JSONL: held open, to drain after a rotation
 
 
-def _done_sources(db_path, run_id: str) -> list[str]:
+def _latest_sources(db_path, run_id: str) -> list[str]:
     with db.reading(db_path) as con:
-        return [r[0] for r in con.execute("SELECT source FROM imports WHERE run_id = ?",
-                                          [run_id]).fetchall()]
+        return [r[0] for r in con.execute("SELECT source FROM imports WHERE run_id = ? "
+                                          "ORDER BY imported_at, rowid", [run_id]).fetchall()]
 
 
 def _set_running(db_path, run_id: str, status: str = "running") -> None:
@@ -89,120 +122,278 @@ def _set_running(db_path, run_id: str, status: str = "running") -> None:
                     "WHERE run_id = ? AND source LIKE 'import%'", [status, now(), run_id])
 
 
+def _key(st: os.stat_result) -> tuple:
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
 class Follower:
     """Polls ``directory`` and imports what is complete; ``poll_once`` does one round."""
 
     def __init__(self, directory, db_path, fmt: str, run_id: str | None = None,
-                 run_name: str | None = None, log: Callable[[str], None] = print):
+                 run_name: str | None = None, log: Callable[[str], None] = print,
+                 max_line_bytes: int = MAX_LINE_BYTES,
+                 should_stop: Callable[[], bool] = lambda: False):
         from storage.io import default_run_id
+        from storage.import_batch import refuse_foreign, run_source
         if fmt not in PATTERNS:
             raise ValueError(f"unknown format {fmt!r}; expected one of {tuple(PATTERNS)}")
+        if not max_line_bytes > 0:
+            raise ValueError(f"--max-line-bytes must be a positive number, got {max_line_bytes}")
         self.dir = Path(directory)
         if not self.dir.is_dir():
             raise FileNotFoundError(f"no such directory: {self.dir}")
-        self.db, self.fmt, self.log = db_path, fmt, log
+        self.db, self.fmt, self.log, self.max_line = db_path, fmt, log, max_line_bytes
+        self.should_stop = should_stop
         self.run_id = check_run_id(run_id) if run_id else default_run_id(self.dir)
         self.run_name = run_name or self.dir.resolve().name
         self.report = FollowReport(self.run_id)
-        self.seen: dict[str, tuple[int, int]] = {}    # name -> (size, mtime) at the last poll
+        self.seen: dict[str, tuple] = {}       # name -> (identity, key) at the last poll
         self.tries: dict[str, int] = {}
-        self._scratch = tempfile.TemporaryDirectory(prefix="follow-")
+        self.told: set[str] = set()            # names already reported (links out of DIR)
+        self.dir_gone = False
         prepare(db_path)
-        from storage.import_batch import refuse_foreign, run_source
+        self.store = tail.identity(os.stat(db_path))
         refuse_foreign(self.run_id, run_source(db_path, self.run_id))  # never a trainer's run
-        # verl/trl: name -> (size, mtime) when imported; None = imported before a restart
-        # (taken as complete at its size when first seen). A file that changes after its import
-        # (a writer that paused longer than two polls) is imported again once stable: its new
-        # records are added, those already in the run skipped.
-        self.done: dict[str, tuple[int, int] | None] = {}
-        self.offset: dict[str, int] = {}               # jsonl: bytes already imported
-        for source in _done_sources(db_path, self.run_id):
-            name, _, span = source.rpartition("#")
-            if fmt == "jsonl" and name and "-" in span:
-                end = span.split("-", 1)[1]
-                if end.isdigit():
-                    self.offset[name] = max(self.offset.get(name, 0), int(end))
-            else:
-                self.done[source] = None
+        self.files: dict[str, Tracked] = {}
+        for source in _latest_sources(db_path, self.run_id):  # the latest row of a file wins
+            parsed = tail.parse_source(source)
+            if parsed:
+                name, _, end, check = parsed
+                self.files[name] = Tracked(offset=end, check=check, scanned=end)
+            elif fmt != "jsonl":
+                self.files[source] = Tracked(offset=None)
 
     def close(self) -> None:
-        self._scratch.cleanup()
+        for t in self.files.values():
+            if t.fd is not None:
+                os.close(t.fd)
+                t.fd = None
 
-    def _stable(self, path: Path, stat: os.stat_result) -> bool:
-        key = (stat.st_size, stat.st_mtime_ns)
-        previous, self.seen[path.name] = self.seen.get(path.name), key
-        return previous == key
+    def check_store(self) -> None:
+        """StoreGone unless the store file is still the one the follower started with."""
+        try:
+            same = tail.identity(os.stat(self.db)) == self.store
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise StoreGone(f"the store {self.db} was deleted or replaced while following: "
+                            "stopped (nothing is written into a new store at that path)")
+
+    def _root(self) -> str | None:
+        """DIR's real path, or None while it is gone (reported once, and once when back)."""
+        if self.dir.is_dir():
+            if self.dir_gone:
+                self.dir_gone = False
+                self.log(f"{self.dir} is back: following it again")
+            return os.path.realpath(self.dir)
+        if not self.dir_gone:
+            self.dir_gone = True
+            self._error(None, f"{self.dir} is gone (removed or renamed): waiting for it to come "
+                              "back")
+        return None
 
     def poll_once(self) -> int:
         """One look at the directory; the number of imports made."""
-        made = 0
-        for path in sorted(self.dir.glob(PATTERNS[self.fmt]), key=_order):
-            if not path.is_file():
-                continue
+        self.check_store()
+        root, made, present = self._root(), 0, set()
+        paths = sorted(self.dir.glob(PATTERNS[self.fmt]), key=_order) if root else []
+        for path in paths:
+            if self.should_stop():
+                break
             try:
-                stat = path.stat()
-            except FileNotFoundError:
+                if not tail.inside(path, root):
+                    self._tell_once(path.name, "links outside the followed directory: never "
+                                               "opened")
+                    continue
+                st = path.stat()
+            except OSError:
                 continue  # removed between the listing and now
-            key = (stat.st_size, stat.st_mtime_ns)
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            present.add(path.name)
             if self.fmt == "jsonl":
-                made += self._poll_appended(path, stat)
-            elif path.name in self.done and self.done[path.name] in (None, key):
-                self.done[path.name] = key
-            elif self._stable(path, stat) and complete_end(path, self.fmt):
-                made += self._import(path, path.name, key)
+                made += self._poll_appended(path, st, root)
+            else:
+                made += self._poll_whole(path, st, root)
+        for name, t in self.files.items():  # rotated away, deleted, or DIR gone: its last lines
+            if t.fd is not None and name not in present and not self.should_stop():
+                made += self._drain(name, t)
         return made
 
-    def _poll_appended(self, path: Path, stat: os.stat_result) -> int:
-        start = self.offset.get(path.name, 0)
-        if stat.st_size < start:
-            self.log(f"{path.name} shrank ({stat.st_size} < {start} bytes): reading it again "
-                     "from the start (trajectories already imported are skipped)")
-            start = self.offset[path.name] = 0
-        if stat.st_size == start:
-            return 0
-        with open(path, "rb") as f:
-            f.seek(start)
-            chunk = f.read(stat.st_size - start)
-        end = chunk.rfind(b"\n") + 1
-        if end == 0:
-            return 0  # no complete line yet
-        span = f"{path.name}#{start}-{start + end}"
-        piece = Path(self._scratch.name) / span
-        piece.write_bytes(chunk[:end])
+    # -- appended JSONL ----------------------------------------------------------------------
+    def _poll_appended(self, path: Path, st: os.stat_result, root: str) -> int:
+        name, ident, made = path.name, tail.identity(st), 0
+        t = self.files.setdefault(name, Tracked())
+        if t.ident is not None and t.ident != ident:
+            made += self._drain(name, t)
+            self.log(f"{name} is a new file (replaced or rotated): reading it from the start")
+            t = self.files[name] = Tracked()
+        if t.ident == ident and t.key == _key(st):
+            return made  # unchanged since the last look
+        fd = t.fd
+        if fd is None:
+            try:
+                fd = tail.open_inside(path, root)
+            except OSError as exc:
+                self._tell_once(name, f"not read: {exc}")
+                return made
+            if tail.identity(os.fstat(fd)) != ident:
+                os.close(fd)
+                return made  # replaced between the look and the open: next poll
+            if sum(x.fd is not None for x in self.files.values()) < MAX_HELD:
+                t.fd = fd
         try:
-            made = self._import(piece, span, None)
+            t.ident, t.key = ident, _key(st)  # the stat before reading: later bytes, next poll
+            made += self._read_new(name, t, fd)
         finally:
-            piece.unlink(missing_ok=True)
-        if made or self.tries.get(span, 0) >= MAX_TRIES:
-            self.offset[path.name] = start + end
+            if t.fd != fd:
+                os.close(fd)
         return made
 
-    def _import(self, path: Path, name: str, key: tuple[int, int] | None) -> int:
-        from storage.io import import_file
+    def _read_new(self, name: str, t: Tracked, fd: int) -> int:
+        """Import the complete lines after ``t.offset``, if the bytes before it are still there."""
+        size = os.fstat(fd).st_size
+        if t.offset and (size < t.offset or (t.check and tail.mark(fd, t.offset) != t.check)):
+            why = "shrank" if size < t.offset else "was rewritten"
+            self.log(f"{name} {why} since byte {t.offset}: reading it again from the start "
+                     "(trajectories already imported are skipped)")
+            t.offset, t.check, t.scanned, t.told_long = 0, None, 0, False
+        t.offset = t.offset or 0
+        stop = tail.complete_end(fd, max(t.offset, t.scanned), size)
+        if stop is None:
+            t.scanned = size
+            if size - t.offset > self.max_line and not t.told_long:
+                t.told_long = True
+                self._error(name, f"the line at byte {t.offset} is longer than the limit of "
+                                  f"{self.max_line} bytes (--max-line-bytes) and not finished: "
+                                  "it will fail alone; the lines after it are read once it ends")
+            return 0
+        made = 0
+        while t.offset < stop and not self.should_stop():
+            start = t.offset
+            made += self._import_range(name, t, fd, stop)
+            if t.offset == start:
+                break  # failed (tried again next poll) or the file changed under us
+        if t.offset < stop:
+            t.key = None  # not all taken: look again next poll even if the file is unchanged
+        t.scanned = max(t.scanned, t.offset)
+        t.told_long = t.told_long and t.offset < stop
+        return made
+
+    def _import_range(self, name: str, t: Tracked, fd: int, stop: int) -> int:
+        start, progress = t.offset, [t.offset]
+        items = feed.jsonl_items(fd, start, stop, self.max_line, start + PIECE_BYTES, progress)
+        made = self._import(name, items, lambda: (progress[0], tail.mark(fd, progress[0])),
+                            start)
+        if made or self.tries.get(f"{name}#{start}", 0) >= MAX_TRIES:
+            t.offset, t.check = progress[0], tail.mark(fd, progress[0])
+        return made
+
+    def _drain(self, name: str, t: Tracked) -> int:
+        """The complete lines a file got before it was rotated away or replaced; then close it."""
         try:
-            rep = import_file(path, self.db, self.fmt, run_name=self.run_name, run_id=self.run_id,
-                              live=True)
+            return self._read_new(name, t, t.fd) if t.ident is not None else 0
+        finally:
+            os.close(t.fd)
+            t.fd = None
+
+    # -- whole files (verl, TRL) ---------------------------------------------------------------
+    def _poll_whole(self, path: Path, st: os.stat_result, root: str) -> int:
+        name, now_seen = path.name, (tail.identity(st), _key(st))
+        previous, self.seen[name] = self.seen.get(name), now_seen
+        t = self.files.get(name)
+        if t is not None and (t.ident, t.key) == now_seen:
+            return 0  # imported (or refused) as it is now
+        if t is not None and t.offset is None and t.ident is None:
+            t.ident, t.key = now_seen  # imported by an older follower: taken as it is now
+            return 0
+        if previous != now_seen:
+            return 0  # not stable yet
+        try:
+            fd = tail.open_inside(path, root)
+        except OSError as exc:
+            self._tell_once(name, f"not read: {exc}")
+            return 0
+        try:
+            if tail.identity(os.fstat(fd)) != now_seen[0] or not tail.ends_complete(fd, self.fmt):
+                return 0
+            size = now_seen[1][0]
+            if t is not None and t.offset:
+                same = size >= t.offset and tail.digest(fd, t.offset)[0] == t.check
+                if not same:
+                    return self._refuse(name, fd, size, now_seen)
+                if size == t.offset:
+                    t.ident, t.key = now_seen
+                    return 0
+                self.log(f"{name} grew after its import: importing its new lines")
+            check = tail.digest(fd, size)[0]
+            items = (feed.verl_items(fd, name, size, self.max_line) if self.fmt == "verl"
+                     else feed.trl_items(fd, name))
+            made = self._import(name, items, lambda: (size, check), 0)
+            if made or self.tries.get(f"{name}#0", 0) >= MAX_TRIES:
+                self.files[name] = Tracked(*now_seen, offset=size, check=check)
+            return made
+        finally:
+            os.close(fd)
+
+    def _refuse(self, name: str, fd: int, size: int, now_seen: tuple) -> int:
+        """A verl/TRL file rewritten with other content after its import: said and recorded
+        (its rows keep the first content's ids; importing it here would drop it silently)."""
+        from storage.io import ImportReport
+        check, lines = tail.digest(fd, size)
+        message = (f"rewritten with other content after it was imported into run {self.run_id}: "
+                   "not imported again (its trajectory ids are taken by the first content); "
+                   "import this file into a run of its own with python -m storage.io import "
+                   "FILE --run-id NEW")
+        self._error(name, message)
+        report = ImportReport(self.run_id, tail.source_name(name, 0, size, check), self.fmt,
+                              lines=lines, failed=lines, errors=[message])
+        try:
+            self.check_store()
+            finish_import(self.db, self.run_id, self.fmt, {"name": self.run_name,
+                          "config": None, "created": False}, report, live=True)
+        except (db.StoreError, OSError) as exc:
+            self.log(f"error: could not record the refusal of {name}: {exc}")
+        self.files[name] = Tracked(*now_seen, offset=size, check=check)
+        return 0
+
+    # -- one import ----------------------------------------------------------------------------
+    def _import(self, name: str, items, where: Callable[[], tuple[int, str]], start: int) -> int:
+        """Write ``items``, then the imports row ``{name}#{start}-{end}~{check}``; 1 if done."""
+        from storage.io import ImportReport
+        report = ImportReport(self.run_id, name, self.fmt)
+        run = {"name": self.run_name, "config": None, "created": False}
+        attempt = f"{name}#{start}"
+        try:
+            feed.write_records(items, self.db, self.fmt, self.run_id, run, report,
+                               self.check_store)
+            end, check = where()
+            report.source = tail.source_name(name, start, end, check)
+            self.check_store()
+            finish_import(self.db, self.run_id, self.fmt, run, report, live=True)
         except (db.StoreError, OSError) as exc:  # a lock held too long, a file gone: try again
-            self.tries[name] = self.tries.get(name, 0) + 1
-            if self.tries[name] >= MAX_TRIES:
+            self.tries[attempt] = self.tries.get(attempt, 0) + 1
+            if self.tries[attempt] >= MAX_TRIES:
                 self._error(name, f"given up after {MAX_TRIES} tries: {exc}")
-                self.done[name] = key
             return 0
-        except ValueError as exc:  # nothing in it to import (e.g. only blank lines)
-            self._error(name, str(exc))
-            self.done[name] = key
-            self.tries[name] = MAX_TRIES
-            return 0
-        self.done[name] = key
+        self.tries.pop(attempt, None)
         self.report.files += 1
-        self.report.trajectories += rep.imported
-        self.report.skipped += rep.skipped
-        self.report.failed += rep.failed
-        for line in rep.errors[:5]:  # a whole file's errors name it already, a line range's not
-            self._error(name, line) if "#" in name else self._error(None, line)
-        self.log(clean_text(f"imported {name}: {rep.imported} new, {rep.skipped} already "
-                            f"present, {rep.failed} failed"))
+        self.report.trajectories += report.imported
+        self.report.skipped += report.skipped
+        self.report.failed += report.failed
+        for line in report.errors[:5]:
+            self._error(name, line)
+        if report.lines == 0 and self.fmt != "jsonl":  # (a range of blank lines is no error)
+            self._error(name, "no records in it")
+        label = f"{name} bytes {start}-{end}" if self.fmt == "jsonl" else name
+        self.log(clean_text(f"imported {label}: {report.imported} new, {report.skipped} "
+                            f"already present, {report.failed} failed"))
         return 1
+
+    def _tell_once(self, name: str, message: str) -> None:
+        if name not in self.told:
+            self.told.add(name)
+            self._error(name, message)
 
     def _error(self, name: str | None, message: str) -> None:
         text = clean_text(f"{name}: {message}" if name else message)
@@ -212,8 +403,9 @@ class Follower:
 
     def finish(self) -> None:
         try:
+            self.check_store()
             _set_running(self.db, self.run_id, "finished")
-        except db.StoreError as exc:
+        except (db.StoreError, StoreGone) as exc:
             self.log(f"error: could not mark run {self.run_id} finished: {exc}")
 
 
@@ -225,11 +417,13 @@ def _order(path: Path) -> tuple:
 
 def follow(directory, db_path, fmt: str, run_id: str | None = None, run_name: str | None = None,
            poll_s: float = 1.0, log: Callable[[str], None] = print,
-           should_stop: Callable[[], bool] = lambda: False) -> FollowReport:
-    """Poll until ``should_stop()``; see the module docstring."""
+           should_stop: Callable[[], bool] = lambda: False,
+           max_line_bytes: int = MAX_LINE_BYTES) -> FollowReport:
+    """Poll until ``should_stop()`` or the store goes away; see the module docstring."""
     if not poll_s > 0:
         raise ValueError(f"--poll must be a positive number of seconds, got {poll_s}")
-    follower = Follower(directory, db_path, fmt, run_id, run_name, log)
+    follower = Follower(directory, db_path, fmt, run_id, run_name, log, max_line_bytes,
+                        should_stop)
     log(f"following {follower.dir} ({fmt}: {PATTERNS[fmt]}) into {db_path}, run "
         f"{follower.run_id}; Ctrl-C to stop")
     beat = time.monotonic()
@@ -237,20 +431,25 @@ def follow(directory, db_path, fmt: str, run_id: str | None = None, run_name: st
         while not should_stop():
             follower.poll_once()
             if time.monotonic() - beat > HEARTBEAT_S and follower.report.files:
+                follower.check_store()
                 _set_running(db_path, follower.run_id)
                 beat = time.monotonic()
             deadline = time.monotonic() + poll_s
             while not should_stop() and time.monotonic() < deadline:
                 time.sleep(min(0.05, poll_s))
+    except StoreGone as exc:
+        follower.report.stopped = str(exc)
+        follower._error(None, str(exc))
     finally:
-        if follower.report.files or follower.done or follower.offset:
+        if not follower.report.stopped and (follower.report.files or follower.files):
             follower.finish()
         follower.close()
     return follower.report
 
 
 def main(args) -> int:
-    """``python -m storage.io follow``: exit 0 on Ctrl-C/SIGTERM with a summary."""
+    """``python -m storage.io follow``: exit 0 on Ctrl-C/SIGTERM with a summary, 2 when the store
+    went away."""
     stop = {"now": False}
 
     def ask_stop(signum, frame):
@@ -260,12 +459,13 @@ def main(args) -> int:
     started = time.monotonic()
     try:
         report = follow(args.dir, args.db, args.format, args.run_id, args.run_name, args.poll,
-                        log=lambda m: print(m, flush=True), should_stop=lambda: stop["now"])
+                        log=lambda m: print(m, flush=True), should_stop=lambda: stop["now"],
+                        max_line_bytes=getattr(args, "max_line_bytes", MAX_LINE_BYTES))
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
     print(clean_text(report.summary(time.monotonic() - started)), flush=True)
-    return 0
+    return 2 if report.stopped else 0
 
 
 if __name__ == "__main__":  # pragma: no cover - use python -m storage.io follow

@@ -277,6 +277,8 @@ def _parser() -> argparse.ArgumentParser:
     fol.add_argument("--run-name", help="name shown in the app (default: the directory's name)")
     fol.add_argument("--run-id", help="run to import into (default: the one `import DIR` uses)")
     fol.add_argument("--poll", type=float, default=1.0, help="seconds between looks (default 1)")
+    fol.add_argument("--max-line-bytes", type=int, default=MAX_LINE_BYTES,
+                     help="a longer line fails alone, with a message (default 16 MiB)")
     exp = sub.add_parser("export", help="export a run (or a filtered selection) to JSONL/Parquet")
     exp.add_argument("--db", required=True)
     exp.add_argument("--run", help="run id (with --partitioned, default: every run)")

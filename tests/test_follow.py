@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -98,8 +99,9 @@ def test_verl_dir_followed_live_never_half_files_restart_and_ctrl_c(tmp_path):
         proc.kill() if proc.poll() is None else None
     assert "imported 1.jsonl" not in out and "imported 10.jsonl: 1 new" in out
     assert query(db, "SELECT count(*), count(DISTINCT traj_id) FROM trajectories") == [(8, 8)]
-    assert sorted(r[0] for r in query(db, "SELECT source FROM imports")) == \
-        ["1.jsonl", "10.jsonl", "2.jsonl"]
+    sources = sorted(r[0] for r in query(db, "SELECT source FROM imports"))
+    assert [s.split("#")[0] for s in sources] == ["1.jsonl", "10.jsonl", "2.jsonl"]
+    assert all(re.fullmatch(r".+#0-\d+~[0-9a-f]{16}", s) for s in sources)  # size and digest
 
 
 def record(k: int, step: int) -> str:
