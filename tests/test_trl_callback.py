@@ -196,42 +196,165 @@ def test_pages_open_the_trl_run(trl_run, monkeypatch, page, params, expect):
     assert expect in shown
 
 
-CRASHING = '''
-import sys
+# -- how a run ends without on_train_end ------------------------------------------------------
+ENDING = """
+import sys, time
+from pathlib import Path
 from datasets import Dataset
 from peft import LoraConfig
 from trl import GRPOConfig, GRPOTrainer
 from core.policy import load_base_model, load_tokenizer
 from storage.integrations.trl import RecorderCallback
+store, out, mode = sys.argv[1:4]
 calls = []
 def reward(completions, **kw):
     calls.append(1)
+    if len(calls) == 2 and mode == "hang":
+        Path(out, "in-step-2").write_text("")
+        time.sleep(300)  # the test's SIGTERM comes while step 2 scores its completions
     if len(calls) == 2:
-        raise RuntimeError("reward server down")
+        raise RuntimeError("reward server down " + "x" * 100_000)
     return [float(len(c[-1]["content"])) for c in completions]
 tok = load_tokenizer("tiny")
 model = load_base_model("tiny", vocab_size=len(tok)).requires_grad_(True)
 data = Dataset.from_list([{"prompt": [{"role": "user", "content": "hi"}]}] * 8)
-args = GRPOConfig(output_dir=sys.argv[2], per_device_train_batch_size=4, num_generations=4,
+args = GRPOConfig(output_dir=out, per_device_train_batch_size=4, num_generations=4,
                   max_completion_length=4, max_steps=3, logging_steps=1, report_to="none",
                   use_cpu=True, save_strategy="no", disable_tqdm=True)
 trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
                       processing_class=tok, peft_config=LoraConfig(r=2, target_modules=["q_proj"],
                                                                    task_type="CAUSAL_LM"))
-trainer.add_callback(RecorderCallback(sys.argv[1]))
+trainer.add_callback(RecorderCallback(store))
+if mode == "caught":  # a script that reports the error itself and exits
+    try:
+        trainer.train()
+    except RuntimeError:
+        print("training failed", file=sys.stderr)
+        sys.exit(1)
 trainer.train()
-'''
+"""
 
 
-def test_a_crashed_training_leaves_its_steps_and_a_failed_run(tmp_path):
+def _ending(tmp_path, mode: str):
     import subprocess
     import sys
-    res = subprocess.run([sys.executable, "-c", CRASHING, str(tmp_path / "crash.duckdb"),
-                          str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
-    assert res.returncode != 0 and "reward server down" in res.stderr
-    (status, error, steps), = rows(tmp_path / "crash.duckdb",
+    return subprocess.Popen([sys.executable, "-c", ENDING, str(tmp_path / "end.duckdb"),
+                             str(tmp_path), mode], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _end_row(tmp_path):
+    (status, error, steps), = rows(tmp_path / "end.duckdb",
                                    "SELECT status, error, (SELECT list(DISTINCT step) FROM "
                                    "trajectories) FROM runs")
-    assert status == "failed" and "on_train_end" in error
+    return status, error, steps
+
+
+@pytest.mark.parametrize("mode", ["uncaught", "caught"])
+def test_a_crashed_training_records_the_exception_that_ended_it(tmp_path, mode):
+    """The reward function's own exception (type, message, step, where), bounded in length;
+    uncaught, or caught by the script which then exits."""
+    proc = _ending(tmp_path, mode)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, err[-3000:]
+    status, error, steps = _end_row(tmp_path)
+    assert status == "failed"
+    assert error.startswith("RuntimeError: reward server down xxx"), error[:200]
+    assert "(100000 more characters)" not in error and "more characters)" in error
+    assert "during step 2" in error and "in reward" in error  # the reward function's frame
+    assert len(error) < 2000
     assert steps == [1]  # the step before the crash was written whole
+
+
+def test_sigterm_marks_the_run_stopped_and_the_process_still_dies_of_it(tmp_path):
+    """A real SIGTERM to a training process in the middle of step 2: the run is 'stopped' with
+    the signal and step as its reason (not left 'running', later shown 'interrupted'), step 1
+    is kept, and the process dies of SIGTERM as it would without the callback."""
+    import signal
+    import time
+    proc = _ending(tmp_path, "hang")
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "in-step-2").exists():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "step 2 never started"
+        time.sleep(0.2)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM, err[-3000:]
+    assert time.monotonic() - t0 < 15  # marked within the handler's bound, then gone
+    status, error, steps = _end_row(tmp_path)
+    assert (status, error, steps) == ("stopped", "SIGTERM during step 2", [1])
+
+
+def _tiny_trainer(out, reward_funcs, steps: int):
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import GRPOConfig, GRPOTrainer
+
+    from core.policy import load_base_model, load_tokenizer
+    tok = load_tokenizer("tiny")
+    model = load_base_model("tiny", vocab_size=len(tok)).requires_grad_(True)
+    prompts = [[{"role": "user", "content": "Name a colour."}], [{"role": "user", "content": "hi"}]]
+    args = GRPOConfig(output_dir=str(out), per_device_train_batch_size=2 * G, num_generations=G,
+                      max_completion_length=4, max_steps=steps, logging_steps=1,
+                      report_to="none", save_strategy="no", use_cpu=True, seed=0,
+                      shuffle_dataset=False, disable_tqdm=True)
+    return GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args,
+                       train_dataset=Dataset.from_list([{"prompt": p} for p in prompts] * 2),
+                       processing_class=tok, peft_config=LoraConfig(
+                           r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"))
+
+
+def test_recording_block_marks_the_run_failed_at_once_and_restores_sigterm(tmp_path):
+    """``with callback.recording()`` in a process that goes on (a notebook): the run is failed
+    with the exception as soon as it leaves train(), and the SIGTERM handler is Python's again."""
+    import signal
+
+    from storage.integrations.trl import RecorderCallback
+
+    def broken_reward(completions, **kw):
+        raise ValueError("judge returned 'n/a'")
+
+    cb = RecorderCallback(tmp_path / "r.duckdb")
+    trainer = _tiny_trainer(tmp_path / "out", [broken_reward], steps=1)
+    trainer.add_callback(cb)
+    with pytest.raises(ValueError, match="judge returned"):
+        with cb.recording():
+            trainer.train()
+    (status, error), = rows(tmp_path / "r.duckdb", "SELECT status, error FROM runs")
+    assert status == "failed" and error.startswith("ValueError: judge returned 'n/a' "
+                                                   "(during step 1; at ")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_an_inf_reward_is_recorded_as_trl_saw_it_and_the_step_flagged(tmp_path):
+    """One +inf reward in group 0: TRL's group mean is inf, its advantages NaN -> nan_to_num 0.0.
+    Stored: the reward inf (not its finite part), the advantages TRL trained on, a note on the
+    group's trajectories and reward/nonfinite_count; reward/mean over the finite rewards."""
+    from storage.integrations.trl import RecorderCallback
+    from storage.integrations.trl_rows import NONFINITE_NOTE
+
+    def inf_reward(completions, **kw):
+        return [math.inf if i == 0 else float(i) for i in range(len(completions))]
+
+    trainer = _tiny_trainer(tmp_path / "out", [inf_reward], steps=1)
+    trainer.add_callback(RecorderCallback(tmp_path / "inf.duckdb"))
+    trainer.train()
+    trained_on = list(trainer._logs["advantages"])[-2 * G:]  # what TRL's loss used
+    got = rows(tmp_path / "inf.duckdb", "SELECT traj_id, reward, advantage, "
+               "info->>'$.import_notes' LIKE '%not finite%' FROM trajectories ORDER BY traj_id")
+    assert [g[0] for g in got] == [f"s1-g{k}-r{i}" for k in range(2) for i in range(G)]
+    assert [g[1] for g in got] == [math.inf] + [float(i) for i in range(1, 2 * G)]
+    assert [g[2] for g in got] == trained_on
+    assert trained_on[:G] == [0.0] * G and all(a != 0 for a in trained_on[G:])
+    assert [g[3] for g in got] == [True] * G + [False] * G
+    assert NONFINITE_NOTE.startswith("a reward in this group is not finite")
+    (outcome, raw), = rows(tmp_path / "inf.duckdb", "SELECT max(value) FILTER (component = "
+                           "'outcome'), max(value) FILTER (component = 'inf_reward') FROM "
+                           "rewards WHERE traj_id = 's1-g0-r0'")
+    assert outcome == raw == math.inf
+    metrics = dict(rows(tmp_path / "inf.duckdb", "SELECT name, value FROM metrics WHERE step = 1"))
+    assert metrics["reward/nonfinite_count"] == 1
+    assert metrics["reward/mean"] == pytest.approx(sum(range(1, 2 * G)) / (2 * G - 1))
+    assert "reward/group_std_mean" in metrics and metrics["reward/frac_zero_std"] == 0.0

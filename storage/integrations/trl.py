@@ -55,12 +55,16 @@ records; in a multi-process run the other processes' completions are recorded fr
 gathered texts and rewards, their tokens re-tokenized without logprobs. Evaluation batches are
 not recorded.
 
-The run is ``running`` while TRL trains and ``finished`` at ``on_train_end``; a process that
-exits before (a crash, Ctrl-C) marks it ``failed`` with that reason on its way out.
+The run is ``running`` while TRL trains and ``finished`` at ``on_train_end``. A run that ends
+otherwise is marked on its way out (storage/integrations/trl_end.py): ``failed`` with the
+exception that ended it (type, message, step, innermost frames), ``stopped`` for Ctrl-C or
+SIGTERM (the process still dies of the signal); only SIGKILL-like deaths leave it ``running``,
+which the app shows as ``interrupted`` once it is silent. ``with callback.recording():
+trainer.train()`` marks it the moment the exception leaves the block (a notebook goes on).
 """
 from __future__ import annotations
 
-import atexit
+import contextlib
 import inspect
 import math
 import queue
@@ -69,7 +73,9 @@ import time
 
 from transformers import TrainerCallback
 
-from storage.integrations.trl_rows import Batch, StepRows, derived_metrics, reward_components
+from storage.integrations.trl_end import RunEnd
+from storage.integrations.trl_rows import (Batch, StepRows, derived_metrics, reward_components,
+                                           run_config)
 from storage.recorder import Recorder
 
 __all__ = ["RecorderCallback", "reward_components"]
@@ -108,11 +114,26 @@ class RecorderCallback(TrainerCallback):
         self._cost_s = 0.0                            # this step's recording work so far
         self.record_s: list[float] = []               # per recorded step (bench/trl_record.py)
         self.write_s: list[float] = []                # the writer thread's time per write
-        self._done = False
+        self._step = 0                                # the last step TRL ended
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_STEPS)
+        self._queued = 0                              # steps handed to the writer (main thread)
+        self._written = 0                             # steps it is done with (writer thread)
         self._writer: threading.Thread | None = None
         self._write_error: BaseException | None = None
         self._rows = StepRows()
+        self._end = RunEnd(self._mark_end, lambda: self._step + 1)
+
+    @contextlib.contextmanager
+    def recording(self):
+        """``with callback.recording(): trainer.train()``: an exception leaving the block marks
+        the run ``failed`` (``stopped`` for Ctrl-C) at once, not when the process exits, for
+        processes that go on after an error (a notebook, a sweep catching errors)."""
+        try:
+            yield self
+        except BaseException as exc:
+            if self.run_id is not None:
+                self._end.end(exc)
+            raise
 
     # -- wiring ----------------------------------------------------------------------------------
     def attach(self, trainer) -> "RecorderCallback":
@@ -130,7 +151,11 @@ class RecorderCallback(TrainerCallback):
         logps = trainer._get_per_token_logps_and_entropies
 
         def generate_and_score(inputs):
-            output = generate(inputs)
+            try:  # no cost unless it raises (zero-cost try in CPython 3.11)
+                output = generate(inputs)
+            except BaseException as exc:  # e.g. a reward function's: the run's reason if fatal
+                self._end.seen = exc
+                raise
             if trainer.model.training:
                 t0 = time.perf_counter()
                 self._capture(output)
@@ -142,6 +167,9 @@ class RecorderCallback(TrainerCallback):
             self._current = index.tolist() if index is not None else None
             try:
                 return loss(model, {k: v for k, v in inputs.items() if k != INDEX_KEY})
+            except BaseException as exc:
+                self._end.seen = exc
+                raise
             finally:
                 self._current = None
 
@@ -237,9 +265,9 @@ class RecorderCallback(TrainerCallback):
             self.attach(trainer)
         if not state.is_world_process_zero or self.run_id is not None:
             return
-        self.run_id = self.recorder.start_run(self._config(args, kwargs.get("model")),
+        self.run_id = self.recorder.start_run(run_config(self.trainer, args, kwargs.get("model")),
                                               name=self.run_name, source="trl")
-        atexit.register(self._at_exit)
+        self._end.arm()
 
     def on_step_end(self, args, state, control, **kwargs):
         t0 = time.perf_counter()
@@ -249,6 +277,7 @@ class RecorderCallback(TrainerCallback):
         if self._held is not None:  # the previous step's on_log never came
             self._write(*self._held, {})
         self._held = (state.global_step, self._step_tables(state.global_step))
+        self._step = state.global_step
         self._cost_s += time.perf_counter() - t0
         if not control.should_log:  # no on_log for this step: write it now
             self._write(*self._held, {})
@@ -263,26 +292,38 @@ class RecorderCallback(TrainerCallback):
             self._write(state.global_step, {}, logs)
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self.run_id is None or not state.is_world_process_zero:
+        if self.run_id is None or not state.is_world_process_zero or self._end.ended:
             return
-        if self._held is not None:
-            self._write(*self._held, {})
-        self._drain()
-        self.recorder.finish("finished")
-        self._done = True
-        atexit.unregister(self._at_exit)
+        self._end.finishing = True  # a SIGTERM now waits until the status is written
+        try:
+            if self._held is not None:
+                self._write(*self._held, {})
+            self._drain()
+            reason = self._end.stop_reason()  # a SIGTERM handler of theirs stopped training
+            self.recorder.finish("finished" if reason is None else "stopped", reason)
+            self._end.ended = True
+        finally:
+            self._end.finishing = False
+            if self._end.ended:
+                self._end.disarm()
 
-    def _at_exit(self) -> None:
-        if not self._done and self.run_id is not None:
-            try:
-                self._drain(timeout=30.0)
-            except BaseException:
-                pass  # the run is marked failed below either way
-            try:
-                self.recorder.finish("failed", "the training process ended before TRL's "
-                                               "on_train_end (crash or interrupt)")
+    def _mark_end(self, status: str, reason: str, drain_s: float) -> None:
+        """RunEnd's way to end the run: the queued steps and the held one written (within
+        ``drain_s``), then the status. Safe inside a signal handler: it takes none of the
+        queue's locks, which the interrupted main thread may hold."""
+        deadline = time.monotonic() + drain_s
+        while (self._writer is not None and self._writer.is_alive()
+               and self._written < self._queued and time.monotonic() < deadline):
+            time.sleep(0.01)
+        held, self._held = self._held, None
+        if held is not None and self._write_error is None and self._written >= self._queued:
+            try:  # a whole step whose TRL logs never came: keep it
+                step, tables = held
+                self.recorder.record_step(step, metrics=self._metrics(tables, {}),
+                                          **{k: v for k, v in tables.items() if v})
             except Exception:
-                pass
+                pass  # the status below matters more
+        self.recorder.finish(status, reason)
 
     # -- the writer thread ---------------------------------------------------------------------
     def _drain(self, timeout: float | None = None) -> None:
@@ -312,29 +353,9 @@ class RecorderCallback(TrainerCallback):
             except BaseException as exc:
                 self._write_error = exc
             self.write_s.append(time.perf_counter() - t0)
+            self._written += 1
 
     # -- rows ----------------------------------------------------------------------------------
-    def _config(self, args, model) -> dict:
-        trainer = self.trainer
-        config = getattr(model, "config", None)
-        names = list(getattr(trainer, "reward_func_names", []))
-        weights = getattr(trainer, "reward_weights", None)
-        try:
-            import trl
-            version = trl.__version__
-        except ImportError:
-            version = None
-        keep = ("num_generations", "beta", "learning_rate", "temperature", "top_p", "top_k",
-                "max_completion_length", "loss_type", "scale_rewards", "epsilon", "epsilon_high",
-                "num_iterations", "per_device_train_batch_size", "gradient_accumulation_steps",
-                "steps_per_generation", "max_steps", "seed", "use_vllm",
-                "mask_truncated_completions")
-        return {"env": "trl", "model": getattr(config, "_name_or_path", None)
-                or type(model).__name__, "algo": getattr(args, "loss_type", None) or "grpo",
-                "trainer": "trl.GRPOTrainer", "trl_version": version,
-                "reward_funcs": names,
-                "reward_weights": weights.tolist() if weights is not None else None,
-                **{k: getattr(args, k, None) for k in keep}}
     def _step_tables(self, step: int) -> dict:
         batches, self._batches = self._batches, []
         for batch in batches:
@@ -342,8 +363,7 @@ class RecorderCallback(TrainerCallback):
                 self._by_index.pop(gi, None)
         return self._rows.tables(batches, step, self.trainer)
 
-    def _write(self, step: int, tables: dict, logs: dict) -> None:
-        t0 = time.perf_counter()
+    def _metrics(self, tables: dict, logs: dict) -> dict:
         metrics = derived_metrics(tables.get("trajectories", []))
         for key, value in logs.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) \
@@ -355,14 +375,20 @@ class RecorderCallback(TrainerCallback):
             metrics["time/record_s"] = self.record_s[-1] if self.record_s else 0.0
             if self.write_s:
                 metrics["time/record_write_s"] = self.write_s[-1]
+        return metrics
+
+    def _write(self, step: int, tables: dict, logs: dict) -> None:
+        t0 = time.perf_counter()
+        metrics = self._metrics(tables, logs)
         self._raise_write_error()
         if self._writer is None:
             self._writer = threading.Thread(target=self._write_loop, name="trl-recorder",
                                             daemon=True)
             self._writer.start()
-        self._queue.put((step, metrics, {k: v for k, v in tables.items() if v}))
         if self._held is not None and self._held[0] == step:
             self._held = None
+        self._queue.put((step, metrics, {k: v for k, v in tables.items() if v}))
+        self._queued += 1
         if tables:
             self._cost_s += time.perf_counter() - t0
             self.record_s.append(self._cost_s)

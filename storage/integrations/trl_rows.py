@@ -56,10 +56,11 @@ def reward_components(values: dict[str, float], weights: dict[str, float]) -> tu
     ``c = sum(w_f * v_f for f named c)`` for c in format/cost/process/outcome (first function
     per name), and when no function is named outcome,
     ``outcome = sum(w_f * v_f for the functions no name maps)``; so the four add up to
-    TRL's reward ``sum_f w_f * v_f`` (NaN values, TRL's "not applicable", skipped)."""
+    TRL's reward ``sum_f w_f * v_f`` (NaN values, TRL's "not applicable", skipped; +-inf kept,
+    as TRL's ``nansum`` keeps them)."""
     out, notes, unmapped = {}, [], 0.0
     for name, value in values.items():
-        if value is None or not math.isfinite(value):
+        if value is None or math.isnan(value):
             continue
         std = standard_component(name)
         if name not in STANDARD:
@@ -74,6 +75,29 @@ def reward_components(values: dict[str, float], weights: dict[str, float]) -> tu
     for name in STANDARD:
         out.setdefault(name, 0.0)
     return out, notes
+
+
+def run_config(trainer, args, model) -> dict:
+    """The run's stored configuration: TRL's settings that shape what is recorded."""
+    config = getattr(model, "config", None)
+    names = list(getattr(trainer, "reward_func_names", []))
+    weights = getattr(trainer, "reward_weights", None)
+    try:
+        import trl
+        version = trl.__version__
+    except ImportError:
+        version = None
+    keep = ("num_generations", "beta", "learning_rate", "temperature", "top_p", "top_k",
+            "max_completion_length", "loss_type", "scale_rewards", "epsilon", "epsilon_high",
+            "num_iterations", "per_device_train_batch_size", "gradient_accumulation_steps",
+            "steps_per_generation", "max_steps", "seed", "use_vllm",
+            "mask_truncated_completions")
+    return {"env": "trl", "model": getattr(config, "_name_or_path", None)
+            or type(model).__name__, "algo": getattr(args, "loss_type", None) or "grpo",
+            "trainer": "trl.GRPOTrainer", "trl_version": version,
+            "reward_funcs": names,
+            "reward_weights": weights.tolist() if weights is not None else None,
+            **{k: getattr(args, k, None) for k in keep}}
 
 
 class StepRows:
@@ -98,14 +122,16 @@ class StepRows:
                 self._trajectory(tables, batch, i, f"s{step}-g{group_base + i // G}",
                                  f"s{step}-g{group_base + i // G}-r{i % G}", tok, weights)
             group_base += -(-len(batch.prompts) // G)
+        flag_nonfinite(tables["trajectories"])
         return tables
 
     def _trajectory(self, tables, batch: Batch, i: int, group_id: str, tid: str, tok,
                     weights) -> None:
         prompt, completion = _text(batch.prompts[i]), batch.completions[i]
         values = {k: v[i] for k, v in batch.rewards.items() if i < len(v)}
-        finite = {k: v for k, v in values.items() if v is not None and math.isfinite(v)}
-        reward = sum(weights.get(k, 1.0) * v for k, v in finite.items())
+        # TRL's reward: the weighted nansum, so +-inf stays (inf - inf is NaN, stored NULL)
+        reward = sum(weights.get(k, 1.0) * v for k, v in values.items()
+                     if v is not None and not math.isnan(v))
         components, notes = reward_components(values, weights)
         if isinstance(completion, list):
             turns = chat_turns(completion)
@@ -245,20 +271,47 @@ def _classify(turns: list[dict], success: bool, truncated: bool | None) -> str |
         return None
 
 
+NONFINITE_NOTE = ("a reward in this group is not finite: TRL's group mean/std are then not "
+                  "finite, and the advantage it trained on (stored) is torch.nan_to_num of the "
+                  "result: 0.0 for NaN (TRL's scale_rewards 'batch': the whole batch)")
+
+
+def flag_nonfinite(trajs: list[dict]) -> None:
+    """Note ``NONFINITE_NOTE`` on every trajectory of a group holding a non-finite reward (the
+    step's count is ``reward/nonfinite_count``, derived_metrics).
+
+    Why: with one +-inf reward in a group, TRL's ``mean`` is +-inf and its std NaN, so every
+    advantage of the group is ``(r - mean) / (std + 1e-4)`` = NaN, which its ``nan_to_num`` turns
+    into 0.0: the group teaches nothing, and nothing in TRL's logs says so."""
+    bad = {t["group_id"] for t in trajs if not math.isfinite(t["reward"])}
+    if bad:
+        for t in trajs:
+            if t["group_id"] in bad:
+                t["info"]["import_notes"].append(NONFINITE_NOTE)
+
+
 def derived_metrics(trajs: list[dict]) -> dict[str, float]:
-    """The step's reward and length statistics from its recorded trajectories."""
+    """The step's reward and length statistics from its recorded trajectories.
+
+    Rewards that are not finite are counted (``reward/nonfinite_count``, 0 on a sound step) and
+    left out of the reward statistics: ``reward/mean`` and ``reward/std`` are over the finite
+    rewards, the group statistics over the groups whose rewards are all finite (an inf would make
+    them inf or NaN, which no chart can draw)."""
     if not trajs:
         return {}
-    rewards = [t["reward"] for t in trajs]
+    rewards = [t["reward"] for t in trajs if math.isfinite(t["reward"])]
     groups: dict[str, list[float]] = {}
     for t in trajs:
         groups.setdefault(t["group_id"], []).append(t["reward"])
-    stds = [statistics.stdev(g) for g in groups.values() if len(g) > 1]
-    out = {"reward/mean": statistics.fmean(rewards),
-           "reward/std": statistics.stdev(rewards) if len(rewards) > 1 else 0.0,
+    stds = [statistics.stdev(g) for g in groups.values()
+            if len(g) > 1 and all(map(math.isfinite, g))]
+    out = {"reward/nonfinite_count": float(len(trajs) - len(rewards)),
            "success/rate": statistics.fmean(float(t["success"]) for t in trajs),
            "response/length_mean": statistics.fmean(t["response_tokens"] for t in trajs),
            "env/turns_mean": statistics.fmean(t["num_turns"] for t in trajs)}
+    if rewards:
+        out["reward/mean"] = statistics.fmean(rewards)
+        out["reward/std"] = statistics.stdev(rewards) if len(rewards) > 1 else 0.0
     if stds:
         out["reward/group_std_mean"] = statistics.fmean(stds)
         out["reward/frac_zero_std"] = statistics.fmean(float(s == 0) for s in stds)
