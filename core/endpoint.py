@@ -11,7 +11,7 @@ stop tags as ``stop``, ``max_tokens``, ``temperature``, ``top_p``, ``seed`` and,
 and every error text is scrubbed of it before anything keeps it.
 
 Every request is bounded (core/endpoint_transport.py): ``timeout`` is its deadline, connect to
-last byte, however slowly the server sends; its body may be at most ``body_cap(max_tokens,
+last byte, however slowly the server sends (each retry has its own); its body may be at most ``body_cap(max_tokens,
 top_logprobs)`` bytes (1 MiB + 2 KiB per token and 1 KiB per token per alternative); a redirect
 to another scheme, host or port is refused, so the key never reaches another origin. Each field
 of the reply is checked and the completion held to ``max_tokens`` (core/endpoint_reply.py): cut
