@@ -16,6 +16,7 @@ import random
 import re
 
 from core.envs.base import Outcome, StepResult, Task
+from core.envs.options import Option, take_options
 
 GUESS = re.compile(r"<guess>\s*(-?\d{1,9})\s*</guess>")
 
@@ -30,13 +31,17 @@ class Factory:
                      "<guess>7</guess>. After each wrong guess you are told whether the secret "
                      "is higher or lower.")
 
-    def __init__(self, seed: int = 0, high: int = 100, max_guesses: int = 10, **ignored):
-        # ``seed`` and ``topk`` come with every environment's options; this one needs neither.
-        if not isinstance(high, int) or high < 2:
-            raise ValueError(f"guess: high must be a whole number >= 2, got {high!r}")
-        if not isinstance(max_guesses, int) or max_guesses < 1:
-            raise ValueError(f"guess: max_guesses must be a whole number >= 1, got {max_guesses!r}")
-        self.high, self.max_guesses = high, max_guesses
+    OPTIONS = {
+        "high": Option(int, 2, 1_000_000, default=100, doc="secrets are whole numbers in [1, high]"),
+        "max_guesses": Option(int, 1, 1000, default=10, doc="guesses before the episode ends"),
+    }
+    """Declared once: ``--env-options`` are checked against these (an unknown name or a value
+    out of bounds is refused, naming it) before the run starts and when the env is built."""
+
+    def __init__(self, seed: int = 0, topk: int = 3, **options):
+        # ``seed`` and ``topk`` come with every environment; this one needs neither.
+        taken = take_options(self.name, self.OPTIONS, options)
+        self.high, self.max_guesses = taken["high"], taken["max_guesses"]
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         if split not in ("train", "heldout"):

@@ -136,7 +136,7 @@ BROKEN = {
             def episode(self, task, seed):
                 return Episode()
         """, "its episode Episode has no method step, expert_action"),
-    "bad_options": ("from examples.guess import Factory as Env\n", "ValueError: guess: high must"),
+    "bad_options": ("from examples.guess import Factory as Env\n", "OptionError: high=1: must be an integer in 2..1000000"),
 }
 
 

@@ -73,7 +73,10 @@ class Option:
 
 
 def _num(bound: float | None, none: str) -> str:
-    return none if bound is None else f"{bound:g}"
+    """A bound as written: whole numbers in full (1000000, not 1e+06)."""
+    if bound is None:
+        return none
+    return str(int(bound)) if float(bound).is_integer() and abs(bound) < 1e15 else f"{bound:g}"
 
 
 def take_options(env: str, declared: Mapping[str, Option], given: Mapping[str, Any]
