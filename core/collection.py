@@ -267,6 +267,8 @@ def _act(ep: _Episode, env, reply: Reply, sampling: Sampling) -> bool:
     info = {"latency_s": round(reply.latency_s, 4), "attempts": reply.attempts,
             "finish_reason": reply.finish_reason, "usage": reply.usage,
             "restored_stop": action[len(reply.text):] or None}
+    if reply.cut_chars or reply.cut_tokens:  # a server that ignored max_tokens: what was cut
+        info.update(cut_chars=reply.cut_chars, cut_tokens=reply.cut_tokens)
     if reply.top:
         info["top_logprobs"] = reply.top[:len(rows)]
     t0 = time.perf_counter()

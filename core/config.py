@@ -298,7 +298,9 @@ class TrainConfig:
     endpoint_concurrency: int = 8
     """Requests in flight at once (each episode waits for its own)."""
     endpoint_timeout: float = 120.0
-    """Seconds one request may take before it counts as timed out (and is retried)."""
+    """Seconds one request may take in all, connect to last byte, however slowly the server
+    sends (a deadline, not a per-read timeout); past it the request counts as timed out and is
+    retried."""
     endpoint_retries: int = 3
     """Retries of a request that timed out, lost its connection, got a 5xx, a 429 or a reply that
     is not a chat completion; after them the trajectory ends as endpoint_error."""

@@ -278,7 +278,9 @@ def test_each_fault_is_its_turns_endpoint_error_and_the_run_goes_on(hostile, tmp
     assert malformed["detail"].startswith("choices[0].logprobs.content[0].logprob: inf")
     turns = con.execute("SELECT action, action_truncated, info FROM turns").fetchall()
     assert len(turns) == 1 and turns[0][0] == "d" * 1280 and turns[0][1] is True
-    assert json.loads(turns[0][2])["endpoint"]["finish_reason"] == "length"
+    endpoint = json.loads(turns[0][2])["endpoint"]
+    assert endpoint["finish_reason"] == "length"
+    assert (endpoint["cut_chars"], endpoint["cut_tokens"]) == (5000 - 1280, 0)  # what was cut
     metrics = dict(con.execute("SELECT name, value FROM metrics WHERE step = 1").fetchall())
     assert metrics["endpoint/errors"] == 2
     con.close()
