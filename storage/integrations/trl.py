@@ -11,7 +11,8 @@ step its own ``completions_*.parquet`` logs carry), written in one transaction:
 
 * ``trajectories``: every completion of the step's generation batch; a prompt's G completions
   are a group (``s{step}-g{k}``), exactly the rows TRL normalises rewards over. ``advantage`` is
-  TRL's, ``reward`` the weighted sum of the reward functions (NaN ones skipped, as TRL does).
+  TRL's, ``reward`` the weighted sum of the reward functions (NaN ones skipped, +-inf kept, as
+  TRL's ``nansum`` does; a group holding one is noted and counted: trl_rows.flag_nonfinite).
   ``success`` is ``outcome >= 1`` (the same inference as the TRL importer, storage/dumps.py).
 * ``rewards``: each reward function's raw value under its own name, plus the four contract
   components. A function whose name says what it is (``format_reward`` -> ``format``,
@@ -34,8 +35,9 @@ step its own ``completions_*.parquet`` logs carry), written in one transaction:
   success/rate, response/length_mean and env/turns_mean from the recorded rows; TRL's logged
   metrics under our names (``METRIC_NAMES``: kl -> policy/kl, entropy -> policy/entropy,
   clip_ratio/region_mean -> policy/clipfrac, grad_norm -> grad/norm, ...) and every numeric one
-  also as ``trl/<its name>``; ``time/record_s``, the time the callback took from the training
-  loop in the previous step, and ``time/record_write_s``, that step's database write.
+  also as ``trl/<its name>``; ``reward/nonfinite_count``; ``time/record_s``, the time the
+  callback took from the training loop in the previous step, and ``time/record_write_s``, that
+  step's database write.
 
 The database write runs on one writer thread, so TRL's next step does not wait for it (DuckDB
 works without holding the GIL): measured on an H200 (bench/README.md), recording on the training
