@@ -39,11 +39,19 @@ rloo = _one_group("rloo")
 
 
 def outcome_table(trajs: pd.DataFrame) -> pd.DataFrame:
-    """One group's trajectories with the stored advantage and each estimator's, by traj_id."""
-    r = trajs["reward"].fillna(0.0).to_numpy()
+    """One group's trajectories with the stored advantage and each estimator's, by traj_id. A
+    group holding a reward that is not finite (a TRL run's inf reward) has no estimator value:
+    those columns are NaN, as the group's mean and std are (``finite_rewards`` says so)."""
+    r = trajs["reward"].fillna(0.0).to_numpy(dtype=float)
+    estimates = ({"GRPO": grpo(r), "Dr.GRPO": dr_grpo(r), "RLOO": rloo(r)} if finite_rewards(trajs)
+                 else {name: np.full(len(r), np.nan) for name in ("GRPO", "Dr.GRPO", "RLOO")})
     return pd.DataFrame({"reward": r, "stored advantage": trajs["advantage"].to_numpy(),
-                         "GRPO": grpo(r), "Dr.GRPO": dr_grpo(r), "RLOO": rloo(r)},
-                        index=pd.Index(trajs["traj_id"], name="traj_id"))
+                         **estimates}, index=pd.Index(trajs["traj_id"], name="traj_id"))
+
+
+def finite_rewards(trajs: pd.DataFrame) -> bool:
+    """Whether every reward of the group is finite (NULL counts as 0, as the estimators read it)."""
+    return bool(np.isfinite(trajs["reward"].fillna(0.0).to_numpy(dtype=float)).all())
 
 
 def _anchor(text) -> str:

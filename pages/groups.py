@@ -63,8 +63,11 @@ st.dataframe(table, key="groups_credit", column_config={
     "replay": st.column_config.LinkColumn("replay", display_text="open")})
 st.caption("GRPO: (r - mean)/(std + 1e-6) · Dr.GRPO: r - mean · RLOO: r - mean of the others. "
            "An all-equal group gets 0 from each.")
+if not _credit.finite_rewards(trajs):
+    st.warning("A reward of this group is not finite (inf or NaN): its mean and std are not "
+               "numbers, so no estimator gives it an advantage (TRL trains such a group on 0).")
 
-if not turns.empty:
+if not turns.empty and _credit.finite_rewards(trajs):
     cfg = pick.config
     gamma, weight = float(cfg.get("gigpo_gamma", 0.95)), float(cfg.get("gigpo_weight", 1.0))
     steps = _credit.gigpo_steps(trajs, turns, gamma=gamma, weight=weight)

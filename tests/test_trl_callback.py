@@ -358,3 +358,16 @@ def test_an_inf_reward_is_recorded_as_trl_saw_it_and_the_step_flagged(tmp_path):
     assert metrics["reward/nonfinite_count"] == 1
     assert metrics["reward/mean"] == pytest.approx(sum(range(1, 2 * G)) / (2 * G - 1))
     assert "reward/group_std_mean" in metrics and metrics["reward/frac_zero_std"] == 0.0
+
+
+def test_the_groups_estimators_say_not_computable_for_an_inf_reward():
+    """Groups recomputes what each estimator would give a group; a TRL group holding an inf
+    reward once raised "rewards contain NaN or inf" there. Now those columns are NaN."""
+    import pandas as pd
+    from pages import _credit
+    trajs = pd.DataFrame({"traj_id": ["a", "b", "c"], "reward": [1.0, float("inf"), 0.0],
+                          "advantage": [0.0, 0.0, 0.0]})
+    table = _credit.outcome_table(trajs)
+    assert not _credit.finite_rewards(trajs) and table[["GRPO", "RLOO"]].isna().all().all()
+    ok = _credit.outcome_table(trajs.assign(reward=[1.0, 0.0, 0.0]))
+    assert ok["Dr.GRPO"].tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3])
