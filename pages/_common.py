@@ -210,6 +210,16 @@ def text_of(value) -> str | None:
     return value if value else None
 
 
+def algo_label(config: dict) -> str | None:
+    """A run's algorithm as its users name it: TRL's GRPOTrainer as "GRPO (loss_type=...)", its
+    loss being TRL's loss_type (runs recorded before stored that as the algo), else the algo."""
+    config = config or {}
+    if config.get("trainer") == "trl.GRPOTrainer":
+        loss = config.get("loss_type")
+        return f"GRPO (loss_type={loss})" if loss else "GRPO"
+    return text_of(config.get("algo"))
+
+
 def int_of(value, default: int) -> int:
     """A stored integer, or ``default`` for NULL (see ``missing``)."""
     return default if missing(value) else int(value)

@@ -50,7 +50,7 @@ def run_frame(table: pd.DataFrame) -> pd.DataFrame:
         for run in part.to_dict("records"):
             cfg = queries.run_config(run["config"])
             row = {"run": f"{run['name']}", "status": run["shown_status"],
-                   "env": cfg.get("env"), "model": cfg.get("model"), "algo": cfg.get("algo"),
+                   "env": cfg.get("env"), "model": cfg.get("model"), "algo": c.algo_label(cfg),
                    "source": run.get("source"), "last step": run["last_step"],
                    "created": run["created_at"], "store": store, "run_id": run["run_id"]}
             for name in SPARK_METRICS:

@@ -371,3 +371,23 @@ def test_the_groups_estimators_say_not_computable_for_an_inf_reward():
     assert not _credit.finite_rewards(trajs) and table[["GRPO", "RLOO"]].isna().all().all()
     ok = _credit.outcome_table(trajs.assign(reward=[1.0, 0.0, 0.0]))
     assert ok["Dr.GRPO"].tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3])
+
+
+def test_a_trl_run_reads_as_one_its_base_model_and_grpos_loss_type():
+    """A PEFT-wrapped model was recorded as "PeftModelForCausalLM" and the algorithm as TRL's
+    default loss_type, "dapo"; now the base model's name and "GRPO (loss_type=dapo)"."""
+    from types import SimpleNamespace
+    from pages._common import algo_label
+    from storage.integrations.trl_rows import model_name, run_config
+    from core.policy import load_policy
+    policy = load_policy("tiny", seed=0)
+    assert type(policy.model).__name__.startswith("Peft")
+    assert model_name(policy.model) != type(policy.model).__name__
+    assert model_name(policy.model) == model_name(policy.model.get_base_model())
+    cfg = run_config(SimpleNamespace(reward_func_names=["format"], reward_weights=None),
+                     SimpleNamespace(loss_type="dapo"), policy.model)
+    assert cfg["algo"] == "grpo" and cfg["loss_type"] == "dapo"
+    assert algo_label(cfg) == "GRPO (loss_type=dapo)"
+    assert algo_label({"trainer": "trl.GRPOTrainer", "algo": "dapo", "loss_type": "dapo"}) == \
+        "GRPO (loss_type=dapo)"
+    assert algo_label({"algo": "gigpo"}) == "gigpo"

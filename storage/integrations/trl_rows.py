@@ -77,9 +77,21 @@ def reward_components(values: dict[str, float], weights: dict[str, float]) -> tu
     return out, notes
 
 
+def model_name(model) -> str:
+    """The model a run trains, as users name it: the base model's path or hub name under a PEFT
+    wrapper (``PeftModelForCausalLM`` says nothing), else its class."""
+    peft = getattr(model, "peft_config", None)
+    if isinstance(peft, dict):
+        for cfg in peft.values():
+            if getattr(cfg, "base_model_name_or_path", None):
+                return str(cfg.base_model_name_or_path)
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    return (getattr(getattr(base, "config", None), "_name_or_path", None)
+            or type(base).__name__)
+
+
 def run_config(trainer, args, model) -> dict:
     """The run's stored configuration: TRL's settings that shape what is recorded."""
-    config = getattr(model, "config", None)
     names = list(getattr(trainer, "reward_func_names", []))
     weights = getattr(trainer, "reward_weights", None)
     try:
@@ -92,8 +104,7 @@ def run_config(trainer, args, model) -> dict:
             "num_iterations", "per_device_train_batch_size", "gradient_accumulation_steps",
             "steps_per_generation", "max_steps", "seed", "use_vllm",
             "mask_truncated_completions")
-    return {"env": "trl", "model": getattr(config, "_name_or_path", None)
-            or type(model).__name__, "algo": getattr(args, "loss_type", None) or "grpo",
+    return {"env": "trl", "model": model_name(model), "algo": "grpo",
             "trainer": "trl.GRPOTrainer", "trl_version": version,
             "reward_funcs": names,
             "reward_weights": weights.tolist() if weights is not None else None,
