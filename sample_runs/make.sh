@@ -317,7 +317,8 @@ mismatch() {
     for run in fp32:none bf16:none bf16:tis; do
         IFS=: read -r dtype corr <<< "$run"
         timed "$PY" -m core.train "${common[@]}" --sft-steps 30 --steps 8 --eval-every 8 \
-            --init-from "$dir/sft" --rollout-dtype "$dtype" --rollout-correction "$corr" \
+            --init-from "$(ls -d "$dir/sft"/*/)" --rollout-dtype "$dtype" \
+            --rollout-correction "$corr" \
             --name "sampled $dtype, correction $corr" --checkpoint-dir "$dir/$dtype-$corr"
     done
     compact mismatch_bf16.duckdb
