@@ -127,7 +127,11 @@ def panel(pick: c.Pick, traj_id: str, row: dict, n_turns: int) -> None:
     st.caption("For each turn t: K continuations that sample a new action at t give V(s_t); K "
                "that keep the recorded action and sample after it give Q(s_t, a_t); A = Q - V. "
                "The turn with the lowest A < 0 is the one whose action lost the most.")
-    job_controls(pick, traj_id, n_turns)
+    why_not = cannot_branch(pick)
+    if why_not:  # say so before any form: the job would only fail
+        st.info(why_not)
+    else:
+        job_controls(pick, traj_id, n_turns)
     est = c.read_or_stop(load_estimates, pick.store, pick.run_id, traj_id)
     if est.empty:
         st.info("Branch values not computed yet for this trajectory.")
@@ -146,6 +150,22 @@ def panel(pick: c.Pick, traj_id: str, row: dict, n_turns: int) -> None:
             st.dataframe(kids.drop(columns=["job_id", "seed", "step"]), key="branch_kids",
                          hide_index=True, column_config={
                              "replay": st.column_config.LinkColumn("replay", display_text="open")})
+
+
+def cannot_branch(pick: c.Pick) -> str | None:
+    """Why no branch job can run on this run's trajectories (None: one can): continuations
+    sample with the policy as it was, so they need the trainer's adapter snapshots."""
+    source = c.text_of(pick.run.get("source"))
+    if source not in (None, "trainer"):
+        return (f"No branch job here: this run was recorded by {source}, not by this trainer, "
+                "so there is no adapter to continue its trajectories with. Branch jobs run on "
+                "runs trained here with adapter snapshots (adapter_every > 0).")
+    if not queries.adapter_steps(pick.store, pick.run_id, pick.config or {}):
+        return ("No branch job here: this run kept no adapter snapshots (its checkpoint folder "
+                "is not next to this store, or it trained with adapter_every = 0), and "
+                "continuations must sample with the policy as it was. Train with "
+                "adapter_every > 0 to branch its trajectories.")
+    return None
 
 
 def verdict(est: pd.DataFrame) -> None:
