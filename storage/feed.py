@@ -34,11 +34,12 @@ def step_of(stem: str) -> int:
 
 
 def jsonl_items(fd: int, start: int, stop: int, max_line_bytes: int, until: int,
-                progress: list[int]) -> Iterator[Item]:
+                progress: list) -> Iterator[Item]:
     """Generic JSONL records of ``[start, stop)``, ending with the line that reaches ``until``;
-    ``progress[0]`` is kept at the end offset of the last line taken."""
-    for at, end, line in tail.lines(fd, start, stop, max_line_bytes):
-        progress[0] = end
+    ``progress`` is kept at [end offset of the last line taken, mark of the file up to it]."""
+    marker = tail.Marker(fd, start)
+    for at, end, line in tail.lines(fd, start, stop, max_line_bytes, marker.add):
+        progress[:] = [end, marker.mark(end)]
         if line is None:
             yield (f"byte {at}", LineError(f"line longer than the limit of {max_line_bytes} "
                                            "bytes (--max-line-bytes)"), end - at)

@@ -23,7 +23,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 CHUNK = 1 << 20
 MARK_BYTES = 4096
@@ -68,11 +68,34 @@ def open_inside(path: Path, root_real: str) -> int:
         raise
 
 
-def mark(fd: int, end: int) -> str:
-    """Mark of ``[0, end)`` (module docstring); a file now shorter than ``end`` gets another."""
-    n = min(end, MARK_BYTES)
-    head, before_end = os.pread(fd, n, 0), os.pread(fd, n, end - n)
+def _mark(head: bytes, before_end: bytes) -> str:
     return hashlib.sha1(head + b"|" + before_end).hexdigest()[:16]
+
+
+def mark(fd: int, end: int) -> str:
+    """Mark of ``[0, end)`` (module docstring) as the file is now; a file now shorter than
+    ``end`` gets another."""
+    n = min(end, MARK_BYTES)
+    return _mark(os.pread(fd, n, 0), os.pread(fd, n, end - n))
+
+
+class Marker:
+    """The mark of ``[0, end)`` for bytes as they were read from ``start`` on: the head and the
+    bytes before ``start`` are read first, the rest taken from what the reader got (``add``).
+    A file rewritten meanwhile therefore gets a mark that matches neither version, so it is read
+    again (duplicates are skipped), never one of the new bytes that were not read."""
+
+    def __init__(self, fd: int, start: int):
+        before = min(start, MARK_BYTES)
+        self.head = os.pread(fd, MARK_BYTES, 0)
+        self.last = os.pread(fd, before, start - before)
+
+    def add(self, data: bytes) -> None:
+        self.last = (self.last + data)[-MARK_BYTES:]
+
+    def mark(self, end: int) -> str:
+        n = min(end, MARK_BYTES)
+        return _mark(self.head[:n], self.last[len(self.last) - n:])
 
 
 def digest(fd: int, end: int) -> tuple[str, int]:
@@ -111,22 +134,26 @@ def ends_complete(fd: int, fmt: str) -> bool:
     return tail == b"PAR1" if fmt == "trl" else tail.endswith(b"\n")
 
 
-def lines(fd: int, start: int, stop: int, max_line_bytes: int
+def lines(fd: int, start: int, stop: int, max_line_bytes: int,
+          seen: Callable[[bytes], None] = lambda data: None
           ) -> Iterator[tuple[int, int, bytes | None]]:
     """(offset, end offset, line) of each line in ``[start, stop)`` (``stop`` just after a
     newline). A line longer than ``max_line_bytes`` (newline not counted, the importer's rule)
     comes as None: its bytes are skipped ``CHUNK`` by ``CHUNK``, never held. Stops early if the
-    file no longer holds a whole line where one was (it was rewritten meanwhile)."""
+    file no longer holds a whole line where one was (it was rewritten meanwhile). Every byte
+    read, skipped ones too, is passed to ``seen``."""
     with os.fdopen(os.dup(fd), "rb", buffering=CHUNK) as f:
         f.seek(start)
         pos = start
         while pos < stop:
             line: bytes | None = f.readline(min(max_line_bytes + 1, stop - pos))
+            seen(line)
             at = pos
             pos += len(line)
             if len(line) > max_line_bytes and not line.endswith(b"\n"):
                 line = None
                 while pos < stop and (more := f.readline(min(CHUNK, stop - pos))):
+                    seen(more)
                     pos += len(more)
                     if more.endswith(b"\n"):
                         break

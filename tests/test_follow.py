@@ -3,7 +3,6 @@ pieces by this test (the other trainer), the store read while it follows, Ctrl-C
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -11,10 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 POLL = 0.2
