@@ -10,7 +10,7 @@ export STREAMLIT_BROWSER_GATHER_USAGE_STATS := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: run test setup clean-venv
+.PHONY: run test setup clean-venv gpu-pack gpu-proof
 
 setup: $(STAMP)
 
@@ -35,3 +35,15 @@ test: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# The learning proof on a lent GPU (bench/gpu_proof.py; bench/README.md says how the two device
+# calls go). `make gpu-pack` here: the pinned wheels and SmolLM2's GGUF into .gpu-pack/ in two
+# parts under the device tool's 64 MiB. `make gpu-proof` on the GPU machine, once both parts are
+# received: checks, SFT start, five credit methods x two seeds in parallel, the table in $(OUT).
+# `make gpu-proof REHEARSE=1`: the same path on this CPU with the tiny model.
+GPU_PY ?= python3
+gpu-pack: $(STAMP)
+	$(PY) bench/gpu_proof.py pack
+
+gpu-proof: $(if $(REHEARSE),$(STAMP))
+	$(if $(REHEARSE),$(PY) bench/gpu_proof.py rehearse,$(GPU_PY) bench/gpu_proof.py run --out $(or $(OUT),runs/gpu-proof-out))

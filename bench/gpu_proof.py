@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -204,11 +205,16 @@ def run(args) -> int:
     if not (into / "READY.json").is_file():
         sys.exit(f"error: {into}/READY.json missing: receive every part of the pack first "
                  "(python3 bench/gpu_proof.py receive .gpu-pack/part-N)")
+    env = gpu_checks.child_env(site, into / "cache")
+    if os.environ.get("GPU_PROOF_SITE") != str(site):
+        # this process reads the stores too (merge, table): it runs in the environment the
+        # children get, the pack's packages first (the GPU image has no duckdb of its own)
+        os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *args.argv],
+                  {**env, "GPU_PROOF_SITE": str(site)})
     t0, phases = time.monotonic(), {}
     work = into / "work"
     shutil.rmtree(work, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
-    env = gpu_checks.child_env(site, into / "cache")
     start, runs = plan(mode, args, work)
     kids = Children(work / "logs", env)
 
@@ -231,8 +237,10 @@ def run(args) -> int:
     if done.returncode:
         return 2
     t = time.monotonic()
-    fraction = 0.95 / len(runs) if mode["device"] == "cuda" else 0
-    kids.start("start", [__file__, "child", "0.95" if fraction else "0", "--",
+    # no cap by default: the runs evaluate at the same steps, so their peaks coincide and a cap
+    # of 1/N only fails a run whose peak the card could have held
+    fraction = 0.95 / len(runs) if mode["device"] == "cuda" and args.memory_cap else 0
+    kids.start("start", [__file__, "child", "0", "--",
                          *train_args(start)])
     sft_end = t0 + args.budget_s * 0.5
     if kids.wait(sft_end, sft_end + 20, 30, {"start": start["db"]})["start"]:
@@ -266,6 +274,10 @@ def run(args) -> int:
         if code:
             tail = (work / "logs" / f"{key}.log").read_text(errors="replace").splitlines()[-12:]
             print(f"-- {key} exited {code}; the end of its log:\n" + "\n".join(tail))
+    if kids.samples:  # the whole card, all processes together, while the RL runs ran
+        used, util = [x[1] for x in kids.samples], [x[2] for x in kids.samples]
+        text += (f"\nGPU (nvidia-smi every 2 s during RL): peak {max(used):.0f} MiB used, "
+                 f"utilisation mean {sum(util) / len(util):.0f}%, max {max(util):.0f}%")
     print(text, flush=True)
     (out / "table.txt").write_text(text + "\n")
     slim, level = gpu_store.slim(store, out / "store.duckdb", OUT_CAP)
@@ -297,8 +309,8 @@ def _logs(work: Path, out: Path) -> None:
 
 
 def child(fraction: float, argv: list[str]) -> int:
-    """One run through the real CLI (python -m core.train), its CUDA memory capped at
-    ``fraction`` of the GPU so one run's excess fails that run, not its neighbours."""
+    """One run through the real CLI (python -m core.train); ``fraction`` > 0 caps its CUDA
+    memory at that share of the GPU (``--memory-cap``: a run's excess fails that run alone)."""
     if fraction > 0:
         import torch
         if torch.cuda.is_available():
@@ -329,7 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float)
     parser.add_argument("--reserve-s", type=float)
     parser.add_argument("--gib-per-run", type=float)
-    parser.add_argument("--lr", type=float, default=4e-4)
+    parser.add_argument("--lr", type=float, default=4e-4, help="RL lr (information gain: half)")
+    parser.add_argument("--memory-cap", action="store_true",
+                        help="cap each RL run's CUDA memory at 0.95 / runs of the GPU")
     parser.add_argument("--runs", help="METHOD-sSEED,... (default: every method, seeds 0 and 1; "
                         "the rehearsal: every method with seed 0 and grpo-s1)")
     argv = sys.argv[1:] if argv is None else argv
@@ -340,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["child"]:  # FRACTION -- flags: core.train parses the flags
         return child(float(argv[1]), argv[3:])
     args = parser.parse_args(argv)
-    args.pass_on = pass_on
+    args.pass_on, args.argv = pass_on, argv
     mode = MODES["rehearse" if args.rehearse else "gpu"]
     for key in ("sft_steps", "rl_steps", "eval_every", "eval_tasks", "budget_s", "reserve_s",
                 "gib_per_run", "runs"):
