@@ -391,3 +391,16 @@ def test_a_trl_run_reads_as_one_its_base_model_and_grpos_loss_type():
     assert algo_label({"trainer": "trl.GRPOTrainer", "algo": "dapo", "loss_type": "dapo"}) == \
         "GRPO (loss_type=dapo)"
     assert algo_label({"algo": "gigpo"}) == "gigpo"
+
+
+def test_trls_own_sampler_trainer_gap_is_our_mismatch_metric():
+    """With vLLM, TRL logs mean |old - sampling logprob| itself; the callback records it under our
+    name, so Dynamics' mismatch row and drift alarm read TRL runs too (and keeps TRL's name)."""
+    from storage.integrations.trl import RecorderCallback
+    cb = RecorderCallback.__new__(RecorderCallback)
+    cb.record_s, cb.write_s = [], []
+    got = cb._metrics({}, {"sampling/sampling_logp_difference/mean": 0.021,
+                           "sampling/importance_sampling_ratio/max": 1.7})
+    assert got["mismatch/abs_mean"] == 0.021
+    assert got["trl/sampling/sampling_logp_difference/mean"] == 0.021
+    assert got["trl/sampling/importance_sampling_ratio/max"] == 1.7

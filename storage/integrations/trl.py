@@ -88,7 +88,10 @@ METRIC_NAMES = {"reward": "reward/mean", "reward_std": "reward/std",
                 "clip_ratio/low_mean": "policy/clipfrac_low",
                 "clip_ratio/high_mean": "policy/clipfrac_high", "grad_norm": "grad/norm",
                 "completions/mean_length": "response/length_mean", "loss": "policy/loss",
-                "learning_rate": "optim/lr", "step_time": "time/step_s"}
+                "learning_rate": "optim/lr", "step_time": "time/step_s",
+                # with vLLM, TRL measures the sampler-trainer gap itself: mean |old - sampling
+                # logprob| over completion tokens is our mismatch/abs_mean (core/mismatch.py)
+                "sampling/sampling_logp_difference/mean": "mismatch/abs_mean"}
 INDEX_KEY = "_recorder_index"
 QUEUE_STEPS = 2
 
