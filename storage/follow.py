@@ -30,18 +30,19 @@ even to the same length) is read again from its start. Reading again never dupli
 trajectory: one already in the run (same ``traj_id``) is skipped and counted as such. A verl or
 TRL file that changes after its import is imported again once stable if the bytes imported are
 still its start (its new lines are added); if they are not (rewritten with other content, whose
-ids ``{step}:{line}`` are already taken) it is refused with an error naming it, and the refusal
+ids ``{file stem}:{line}`` are already taken) it is refused with an error naming it, and the refusal
 is recorded in ``imports``. A ``DIR`` that vanishes is reported and followed again once it is
 back. A store that is deleted or replaced while following stops the follower (exit 2): it never
 writes into a new store at the same path (checked before every write).
 
-Memory is bounded whatever the files hold: lines are read one at a time and written in batches
-of at most 200 records or 8 MiB of input (storage/feed.py); a line longer than
-``--max-line-bytes`` (default 16 MiB, the limit ``import`` has: long enough for a 100k-token
-trajectory with every token's record) fails alone with a message and is skipped a MiB at a
-time, never held; an unfinished line is not held or re-read either (each poll scans only the
-bytes that arrived since, and one already over the limit is reported as soon as it is). No file
-is copied.
+Memory does not grow with what the files hold: lines are read one at a time and written in
+batches of at most 200 records or 8 MiB of input (storage/feed.py); a line longer than
+``--max-line-bytes`` (default 16 MiB, the limit ``import`` has, so both accept the same lines:
+room for a 130k-token trajectory with every token's record) fails alone with a message and is
+skipped a MiB at a time, never held; an unfinished line is not held or read again either (each
+poll scans only the bytes that arrived since; one already over the limit is reported as soon as
+it is). No file is copied. What a valid line costs is the importer's (its rows; a text-only line
+whose tokens are rebuilt from its words takes ~130 times its size), hence the default.
 
 Idempotent and restartable: every import leaves a row in the store's ``imports`` table, its
 source ``{file}#{start}-{end}~{mark}`` (JSONL: the byte range; verl/TRL: ``#0-{size}`` and the
@@ -178,7 +179,10 @@ class Follower(Pollers):
         """One look at the directory; the number of imports made."""
         self.check_store()
         root, made, present = self._root(), 0, set()
-        paths = sorted(self.dir.glob(PATTERNS[self.fmt]), key=_order) if root else []
+        try:
+            paths = sorted(self.dir.glob(PATTERNS[self.fmt]), key=_order) if root else []
+        except OSError:
+            paths = []  # DIR went while it was listed: said at the next poll
         for path in paths:
             if self.should_stop():
                 break
@@ -193,10 +197,11 @@ class Follower(Pollers):
             if not stat.S_ISREG(st.st_mode):
                 continue
             present.add(path.name)
-            if self.fmt == "jsonl":
-                made += self._poll_appended(path, st, root)
-            else:
-                made += self._poll_whole(path, st, root)
+            try:
+                poll = self._poll_appended if self.fmt == "jsonl" else self._poll_whole
+                made += poll(path, st, root)
+            except OSError as exc:  # an unreadable file (EIO, a permission) does not stop the rest
+                self._tell_once(path.name, f"not read: {exc}")
         for name, t in self.files.items():  # rotated away, deleted, or DIR gone: its last lines
             if t.fd is not None and name not in present and not self.should_stop():
                 made += self._drain(name, t)

@@ -34,10 +34,8 @@ class Tracked:
     fd: int | None = None                 # JSONL: held open, to drain after a rotation
 
 
-
 def _key(st: os.stat_result) -> tuple:
     return st.st_size, st.st_mtime_ns, st.st_ctime_ns
-
 
 
 class Pollers:

@@ -171,6 +171,10 @@ def test_trl_parquet_imported_only_once_complete(tmp_path):
     finally:
         proc.kill() if proc.poll() is None else None
     assert "imported completions_00003.parquet: 4 new" in out
+    res = subprocess.run([sys.executable, "-m", "storage.io", "import", str(out_dir), "--db",
+                          str(db), "--format", "trl"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)  # the same ids as an import of the directory gives
+    assert ", 0 imported, 4 already present" in res.stdout, res.stdout + res.stderr
     assert query(db, "SELECT group_id, count(*), min(step) FROM trajectories GROUP BY ALL") \
         == [(query(db, "SELECT any_value(group_id) FROM trajectories")[0][0], 4, 3)]
 

@@ -47,6 +47,25 @@ def test_a_file_replaced_by_a_larger_one_is_read_from_its_start(tmp_path):
     assert query(db, "SELECT count(*) FROM trajectories")[0][0] == 17  # none twice
 
 
+def test_lines_written_just_before_a_rotation_are_kept(tmp_path):
+    logs, db = tmp_path / "agent", tmp_path / "s.duckdb"
+    logs.mkdir()
+    log = logs / "episodes.jsonl"
+    log.write_text(records(["a0"]))
+    proc = start(logs, db, "jsonl", "--poll", "1")
+    try:
+        wait_for(lambda: count(db) == 1)
+        with open(log, "a") as f:  # logrotate's create mode, right after two more lines
+            f.write(records(["a1", "a2"]))
+        os.rename(log, logs / "episodes.jsonl.1")
+        log.write_text(records(["b0"]))
+        wait_for(lambda: count(db) == 4)
+        out = stop(proc)
+    finally:
+        proc.kill() if proc.poll() is None else None
+    assert ids(db) == {"a0", "a1", "a2", "b0"} and "is a new file" in out
+
+
 def test_truncated_and_rewritten_to_the_same_length_live_and_across_a_restart(tmp_path):
     logs, db = tmp_path / "agent", tmp_path / "s.duckdb"
     logs.mkdir()
