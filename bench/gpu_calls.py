@@ -71,16 +71,21 @@ def rehearse(args) -> int:
     repo, into, out = work / "machine" / "repo", work / "machine" / "tmp", work / "OUT"
     shutil.rmtree(work / "machine", ignore_errors=True)
     members = gpu_pack.model_members()
-    manifest = gpu_pack.build(repo / ".gpu-pack", members, part_bytes=_halves(members),
-                              preset=None)
+    here = work / "here" / ".gpu-pack"
+    manifest = gpu_pack.build(here, members, part_bytes=_halves(members), preset=None)
     keep = set(gpu_pack.travel_files(ROOT)) - set(gpu_pack.stash_candidates(ROOT))
     for path in keep:  # what the tool sends once the stores are stashed
         (repo / path.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, repo / path.relative_to(ROOT))
     tree = sum(p.stat().st_size for p in keep)
     env = {**os.environ, "OUT": str(out)}
+    carried = repo / ".gpu-pack"
     for i, (call, part) in enumerate(zip(CALLS, manifest["parts"])):
-        sent = tree + part["bytes"] + (repo / ".gpu-pack" / "MANIFEST.json").stat().st_size
+        shutil.rmtree(carried, ignore_errors=True)  # each call carries its own part alone
+        carried.mkdir(parents=True)
+        for name in (part["name"], "MANIFEST.json"):
+            shutil.copy(here / name, carried / name)
+        sent = tree + part["bytes"] + (carried / "MANIFEST.json").stat().st_size
         print(f"== call {i + 1}: sends {sent / 2**20:.1f} MiB (limit 64)", flush=True)
         if sent > gpu_pack.LIMIT_BYTES:
             print(f"error: call {i + 1} would send {sent / 2**20:.1f} MiB", file=sys.stderr)

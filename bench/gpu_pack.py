@@ -174,6 +174,10 @@ def receive(part: Path, into: Path) -> dict | None:
             old.unlink()
     shutil.copyfile(part, held / part.name)
     shutil.copyfile(manifest_path, held / "MANIFEST.json")
+    for p in manifest["parts"]:  # an earlier call's part may also be left beside this one (the
+        # tool keeps ignored files of the checkout's copy on a warm machine): take it from there
+        if not _intact(held / p["name"], p) and _intact(part.parent / p["name"], p):
+            shutil.copyfile(part.parent / p["name"], held / p["name"])
     have = [p["name"] for p in manifest["parts"] if _intact(held / p["name"], p)]
     missing = [p["name"] for p in manifest["parts"] if p["name"] not in have]
     if missing:

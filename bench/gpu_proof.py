@@ -55,7 +55,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -81,6 +80,7 @@ def _sibling(name: str):
 gpu_pack = _sibling("gpu_pack")
 gpu_checks = _sibling("gpu_checks")
 gpu_calls = _sibling("gpu_calls")
+Children = _sibling("gpu_children").Children
 
 METHODS = ("grpo", "info_gain", "gigpo", "spa", "prm")
 LR_SCALE = {"info_gain": 0.5}
@@ -133,70 +133,6 @@ def plan(mode: dict, args, work: Path) -> tuple[dict, dict[str, dict]]:
     return start, runs
 
 
-class Children:
-    """Child processes with a log each, a stop (SIGINT: the trainer finishes its step) and a
-    kill deadline; while waiting, a heartbeat and the GPU's memory sampled by nvidia-smi."""
-
-    def __init__(self, logs: Path, env: dict):
-        self.logs, self.env, self.procs = logs, env, {}
-        self.samples: list[tuple[float, float, float]] = []
-        logs.mkdir(parents=True, exist_ok=True)
-
-    def start(self, key: str, argv: list[str]) -> None:
-        log = open(self.logs / f"{key}.log", "w")
-        self.procs[key] = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=self.env,
-                                           stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-
-    def wait(self, stop_at: float, kill_at: float, beat_s: float, stores: dict) -> dict:
-        stopped, last_beat, t0 = False, 0.0, time.monotonic()
-        while any(p.poll() is None for p in self.procs.values()):
-            now = time.monotonic()
-            if not stopped and now >= stop_at:
-                stopped = True
-                print(f"  budget: stopping {self.alive()} (each finishes its step)", flush=True)
-                for p in self.procs.values():
-                    if p.poll() is None:
-                        p.send_signal(signal.SIGINT)
-            if now >= kill_at:
-                print(f"  budget: killing {self.alive()}", flush=True)
-                for p in self.procs.values():
-                    if p.poll() is None:
-                        p.kill()
-                break
-            self._sample(now - t0)
-            if now - last_beat >= beat_s:
-                last_beat = now
-                steps = {k: _last_step(s) for k, s in stores.items()}
-                mem = f", GPU {self.samples[-1][1]:.0f} MiB used" if self.samples else ""
-                print(f"  {now - t0:4.0f} s: {self.alive()} running{mem}; last steps "
-                      + " ".join(f"{k}:{v}" for k, v in steps.items()), flush=True)
-            time.sleep(2)
-        return {k: p.wait() for k, p in self.procs.items()}
-
-    def alive(self) -> str:
-        return ",".join(k for k, p in self.procs.items() if p.poll() is None) or "none"
-
-    def _sample(self, t: float) -> None:
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,utilization.gpu",
-                                  "--format=csv,noheader,nounits"], capture_output=True,
-                                 text=True, timeout=10).stdout.split(",")
-            self.samples.append((round(t, 1), float(out[0]), float(out[1])))
-        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-            pass  # no nvidia-smi (the CPU rehearsal): no samples
-
-
-def _last_step(store: str) -> str:
-    """A run's last recorded step, read between its writes (storage's fair lock; '-' if busy)."""
-    from storage import db
-    try:
-        with db.reading(store, timeout_s=1.0) as con:
-            return str(con.execute("SELECT max(last_step) FROM runs").fetchone()[0])
-    except Exception:
-        return "-"
-
-
 def run(args) -> int:
     """The proof; exit 0 with the table printed, 1 when a phase failed, 2 for a failed check."""
     mode = MODES["rehearse" if args.rehearse else "gpu"]
@@ -232,7 +168,8 @@ def run(args) -> int:
                                str(len(runs)), str(args.gib_per_run), "--prepare"], cwd=ROOT,
                               env=env, timeout=args.budget_s * 0.25)
     except subprocess.TimeoutExpired:
-        return _failed(work, out, f"checks and the model took over {args.budget_s * 0.25:.0f} s")
+        return _failed(work, out, f"checks and the model took over {args.budget_s * 0.25:.0f} s",
+                       None)
     phase("checks + model", t)
     if done.returncode:
         return 2
@@ -245,7 +182,7 @@ def run(args) -> int:
     sft_end = t0 + args.budget_s * 0.5
     if kids.wait(sft_end, sft_end + 20, 30, {"start": start["db"]})["start"]:
         return _failed(work, out, f"the SFT start failed or took past {args.budget_s * 0.5:.0f}"
-                       " s: lower --sft-steps")
+                       " s: lower --sft-steps", "start")
     phase("SFT start", t)
     ckpt = next((work / "ckpt" / "start").glob("*/checkpoint.pt")).parent
     t = time.monotonic()
@@ -260,8 +197,11 @@ def run(args) -> int:
     t = time.monotonic()
     gpu_store = _sibling("gpu_store")
     store = work / "proof.duckdb"
-    stores = [Path(start["db"])] + [Path(f["db"]) for f in runs.values() if Path(f["db"]).is_file()]
-    gpu_store.merge(stores, store)
+    for src in [Path(start["db"])] + [Path(f["db"]) for f in runs.values()]:
+        try:  # one bad file (a run killed mid-write) must not cost the others' table
+            gpu_store.merge([src], store)
+        except Exception as exc:
+            print(f"-- {src.name} not merged: {type(exc).__name__}: {exc}", flush=True)
     from storage import queries
     start_id = queries.runs(str(store)).set_index("name").loc[start["name"], "run_id"]
     fig = gpu_store.figures(store, (start_id, args.sft_steps))
@@ -272,11 +212,10 @@ def run(args) -> int:
             text += f"\n{key}: no run recorded (exit {codes[key]}; logs/{key}.log in logs.tar.xz)"
     for key, code in codes.items():  # what went wrong, where the device tool's tail shows it
         if code:
-            tail = (work / "logs" / f"{key}.log").read_text(errors="replace").splitlines()[-12:]
-            print(f"-- {key} exited {code}; the end of its log:\n" + "\n".join(tail))
+            _tail(work, key, f"exited {code}")
     if kids.samples:  # the whole card, all processes together, while the RL runs ran
         used, util = [x[1] for x in kids.samples], [x[2] for x in kids.samples]
-        text += (f"\nGPU (nvidia-smi every 2 s during RL): peak {max(used):.0f} MiB used, "
+        text += (f"\nGPU (nvidia-smi every 2 s, SFT and RL): peak {max(used):.0f} MiB used, "
                  f"utilisation mean {sum(util) / len(util):.0f}%, max {max(util):.0f}%")
     print(text, flush=True)
     (out / "table.txt").write_text(text + "\n")
@@ -295,7 +234,15 @@ def run(args) -> int:
     return 0 if all(c == 0 for c in codes.values()) else 1
 
 
-def _failed(work: Path, out: Path, why: str) -> int:
+def _tail(work: Path, key: str, what: str, lines: int = 12) -> None:
+    log = work / "logs" / f"{key}.log"
+    text = log.read_text(errors="replace").splitlines()[-lines:] if log.is_file() else []
+    print(f"-- {key} {what}; the end of its log:\n" + "\n".join(text), flush=True)
+
+
+def _failed(work: Path, out: Path, why: str, key: str | None) -> int:
+    if key:
+        _tail(work, key, "failed", 30)
     _logs(work, out)
     print(f"error: {why}; the logs are in {out / 'logs.tar.xz'}", file=sys.stderr)
     return 1

@@ -97,19 +97,25 @@ def test_a_part_cut_on_the_way_is_refused_and_a_whole_pack_unpacks(tmp_path):
     members = {"site/pkg/a.bin": src / "a.bin", "site/pkg/b.txt": src / "b.txt"}
     manifest = gpu_pack.build(tmp_path / "pack", members, part_bytes=120_000, preset=1)
     assert manifest["compression"] == "xz" and len(manifest["parts"]) == 3
+    calls = {}
+    for i in range(3):  # each call carries one part and the manifest
+        calls[i] = tmp_path / f"call{i}"
+        calls[i].mkdir()
+        shutil.copy(tmp_path / "pack" / "MANIFEST.json", calls[i])
+        shutil.copy(tmp_path / "pack" / f"part-{i}", calls[i])
     into = tmp_path / "machine"
-    assert gpu_pack.receive(tmp_path / "pack" / "part-0", into) is None
-    cut = tmp_path / "cut"
-    cut.mkdir()
-    shutil.copy(tmp_path / "pack" / "MANIFEST.json", cut)
-    (cut / "part-1").write_bytes((tmp_path / "pack" / "part-1").read_bytes()[:-1])
+    assert gpu_pack.receive(calls[0] / "part-0", into) is None
+    (calls[1] / "part-1").write_bytes((tmp_path / "pack" / "part-1").read_bytes()[:-1])
     with pytest.raises(gpu_pack.PackError, match="part-1: missing, cut or changed"):
-        gpu_pack.receive(cut / "part-1", into)
+        gpu_pack.receive(calls[1] / "part-1", into)
     assert not (into / "READY.json").exists()
-    assert gpu_pack.receive(tmp_path / "pack" / "part-2", into) is None
-    assert gpu_pack.receive(tmp_path / "pack" / "part-1", into) == manifest
+    assert gpu_pack.receive(calls[2] / "part-2", into) is None
+    shutil.copy(tmp_path / "pack" / "part-1", calls[1])  # sent again, whole
+    assert gpu_pack.receive(calls[1] / "part-1", into) == manifest
     for name, path in members.items():
         assert (into / name).read_bytes() == path.read_bytes()
+    # parts an earlier call left beside this one (the checkout's copy on a warm machine) count
+    assert gpu_pack.receive(tmp_path / "pack" / "part-2", tmp_path / "machine2") == manifest
     assert json.loads((into / "READY.json").read_text())["ready"] is True
 
 
