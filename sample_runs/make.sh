@@ -321,6 +321,13 @@ mismatch() {
             --rollout-correction "$corr" \
             --name "sampled $dtype, correction $corr" --checkpoint-dir "$dir/$dtype-$corr"
     done
+    # for the sample-store size cap: token rows only for the bf16 run without correction's
+    # training rollouts (every run keeps its metrics, trajectories and turns)
+    "$PY" -c "from storage import db
+with db.writing('$db') as con:
+    con.execute(\"DELETE FROM tokens WHERE (run_id, traj_id) NOT IN (SELECT run_id, traj_id
+                 FROM trajectories JOIN runs USING (run_id) WHERE split = 'train'
+                 AND name = 'sampled bf16, correction none')\")"
     compact mismatch_bf16.duckdb
 }
 
