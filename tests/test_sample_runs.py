@@ -663,3 +663,34 @@ def test_the_start_made_again_differs_by_rounding_and_grpo_ends_where_it_began()
                 int(p[two]["solved_b"].sum())) == solved
         assert (held[v]["counts"]["gained"], held[v]["counts"]["lost"]) == (gained, lost)
     assert m["info_gain"].loc[64, "policy/kl"] < m["grpo"].loc[64, "policy/kl"]
+
+
+# -- 10. training-inference mismatch ------------------------------------------------------------
+def test_mismatch_store_holds_the_readme_figures():
+    """sample_runs/README.md section 10 and the walkthrough's step 14, read from the store."""
+    import math
+    path = store("mismatch_bf16.duckdb")
+    runs = queries.runs(path).set_index("name")
+    wide = {name: wide_metrics(path, runs.loc[name, "run_id"])
+            for name in ("sampled fp32, correction none", "sampled bf16, correction none",
+                         "sampled bf16, correction tis")}
+    fp32, bf16, tis = wide.values()
+    assert fp32["mismatch/abs_mean"].max() < 5e-5 and fp32["mismatch/ratio_out_frac"].max() == 0
+    assert bf16["mismatch/abs_mean"].min() == pytest.approx(0.0020, abs=5e-5)
+    assert bf16["mismatch/abs_mean"].max() == pytest.approx(0.0062, abs=5e-5)
+    assert round(100 * bf16["mismatch/ratio_out_frac"].min(), 1) == 0.2
+    assert round(100 * bf16["mismatch/ratio_out_frac"].max(), 1) == 1.8
+    assert round(100 * tis["mismatch/ratio_out_frac"].max(), 1) == 1.5
+    assert tis["rollout_corr/weight_mean"].between(0.9998 - 1e-4, 1.0021 + 1e-4).all()
+    assert tis["rollout_corr/weight_max"].max() == pytest.approx(2.0)
+    assert [round(40 * w.loc[38, "eval/success"]) for w in (fp32, bf16, tis)] == [7, 7, 6]
+    assert all(w.loc[38, "success/rate"] == 0 and w.loc[31, "success/rate"] == 0.5
+               for w in (fp32, bf16, tis))
+    # step 14's token: the answer's first word, sampled at -1.661, scored -2.159 by the trainer
+    run = runs.loc["sampled bf16, correction none", "run_id"]
+    top = queries.mismatch_ranking(path, run, 34, limit=1).iloc[0]
+    assert (top["traj_id"], int(top["pos"]), int(top["turn"])) == ("s34-g0-r1", 561, 2)
+    tok = queries.tokens(path, run, "s34-g0-r1").set_index("pos").loc[561]
+    assert tok["text"] == "The" and round(tok["logprob"], 3) == -1.661
+    assert round(tok["train_logprob"], 3) == -2.159
+    assert round(math.exp(tok["train_logprob"] - tok["logprob"]), 2) == 0.61
