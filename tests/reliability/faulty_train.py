@@ -120,7 +120,8 @@ def _track_rollout_index() -> None:
     def row_tracking(self, *args, **kwargs):
         row_init(self, *args, **kwargs)
         r = int(self.traj.traj_id.rsplit("-r", 1)[1])
-        _ROLLOUT_INDEX[id(self.episode)] = r
+        # the row holds the guard's episode (core/envs/guard.py); the faulty one is inside it
+        _ROLLOUT_INDEX[id(getattr(self.episode, "inner", self.episode))] = r
     rollout._Row.__init__ = row_tracking
 
 

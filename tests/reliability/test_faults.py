@@ -25,7 +25,7 @@ def test_tool_errors_and_garbage_become_error_turns_and_the_step_goes_on(tmp_pat
         assert (reason, valid, obs) == ("env_error", False, "")
         assert error == "RuntimeError: tool crashed: connection reset"
     for reason, error, valid, obs in by_r[1]:
-        assert reason == "env_error" and error.startswith("TypeError: env step returned dict")
+        assert reason == "env_error" and error == "step returned dict, not a StepResult"
     for reason, error, valid, obs in by_r[2]:
         assert reason == "env_error" and "surrogate" in error
     for reason, error, valid, obs in by_r[3]:                # the healthy rollouts went on
