@@ -30,6 +30,8 @@ corrected by the weight or mask, not by the clip.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 BAND = (0.9, 1.1)
@@ -112,3 +114,43 @@ def mis_keep(train_lp: torch.Tensor, sample_lp: torch.Tensor, mask: torch.Tensor
         return mask & (d >= lo) & (d <= hi)
     seq = d.sum(dim=-1, keepdim=True)
     return mask & (seq >= lo) & (seq <= hi)
+
+
+# -- on the update's samples (core/update.py) ---------------------------------------------------
+def correct_rollout(samples: Sequence, cfg) -> dict[str, float]:
+    """Apply ``cfg.rollout_correction`` to the update's samples (core/update.py ``Sample``) that
+    carry ``train_logprobs``: the PPO ratio is taken against the trainer's own logprob; "tis"
+    sets ``is_weights``; "mis" narrows the loss mask, and the trajectory's ``trained`` with it
+    (the recorded loss mask is the one the optimiser applied). Returns the correction's
+    metrics."""
+    weights, kept, total = [], 0, 0
+    for s in samples:
+        sampler = s.old_logprobs
+        s.old_logprobs = s.train_logprobs
+        total += s.tokens
+        if cfg.rollout_correction == "tis":
+            s.is_weights = tis_weights(s.train_logprobs, sampler, cfg.rollout_is_cap) * s.mask
+            weights.append(s.is_weights[s.mask])
+        else:
+            s.mask = mis_keep(s.train_logprobs, sampler, s.mask, cfg.rollout_is_cap,
+                              cfg.rollout_correction_level)
+            s.traj.trained = [bool(x) for x in s.mask[0].tolist()]
+        kept += s.tokens
+    if cfg.rollout_correction == "tis":
+        w = torch.cat(weights) if weights else torch.zeros(0)
+        return {"rollout_corr/weight_mean": float(w.mean()) if w.numel() else 1.0,
+                "rollout_corr/weight_max": float(w.max()) if w.numel() else 1.0,
+                "rollout_corr/truncated_frac": float((w >= cfg.rollout_is_cap).double().mean())
+                if w.numel() else 0.0}
+    return {"rollout_corr/masked_frac": 1.0 - kept / total if total else 0.0}
+
+
+def sample_mismatch(samples: Sequence, sampler: dict[str, torch.Tensor]) -> dict[str, float]:
+    """mismatch/* over the trained tokens of this rank's samples whose trainer logprobs were
+    read (``sampler``: each sample's sampler logprobs by trajectory id)."""
+    have = [s for s in samples if s.train_logprobs is not None]
+    if not have:
+        return {}
+    return mismatch_metrics(torch.cat([s.train_logprobs[s.mask] for s in have]),
+                            torch.cat([sampler[s.traj.traj_id][s.mask] for s in have]),
+                            torch.ones(sum(s.tokens for s in have), dtype=torch.bool))

@@ -35,7 +35,7 @@ from core.algorithms import needs_value_head
 from core.diagnostics import GradIncrements, module_grad_norms
 from core.distributed import ONE, Ranks
 from core.losses import policy_loss, value_loss
-from core.mismatch import mis_keep, mismatch_metrics, tis_weights
+from core.mismatch import correct_rollout, sample_mismatch
 from core.policy import Policy, token_logprobs
 from core.trajectory import Trajectory
 
@@ -109,44 +109,6 @@ def score_train(policy: Policy, samples: Sequence[Sample], cfg) -> None:
     with torch.no_grad():
         for s in samples:
             s.train_logprobs = token_logprobs(policy, s.ids, s.mask, temperature=_temp(cfg))["logprobs"]
-
-
-def correct_rollout(samples: Sequence[Sample], cfg) -> dict[str, float]:
-    """Apply ``cfg.rollout_correction`` to samples that carry ``train_logprobs`` (core/mismatch.py):
-    the PPO ratio is taken against the trainer's own logprob; "tis" sets ``is_weights``; "mis"
-    narrows the loss mask, and the trajectory's ``trained`` with it (the recorded loss mask is
-    the one the optimiser applied). Returns the correction's metrics."""
-    weights, kept, total = [], 0, 0
-    for s in samples:
-        sampler = s.old_logprobs
-        s.old_logprobs = s.train_logprobs
-        total += s.tokens
-        if cfg.rollout_correction == "tis":
-            s.is_weights = tis_weights(s.train_logprobs, sampler, cfg.rollout_is_cap) * s.mask
-            weights.append(s.is_weights[s.mask])
-        else:
-            s.mask = mis_keep(s.train_logprobs, sampler, s.mask, cfg.rollout_is_cap,
-                              cfg.rollout_correction_level)
-            s.traj.trained = [bool(x) for x in s.mask[0].tolist()]
-        kept += s.tokens
-    if cfg.rollout_correction == "tis":
-        w = torch.cat(weights) if weights else torch.zeros(0)
-        return {"rollout_corr/weight_mean": float(w.mean()) if w.numel() else 1.0,
-                "rollout_corr/weight_max": float(w.max()) if w.numel() else 1.0,
-                "rollout_corr/truncated_frac": float((w >= cfg.rollout_is_cap).double().mean())
-                if w.numel() else 0.0}
-    return {"rollout_corr/masked_frac": 1.0 - kept / total if total else 0.0}
-
-
-def _mismatch(samples: Sequence[Sample], sampler: dict[str, torch.Tensor]) -> dict[str, float]:
-    """mismatch/* over the trained tokens of this rank's samples whose trainer logprobs were
-    read (``sampler``: each sample's sampler logprobs by trajectory id)."""
-    have = [s for s in samples if s.train_logprobs is not None]
-    if not have:
-        return {}
-    return mismatch_metrics(torch.cat([s.train_logprobs[s.mask] for s in have]),
-                            torch.cat([sampler[s.traj.traj_id][s.mask] for s in have]),
-                            torch.ones(sum(s.tokens for s in have), dtype=torch.bool))
 
 
 @dataclass
@@ -254,7 +216,7 @@ def policy_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg,
     correction = getattr(cfg, "rollout_correction", "none")
     if correction != "none":  # both sides before any step, and masks before the loss weights
         score_train(policy, train, cfg)
-        result.metrics.update(_mismatch(train, sampler))  # over every trained token, unmasked
+        result.metrics.update(sample_mismatch(train, sampler))  # every trained token, unmasked
         result.metrics.update(correct_rollout(train, cfg))
         train = [s for s in train if s.tokens]
     # Without a correction the trainer's own logprob comes free: a sample's first forward before
@@ -304,7 +266,7 @@ def policy_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg,
     result.metrics.update(_loss_metrics(all_stats, ranks))
     result.metrics.update(weight_change(before, policy.trainable_parameters()))
     if correction == "none":
-        result.metrics.update(_mismatch(train, sampler))
+        result.metrics.update(sample_mismatch(train, sampler))
     result.metrics["update/trained_trajectories"] = float(n_train)
     return result
 

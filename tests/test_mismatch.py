@@ -126,7 +126,8 @@ def test_tis_and_mis_steps_record_their_correction(steps):
 
 def test_mis_narrows_the_loss_mask_and_the_trajectorys_trained_flags():
     from core.trajectory import Trajectory
-    from core.update import Sample, correct_rollout
+    from core.mismatch import correct_rollout
+    from core.update import Sample
     traj = Trajectory(traj_id="t", group_id="g", task=None, turns=[])
     traj.trained = [False, True, True, True]
     s = Sample(traj=traj, ids=torch.tensor([[1, 2, 3, 4]]),
