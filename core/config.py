@@ -28,7 +28,8 @@ from core import algorithms, budget  # noqa: F401 (algorithms re-exported: pages
 #                                     through this torch-free module)
 from core.algorithms import ALGORITHMS, ALGOS, GROUP_ALGOS  # noqa: F401 (re-exported)
 from core.budget import ConfigError, available_memory, rollout_memory  # noqa: F401 (re-exported)
-from core.env_options import ENV_OPTIONS, env_kwargs, parse_env_options  # noqa: F401 (re-exported)
+from core.env_options import (ENV_OPTIONS, describe_options, env_kwargs,  # noqa: F401
+                              parse_env_options)  # (re-exported: the one core module pages import)
 from core.envs import plugins as env_plugins  # noqa: F401 (re-exported; torch-free)
 from core.presets import PRESETS
 from core.validation import (  # noqa: F401 (re-exported)

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from core.config import ALGOS, ENVS as ENVS_BUILTIN, MODELS, PRESETS, ConfigError, TrainConfig
-from core.env_options import describe_options
+from core.config import describe_options
 from pages import _common as c
 from pages import _jobs
 from storage import db, queries
