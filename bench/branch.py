@@ -6,9 +6,9 @@ It records one RL step of ``--model`` on FrozenLake (max_turns 4, adapter snapsh
 temporary store, picks a trajectory with 4 turns, and times, interleaved ``--repeats`` times:
 
 * ``branch``: every continuation of that trajectory, K resample + K keep per turn (2 x K x 4
-  trajectories), as ``core.branch`` runs them: replay each start, then one batched rollout
+  trajectories), as ``core.jobs.branch`` runs them: replay each start, then one batched rollout
   (``starts`` + ``continue_all``), then rewards;
-* ``rollout``: ``core.rollout.rollout`` of the same number of trajectories (``tasks x G`` with
+* ``rollout``: ``core.rollout.engine.rollout`` of the same number of trajectories (``tasks x G`` with
   G = 8) from the first turn, then rewards: what a training step's rollout costs.
 
 The ratio branch / rollout is the figure (issue #18's target: <= 1.5). Model load, store reads
@@ -27,10 +27,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core import branch, checkpoint, train  # noqa: E402
-from core.policy import policy_from_config  # noqa: E402
-from core.rollout import Sampling, rollout  # noqa: E402
-from core.scoring import score_all  # noqa: E402
+from core.jobs import branch  # noqa: E402
+
+from core.model import checkpoint
+
+from core import train
+from core.model.policy import policy_from_config  # noqa: E402
+from core.rollout.engine import Sampling, rollout  # noqa: E402
+from core.credit.scoring import score_all  # noqa: E402
 from storage import db  # noqa: E402
 
 

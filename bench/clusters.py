@@ -4,7 +4,7 @@
         [--cold] [--page] [--repeats 3]
 
 1. Builds a store (tmp/bench-clusters.duckdb) holding one run of ``--n`` failing trajectories
-   from core.clusters.constructed_failures (5 known failure modes, names and lengths varied),
+   from core.jobs.clusters.constructed_failures (5 known failure modes, names and lengths varied),
    written as ordinary trajectories and turns rows.
 2. Runs the job exactly as the Failures page's button does -- ``python -m core.clusters --db ...
    --run ... --threads N`` in its own process -- and times it end to end (start-up and imports,
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 import pandas as pd  # noqa: E402
 
-from core.clusters import constructed_failures  # noqa: E402
+from core.jobs.clusters import constructed_failures  # noqa: E402
 from storage import db, queries  # noqa: E402
 from storage.migrations import prepare  # noqa: E402
 

@@ -101,7 +101,7 @@ def calls(log: Path):
 
 def child(variant: str, seed: int, args, log: Path) -> None:
     from core.config import PRESETS, TrainConfig
-    from core.trainer import train
+    from core.run.trainer import train
     over = {"device": args.device, "seed": seed, "sft_steps": args.sft_steps,
             "init_from": args.init_from or "",
             "steps": args.steps, "eval_every": args.eval_every, "adapter_every": 0,
@@ -314,7 +314,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--init-from", help="an SFT checkpoint every run starts from "
-                        "(core/config.py init_from): SFT once instead of once per run")
+                        "(core/config/train_config.py init_from): SFT once instead of once per run")
     parser.add_argument("--eval-seed", type=int, default=-1,
                         help="the held-out draw every run is evaluated on (default: the first seed)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

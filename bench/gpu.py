@@ -6,7 +6,7 @@
 Trains the ``search-smollm2`` preset (G=8 x 4 tasks, up to 4 turns of 96 new tokens, GRPO, no
 evaluation) for ``--sft-steps`` SFT then ``--steps`` RL steps with ``--device cuda``, and the same
 with ``--device cpu`` (``--cpu-steps`` RL steps), each in its own child process running the real
-trainer (core/trainer.py) with an in-memory recorder (the store's writes are bench/storage.py's
+trainer (core/run/trainer.py) with an in-memory recorder (the store's writes are bench/storage.py's
 subject, and the GPU machine need not have DuckDB). Printed, over the RL steps after the first
 (warm-up; all of them when there is only one):
 
@@ -75,7 +75,7 @@ def random_model(folder: Path) -> str:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from core.policy import load_tokenizer
+    from core.model.policy import load_tokenizer
     torch.manual_seed(0)
     LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M)).save_pretrained(folder)
     load_tokenizer("tiny").save_pretrained(folder)
@@ -86,7 +86,7 @@ def child(device: str, model: str, rl_steps: int, sft_steps: int, out: str,
           sizes: dict) -> None:
     """One training run in this process; its config and per-step metrics as JSON in ``out``."""
     from core.config import PRESETS, TrainConfig
-    from core.trainer import train
+    from core.run.trainer import train
     cfg = TrainConfig.from_dict({**PRESETS["search-smollm2"], "model": model, "device": device,
                                  "steps": rl_steps, "sft_steps": sft_steps, "eval_every": 0,
                                  "db": str(Path(out).with_suffix(".unused.duckdb")), **sizes})

@@ -180,7 +180,7 @@ def run_checks(site: Path | None, work: Path, model_name: str, device: str, runs
         problems, lines = problems + found, lines + report
         problems += model(site, model_name)
         if not found:  # the whole training stack, as the runs import it
-            import core.trainer  # noqa: F401
+            import core.run.trainer  # noqa: F401
             import storage.recorder  # noqa: F401
     else:  # torch alone: does it bring jax in?
         import torch  # noqa: F401
@@ -196,10 +196,10 @@ def run_checks(site: Path | None, work: Path, model_name: str, device: str, runs
 
 def prepare(model: str) -> None:
     """The tokenizer and, for SmolLM2, the fp32 dequantized weights, into the cache once
-    (core/models.py), so the runs do not each dequantize the GGUF at the same time."""
+    (core/model/models.py), so the runs do not each dequantize the GGUF at the same time."""
     import time
 
-    from core.models import load_base_model, load_tokenizer
+    from core.model.models import load_base_model, load_tokenizer
     t0 = time.perf_counter()
     load_base_model(model, len(load_tokenizer(model)))
     print(f"  {model}: tokenizer and weights cached in {os.environ.get('AGENTRL_CACHE')} "

@@ -1,4 +1,4 @@
-"""Measuring information gain (core/info_gain.py ``measure``): every turn of a trajectory packed in
+"""Measuring information gain (core/credit/info_gain.py ``measure``): every turn of a trajectory packed in
 one row vs one row per turn. A script:
 
     nice -n 15 .venv/bin/python bench/info_gain.py --init-from CHECKPOINT_DIR --repeats 3
@@ -29,12 +29,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core import checkpoint  # noqa: E402
-from core.env_options import parse_env_options  # noqa: E402
+from core.model import checkpoint  # noqa: E402
+from core.config.env_options import parse_env_options  # noqa: E402
 from core.envs.base import make_env  # noqa: E402
-from core.info_gain import ANSWER_OPEN, action_starts, has_gold, measure  # noqa: E402
-from core.policy import load_policy  # noqa: E402
-from core.rollout import Sampling, rollout  # noqa: E402
+from core.credit.info_gain import ANSWER_OPEN, action_starts, has_gold, measure  # noqa: E402
+from core.model.policy import load_policy  # noqa: E402
+from core.rollout.engine import Sampling, rollout  # noqa: E402
 
 
 def tokens_run(policy, trajs) -> tuple[int, int]:

@@ -64,7 +64,7 @@ inspect_eval(task, model=get_model("mockllm/model", custom_outputs=outputs), log
 CHILD = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
-from storage.inspect_import import import_inspect
+from storage.ingest.inspect_import import import_inspect
 from storage.migrations import prepare
 if sys.argv[1] == "-":
     prepare(sys.argv[2]); n = 0

@@ -1,4 +1,4 @@
-"""The training-inference mismatch table (core/mismatch.py) for a model sampled in fp32 and in
+"""The training-inference mismatch table (core/learn/mismatch.py) for a model sampled in fp32 and in
 bf16, the update in fp32: TRL issue 6789's table at laptop scale. A script:
 
     .venv/bin/python bench/mismatch.py [--models tiny,smollm2-135m] [--steps 1] [--json FILE]
@@ -28,8 +28,8 @@ def measure(model: str, dtype: str, steps: int, base: Path) -> dict:
     import torch
 
     from core.config import TrainConfig, validate
-    from core.mismatch import distribution
-    from core.trainer import train
+    from core.learn.mismatch import distribution
+    from core.run.trainer import train
     from storage import queries
     from storage.recorder import Recorder
     db = base / f"{model}-{dtype}.duckdb"

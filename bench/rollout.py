@@ -9,7 +9,7 @@
 Three ways to roll out the same tasks x G trajectories on the search environment, same model (the
 LoRA-wrapped policy), seeds, sampling (temperature 1, no top-k/top-p) and token budgets:
 
-* ``batched, KV reused``: ``core.rollout.rollout`` as the trainer calls it. All rows sample
+* ``batched, KV reused``: ``core.rollout.engine.rollout`` as the trainer calls it. All rows sample
   together; one KV cache lives across turns, so a turn only encodes its new observation tokens.
 * ``batched, re-encode``: the same, with ``reuse_cache=False``: every turn starts a fresh cache and
   encodes the whole history again (Search-R1's generation loop does this).
@@ -47,8 +47,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.envs.base import make_env  # noqa: E402
-from core.policy import load_policy  # noqa: E402
-from core.rollout import Sampling, _first_stop, prompt_ids, rollout  # noqa: E402
+from core.model.policy import load_policy  # noqa: E402
+from core.rollout.engine import Sampling, _first_stop, prompt_ids, rollout  # noqa: E402
 
 
 def sequential_generate(policy, env, tasks, group_size: int, sampling: Sampling,

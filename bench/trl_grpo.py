@@ -13,8 +13,8 @@ model never ends early; both sides count and print the tokens they generated), t
 no top-k/top-p, the same reward function, GRPO advantages, KL coefficient 0.001 to the
 adapter-free reference, one optimizer step per batch, AdamW, one torch thread.
 
-* ours: ``core.rollout.rollout`` -> ``core.credit.assign`` -> ``score_reference`` ->
-  ``policy_update`` (what ``core/trainer.py`` runs in an RL step, recording excluded).
+* ours: ``core.rollout.engine.rollout`` -> ``core.credit.assign.assign`` -> ``score_reference`` ->
+  ``policy_update`` (what ``core/run/trainer.py`` runs in an RL step, recording excluded).
 * TRL: ``GRPOTrainer.train()`` for ``--steps`` steps; a callback times each step.
 
 Blocks of ``--steps`` steps alternate (ours, TRL, ours, TRL, ...) so load on the machine hits both
@@ -34,11 +34,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.config import TrainConfig  # noqa: E402
-from core.credit import assign  # noqa: E402
+from core.credit.assign import assign  # noqa: E402
 from core.envs.base import make_env  # noqa: E402
-from core.policy import load_base_model, load_policy, load_tokenizer  # noqa: E402
-from core.rollout import Sampling, rollout  # noqa: E402
-from core.update import make_samples, policy_update, score_reference  # noqa: E402
+from core.model.policy import load_base_model, load_policy, load_tokenizer  # noqa: E402
+from core.rollout.engine import Sampling, rollout  # noqa: E402
+from core.learn.update import make_samples, policy_update, score_reference  # noqa: E402
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

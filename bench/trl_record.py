@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.trl_grpo import TARGETS, reward_of  # noqa: E402
 from core.envs.base import make_env  # noqa: E402
-from core.policy import load_base_model, load_tokenizer  # noqa: E402
+from core.model.policy import load_base_model, load_tokenizer  # noqa: E402
 
 
 def make_model(shape: str, vocab: int):

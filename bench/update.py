@@ -8,7 +8,7 @@ different turns; advantages are seeded random per trajectory. Variants, interlea
 each repeat) so load on the machine hits them alike, each ending in an AdamW step on the LoRA
 parameters:
 
-* ``ours: reference + policy_update`` what the trainer runs (core/trainer.py ``rl_step``):
+* ``ours: reference + policy_update`` what the trainer runs (core/run/trainer.py ``rl_step``):
   ``score_reference`` (adapters off, no grad) then ``policy_update`` (one microbatch per
   trajectory, logprobs at trained tokens only, clipped PG + KL loss, per-trajectory gradient
   norms, per-module norms, clipping).
@@ -40,9 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.config import TrainConfig  # noqa: E402
 from core.envs.base import make_env  # noqa: E402
-from core.policy import load_policy, token_logprobs  # noqa: E402
-from core.rollout import Sampling, rollout  # noqa: E402
-from core.update import make_samples, policy_update, score_reference  # noqa: E402
+from core.model.policy import load_policy, token_logprobs  # noqa: E402
+from core.rollout.engine import Sampling, rollout  # noqa: E402
+from core.learn.update import make_samples, policy_update, score_reference  # noqa: E402
 
 
 def make_batch(policy, n: int, seed: int = 0) -> list:

@@ -1,14 +1,14 @@
 """Command line: ``python -m core.train --env search --model tiny --algo grpo --steps 10 ...``
 
 Every TrainConfig field is a flag (``--group-size``, ``--max-new-tokens``, ...). Values are
-layered, later wins: TrainConfig defaults < the algorithm's own defaults (core/algorithms.py,
+layered, later wins: TrainConfig defaults < the algorithm's own defaults (core/config/algorithms.py,
 applied by TrainConfig itself, so Python and the CLI train the same thing) < ``--preset NAME`` <
 ``--config FILE.yaml`` < flags given on the command line. ``--resume RUN_ID``
 starts from the run's stored configuration instead, and only flags given override it (e.g. a
 larger ``--steps`` to train further).
 
 Under ``torchrun --nproc_per_node N -m core.train ...`` the N processes train one run together
-(core/distributed.py): rank 0 resolves the configuration and hands it to the others, and is the
+(core/learn/distributed.py): rank 0 resolves the configuration and hands it to the others, and is the
 only one that opens the store.
 
 Exit status: 0 when the run is recorded (finished, or stopped by Ctrl-C and resumable), 2 for a
@@ -22,7 +22,7 @@ import os
 import sys
 from dataclasses import fields
 
-from core.algorithms import ALGORITHMS
+from core.config.algorithms import ALGORITHMS
 from core.config import ALGOS, PRESETS, ConfigError, TrainConfig, validate
 
 _FIELD_DOCS: dict[str, str] = {}
@@ -30,7 +30,7 @@ _BY_ALGO = {key for algo in ALGORITHMS.values() for key in algo.defaults}
 
 
 def _field_docs() -> dict[str, str]:
-    """Each field's docstring (the line under it in core/config.py), for --help."""
+    """Each field's docstring (the line under it in core/config/train_config.py), for --help."""
     if not _FIELD_DOCS:
         import ast
         import inspect
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ranks = None
     try:
         if _world() > 1:  # started by torchrun: rank 0 resolves, the others receive
-            from core.distributed import Ranks, check
+            from core.learn.distributed import Ranks, check
             ranks = Ranks.from_env()
             cfg, error = _resolved_on_rank0(args, ranks, check)
         else:
@@ -159,14 +159,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from core.config import ENDPOINT_PREFIX
     if cfg.model.startswith(ENDPOINT_PREFIX):  # a server as the policy: collects, never trains
-        from core.collection import main as collect_main
+        from core.run.collection import main as collect_main
         return collect_main(cfg, args, ranks)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from core.distributed import ONE
-    from core.lifecycle import record_and_exit
-    from core.policy import ModelNotAvailable
-    from core.trainer import train
+    from core.learn.distributed import ONE
+    from core.run.lifecycle import record_and_exit
+    from core.model.policy import ModelNotAvailable
+    from core.run.trainer import train
     from storage.recorder import NullRecorder, Recorder
     return record_and_exit(
         cfg.db, lambda: Recorder(cfg.db) if ranks is None or ranks.main else NullRecorder(),
@@ -180,7 +180,7 @@ def _device_error(cfg: TrainConfig, ranks) -> str | None:
     """Why ``cfg.device`` cannot be had on this machine (e.g. cuda without a GPU), else None.
     Under torchrun every rank checks its own (cuda:LOCAL_RANK) and all learn of any failure, so
     they exit 2 together instead of waiting for one another."""
-    from core.device import resolve
+    from core.model.device import resolve
     try:
         resolve(cfg.device, ranks.local_rank if ranks else 0, ranks.world if ranks else 1)
         error = None

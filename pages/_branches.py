@@ -1,5 +1,5 @@
 """Replay's "Branches" panel and Groups' "where values fell": branch-from-turn analyses
-(core/branch.py) of recorded trajectories, and branch jobs launched from the page.
+(core/jobs/branch.py) of recorded trajectories, and branch jobs launched from the page.
 
 A job is its own process (``python -m core.branch``, an argument list, no shell), like the Train
 page's training jobs (pages/_jobs.py): its output goes to a log under ``<runs dir>/logs/`` and it
@@ -21,7 +21,7 @@ from pages import _common as c
 from pages import _jobs
 from storage import queries
 
-MAX_K = 64  # core/branch.py's MAX_K (pages do not import it: it pulls in numpy and the model code)
+MAX_K = 64  # core/jobs/branch.py's MAX_K (pages do not import it: it pulls in numpy and the model code)
 TURNS_RE = re.compile(r"all|\d{1,4}(,\d{1,4})*")
 
 

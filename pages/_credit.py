@@ -1,6 +1,6 @@
 """Advantages the other estimators *would* have given one group, from its stored rewards.
 
-The estimators are the trainer's own (core/algorithms.py: NumPy, torch-free), not a copy; the
+The estimators are the trainer's own (core/config/algorithms.py: NumPy, torch-free), not a copy; the
 page passes one group, so every row shares one group id:
 
     grpo     A_i = (r_i - mean) / (std + 1e-6), std unbiased         all-equal group -> 0
@@ -29,7 +29,7 @@ def _one_group(name: str):
     def run(rewards) -> np.ndarray:
         r = np.asarray(rewards, dtype=float)
         return getattr(algorithms, name)(r, [0] * len(r))
-    run.__doc__ = f"core.algorithms.{name} of one group of rewards."
+    run.__doc__ = f"core.config.algorithms.{name} of one group of rewards."
     return run
 
 
@@ -84,14 +84,14 @@ def gigpo_steps(trajs: pd.DataFrame, turns: pd.DataFrame, gamma: float = 0.95,
             g = rs[t] + gamma * g
             returns[t] = g
         seen = [prompt.get(tid)] + mine["observation"].tolist()[:-1]
-        # the env's state key when recorded (core/credit.py anchor_keys), else the observation
+        # the env's state key when recorded (core/credit/assign.py anchor_keys), else the observation
         keys = mine["state_key"].tolist() if "state_key" in mine else [None] * len(mine)
         for t, obs_before, key, ret, r in zip(mine["turn"], seen, keys, returns, rs):
             state = "state:" + key if isinstance(key, str) else obs_before
             rows.append({"traj_id": tid, "turn": int(t), "anchor": _anchor(state)[:8],
                          "return": ret, "reward": r})
     out = pd.DataFrame(rows, columns=["traj_id", "turn", "anchor", "return", "reward"])
-    # the trainer's step advantages (core/algorithms.py), over this one group's turns
+    # the trainer's step advantages (core/config/algorithms.py), over this one group's turns
     per_traj = [mine for _, mine in out.groupby("traj_id", sort=False)]
     steps = algorithms.gigpo_step_advantages([m["reward"].tolist() for m in per_traj],
                                              [m["anchor"].tolist() for m in per_traj],

@@ -1,5 +1,5 @@
 """Compare's cross-evaluation job: when two evaluations did not use the same tasks and seeds,
-evaluate one side's checkpoint on the other side's task set (core/evaluation.py), then compare.
+evaluate one side's checkpoint on the other side's task set (core/jobs/evaluation.py), then compare.
 
 The job is its own process (``python -m core.evaluation``, an argument list, no shell) started
 and remembered with pages/_jobs.py's machinery (``<runs dir>/eval_job.json``, a log under

@@ -1,4 +1,4 @@
-"""Information gain (IGPO, core/info_gain.py) on the pages: Replay's answer probability and gain
+"""Information gain (IGPO, core/credit/info_gain.py) on the pages: Replay's answer probability and gain
 along one trajectory's turns, Dynamics' mean gain per turn index.
 
 The trainer measures, before each turn's action, the policy's teacher-forced probability of the
@@ -22,7 +22,7 @@ NOT_YET = ("Information gain not computed yet for this {what}: it is measured wh
 
 
 CREDIT_SIGNALS = {"progress": "SPA contribution", "q": "MC Q label", "prm": "PRM score"}
-"""The other per-turn credit signals training records (core/progress.py, core/prm.py)."""
+"""The other per-turn credit signals training records (core/credit/progress.py, core/credit/prm.py)."""
 
 
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
@@ -60,7 +60,7 @@ def replay_panel(pick, traj_id: str, turns: pd.DataFrame) -> None:
     """Replay: the trajectory's answer probability along its turns and each turn's gain."""
     st.subheader("Information gain")
     everything = c.read_or_stop(load_signals, pick.store, pick.run_id, traj_id)
-    # training's signals only: branch-from-turn analyses record their own q (core/branch.py)
+    # training's signals only: branch-from-turn analyses record their own q (core/jobs/branch.py)
     everything = everything[everything["source"] == "train"]
     other = everything[everything["name"].isin(list(CREDIT_SIGNALS))]
     signals = everything[~everything["name"].isin(list(CREDIT_SIGNALS))]

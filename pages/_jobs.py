@@ -152,7 +152,7 @@ def accelerator() -> dict:
 
 def job_device(requested: str = "auto") -> tuple[str, str]:
     """(device, why) the job will use for ``--device requested`` on this machine: auto is
-    cuda when the trainer's torch sees a GPU, else cpu (core/device.py decides the same way)."""
+    cuda when the trainer's torch sees a GPU, else cpu (core/model/device.py decides the same way)."""
     seen = accelerator()
     if "error" in seen:
         return "cpu", f"could not ask torch whether a GPU is present ({seen['error']})"

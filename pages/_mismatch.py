@@ -1,6 +1,6 @@
 """Dynamics' training-inference mismatch panel: at one step, the distribution of
 |lp_train - lp_sampler| over the trained tokens (TRL issue 6789's table) and the trajectories
-carrying the most, each one click from Replay at its worst token's turn (core/mismatch.py)."""
+carrying the most, each one click from Replay at its worst token's turn (core/learn/mismatch.py)."""
 from __future__ import annotations
 
 import streamlit as st

@@ -32,7 +32,7 @@ def load_clusters(store: str, run_id: str, last_step: int, computed: str):
 
 
 def cluster_panel(pick: c.Pick) -> None:
-    """Clusters of similar failures: computed by a job (core/clusters.py), only read here."""
+    """Clusters of similar failures: computed by a job (core/jobs/clusters.py), only read here."""
     st.subheader("Clusters of similar failures")
     job = _clusterjob.state(pick.store, pick.run_id)
     running = bool(job and job["alive"])

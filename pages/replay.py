@@ -117,7 +117,7 @@ if tokens.empty:
     st.info("No token records for this trajectory (imported runs carry text only).")
 else:
     # Held-out evaluations, rollouts filtered out of the update and an endpoint's collection
-    # rounds (split 'collect', core/collection.py) and branch continuations (core/branch.py)
+    # rounds (split 'collect', core/run/collection.py) and branch continuations (core/jobs/branch.py)
     # train nothing, by design.
     updated = row["split"] not in ("eval", "collect", "branch") and not c.flag(row["filtered"])
 

@@ -117,7 +117,7 @@ import_run() {
 # Two small runs into one store, each keeping an adapter snapshot after every step
 # (--adapter-every 1), so a trajectory of RL step s is continued by the very adapter that sampled
 # it. Then the first failure of each kind, found by a rule (pick_failure.py, not a typed id), is
-# branched at every turn with K = 8 (core/branch.py). The lake is 3x3 and not slippery (slip=0),
+# branched at every turn with K = 8 (core/jobs/branch.py). The lake is 3x3 and not slippery (slip=0),
 # one move a turn: every fall is the policy's own move, and a pool of 4 lakes lets 50 SFT steps
 # teach the tiny model to walk them. The apps run knows one template (archive the read
 # newsletters, leave the unread ones) on 8 worlds: after 140 SFT steps it has the calls' form
@@ -278,7 +278,7 @@ search_credit() {
     # the two starts are identical), then GRPO at lr 6e-4 and GRPO + information gain at half
     # that lr (its gradient was twice GRPO's), side by side at one thread each. The recorded
     # runs were stopped with Ctrl-C during step 64 (no evaluation on a stop), their step-64
-    # adapters written from the checkpoints and evaluated with core.evaluation on the start's
+    # adapters written from the checkpoints and evaluated with core.jobs.evaluation on the start's
     # tasks; here 4 steps keep the step-64 adapter (adapter_every=4) for the same evaluation.
     local start
     timed "$PY" -m core.train --preset search-smollm2 --seed 0 --threads 2 --sft-steps 60 \

@@ -8,7 +8,7 @@ prints ``RUN_ID TRAJ_ID`` (exit 2 with a message when the run holds no such fail
 * ``hole``: the first RL trajectory (lowest step, then traj_id) of the run named NAME whose
   last observation says it fell into a hole, among those that fell after at least two turns
   (with one turn there is no "which turn" to ask);
-* ``collateral_damage``: the first RL trajectory whose failure class (core/failures.py) is
+* ``collateral_damage``: the first RL trajectory whose failure class (storage/failures.py) is
   ``collateral_damage``: it changed records the task did not ask it to touch.
 * ``one_hop_answer``: in the run's last held-out evaluation, the first failed two-hop question
   (its task id names two relations, ``capital>mayor:...``) answered right after a single search:

@@ -1,4 +1,4 @@
-"""Branch-from-turn jobs in the store (core/branch.py): what a job reads of a recorded trajectory,
+"""Branch-from-turn jobs in the store (core/jobs/branch.py): what a job reads of a recorded trajectory,
 and its one write transaction.
 
 A job's continuations are ordinary trajectories (split ``branch``) with their rewards, turns and

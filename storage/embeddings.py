@@ -1,4 +1,4 @@
-"""The failure-cluster job's reads and writes (core/clusters.py computes, this stores).
+"""The failure-cluster job's reads and writes (core/jobs/clusters.py computes, this stores).
 
 Embeddings are cached per (run, trajectory, model) with the hash of the text that was embedded:
 a rerun embeds only trajectories that are new or whose text changed. Each chunk of vectors is

@@ -25,7 +25,7 @@ import pandas as pd
 from storage import db
 from storage.migrations import check_version
 
-TOOL_ACTIONS = ("search", "tool", "code", "docs", "api")  # core.rewards.TOOL_ACTIONS
+TOOL_ACTIONS = ("search", "tool", "code", "docs", "api")  # core.credit.rewards.TOOL_ACTIONS
 CHANGES = ("gained", "lost", "kept", "unsolved")
 
 

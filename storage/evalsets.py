@@ -1,5 +1,5 @@
 """Cross-evaluations in the store: a checkpoint of one run evaluated on the held-out tasks and
-episode seeds another evaluation used (core/evaluation.py), so Compare can pair them task by task.
+episode seeds another evaluation used (core/jobs/evaluation.py), so Compare can pair them task by task.
 
 What the job reads: the run's source and configuration, and the evaluation's task set -- each
 recorded eval trajectory's task id, episode seed (``info.episode_seed``) and prompt, in the order
@@ -27,7 +27,7 @@ from storage.recorder import insert_frame, now, to_frame, to_json
 
 CONFIG_KEY = "cross_eval"
 """The key of ``runs.config`` that links a cross-evaluation to both sides."""
-ADAPTERS = "adapters"  # core/checkpoint.py's ADAPTERS (pages may not import torch through it)
+ADAPTERS = "adapters"  # core/model/checkpoint.py's ADAPTERS (pages may not import torch through it)
 _GROUP = re.compile(r"-g(\d+)-r(\d+)$")
 
 
@@ -106,7 +106,7 @@ def cross_evaluations(path: str | Path) -> pd.DataFrame:
 
 def adapter_steps(path: str | Path, run_id: str, config: dict) -> list[int]:
     """Steps with a kept adapter snapshot of ``run_id``: the files ``adapters/step-N.pt`` in
-    core/checkpoint.py's checkpoint directory (``checkpoint_dir/RUN`` when the run set one, else
+    core/model/checkpoint.py's checkpoint directory (``checkpoint_dir/RUN`` when the run set one, else
     ``checkpoints/RUN`` next to the store). Torch-free, so the page can say what exists."""
     folder = Path(config.get("checkpoint_dir") or Path(path).resolve().parent / "checkpoints")
     adapters = folder / run_id / ADAPTERS

@@ -37,7 +37,7 @@ Rules, so every page can show an imported run:
 * A turn's ``state_diff`` is the list of rows its action changed, each ``{"table", "op", "key",
   "before", "after"}`` as the apps env logs them; Replay shows it turn by turn.
 * ``info`` is what the failure rules read besides the turns (``collateral``, ``retrieved_gold``,
-  ``tests``; core/failures.py), so an agent that puts its env outcome's ``info`` there gets the
+  ``tests``; storage/failures.py), so an agent that puts its env outcome's ``info`` there gets the
   class a trainer run of the same episode would get. A given ``failure_class`` is kept as it is.
 * ``run`` (the run's configuration) is read from the first line that has it.
 * Unknown top-level keys are kept under ``info.extra``.
@@ -178,7 +178,7 @@ TOKEN_FIELDS = {
     "ref_logprob": ("num", False), "value": ("num", False), "train_logprob": ("num", False),
 }
 """``logprob`` is the sampler's; ``train_logprob`` the trainer's own under the same weights (the
-training-inference mismatch, core/mismatch.py, is their difference)."""
+training-inference mismatch, core/learn/mismatch.py, is their difference)."""
 
 
 def _fields(obj: Any, spec: dict, where: str, keep_extra: bool) -> dict:
@@ -301,7 +301,7 @@ def to_rows(rec: dict, classify: Callable | None = None) -> dict[str, list[dict]
               "detail": t.get("detail")} for t in rec.get("tests", [])]
     failure_class = rec.get("failure_class")
     if failure_class is None and classify is not None:
-        # as core.failures.classify_trajectory does: the outcome's tests, unless info has its own
+        # as core.credit.scoring.classify_trajectory does: the outcome's tests, unless info has its own
         graded = dict(info)
         if tests:
             graded.setdefault("tests", [{"name": t["name"], "passed": t["passed"]} for t in tests])

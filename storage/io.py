@@ -14,11 +14,11 @@ storage/interchange.py), at its smallest::
      "turns": [{"action": "<answer>Frank Herbert</answer>", "observation": ""}],
      "reward": 1.0, "rewards": {"outcome": 1.0, "format": 0.0, "cost": 0.0, "process": 0.0}}
 
-Import (the verl and TRL readers are in storage/dumps.py, OpenAI-style ``messages`` JSONL in
-storage/messages.py; Inspect AI logs, one run per task and model, in storage/inspect_import.py)
+Import (the verl and TRL readers are in storage/ingest/dumps.py, OpenAI-style ``messages`` JSONL in
+storage/ingest/messages.py; Inspect AI logs, one run per task and model, in storage/ingest/inspect_import.py)
 reads the input once, validating each line; every bad line is reported with where it is and what
 is wrong, and good lines still import.
-Valid trajectories are written in batches (storage/import_batch.py), each batch one transaction
+Valid trajectories are written in batches (storage/ingest/import_batch.py), each batch one transaction
 holding all their rows (trajectories, rewards, turns, tokens, test results), so no trajectory is
 ever half-written.
 The run id is derived from the file's path unless ``--run-id`` is given, so a rerun imports into
@@ -31,7 +31,7 @@ keeps what it wrote, and its run is marked ``failed`` with the reason and an ``i
 it is never left ``running``. Rows pass the recorder's cleaning (storage/recorder.py) on their
 way in. Exit status 1 if any line failed, 2 if nothing could be read or the import stopped.
 
-Follow (storage/follow.py) watches a directory another trainer writes into (verl's
+Follow (storage/ingest/follow.py) watches a directory another trainer writes into (verl's
 ``rollout_data_dir``, TRL's completions folder, an agent loop's JSONL) and imports each new
 complete file or line as it appears, until Ctrl-C.
 
@@ -46,203 +46,17 @@ only ever displayed.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import re
+import signal
 import sys
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterator
+import time
 
 import duckdb
 
-from storage import db
-from storage.dumps import READERS
-from storage.import_batch import (  # noqa: F401 (RunNotImportable re-exported)
-    RunNotImportable, finish_import, refuse_foreign, run_source, write_batch)
-from storage.interchange import MAX_LINE_BYTES, LineError, read_json_lines, to_rows, validate
-from storage.messages import read_messages
-from storage.migrations import prepare
+from storage import db, export
+from storage.ingest.files import FORMATS, IMPORT_FORMATS, import_runs
+from storage.ingest.follow import follow
+from storage.interchange import MAX_LINE_BYTES
 from storage.recorder import check_run_id, clean_text
-
-FORMATS = ("jsonl", "verl", "trl")
-IMPORT_FORMATS = FORMATS + ("inspect", "messages")
-IMPORT_READERS = {**READERS, "messages": read_messages}
-INSPECT_JSON = re.compile(rb'^\s*\{\s*"version"\s*:\s*\d+\s*,\s*"status"\s*:')
-MAX_REPORTED_ERRORS = 1000
-
-
-# == import ======================================================================================
-@dataclass
-class ImportReport:
-    run_id: str
-    source: str
-    format: str
-    lines: int = 0
-    imported: int = 0
-    skipped: int = 0
-    replaced: int = 0
-    failed: int = 0
-    errors: list[str] = field(default_factory=list)
-
-    def fail(self, where: str, message: str) -> None:
-        self.failed += 1
-        if len(self.errors) < MAX_REPORTED_ERRORS:
-            self.errors.append(f"{where}: {message}")
-
-    def summary(self) -> str:
-        return (f"{self.source}: {self.lines} records read, {self.imported} imported, "
-                f"{self.skipped} already present (skipped), {self.replaced} replaced, "
-                f"{self.failed} failed -> run {self.run_id}")
-
-
-def default_run_id(source: Path) -> str:
-    """``import-{name}-{hash of the resolved path}``: the same file imports into the same run."""
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", source.stem).strip("-._")[:40] or "file"
-    digest = hashlib.sha1(str(source.resolve()).encode("utf-8", "replace")).hexdigest()[:8]
-    return f"import-{slug}-{digest}"
-
-
-def guess_format(source: Path) -> str:
-    if source.is_dir():
-        if any(source.rglob("completions_*.parquet")):
-            return "trl"
-        if any(source.rglob("*.eval")):
-            return "inspect"
-        return "verl"
-    if source.suffix == ".parquet":
-        return "trl"
-    if source.suffix == ".eval":
-        return "inspect"
-    if source.suffix == ".json":
-        with open(source, "rb") as f:  # an Inspect JSON log starts {"version": 2, "status": ...
-            if INSPECT_JSON.match(f.read(256)):
-                return "inspect"
-    for _, obj in read_json_lines(source):  # sniff the first line
-        if isinstance(obj, dict) and {"input", "output", "score"} <= obj.keys() \
-                and "traj_id" not in obj:
-            return "verl"
-        if isinstance(obj, list) or (isinstance(obj, dict) and "messages" in obj
-                                     and "turns" not in obj):
-            return "messages"
-        break
-    return "jsonl"
-
-
-def _read_generic(path: Path, max_line_bytes: int) -> Iterator[tuple[str, Any]]:
-    for lineno, obj in read_json_lines(path, max_line_bytes):
-        yield f"line {lineno}", obj
-
-
-def _classifier():
-    try:  # written elsewhere; optional so imports work before/without it
-        from core.failures import classify
-    except ImportError:
-        return None
-    return classify
-
-
-def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
-                run_name: str | None = None, run_id: str | None = None, replace: bool = False,
-                batch_size: int = 200, max_line_bytes: int = MAX_LINE_BYTES,
-                live: bool = False) -> ImportReport:
-    """Import ``source`` into the store at ``db_path``; see the module docstring. ``live``
-    (storage/follow.py: more files will follow) leaves the run ``running`` instead of
-    ``finished``."""
-    source = Path(source)
-    if not source.exists():
-        raise FileNotFoundError(f"no such file or directory: {source}")
-    fmt = fmt or guess_format(source)
-    if fmt not in IMPORT_FORMATS:
-        raise ValueError(f"unknown format {fmt!r}; expected one of {IMPORT_FORMATS}")
-    if fmt == "inspect":  # one run per task and model: a log file is one run
-        result = import_runs(source, db_path, fmt, run_name, run_id, replace, live=live)
-        if len(result.reports) != 1:
-            raise ValueError(f"{source} holds {len(result.reports)} runs (one per task and "
-                             "model): import it with import_runs")
-        return result.reports[0]
-    run_id = check_run_id(run_id) if run_id else default_run_id(source)
-    prepare(db_path)
-    refuse_foreign(run_id, run_source(db_path, run_id))
-    report = ImportReport(run_id, source.name, fmt)
-    reader = IMPORT_READERS.get(fmt, _read_generic)
-    classify, first_seen, batch = _classifier(), {}, []
-    run = {"name": run_name or source.stem, "config": None, "created": False}
-    try:
-        for where, obj in reader(source, max_line_bytes):
-            report.lines += 1
-            try:
-                if isinstance(obj, LineError):
-                    raise obj
-                rec = validate(obj)
-                if rec["traj_id"] in first_seen:
-                    raise LineError(f"duplicate traj_id {rec['traj_id']!r} "
-                                    f"(first at {first_seen[rec['traj_id']]})")
-                first_seen[rec["traj_id"]] = where
-                if run["config"] is None and "run" in rec:
-                    run["config"] = rec["run"]
-                batch.append((where, to_rows(rec, classify)))
-            except LineError as exc:
-                report.fail(where, str(exc))
-            except Exception as exc:  # a reader or rule tripping on a line fails that line only
-                report.fail(where, f"could not be read: {type(exc).__name__}: {exc}")
-            if len(batch) >= batch_size:
-                write_batch(db_path, run_id, fmt, run, batch, replace, report)
-                batch = []
-        if batch:
-            write_batch(db_path, run_id, fmt, run, batch, replace, report)
-            batch = []
-    except RunNotImportable:
-        raise  # refused before its first write: nothing of ours is in that run
-    except BaseException as exc:
-        _stopped(db_path, run_id, fmt, run, batch, replace, report, exc)
-        raise
-    if report.lines == 0:
-        raise ValueError(f"no records found in {source} (format {fmt})")
-    finish_import(db_path, run_id, fmt, run, report, live=live)
-    return report
-
-
-@dataclass
-class ImportRuns:
-    """What ``import_runs`` did: one report per run, and inputs that could not be read at all."""
-    reports: list[ImportReport]
-    errors: list[str] = field(default_factory=list)
-
-
-def import_runs(source: str | Path, db_path: str | Path, fmt: str | None = None,
-                run_name: str | None = None, run_id: str | None = None, replace: bool = False,
-                live: bool = False, max_line_bytes: int = MAX_LINE_BYTES) -> ImportRuns:
-    """``import_file`` for any input, including those that hold several runs (an Inspect log
-    directory: one run per task and model, storage/inspect_import.py)."""
-    source = Path(source)
-    fmt = fmt or (guess_format(source) if source.exists() else None)
-    if fmt == "inspect":
-        from storage.inspect_import import import_inspect
-        result = import_inspect(source, db_path, run_name, run_id, replace, live=live)
-        return ImportRuns(result.reports, result.errors)
-    return ImportRuns([import_file(source, db_path, fmt, run_name, run_id, replace, live=live,
-                                   max_line_bytes=max_line_bytes)])
-
-
-def _reason(exc: BaseException) -> str:
-    """Why an import stopped, naming a file by its name only (never a full path)."""
-    if isinstance(exc, OSError) and exc.filename:
-        return f"{type(exc).__name__}: {exc.strerror}: {Path(str(exc.filename)).name}"
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _stopped(db_path, run_id, fmt, run, batch, replace, report, exc: BaseException) -> None:
-    """Keep the lines read so far and mark the import failed; the caller re-raises ``exc``."""
-    reason = clean_text(_reason(exc))
-    report.errors.append(f"import stopped: {reason}")
-    try:
-        if batch:
-            write_batch(db_path, run_id, fmt, run, batch, replace, report)
-        finish_import(db_path, run_id, fmt, run, report, stopped=reason)
-    except Exception:  # the store itself is what failed: the caller reports the first error
-        pass
-
-
 
 
 # == command line ================================================================================
@@ -309,7 +123,6 @@ def _import(args) -> int:
 
 
 def _export(args) -> int:
-    from storage import export
     filters = export.Filters(args.split, args.success, args.failure_class, args.step_min,
                              args.step_max)
     if args.partitioned:
@@ -326,12 +139,32 @@ def _export(args) -> int:
     return 0
 
 
+def _follow(args) -> int:
+    """``python -m storage.io follow``: exit 0 on Ctrl-C/SIGTERM with a summary, 2 when the store
+    went away."""
+    stop = {"now": False}
+
+    def ask_stop(signum, frame):
+        stop["now"] = True
+
+    previous = {s: signal.signal(s, ask_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    started = time.monotonic()
+    try:
+        report = follow(args.dir, args.db, args.format, args.run_id, args.run_name, args.poll,
+                        log=lambda m: print(m, flush=True), should_stop=lambda: stop["now"],
+                        max_line_bytes=getattr(args, "max_line_bytes", MAX_LINE_BYTES))
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    print(clean_text(report.summary(time.monotonic() - started)), flush=True)
+    return 2 if report.stopped else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "follow":
-            from storage import follow
-            return follow.main(args)
+            return _follow(args)
         return _import(args) if args.command == "import" else _export(args)
     except (db.StoreError, OSError, ValueError, duckdb.Error) as exc:
         print(f"error: {clean_text(str(exc))}", file=sys.stderr)

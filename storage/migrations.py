@@ -33,7 +33,7 @@ def m001_initial(con: duckdb.DuckDBPyConnection) -> None:
             prompt VARCHAR,                     -- the task as the model was asked it
             answer VARCHAR,                     -- the parsed final answer, if any
             golds JSON,                         -- gold answers / expected result, if any
-            failure_class VARCHAR,              -- core/failures.py, computed when recorded
+            failure_class VARCHAR,              -- storage/failures.py, computed when recorded
             filtered BOOLEAN DEFAULT FALSE,     -- dropped from the update (StarPO-S, |A| small)
             grad_norm DOUBLE,                   -- norm of this trajectory's gradient increment
             response_tokens INTEGER,
@@ -93,7 +93,7 @@ def m003_turn_state(con: duckdb.DuckDBPyConnection) -> None:
 def m004_turn_analyses(con: duckdb.DuckDBPyConnection) -> None:
     """Per-turn analyses of recorded trajectories.
 
-    * ``branches``: one row per branch-from-turn continuation (core/branch.py). ``kind`` is
+    * ``branches``: one row per branch-from-turn continuation (core/jobs/branch.py). ``kind`` is
       ``resample`` (a new action sampled at the turn) or ``keep`` (the recorded action kept, new
       samples after it); the continuation itself is an ordinary trajectory with split 'branch'.
     * ``turn_signals``: per-turn quantities computed after or during recording (``info_gain``,
@@ -117,7 +117,7 @@ def m004_turn_analyses(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def m005_failure_clusters(con: duckdb.DuckDBPyConnection) -> None:
-    """Failure clusters of a run (core/clusters.py), computed by a job from ``embeddings``.
+    """Failure clusters of a run (core/jobs/clusters.py), computed by a job from ``embeddings``.
 
     One row per clustered (failing) trajectory: its ``cluster`` (0.. k-1, by size), its cosine
     ``distance`` to the cluster's centroid (the smallest are the cluster's most central members)
@@ -134,7 +134,7 @@ def m005_failure_clusters(con: duckdb.DuckDBPyConnection) -> None:
 
 def m006_train_logprob(con: duckdb.DuckDBPyConnection) -> None:
     """The trainer's own logprob of each trained token under the weights that sampled it,
-    computed before the update (core/mismatch.py); ``logprob`` stays the sampler's. NULL where
+    computed before the update (core/learn/mismatch.py); ``logprob`` stays the sampler's. NULL where
     not computed (older rows, untrained tokens, imports without it)."""
     con.execute("ALTER TABLE tokens ADD COLUMN train_logprob DOUBLE")
 

@@ -1,4 +1,4 @@
-"""Reads of the training-inference mismatch (core/mismatch.py) from ``tokens``: each trained
+"""Reads of the training-inference mismatch (core/learn/mismatch.py) from ``tokens``: each trained
 token's d = train_logprob - logprob (the trainer's logprob against the sampler's, under the same
 weights). Stores recorded before ``train_logprob`` existed (schema < 6) read as empty.
 """
@@ -12,7 +12,7 @@ from storage import db
 from storage.migrations import check_version
 
 BAND_LOG = (-0.10536051565782628, 0.09531017980432493)
-"""log 0.9 and log 1.1: a ratio outside [0.9, 1.1] (core/mismatch.py ``BAND``)."""
+"""log 0.9 and log 1.1: a ratio outside [0.9, 1.1] (core/learn/mismatch.py ``BAND``)."""
 
 _D = "(train_logprob - logprob)"
 _WHERE = ("run_id = ? AND step = ? AND trained AND train_logprob IS NOT NULL "

@@ -399,8 +399,8 @@ from storage.turn_queries import (  # noqa: E402,F401
     BRANCH_SIGNALS, branch_children, branch_estimates, branch_parent, branch_worst_turns,
     eval_diff, evaluations, failure_clusters, first_divergence, signal_by_turn, signal_names,
     turn_signals)
-# Cross-evaluations (core/evaluation.py) and the adapter snapshots they load, for Compare.
+# Cross-evaluations (core/jobs/evaluation.py) and the adapter snapshots they load, for Compare.
 from storage.evalsets import adapter_steps, cross_evaluations  # noqa: E402,F401
-# The training-inference mismatch of one step's tokens (core/mismatch.py), for Dynamics.
+# The training-inference mismatch of one step's tokens (core/learn/mismatch.py), for Dynamics.
 from storage.mismatch_queries import distribution as mismatch_distribution  # noqa: E402,F401
 from storage.mismatch_queries import ranking as mismatch_ranking  # noqa: E402,F401

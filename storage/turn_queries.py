@@ -57,7 +57,7 @@ def signal_names(path: str | Path, run_id: str, source: str = "train") -> list[s
             [run_id, source]).fetchall()]
 
 
-# -- branch-from-turn analyses (branches + turn_signals source 'branch', core/branch.py) -----------
+# -- branch-from-turn analyses (branches + turn_signals source 'branch', core/jobs/branch.py) -----------
 BRANCH_SIGNALS = ["v", "q", "a", "v_lo", "v_hi", "q_lo", "q_hi", "a_lo", "a_hi", "n", "k_needed",
                   "worst"]
 
@@ -124,7 +124,7 @@ def branch_worst_turns(path: str | Path, run_id: str, traj_ids: list[str]) -> pd
             "AND name = 'worst' GROUP BY traj_id ORDER BY traj_id", [run_id, list(traj_ids)]).df()
 
 
-# -- failure clusters (core/clusters.py writes them; a store before schema 5 has none) -----------
+# -- failure clusters (core/jobs/clusters.py writes them; a store before schema 5 has none) -----------
 def _has_table(con, name: str) -> bool:
     return bool(con.execute("SELECT count(*) FROM information_schema.tables "
                             "WHERE table_schema = 'main' AND table_name = ?", [name]).fetchone()[0])

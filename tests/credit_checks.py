@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from core.algorithms import discounted_turn_sums, info_gain_turn_advantages
+from core.config.algorithms import discounted_turn_sums, info_gain_turn_advantages
 from core.config import TrainConfig
 from core.envs.base import Outcome, Task
-from core.trainer import train
-from core.trajectory import Trajectory, Turn
+from core.run.trainer import train
+from core.rollout.trajectory import Trajectory, Turn
 from storage import queries
 from storage.recorder import Recorder
 
@@ -56,9 +56,9 @@ def assert_turns_carry(db_path, run_id: str, trajs, values: list, groups: list, 
                        gamma: float = 0.0) -> list:
     """Each trajectory's recorded turn advantages are its outcome advantage plus its ``values``
     centred within the group (and divided by the group's std when ``scale``:
-    core/algorithms.py info_gain_turn_advantages; the weight is 1); with ``last_keeps_outcome``
+    core/config/algorithms.py info_gain_turn_advantages; the weight is 1); with ``last_keeps_outcome``
     the last turn, which has no value, keeps the outcome advantage alone; with ``gamma`` > 0 each
-    turn carries the discounted sum of its own and later turns' values (core/algorithms.py
+    turn carries the discounted sum of its own and later turns' values (core/config/algorithms.py
     discounted_turn_sums). Returns the added values."""
     turns = queries.turns(db_path, run_id, list(trajs["traj_id"]))
     dense = discounted_turn_sums(info_gain_turn_advantages(values, groups, scale=scale), gamma)

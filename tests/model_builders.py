@@ -33,7 +33,7 @@ def build(family: str, folder: Path) -> Path:
     from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                               Qwen2Config, Qwen2ForCausalLM)
 
-    from core.policy import load_tokenizer
+    from core.model.policy import load_tokenizer
     tok = load_tokenizer("tiny")
     if family == "qwen2":
         tok.chat_template = QWEN2_TEMPLATE
@@ -78,7 +78,7 @@ def build_gguf(path: Path) -> Path:
     import gguf
     import numpy as np
 
-    from core.policy import cache_root, load_tokenizer
+    from core.model.policy import cache_root, load_tokenizer
     load_tokenizer("tiny")  # makes sure the SmolLM2 tokenizer files are cached
     spec = json.loads((cache_root() / "smollm2-tokenizer" / "tokenizer.json").read_text())
     tokens = [""] * len(spec["model"]["vocab"])

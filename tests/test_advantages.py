@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from core.advantages import (ESTIMATORS, anchor_key, dr_grpo, drop_small, gae, gae_loop,
+from core.credit.advantages import (ESTIMATORS, anchor_key, dr_grpo, drop_small, gae, gae_loop,
                              gigpo_step_advantages, grpo, rloo, starpo_s_keep, token_advantages)
 
 T = torch.tensor

@@ -2,7 +2,7 @@
 spike at a norm of about 0, alarm lines labelled by kind, and on the committed sample runs the
 alarms the README talks about (and no other).
 
-The repeat share is recorded by the trainer (core/diagnostics.py); the Dynamics page turns it
+The repeat share is recorded by the trainer (core/rollout/diagnostics.py); the Dynamics page turns it
 into alarms (pages/_signals.py) with the run's config (single-turn runs never raise it).
 """
 from __future__ import annotations
@@ -17,9 +17,9 @@ import streamlit.testing.v1.app_test as app_test
 from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
 
-from core.diagnostics import repeat_frac, rollout_metrics
+from core.rollout.diagnostics import repeat_frac, rollout_metrics
 from core.envs.base import Outcome, Task
-from core.trajectory import Trajectory, Turn
+from core.rollout.trajectory import Trajectory, Turn
 from pages import _signals
 from storage import queries
 

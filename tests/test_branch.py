@@ -1,4 +1,4 @@
-"""Branch-from-turn rollouts (core/branch.py).
+"""Branch-from-turn rollouts (core/jobs/branch.py).
 
 * On a hand-built deterministic world with a known policy the estimator finds the known bad turn
   (and its V/Q agree with the values computed by hand).
@@ -23,7 +23,10 @@ import duckdb
 import numpy as np
 import pytest
 
-from core import branch, checkpoint
+from core import branch as branch_cli
+from core.jobs import branch
+
+from core.model import checkpoint
 from tests.subprocesses import kill_at_first_progress
 from core.envs.base import Outcome, StepResult, Task
 
@@ -131,7 +134,7 @@ def test_bootstrap_interval_brackets_the_mean_and_is_seeded():
 
 
 def test_intervals_stay_honest_for_one_continuation_or_constant_returns():
-    from core.branch_estimates import newcombe, wilson
+    from core.jobs.branch_estimates import newcombe, wilson
     # K = 1: one success says little; the bootstrap said [1, 1]
     (row,) = branch.estimate({0: {"keep": [1.0], "resample": [0.0]}})
     assert (row["q_lo"], row["q_hi"]) == pytest.approx(wilson(1, 1)) and row["q_lo"] < 0.25
@@ -235,7 +238,7 @@ def test_cli_records_continuations_whose_means_are_the_recorded_values(run, tmp_
     assert labels[0]["q"] == pytest.approx(got[(0, "q")])
 
     # the same seed again: the same numbers, and the earlier analysis replaced, not duplicated
-    assert branch.main(["--db", str(db), "--run", run_id, "--traj", traj, "--k", "2",
+    assert branch_cli.main(["--db", str(db), "--run", run_id, "--traj", traj, "--k", "2",
                         "--seed", "5"]) == 0
     assert _counts(db) == after
     with duckdb.connect(str(db), read_only=True) as con:
@@ -281,7 +284,7 @@ def test_bad_input_exits_2_and_writes_nothing(run, capsys, args, message):
     before = _counts(db)
     base = {"--db": str(db), "--run": run_id, "--traj": traj, "--k": "2"}
     base.update(dict(zip(args[::2], args[1::2])))
-    assert branch.main([x for kv in base.items() for x in kv]) == 2
+    assert branch_cli.main([x for kv in base.items() for x in kv]) == 2
     assert message in capsys.readouterr().err
     assert _counts(db) == before
 
@@ -297,7 +300,7 @@ def test_no_adapters_imported_runs_and_broken_replays_are_refused(run, tmp_path,
         con.execute("UPDATE turns SET observation = 'something else' WHERE traj_id = ? AND turn = 1",
                     [traj])
     before = _counts(copy)
-    assert branch.main(["--db", str(copy), "--run", run_id, "--traj", traj, "--k", "2"]) == 2
+    assert branch_cli.main(["--db", str(copy), "--run", run_id, "--traj", traj, "--k", "2"]) == 2
     assert "replay differs from the record at turn 1" in capsys.readouterr().err
     with duckdb.connect(str(copy)) as con:
         con.execute("UPDATE runs SET source = 'import:jsonl'")
@@ -310,7 +313,7 @@ def test_no_adapters_imported_runs_and_broken_replays_are_refused(run, tmp_path,
 def _lake_returns(env, task, recorded, turn: int, keep: str, k: int = 64):
     """Returns of k resample and k keep continuations from ``turn`` with the lake's own planner as
     the policy (one move per turn: optimal play), and the cells the keep continuations start in."""
-    from core.branch_replay import branch_point
+    from core.jobs.branch_replay import branch_point
     out, cells = {}, set()
     for kind in branch.KINDS:
         out[kind] = []

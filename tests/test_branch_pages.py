@@ -36,7 +36,7 @@ def _analyse(store: str, run_id: str, traj_id: str, returns: dict) -> list[str]:
              "finish_reason": ["done"] * len(kids)}
     turns = {"traj_id": kids, "turn": [0] * len(kids), "action": ["<search>x</search>"] * len(kids),
              "observation": ["obs"] * len(kids), "action_valid": [True] * len(kids)}
-    from core.branch import estimate, worst_turn  # pure functions (numpy only)
+    from core.jobs.branch import estimate, worst_turn  # pure functions (numpy only)
     rows = estimate(returns, seed=0)
     worst = worst_turn(rows)
     sig = [{"traj_id": traj_id, "turn": r["turn"], "name": n, "value": float(r[n]),

@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from core import checkpoint  # noqa: E402
-from core.policy import load_policy  # noqa: E402
+from core.model import checkpoint  # noqa: E402
+from core.model.policy import load_policy  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TARGETS = "q_proj,v_proj,lm_head"

@@ -1,4 +1,4 @@
-"""Failure clusters (core/clusters.py): known groups recovered, the job on a real store, the cache,
+"""Failure clusters (core/jobs/clusters.py): known groups recovered, the job on a real store, the cache,
 and what the Failures page reads (storage.queries.failure_clusters)."""
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
-from core import clusters
+from core import clusters as clusters_cli
+from core.jobs import clusters
 from storage import queries
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,10 +95,10 @@ def test_job_on_a_real_store_caches_and_the_page_reads_it(tmp_path, embedder, ca
 
 
 def test_cli_refuses_bad_input(tmp_path, capsys):
-    assert clusters.main(["--db", str(tmp_path / "none.duckdb"), "--run", "x"]) == 2
+    assert clusters_cli.main(["--db", str(tmp_path / "none.duckdb"), "--run", "x"]) == 2
     store = tmp_path / "gigpo.duckdb"
     shutil.copy(GIGPO, store)
-    assert clusters.main(["--db", str(store), "--run", "no-such-run"]) == 2
+    assert clusters_cli.main(["--db", str(store), "--run", "no-such-run"]) == 2
     assert "no run 'no-such-run'" in capsys.readouterr().err
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from core.budget import RECORD_BYTES_PER_TOKEN
+from core.config.budget import RECORD_BYTES_PER_TOKEN
 from core.config import ConfigError, TrainConfig, available_memory, rollout_memory, validate
 from tests.test_pages import app, demo  # noqa: F401  (the Train page's AppTest fixtures)
 

@@ -15,16 +15,16 @@ import torch.multiprocessing as mp
 
 from peft import set_peft_model_state_dict
 
-from core import checkpoint
+from core.model import checkpoint
 from core.config import ConfigError, TrainConfig, validate
-from core.distributed import Ranks
+from core.learn.distributed import Ranks
 from core.envs.base import make_env
-from core.losses import value_loss
-from core.policy import load_policy, token_logprobs
-from core.rollout import Sampling, rollout
-from core.sft import demonstrations
-from core.trainer import TrainingError, train
-from core.update import make_samples, policy_update, score_reference, sft_update
+from core.learn.losses import value_loss
+from core.model.policy import load_policy, token_logprobs
+from core.rollout.engine import Sampling, rollout
+from core.rollout.sft import demonstrations
+from core.run.trainer import TrainingError, train
+from core.learn.update import make_samples, policy_update, score_reference, sft_update
 from storage import queries
 from storage.recorder import Recorder
 from tests.test_distributed import _free_port

@@ -1,4 +1,4 @@
-"""Evaluating a checkpoint on another evaluation's tasks and seeds (core/evaluation.py,
+"""Evaluating a checkpoint on another evaluation's tasks and seeds (core/jobs/evaluation.py,
 storage/evalsets.py) and Compare's job that runs it (pages/_evaljob.py).
 
 Two real runs of the tiny model on FrozenLake in a real DuckDB file, evaluated with different
@@ -24,7 +24,8 @@ from urllib.parse import parse_qs
 import duckdb
 import pytest
 
-from core import evaluation
+from core import evaluation as evaluation_cli
+from core.jobs import evaluation
 from storage import evaldiff, evalsets
 from tests.subprocesses import kill_at_first_progress
 from tests.test_pages import app, demo  # noqa: F401  (fixtures)
@@ -80,7 +81,7 @@ def test_checkpoint_on_the_others_tasks_pairs_every_task(store, capsys):
     db, a, b = store
     before = evaldiff.diff(db, (a, 0), (b, 0))["coverage"]
     assert not before["same"] and before["shared"] == 0          # the premise: other tasks
-    assert evaluation.main(["--db", str(db), "--run", a, "--step", "0",
+    assert evaluation_cli.main(["--db", str(db), "--run", a, "--step", "0",
                             "--tasks-from", f"{b}:0"]) == 0
     out = capsys.readouterr().out
     assert "adapter of step 0" in out and f"{b}@0" in out
@@ -105,14 +106,14 @@ def test_checkpoint_on_the_others_tasks_pairs_every_task(store, capsys):
 
     # the same job again: the same numbers, its earlier result replaced (no twin run)
     counts, tokens = _counts(db), _tokens(db, new, 0)
-    assert evaluation.main(["--db", str(db), "--run", a, "--step", "0",
+    assert evaluation_cli.main(["--db", str(db), "--run", a, "--step", "0",
                             "--tasks-from", f"{b}:0"]) == 0
     assert _counts(db) == counts and _tokens(db, new, 0) == tokens
 
 
 def test_own_checkpoint_on_own_tasks_reproduces_the_evaluation(store):
     db, a, b = store
-    assert evaluation.main(["--db", str(db), "--run", b, "--step", "0",
+    assert evaluation_cli.main(["--db", str(db), "--run", b, "--step", "0",
                             "--tasks-from", f"{b}:0"]) == 0
     made = evalsets.cross_evaluations(db)
     new = str(made[(made["checkpoint_run"] == b) & (made["tasks_run"] == b)]["run_id"].iloc[0])
@@ -170,7 +171,7 @@ def test_bad_input_exits_2_and_writes_nothing(store, tmp_path, capsys, case, mes
         args[key] = value
     target = Path(args["--db"])
     before = _sha(target) if target.exists() else None
-    assert evaluation.main([x for kv in args.items() for x in kv]) == 2
+    assert evaluation_cli.main([x for kv in args.items() for x in kv]) == 2
     assert message in capsys.readouterr().err
     assert (_sha(target) if target.exists() else None) == before
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from core.envs.base import make_env
-from core.policy import load_policy, token_logprobs
-from core.rollout import Sampling, rollout
+from core.model.policy import load_policy, token_logprobs
+from core.rollout.engine import Sampling, rollout
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -48,7 +48,7 @@ def test_gpu_rollout_logprobs_match_a_full_forward():
 def test_training_step_on_the_gpu_records_gpu_metrics(tmp_path):
     from bench.gpu import MemoryRecorder
     from core.config import TrainConfig
-    from core.trainer import train
+    from core.run.trainer import train
     rec = MemoryRecorder()
     cfg = TrainConfig(env="bandit", model="tiny", algo="ppo", steps=2, sft_steps=1,
                       group_size=2, tasks_per_step=2, max_turns=1, max_new_tokens=8,

@@ -8,9 +8,9 @@ import duckdb
 import pytest
 import torch
 
-from core import device as devices
+from core.model import device as devices
 from core.config import ConfigError, TrainConfig, validate
-from core.distributed import Ranks
+from core.learn.distributed import Ranks
 from core.train import main
 
 RUN = ["--env", "bandit", "--model", "tiny", "--steps", "1", "--group-size", "2",

@@ -13,12 +13,12 @@ import torch
 import torch.multiprocessing as mp
 
 from core.config import ConfigError, TrainConfig
-from core.credit import assign
-from core.distributed import Ranks, check, number_rollouts
+from core.credit.assign import assign
+from core.learn.distributed import Ranks, check, number_rollouts
 from core.envs.base import make_env
-from core.policy import load_policy
-from core.rollout import Sampling, rollout
-from core.update import make_samples, policy_update, score_reference
+from core.model.policy import load_policy
+from core.rollout.engine import Sampling, rollout
+from core.learn.update import make_samples, policy_update, score_reference
 
 ROOT = Path(__file__).resolve().parent.parent
 G = 4

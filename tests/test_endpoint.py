@@ -1,5 +1,5 @@
 """An OpenAI-compatible server as the policy (``--model openai:URL``), against a real HTTP server
-this module starts: core/endpoint_server.py serving the tiny model over the chat-completions
+this module starts: core/serve/server.py serving the tiny model over the chat-completions
 protocol, with faults injected per request (matched by the request's seed, which identifies one
 trajectory's turn). Nothing mocked: real sockets, the real CLI, a real DuckDB file, the app's pages
 through AppTest.
@@ -16,11 +16,11 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from core.collection import collect
+from core.run.collection import collect
 from core.config import ConfigError, TrainConfig, validate
-from core.endpoint import (ChatClient, EndpointError, EndpointRefused, action_pieces, backoff_s,
+from core.endpoint.client import (ChatClient, EndpointError, EndpointRefused, action_pieces, backoff_s,
                            chat_url, pieces, restore_stop, retry_after_s)
-from core.endpoint_server import ChatModel, serve
+from core.serve.server import ChatModel, serve
 from storage.recorder import Recorder
 from tests.test_pages import app, demo, texts  # noqa: F401  (AppTest fixtures)
 
@@ -31,7 +31,7 @@ GOLD = "<think>risky</think><answer>Dragon</answer> and more"
 
 
 def seed_of(step_seed: int, g: int, r: int, turn: int = 0) -> str:
-    """The text a request of trajectory g/r at ``turn`` carries (core/collection.py's seeds)."""
+    """The text a request of trajectory g/r at ``turn`` carries (core/run/collection.py's seeds)."""
     return f'"seed": {(step_seed * 1_000_003 + g * 1_009 + r) % 2 ** 31 + turn},'
 
 

@@ -16,10 +16,10 @@ import tracemalloc
 import duckdb
 import pytest
 
-from core.collection import collect
+from core.run.collection import collect
 from core.config import TrainConfig
-from core.endpoint import ChatClient, EndpointError, EndpointRefused
-from core.endpoint_reply import char_budget
+from core.endpoint.client import ChatClient, EndpointError, EndpointRefused
+from core.endpoint.reply import char_budget
 from storage.recorder import Recorder
 from tests.hostile_endpoint import (HostileServer, completion, drip_body, drip_head,
                                     endless_chunks, send_json, slow_tls_server)

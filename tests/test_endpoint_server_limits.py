@@ -1,9 +1,9 @@
-"""core/endpoint_server.py against clients that misbehave: the key checked before the body, a
+"""core/serve/server.py against clients that misbehave: the key checked before the body, a
 bounded body, bad fields and lengths answered with a JSON error naming them, ``max_tokens``
 bounded by the model's context, generation stopped when the client leaves or the deadline
 passes, a bounded number of connections and a bounded record of what was seen.
 
-The request checks are tested as the pure functions they are (core/chat_request.py); everything
+The request checks are tested as the pure functions they are (core/serve/chat_request.py); everything
 else against the real server (threads in this process, the tiny model) over raw sockets, since
 the malformed requests are what no HTTP library would send.
 """
@@ -15,11 +15,12 @@ import time
 
 import pytest
 
-from core.chat_request import (ChatRequest, RequestError, completion_budget, content_length,
+from core.serve.chat_request import (ChatRequest, RequestError, completion_budget, content_length,
                                parse_chat_request)
-from core.client_watch import ClientWatch, client_gone
-from core.endpoint_server import ChatModel, Limits, main, serve
-from core.fault_plan import SEEN_BYTES, SEEN_MAX, FaultPlan
+from core.serve.client_watch import ClientWatch, client_gone
+from core.endpoint_server import main
+from core.serve.server import ChatModel, Limits, serve
+from core.serve.fault_plan import SEEN_BYTES, SEEN_MAX, FaultPlan
 
 KEY = "sk-limits-7Hq2"
 HI = [{"role": "user", "content": "hi"}]

@@ -21,9 +21,9 @@ from core.envs import guard as guard_mod
 from core.envs.base import Outcome, StepResult, Task
 from core.envs.guard import (CUT_KEY, EnvError, EnvStuck, Guard, checked_outcome, checked_step,
                              cut_utf8, stuck_calls)
-from core.records import step_tables
-from core.rollout import Sampling, rollout
-from core.scoring import score_all
+from core.run.records import step_tables
+from core.rollout.engine import Sampling, rollout
+from core.credit.scoring import score_all
 from core.config import TrainConfig
 from storage.recorder import Recorder
 
@@ -135,7 +135,7 @@ def released():
 
 @pytest.fixture(scope="module")
 def pol():
-    from core.policy import load_policy
+    from core.model.policy import load_policy
     return load_policy("tiny", seed=0)
 
 
@@ -318,7 +318,7 @@ def test_the_step_deadline_is_validated_before_any_work():
 def test_sft_demonstrations_run_through_the_guard_and_leave_a_hung_one_out(pol, released, capsys):
     """The expert's episodes meet the same deadline: one whose step hangs is left out, named,
     and the others are demonstrations (their sqlite episode stays on its one thread)."""
-    from core.sft import demonstrations
+    from core.rollout.sft import demonstrations
 
     class Expert(Env):
         def episode(self, task, seed):

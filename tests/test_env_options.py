@@ -48,7 +48,7 @@ def test_options_reach_the_environment():
 
 
 def test_eval_env_options_fix_the_heldout_set_while_the_rl_mix_changes():
-    from core.trainer import _Run
+    from core.run.trainer import _Run
     from storage.recorder import NullRecorder
     base = TrainConfig(env="search", model="tiny", env_options="two_hop_frac=0.75", eval_tasks=20,
                        steps=0, threads=1)
@@ -112,7 +112,7 @@ def test_the_environment_itself_refuses_what_it_does_not_declare(name, kwargs, m
 
 def test_declared_defaults_are_within_their_own_bounds():
     from core.config import ENVS
-    from core.env_options import ENV_OPTIONS, declared_options
+    from core.config.env_options import ENV_OPTIONS, declared_options
     for env in ENVS:
         declared = declared_options(env)
         assert declared and tuple(declared) == ENV_OPTIONS[env], env

@@ -2,8 +2,9 @@ import pytest
 
 from core.envs.base import Outcome, make_env
 from core.envs.search.env import INVALID_FEEDBACK, SearchEnv
-from core.failures import FAILURE_CLASSES, classify, classify_trajectory, describe
-from core.trajectory import Trajectory, Turn
+from core.credit.scoring import classify_trajectory
+from storage.failures import FAILURE_CLASSES, classify, describe
+from core.rollout.trajectory import Trajectory, Turn
 
 ISSUE_CLASSES = {"format_error", "invalid_action", "no_answer", "answered_without_search",
                  "wrong_answer_with_evidence", "wrong_answer_without_evidence",

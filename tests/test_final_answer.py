@@ -4,9 +4,9 @@ import pytest
 
 from core.config import ConfigError, TrainConfig, validate
 from core.envs.base import Outcome, StepResult, Task, make_env
-from core.rollout import Sampling, rollout
+from core.rollout.engine import Sampling, rollout
 from core.train import build_parser, resolve_config
-from core.trajectory import FINISH_REASONS
+from core.rollout.trajectory import FINISH_REASONS
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -50,7 +50,7 @@ class Env:
 
 @pytest.fixture(scope="module")
 def pol():
-    from core.policy import load_policy
+    from core.model.policy import load_policy
     return load_policy("tiny", seed=0)
 
 

@@ -13,9 +13,9 @@ import os
 import pytest
 
 from core.envs.base import Task, make_env
-from core.records import step_tables
-from core.trajectory import Trajectory, Turn
-from storage import db, io
+from core.run.records import step_tables
+from core.rollout.trajectory import Trajectory, Turn
+from storage import db, ingest, io
 from storage.export import export_jsonl
 from storage.recorder import Recorder
 from tests.reliability.helpers import q
@@ -220,7 +220,7 @@ def test_every_export_of_non_finite_and_huge_numbers_imports_again(tmp_path):
     assert export_jsonl(src, run_id, first) == 2
     for line in first.read_text(encoding="utf-8").splitlines():
         json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} written as a bare constant"))
-    report = io.import_file(first, tmp_path / "copy.duckdb", run_id="copy")
+    report = ingest.import_file(first, tmp_path / "copy.duckdb", run_id="copy")
     assert (report.imported, report.failed, report.errors) == (2, 0, [])
     export_jsonl(tmp_path / "copy.duckdb", "copy", second)
     assert first.read_text(encoding="utf-8") == second.read_text(encoding="utf-8")

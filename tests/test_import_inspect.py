@@ -1,4 +1,4 @@
-"""Importing Inspect AI logs (storage/inspect_log.py, storage/inspect_import.py): real logs made at
+"""Importing Inspect AI logs (storage/ingest/inspect_log.py, storage/ingest/inspect_import.py): real logs made at
 test time by inspect-ai with its offline mockllm model (tests/inspect_logs.py, in its own
 process), and hostile logs made from them."""
 import json
@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from storage import db, io
-from storage.inspect_import import import_inspect
-from storage.inspect_log import finished
-from storage.inspect_scores import value_to_float
-from storage.messages import MAX_MESSAGE_CHARS
-from storage.zip_members import Archive
+from storage import db, ingest, io
+from storage.ingest.inspect_import import import_inspect
+from storage.ingest.inspect_log import finished
+from storage.ingest.inspect_scores import value_to_float
+from storage.ingest.messages import MAX_MESSAGE_CHARS
+from storage.ingest.zip_members import Archive
 
 ROOT = Path(__file__).resolve().parent.parent
 NEEDS = ("inspect-ai is optional and not installed: .venv/bin/pip install --no-deps "
@@ -67,7 +67,7 @@ def test_eval_log_is_one_trajectory_per_sample_and_epoch(logs, tmp_path, capsys)
     store = tmp_path / "s.duckdb"
     assert _cli(log, store) == 0  # the format is guessed from .eval
     assert "8 records read, 8 imported" in capsys.readouterr().out
-    run_id = io.default_run_id(log)
+    run_id = ingest.default_run_id(log)
     t = _q(store, "SELECT * FROM trajectories WHERE run_id = ?", [run_id]).set_index("traj_id")
     assert set(t.index) == {f"{s}:{e}" for s in SAMPLES for e in EPOCHS}
     assert (t["task_id"] == t["group_id"]).all() and (t["split"] == "eval").all()
@@ -139,7 +139,7 @@ def test_json_log_imports_as_the_eval_log_does(logs, tmp_path):
         assert _cli(_one(out / d), store) == 0
     cols = ("traj_id, reward, success, finish_reason, failure_class, num_turns, answer, "
             "response_tokens")
-    runs = [io.default_run_id(_one(out / d)) for d in ("eval", "json")]
+    runs = [ingest.default_run_id(_one(out / d)) for d in ("eval", "json")]
     a, b = (_q(store, f"SELECT {cols} FROM trajectories WHERE run_id = ? ORDER BY traj_id", [r])
             for r in runs)
     assert len(a) == 8 and a.equals(b)
@@ -154,7 +154,7 @@ def test_a_directory_of_tasks_is_one_run_per_task_and_model(logs, tmp_path, caps
     assert _cli(out / "set", store) == 0
     runs = _q(store, "SELECT run_id, name, config FROM runs ORDER BY name")
     assert runs.name.tolist() == ["arith · mockllm/model", "count · mockllm/model"]
-    base = io.default_run_id(out / "set")
+    base = ingest.default_run_id(out / "set")
     assert all(r.startswith(base + "-") for r in runs.run_id)
     count = runs.run_id[1]
     t = _q(store, "SELECT traj_id, finish_reason, failure_class FROM trajectories "
@@ -291,7 +291,7 @@ def test_what_is_not_a_log_is_refused_by_name(logs, tmp_path, capsys):
 def test_import_file_returns_the_one_run_of_a_log(logs, tmp_path):
     out, _ = logs
     store = tmp_path / "s.duckdb"
-    report = io.import_file(_one(out / "json"), store, run_id="mine")
+    report = ingest.import_file(_one(out / "json"), store, run_id="mine")
     assert (report.run_id, report.imported, report.failed) == ("mine", 8, 0)
     with pytest.raises(ValueError, match="holds 2 runs"):
-        io.import_file(out / "set", store, "inspect")
+        ingest.import_file(out / "set", store, "inspect")

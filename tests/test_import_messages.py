@@ -1,10 +1,10 @@
 """Importing OpenAI-style chat conversations with tool calls (``--format messages``,
-storage/messages.py): one conversation per JSONL line, into a real store."""
+storage/ingest/messages.py): one conversation per JSONL line, into a real store."""
 import json
 
 import pandas as pd
 
-from storage import db, io
+from storage import db, ingest, io
 
 CALL = {"id": "c1", "type": "function",
         "function": {"name": "search", "arguments": json.dumps({"query": "capital of Osk"})}}
@@ -60,7 +60,7 @@ def test_conversations_become_trajectories_and_bad_lines_are_named(tmp_path, cap
         assert any(e.startswith(f"error: line {i}: ") and words in e
                    for e in said.err.splitlines()), (i, words, said.err)
     assert "9 records read, 3 imported" in said.out
-    run_id = io.default_run_id(src)
+    run_id = ingest.default_run_id(src)
     t = _q(store, "SELECT * FROM trajectories WHERE run_id = ? ORDER BY traj_id", [run_id])
     lines = src.read_bytes().split(b"\n")
     offsets = [0, len(lines[0]) + 1, len(lines[0]) + len(lines[1]) + 2]
@@ -113,6 +113,6 @@ def test_a_followed_piece_gets_the_ids_a_whole_import_gives(tmp_path, capsys):
     piece.parent.mkdir()
     piece.write_bytes(data[start:])
     capsys.readouterr()
-    report = io.import_file(piece, store, "messages", run_id="r")
+    report = ingest.import_file(piece, store, "messages", run_id="r")
     assert (report.lines, report.imported, report.skipped) == (2, 0, 2)
     assert _q(store, "SELECT count(*) AS n FROM trajectories WHERE run_id = 'r'").n[0] == 3

@@ -8,16 +8,16 @@ import pandas as pd
 import pytest
 import torch
 
-from core.algorithms import (discounted_turn_sums, igpo_turn_advantages,
+from core.config.algorithms import (discounted_turn_sums, igpo_turn_advantages,
                              info_gain_turn_advantages)
 from core.config import ConfigError, TrainConfig, validate
-from core.credit import Credit, add_info_gain
+from core.credit.assign import Credit, add_info_gain
 from core.envs.base import Task, make_env
-from core.info_gain import (ANSWER_OPEN, action_starts, answer_probability, measure, signal_rows,
+from core.credit.info_gain import (ANSWER_OPEN, action_starts, answer_probability, measure, signal_rows,
                             turn_gains)
-from core.policy import load_policy, token_logprobs
-from core.rollout import Sampling, rollout
-from core.trajectory import Trajectory
+from core.model.policy import load_policy, token_logprobs
+from core.rollout.engine import Sampling, rollout
+from core.rollout.trajectory import Trajectory
 from storage import queries
 from tests.credit_checks import fake_trajectory, one_rl_step, open_page  # noqa: F401 (a fixture)
 
@@ -184,7 +184,7 @@ def test_dense_credit_lands_on_each_turns_action_tokens():
 
 def test_algorithm_doctests_pass():
     import doctest
-    from core import algorithms
+    from core.config import algorithms
     result = doctest.testmod(algorithms)
     assert result.attempted > 0 and result.failed == 0, result
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core import checkpoint
+from core.model import checkpoint
 from core.config import ConfigError, TrainConfig, validate
-from core.trainer import TrainingError, train
+from core.run.trainer import TrainingError, train
 from storage import queries
 from storage.recorder import Recorder
 
@@ -119,7 +119,7 @@ def test_init_from_refuses_what_does_not_fit(tmp_path):
 
 def test_resume_keeps_the_turn_credit_heads(tmp_path):
     """SPA's progress head and the PRM head fit each step from the last step's weights
-    (core/progress.py ridge_step), so a checkpoint keeps them and a resumed run goes on from
+    (core/credit/progress.py ridge_step), so a checkpoint keeps them and a resumed run goes on from
     them instead of from zero."""
     cfg = _cfg(tmp_path, w_spa=1.0, w_prm=1.0, max_turns=2)
     run = _train(cfg)  # SFT steps 1-2, RL step 3

@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage import db, import_batch, io, queries
+from storage import db, ingest, io, queries
+
+from storage.ingest import import_batch
 from storage.export import Filters, export_jsonl, export_partitioned, export_parquet
 from storage.interchange import LineError, parse_json, pieces, validate
 from storage.recorder import Recorder
@@ -53,7 +55,7 @@ def test_bad_lines_are_reported_by_number_and_good_lines_import(tmp_path, capsys
         assert f"error: line {line}: " in err and words in err, (line, words, err)
     assert len(err.strip().splitlines()) == len(EXPECTED_ERRORS)
     assert "16 records read, 4 imported, 0 already present (skipped), 0 replaced, 12 failed" in out
-    run_id = io.default_run_id(GENERIC)
+    run_id = ingest.default_run_id(GENERIC)
     traj = _rows(store, "SELECT * FROM trajectories WHERE run_id = ?", [run_id])
     assert set(traj["traj_id"]) == GOOD_IDS
     with db.reading(store) as con:  # nothing of any bad line anywhere, every good one whole
@@ -68,7 +70,7 @@ def test_bad_lines_are_reported_by_number_and_good_lines_import(tmp_path, capsys
 
 def test_rerunning_an_import_adds_nothing_and_replace_rewrites(tmp_path, capsys):
     store, _ = _import(tmp_path)
-    run_id = io.default_run_id(GENERIC)
+    run_id = ingest.default_run_id(GENERIC)
     before = _counts(store, run_id)
     _, code = _import(tmp_path)
     assert code == 1 and "0 imported, 4 already present (skipped)" in capsys.readouterr().out
@@ -138,10 +140,10 @@ def test_run_ids_are_checked_against_path_traversal(tmp_path, capsys):
 def test_a_trajectory_that_fails_to_store_is_reported_and_leaves_nothing(tmp_path):
     store = tmp_path / "s.duckdb"
     Recorder(store)
-    recs = [io.to_rows(validate({"traj_id": f"t{i}", "task_id": "q", "turns": [{"action": "a"}],
+    recs = [ingest.to_rows(validate({"traj_id": f"t{i}", "task_id": "q", "turns": [{"action": "a"}],
                                  "reward": 1.0})) for i in range(3)]
     recs[1]["tokens"][0]["trained"] = "maybe"  # slipped past validation: the database refuses it
-    report = io.ImportReport("r", "f", "jsonl")
+    report = ingest.ImportReport("r", "f", "jsonl")
     run = {"name": "r", "config": None, "created": False}
     import_batch.write_batch(store, "r", "jsonl", run,
                              [(f"line {i + 1}", r) for i, r in enumerate(recs)], False, report)
@@ -157,7 +159,7 @@ def _apps_episodes():
     required archive left out (an unmet state test)."""
     from core.envs.apps.env import tool_text
     from core.envs.base import make_env
-    from core.trajectory import Trajectory, Turn
+    from core.rollout.trajectory import Trajectory, Turn
     env = make_env("apps", templates="archive_read_newsletters")
     task = env.tasks("train", 1, 0)[0]
     p = task.meta["params"]
@@ -193,11 +195,11 @@ def _write_jsonl(path, records):
 
 
 def test_unit_tests_and_state_diffs_import_and_classify_as_the_trainer_does(tmp_path):
-    from core.failures import classify_trajectory
+    from core.credit.scoring import classify_trajectory
     episodes = _apps_episodes()
     source = _write_jsonl(tmp_path / "apps.jsonl", [rec for rec, _ in episodes])
     store = tmp_path / "s.duckdb"
-    assert io.import_file(source, store, run_id="apps").imported == 2
+    assert ingest.import_file(source, store, run_id="apps").imported == 2
     classes = dict(_rows(store, "SELECT traj_id, failure_class FROM trajectories").values)
     assert classes == {traj.traj_id: classify_trajectory(traj) for _, traj in episodes}
     assert classes == {"too-much": "collateral_damage", "too-little": "unmet_state_test"}
@@ -265,10 +267,10 @@ def test_an_import_beside_a_trainer_run_leaves_it_alone_and_reruns_add_nothing(t
 def test_unit_tests_round_trip_through_export(tmp_path):
     records = [rec for rec, _ in _apps_episodes()]
     source = _write_jsonl(tmp_path / "apps.jsonl", records)
-    io.import_file(source, tmp_path / "a.duckdb", run_id="a")
+    ingest.import_file(source, tmp_path / "a.duckdb", run_id="a")
     first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
     export_jsonl(tmp_path / "a.duckdb", "a", first)
-    io.import_file(first, tmp_path / "b.duckdb", run_id="b")
+    ingest.import_file(first, tmp_path / "b.duckdb", run_id="b")
     export_jsonl(tmp_path / "b.duckdb", "b", second)
     assert first.read_text() == second.read_text()
     exported = {r["traj_id"]: r for r in map(json.loads, first.read_text().splitlines())}
@@ -317,7 +319,7 @@ def test_export_then_import_round_trips(tmp_path):
     run_id = _trainer_run(src)
     first = tmp_path / "first.jsonl"
     assert export_jsonl(src, run_id, first) == 12
-    report = io.import_file(first, tmp_path / "copy.duckdb", run_id="copy")
+    report = ingest.import_file(first, tmp_path / "copy.duckdb", run_id="copy")
     assert (report.imported, report.failed) == (12, 0)
     second = tmp_path / "second.jsonl"
     export_jsonl(tmp_path / "copy.duckdb", "copy", second)
@@ -361,7 +363,7 @@ def test_flat_parquet_export(tmp_path):
 def test_partitioned_export_is_read_by_duckdb_pandas_and_the_store_reader(tmp_path):
     src = tmp_path / "src.duckdb"
     run_id = _trainer_run(src)
-    io.import_file(GENERIC, src, run_id="imported", max_line_bytes=4096)
+    ingest.import_file(GENERIC, src, run_id="imported", max_line_bytes=4096)
     out = tmp_path / "parts"
     for _ in range(2):  # a re-export replaces, never duplicates
         counts = export_partitioned(src, out)
@@ -456,10 +458,10 @@ def test_trl_completions_import(tmp_path, capsys):
 
 
 def test_format_guessing_and_empty_input(tmp_path, capsys):
-    assert io.guess_format(GENERIC) == "jsonl"
-    assert io.guess_format(FIXTURES / "verl") == "verl"
-    assert io.guess_format(FIXTURES / "verl" / "1.jsonl") == "verl"  # sniffed from its fields
-    assert io.guess_format(_trl_dir(tmp_path)) == "trl"
+    assert ingest.guess_format(GENERIC) == "jsonl"
+    assert ingest.guess_format(FIXTURES / "verl") == "verl"
+    assert ingest.guess_format(FIXTURES / "verl" / "1.jsonl") == "verl"  # sniffed from its fields
+    assert ingest.guess_format(_trl_dir(tmp_path)) == "trl"
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n\n")
     assert _import(tmp_path, source=empty)[1] == 2
@@ -494,7 +496,7 @@ def test_validate_accepts_or_names_the_problem(obj):
     except LineError as exc:
         assert "field" in str(exc) or "line" in str(exc)
         return
-    rows = io.to_rows(rec)
+    rows = ingest.to_rows(rec)
     assert {r["component"] for r in rows["rewards"]} >= {"outcome", "format", "cost", "process"}
 
 
@@ -502,7 +504,7 @@ def test_validate_accepts_or_names_the_problem(obj):
 @given(st.dictionaries(st.sampled_from(["input", "output", "score", "step", "gts", "acc",
                                         "format_reward"]), JSON, max_size=7))
 def test_verl_lines_give_a_valid_record_or_a_line_error(obj):
-    from storage.dumps import verl_record
+    from storage.ingest.dumps import verl_record
     try:
         rec = verl_record(obj, "f:1", 0)
     except LineError:

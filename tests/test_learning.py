@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from core.config import PRESETS, TrainConfig
-from core.trainer import train
+from core.run.trainer import train
 from storage.recorder import NullRecorder
 
 EVAL_TASKS = 32

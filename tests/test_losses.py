@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from core.losses import (AGGREGATIONS, agg_loss, entropy_from_logits, kl_k3, policy_loss,
+from core.learn.losses import (AGGREGATIONS, agg_loss, entropy_from_logits, kl_k3, policy_loss,
                          value_loss)
 
 T = torch.tensor

@@ -1,4 +1,4 @@
-"""Training-inference mismatch (core/mismatch.py): the metrics and verl's corrections by hand, the
+"""Training-inference mismatch (core/learn/mismatch.py): the metrics and verl's corrections by hand, the
 loss weighted by them, and a real tiny-model RL step that records the trainer's own logprob of
 every trained token beside the sampler's, the per-step metrics from them, and the corrections."""
 import math
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from core.config import ConfigError, TrainConfig, validate
-from core.losses import policy_loss
-from core.mismatch import distribution, mis_keep, mismatch_metrics, tis_weights
-from storage import queries
+from core.learn.losses import policy_loss
+from core.learn.mismatch import distribution, mis_keep, mismatch_metrics, tis_weights
+from storage import ingest, queries
 from tests.credit_checks import one_rl_step
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -125,9 +125,9 @@ def test_tis_and_mis_steps_record_their_correction(steps):
 
 
 def test_mis_narrows_the_loss_mask_and_the_trajectorys_trained_flags():
-    from core.trajectory import Trajectory
-    from core.mismatch import correct_rollout
-    from core.update import Sample
+    from core.rollout.trajectory import Trajectory
+    from core.learn.mismatch import correct_rollout
+    from core.learn.update import Sample
     traj = Trajectory(traj_id="t", group_id="g", task=None, turns=[])
     traj.trained = [False, True, True, True]
     s = Sample(traj=traj, ids=torch.tensor([[1, 2, 3, 4]]),
@@ -202,7 +202,7 @@ def test_dynamics_and_replay_show_the_mismatch(steps, monkeypatch, tmp_path):
 # -- imported runs ----------------------------------------------------------------------------------
 def test_an_exported_run_reimports_with_both_logprobs_and_the_same_metrics(steps, tmp_path):
     from storage.export import export_jsonl
-    from storage.io import import_file
+    from storage.ingest import import_file
     db, run_id = steps["none"]
     out = tmp_path / "run.jsonl"
     export_jsonl(db, run_id, out)

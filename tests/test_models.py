@@ -10,8 +10,8 @@ import duckdb
 import pytest
 
 from core.config import ENVS, ConfigError, TrainConfig, validate
-from core.policy import load_policy
-from core.trainer import train
+from core.model.policy import load_policy
+from core.run.trainer import train
 from pages._tokens import mask_lint
 from storage import queries
 from storage.recorder import Recorder

@@ -427,7 +427,7 @@ def test_job_file_and_log_tail(app, tmp_path):
 # -- the pure helpers behind the pages -------------------------------------------------------------
 def test_estimator_mirrors_match_core_advantages():
     torch = pytest.importorskip("torch")
-    from core import advantages
+    from core.credit import advantages
     for rewards in ([1.0, 0.0, 0.5, 0.0], [0.3, 0.3, 0.3], [2.0, -1.0], [0.9, -0.05, -0.15, -0.05]):
         t = torch.tensor(rewards, dtype=torch.float64)
         for mine, theirs in ((_credit.grpo, advantages.grpo), (_credit.dr_grpo, advantages.dr_grpo),

@@ -229,7 +229,7 @@ def test_an_outcome_that_raises_or_scores_nan_ends_only_that_trajectory(tmp_path
                             info->>'$.env_error.env', info->>'$.env_error.call',
                             info->>'$.env_error.error' FROM trajectories ORDER BY 1""")
     by_seed = {int(r[0]) % 4: r[1:] for r in rows}
-    # step 1's episode seeds 1000003, 1000004, 1001012, 1001013 (core/rollout.py)
+    # step 1's episode seeds 1000003, 1000004, 1001012, 1001013 (core/rollout/engine.py)
     assert len(rows) == 4 and set(by_seed) == {0, 1, 3}
     assert by_seed[1] == ("env_error", 0.0, "guess", "outcome", "KeyError: 'grades'")
     assert by_seed[3] == ("env_error", 0.0, "guess", "outcome",

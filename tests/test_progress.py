@@ -3,9 +3,9 @@ outcome, and a real training step recording each turn's contribution and trainin
 import pytest
 import torch
 
-from core.algorithms import info_gain_turn_advantages
+from core.config.algorithms import info_gain_turn_advantages
 from core.config import ConfigError, TrainConfig, validate
-from core.progress import ProgressModel, action_ends, progress_loss, ridge_step
+from core.credit.progress import ProgressModel, action_ends, progress_loss, ridge_step
 from storage import queries
 from tests.credit_checks import assert_turns_carry, fake_trajectory, one_rl_step
 

@@ -1,4 +1,4 @@
-"""The algorithm registry (core/algorithms.py) is the one place algorithms are declared: every
+"""The algorithm registry (core/config/algorithms.py) is the one place algorithms are declared: every
 name has its pieces, the Python API, the CLI and the Train page resolve the same configuration,
 the NumPy estimators the pages use are the trainer's, ``dual_clip`` reaches the loss, and LOOP
 trains through the CLI."""
@@ -14,7 +14,11 @@ import pytest
 import torch
 import yaml
 
-from core import advantages, algorithms, credit
+from core.credit import advantages
+
+from core.config import algorithms
+
+from core.credit import assign as credit
 from core.config import ALGOS, GROUP_ALGOS, PRESETS, ConfigError, TrainConfig, validate
 from core.train import build_parser, resolve_config
 from pages import _credit, _jobs
@@ -168,7 +172,7 @@ def test_pages_credit_calls_the_trainers_estimators(monkeypatch):
 
 
 def test_pages_credit_and_the_registry_do_not_import_torch():
-    code = ("import sys, core.algorithms, core.config, pages._credit; "
+    code = ("import sys, core.config.algorithms, core.config, pages._credit; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
@@ -188,9 +192,9 @@ def test_dual_clip_is_a_config_field_from_cli_and_yaml(tmp_path):
 @pytest.mark.usefixtures("one_torch_thread")
 def test_dual_clip_caps_the_loss_the_update_applies():
     from core.envs.base import make_env
-    from core.policy import load_policy
-    from core.rollout import Sampling, rollout
-    from core.update import make_samples, policy_update
+    from core.model.policy import load_policy
+    from core.rollout.engine import Sampling, rollout
+    from core.learn.update import make_samples, policy_update
     pol = load_policy("tiny", seed=0)
     env = make_env("bandit", seed=0)
     trajs = rollout(pol, env, env.tasks("train", 1, 0), group_size=2, seed=0, id_prefix="s1",

@@ -3,17 +3,28 @@ import doctest
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import core.rewards as rewards
+import core.envs.answers as answers
 from core.config import TrainConfig
 from core.envs.base import Outcome, Task
-from core.rewards import (cost_reward, exact_match, extract_answer, format_reward, normalize_answer,
-                          outcome_reward, process_reward, score, token_f1)
-from core.trajectory import Trajectory, Turn
+from core.credit.rewards import (cost_reward, exact_match, extract_answer, format_reward,
+                                 normalize_answer, outcome_reward, process_reward, score, token_f1)
+from core.rollout.trajectory import Trajectory, Turn
 
 
 def test_doctests_pass():
-    result = doctest.testmod(rewards)
+    result = doctest.testmod(answers)  # the answer matching's examples (Search-R1's normalisation)
     assert result.attempted >= 8 and result.failed == 0
+
+
+def test_fixed_names_still_answer():
+    """core.rewards.exact_match and core.advantages.ESTIMATORS are fixed names users call."""
+    import numpy as np
+
+    import core.advantages
+    import core.rewards
+    assert core.rewards.exact_match("The Eiffel Tower!", ["eiffel tower"]) == 1.0
+    adv = core.advantages.ESTIMATORS["grpo"](np.array([1.0, 0.0]), ["g", "g"])
+    assert adv[0] > 0 > adv[1]
 
 
 # ---- normalisation and exact match -------------------------------------------------------------

@@ -4,7 +4,7 @@ A fresh AdamW's first step is lr * g / |g| = lr * sign(g) on every weight with a
 size does not depend on the gradient's. One RL step on mostly zero-variance groups (gradient norm
 0.07) at lr 2e-4 then halved a sharp post-SFT search policy's held-out success (DESIGN, "One GRPO
 step then halved it"). The trainer now starts the RL optimizer from SFT's second moments
-(``rl_moments='sft'``, core/update.py ``carry_second_moments``): a small RL gradient takes a
+(``rl_moments='sft'``, core/learn/update.py ``carry_second_moments``): a small RL gradient takes a
 small step.
 """
 import copy
@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from core.config import PRESETS, ConfigError, TrainConfig, validate
-from core.credit import assign
+from core.credit.assign import assign
 from core.envs.base import make_env
-from core.policy import load_policy
-from core.rollout import Sampling, rollout
-from core.sft import demonstrations
-from core.trainer import _Run
-from core.update import (carry_second_moments, make_samples, policy_update, sft_update,
+from core.model.policy import load_policy
+from core.rollout.engine import Sampling, rollout
+from core.rollout.sft import demonstrations
+from core.run.trainer import _Run
+from core.learn.update import (carry_second_moments, make_samples, policy_update, sft_update,
                          weight_change)
 from storage.recorder import NullRecorder
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from core.envs.base import make_env
-from core.policy import load_policy, token_logprobs
-from core.rollout import Sampling, prompt_ids, rollout
+from core.model.policy import load_policy, token_logprobs
+from core.rollout.engine import Sampling, prompt_ids, rollout
 
 
 

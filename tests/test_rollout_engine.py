@@ -1,4 +1,4 @@
-"""The batched rollout engine (core/rollout.py, core/kv_cache.py) samples what its definition says.
+"""The batched rollout engine (core/rollout/engine.py, core/model/kv_cache.py) samples what its definition says.
 
 The definition: at each step of a turn, every row that was in the batch when the turn began
 draws ``torch.multinomial`` from the policy's distribution given its whole history, in batch
@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from core.envs.base import Outcome, StepResult, Task
-from core.kv_cache import Batch
-from core.policy import load_policy
-from core.rollout import Sampling, _Row, rollout
+from core.model.kv_cache import Batch
+from core.model.policy import load_policy
+from core.rollout.engine import Sampling, _Row, rollout
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

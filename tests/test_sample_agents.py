@@ -12,9 +12,9 @@ import pytest
 from core.envs.apps.env import make_task
 from core.envs.apps.tasks import COLLATERAL_TEST, TEMPLATES
 from core.envs.base import make_env
-from core.failures import classify_trajectory
-from core.trajectory import Trajectory, Turn
-from storage import io, queries
+from core.credit.scoring import classify_trajectory
+from core.rollout.trajectory import Trajectory, Turn
+from storage import ingest, io, queries
 
 AGENTS = Path(__file__).resolve().parent.parent / "sample_runs" / "agents"
 
@@ -95,7 +95,7 @@ def test_what_it_writes_imports_with_tests_diffs_and_the_trainers_failure_classe
                           "--slip-rate", "0.5", "--seed", "0"]) == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 32 and records[0]["run"]["env"] == "apps"
-    report = io.import_file(out, store, run_id="careless")
+    report = ingest.import_file(out, store, run_id="careless")
     assert (report.imported, report.failed) == (32, 0)
     trajs = queries.trajectories(str(store), "careless").set_index("traj_id")
     for rec in records:

@@ -647,7 +647,7 @@ def test_the_start_made_again_differs_by_rounding_and_grpo_ends_where_it_began()
     ratio = m["info_gain"].loc[61:64, "update/delta_rms"] / m["grpo"].loc[61:64, "update/delta_rms"]
     assert ratio.between(0.75, 1.1).all(), ratio
     assert int(m["grpo"].index.max()) == 64 and int(m["info_gain"].index.max()) == 64
-    # each step-64 adapter evaluated afterwards on this start's tasks (core/evaluation.py)
+    # each step-64 adapter evaluated afterwards on this start's tasks (core/jobs/evaluation.py)
     evals = runs[runs["run_id"].str.startswith("xeval-")]
     held = {}
     for v, r in ids.items():

@@ -3,7 +3,7 @@ sft_eval_every — along the SFT phase, which gives the held-out curve of the SF
 import json
 
 from core.config import TrainConfig
-from core.schedule import Schedule
+from core.run.schedule import Schedule
 
 
 class _Env:
@@ -38,7 +38,7 @@ def test_eval_seed_gives_runs_of_other_seeds_the_same_held_out_tasks(tmp_path):
     """By default the held-out draw follows the run's seed; with one eval_seed, runs of seeds 0
     and 1 evaluate the same tasks with the same episode seeds, so Compare pairs every task."""
     from core.config import validate
-    from core.trainer import train
+    from core.run.trainer import train
     from storage import queries
     from storage.recorder import Recorder
 

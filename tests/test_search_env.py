@@ -267,7 +267,7 @@ def test_expert_takes_over_a_partial_trajectory(env):
 
 def test_registered_and_torch_free():
     assert "search" in REGISTRY and make_env("search", topk=2, seed=3).topk == 2
-    code = "import sys, core.envs.search.env, core.rewards; sys.exit('torch' in sys.modules)"
+    code = "import sys, core.envs.search.env, core.credit.rewards; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 

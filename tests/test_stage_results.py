@@ -4,12 +4,12 @@ import pytest
 import torch
 
 from core.config import TrainConfig
-from core.credit import assign
+from core.credit.assign import assign
 from core.envs.base import make_env
-from core.policy import policy_from_config
-from core.records import StageResults, step_tables
-from core.rollout import Sampling, rollout
-from core.update import make_samples, policy_update, score_values
+from core.model.policy import policy_from_config
+from core.run.records import StageResults, step_tables
+from core.rollout.engine import Sampling, rollout
+from core.learn.update import make_samples, policy_update, score_values
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -6,15 +6,15 @@ from types import SimpleNamespace
 import pytest
 
 from core.config import ConfigError, TrainConfig, validate
-from core.credit import anchor_keys, gigpo
+from core.credit.assign import anchor_keys, gigpo
 from core.envs.base import Outcome, StepResult, Task, make_env, observation_role
-from core.rollout import Sampling, initial_state_key, record_turn
-from core.trajectory import Trajectory
+from core.rollout.engine import Sampling, initial_state_key, record_turn
+from core.rollout.trajectory import Trajectory
 
 
 @pytest.fixture(scope="module")
 def tok():
-    from core.policy import load_tokenizer
+    from core.model.policy import load_tokenizer
     return load_tokenizer("tiny")
 
 
@@ -153,8 +153,8 @@ def test_user_env_by_module_path():
 
 def test_rollout_records_the_state_each_turn_acted_from():
     """Through the real batched rollout (tiny model): turn k's key is the state after turn k-1."""
-    from core.policy import load_policy
-    from core.rollout import rollout
+    from core.model.policy import load_policy
+    from core.rollout.engine import rollout
 
     env = make_env("tests.test_state_keys:FlipEnv")
     pol = load_policy("tiny", seed=0)

@@ -91,7 +91,7 @@ def test_two_step_run_writes_every_table_consistently(tmp_path):
     assert _q(db, "SELECT count(*) FROM trajectories t WHERE num_turns <> (SELECT count(*) FROM "
                   "turns u WHERE u.traj_id = t.traj_id)") == [(0,)]
     # the four reward components for every trajectory; training rollouts on search (gold
-    # answers) also carry their measured information gain (core/info_gain.py)
+    # answers) also carry their measured information gain (core/credit/info_gain.py)
     assert _q(db, "SELECT DISTINCT t.split = 'train', count(r.component) AS n FROM "
                   "trajectories t LEFT JOIN rewards r USING (run_id, traj_id) "
                   "WHERE r.component IN ('cost', 'format', 'outcome', 'process') "

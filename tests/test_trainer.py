@@ -6,16 +6,16 @@ import math
 import pytest
 import torch
 
-from core import checkpoint
+from core.model import checkpoint
 from core.config import TrainConfig
-from core.credit import CREDIT, anchor_keys, assign, step_rewards
-from core.diagnostics import repeat_frac, rollout_metrics
+from core.credit.assign import CREDIT, anchor_keys, assign, step_rewards
+from core.rollout.diagnostics import repeat_frac, rollout_metrics
 from core.envs.base import make_env
-from core.policy import load_policy, token_logprobs
-from core.rewards import score
-from core.rollout import Sampling, rollout
-from core.sft import demonstrations
-from core.update import make_samples, policy_update, score_reference, sft_update
+from core.model.policy import load_policy, token_logprobs
+from core.credit.rewards import score
+from core.rollout.engine import Sampling, rollout
+from core.rollout.sft import demonstrations
+from core.learn.update import make_samples, policy_update, score_reference, sft_update
 from tests.credit_checks import fake_trajectory as fake
 
 
@@ -246,7 +246,7 @@ def test_rewards_component_rows_for_every_trajectory(env):
 
 
 def test_token_rows_carry_the_mask_as_the_optimiser_applied_it():
-    from core.records import step_tables
+    from core.run.records import step_tables
     kept, dropped, held_out = fake("a", "g", 1, 1.0), fake("b", "g", 1, 0.0), fake("c", "h", 1, 0.0)
     dropped.filtered = True
     held_out.split = "eval"
@@ -267,7 +267,7 @@ def test_ctrl_c_while_the_final_status_is_written_leaves_the_run_ended(tmp_path,
     import os
     import signal
 
-    from core.trainer import train
+    from core.run.trainer import train
     from storage import queries
     from storage.recorder import Recorder
 

@@ -42,7 +42,7 @@ def trl_run(tmp_path_factory):
     from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
 
-    from core.policy import load_base_model, load_tokenizer
+    from core.model.policy import load_base_model, load_tokenizer
     from storage.integrations.trl import RecorderCallback
 
     torch.set_num_threads(1)
@@ -203,7 +203,7 @@ from pathlib import Path
 from datasets import Dataset
 from peft import LoraConfig
 from trl import GRPOConfig, GRPOTrainer
-from core.policy import load_base_model, load_tokenizer
+from core.model.policy import load_base_model, load_tokenizer
 from storage.integrations.trl import RecorderCallback
 store, out, mode = sys.argv[1:4]
 calls = []
@@ -292,7 +292,7 @@ def _tiny_trainer(out, reward_funcs, steps: int):
     from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
 
-    from core.policy import load_base_model, load_tokenizer
+    from core.model.policy import load_base_model, load_tokenizer
     tok = load_tokenizer("tiny")
     model = load_base_model("tiny", vocab_size=len(tok)).requires_grad_(True)
     prompts = [[{"role": "user", "content": "Name a colour."}], [{"role": "user", "content": "hi"}]]
@@ -379,7 +379,7 @@ def test_a_trl_run_reads_as_one_its_base_model_and_grpos_loss_type():
     from types import SimpleNamespace
     from pages._common import algo_label
     from storage.integrations.trl_rows import model_name, run_config
-    from core.policy import load_policy
+    from core.model.policy import load_policy
     policy = load_policy("tiny", seed=0)
     assert type(policy.model).__name__.startswith("Peft")
     assert model_name(policy.model) != type(policy.model).__name__

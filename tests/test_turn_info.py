@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from core.envs.base import make_env, observation_role
-from core.records import step_tables
-from core.rollout import Sampling, initial_state_key, record_turn
-from core.trajectory import Trajectory
+from core.run.records import step_tables
+from core.rollout.engine import Sampling, initial_state_key, record_turn
+from core.rollout.trajectory import Trajectory
 from storage import queries
 from storage.migrations import SCHEMA_VERSION, prepare
 from storage.recorder import Recorder
@@ -20,7 +20,7 @@ from storage.recorder import Recorder
 
 @pytest.fixture(scope="module")
 def tok():
-    from core.policy import load_tokenizer
+    from core.model.policy import load_tokenizer
     return load_tokenizer("tiny")
 
 

@@ -1,5 +1,5 @@
 """An environment behind a deadline and a size cap, so a user's env cannot hang or flood the
-trainer. Both episode loops (core/rollout.py, core/collection.py) talk to their episodes only
+trainer. Both episode loops (core/rollout/engine.py, core/run/collection.py) talk to their episodes only
 through a ``Guard``: they map its ``EnvError`` to a trajectory ended as ``env_error``.
 
 Every call into one episode (``env.episode``, ``reset``, ``state_key``, ``step``, ``outcome``)

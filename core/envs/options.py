@@ -4,7 +4,7 @@
 
 whose constructor takes them with ``take_options`` (``__init__(self, seed=0, topk=3,
 **options)``), so the same declaration builds the environment, checks a configuration before a
-run starts (core/env_options.py, core/validation.py) and documents the options (the Train form's
+run starts (core/config/env_options.py, core/config/validation.py) and documents the options (the Train form's
 help). Imports nothing: pages and validation read declarations without torch.
 
 Why every option is declared and checked, none swallowed: an option can lift a limit the

@@ -13,14 +13,14 @@ step its own ``completions_*.parquet`` logs carry), written in one transaction:
   are a group (``s{step}-g{k}``), exactly the rows TRL normalises rewards over. ``advantage`` is
   TRL's, ``reward`` the weighted sum of the reward functions (NaN ones skipped, +-inf kept, as
   TRL's ``nansum`` does; a group holding one is noted and counted: trl_rows.flag_nonfinite).
-  ``success`` is ``outcome >= 1`` (the same inference as the TRL importer, storage/dumps.py).
+  ``success`` is ``outcome >= 1`` (the same inference as the TRL importer, storage/ingest/dumps.py).
 * ``rewards``: each reward function's raw value under its own name, plus the four contract
   components. A function whose name says what it is (``format_reward`` -> ``format``,
-  ``accuracy_reward`` -> ``outcome``; storage.dumps.standard_component) fills that component with
+  ``accuracy_reward`` -> ``outcome``; storage.ingest.dumps.standard_component) fills that component with
   its weighted value; ``outcome`` is otherwise the weighted sum of the functions no name maps,
   so outcome + format + cost + process is the reward TRL trained on.
 * ``turns``: a text completion is one turn; chat completions give one turn per assistant message
-  (tool results are observations, storage.dumps.chat_turns). A turn followed by an observation
+  (tool results are observations, storage.ingest.dumps.chat_turns). A turn followed by an observation
   is a ``tool`` action, the last one the ``answer`` (also the trajectory's ``answer`` unless the
   completion was cut at ``max_completion_length``).
 * ``tokens``: prompt tokens (role ``prompt``) and completion tokens (``action``; tool-result
@@ -90,7 +90,7 @@ METRIC_NAMES = {"reward": "reward/mean", "reward_std": "reward/std",
                 "completions/mean_length": "response/length_mean", "loss": "policy/loss",
                 "learning_rate": "optim/lr", "step_time": "time/step_s",
                 # with vLLM, TRL measures the sampler-trainer gap itself: mean |old - sampling
-                # logprob| over completion tokens is our mismatch/abs_mean (core/mismatch.py)
+                # logprob| over completion tokens is our mismatch/abs_mean (core/learn/mismatch.py)
                 "sampling/sampling_logp_difference/mean": "mismatch/abs_mean"}
 INDEX_KEY = "_recorder_index"
 QUEUE_STEPS = 2

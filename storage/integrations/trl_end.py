@@ -9,7 +9,7 @@
   seen leaving the trainer's wrapped methods (``RunEnd.seen``: a script that catches the error
   and calls ``sys.exit``), else none (the reason says so). ``callback.recording()`` marks the run
   at once, with its own exception, for processes that go on (a notebook). Ctrl-C
-  (KeyboardInterrupt) gives ``stopped``, as Ctrl-C does in our own trainer (core/trainer.py).
+  (KeyboardInterrupt) gives ``stopped``, as Ctrl-C does in our own trainer (core/run/trainer.py).
 * SIGTERM (a scheduler's preemption, ``kill``, ``timeout``): ``stopped``, "SIGTERM during step N".
   Python's default for SIGTERM is to die at once: no ``atexit``, no ``finally``, the run left
   ``running``. So while TRL trains a handler waits (at most ``DRAIN_S``) for the steps already

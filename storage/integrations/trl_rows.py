@@ -8,8 +8,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.token_text import _BYTES, _is_byte_level, token_texts
-from storage.dumps import chat_turns, standard_component, task_id_of
+from storage.failures import classify
+from storage.token_text import BYTE_DECODER, is_byte_level, token_texts
+from storage.ingest.dumps import chat_turns, standard_component, task_id_of
 
 STANDARD = ("outcome", "format", "cost", "process")
 TOKEN_COLUMNS = ("traj_id", "pos", "token_id", "text", "role", "trained", "turn", "advantage",
@@ -228,15 +229,15 @@ class StepRows:
         return sum(trained)
 
     def _texts(self, tok, ids: list[int]) -> list[str]:
-        """``core.token_text.token_texts(tok, ids)``, with each token's bytes looked up once per
+        """``storage.token_text.token_texts(tok, ids)``, with each token's bytes looked up once per
         run instead of rebuilt character by character for every token (most of a step's
         recording time before: 16k completion tokens a step)."""
-        if not _is_byte_level(tok):
+        if not is_byte_level(tok):
             return token_texts(tok, ids)
         raw = self._raw
         missing = list({i for i in ids if i not in raw})
         for i, piece in zip(missing, tok.convert_ids_to_tokens(missing)):
-            raw[i] = b"".join(bytes([_BYTES[c]]) if c in _BYTES else c.encode() for c in piece)
+            raw[i] = b"".join(bytes([BYTE_DECODER[c]]) if c in BYTE_DECODER else c.encode() for c in piece)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         texts = [decoder.decode(raw[i]) for i in ids]
         if texts:
@@ -274,8 +275,7 @@ def _per_token(values: list | None, n: int, obs: list[bool]) -> list:
 
 
 def _classify(turns: list[dict], success: bool, truncated: bool | None) -> str | None:
-    try:  # the same rules as every other recorded trajectory; optional like the importer's
-        from core.failures import classify
+    try:  # the same rules as every other recorded trajectory
         return classify(turns, success=success, finish_reason="max_tokens" if truncated else
                         "answered", answer=None if truncated else turns[-1]["action"], info={})
     except Exception:

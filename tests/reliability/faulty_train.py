@@ -28,7 +28,7 @@ def _hold() -> None:
 
 
 def _install(kind: str, step: int) -> None:
-    import core.trainer as trainer
+    import core.run.trainer as trainer
     import storage.recorder as recorder
     if kind == "hold-write":
         insert = recorder.insert_frame
@@ -48,7 +48,7 @@ def _install(kind: str, step: int) -> None:
         trainer.rollout = held_rollout
     elif kind in ("nan-loss", "nan-grad"):
         import torch
-        import core.update as update
+        import core.learn.update as update
         loss_fn, calls = update.policy_loss, {"n": 0}
         update_fn = trainer.policy_update
 
@@ -114,7 +114,7 @@ _ROLLOUT_INDEX: dict[int, int] = {}
 
 def _track_rollout_index() -> None:
     """Tell each episode its rollout index r (trajectory ids end in -r{r})."""
-    import core.rollout as rollout
+    import core.rollout.engine as rollout
     row_init = rollout._Row.__init__
 
     def row_tracking(self, *args, **kwargs):

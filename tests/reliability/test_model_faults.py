@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from core.config import TrainConfig
 from core.envs.base import StepResult, make_env
-from core.rewards import score
-from core.trajectory import Trajectory, Turn
+from core.credit.rewards import score
+from core.rollout.trajectory import Trajectory, Turn
 
 ENVS = ("search", "apps", "frozenlake", "sokoban", "bandit")
 MALFORMED = {

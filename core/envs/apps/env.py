@@ -93,7 +93,7 @@ def user_message(world, instruction: str) -> str:
 @register("apps")
 class AppsEnv:
     """Options: ``OPTIONS`` below. ``seed`` and ``topk`` are the arguments every environment is
-    built with (core/env_options.py's env_kwargs); tasks take their own seed and there is no
+    built with (core/config/env_options.py's env_kwargs); tasks take their own seed and there is no
     retrieval here, so neither changes anything."""
 
     name = "apps"

@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from core.envs.apps.world import World, diff_snapshots, fmt_time, generate_world
-from core.rewards import exact_match
+from core.envs.answers import exact_match
 
 ANSWER_TEST = "answer_matches"
 COLLATERAL_TEST = "no_collateral_damage"

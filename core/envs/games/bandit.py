@@ -55,7 +55,7 @@ def payout(is_high: bool, u: float) -> float:
 @register("bandit")
 class Bandit:
     """Environment factory; options: ``OPTIONS`` (see the module docstring). ``seed`` and
-    ``topk`` are the arguments every environment is built with (core/env_options.py's
+    ``topk`` are the arguments every environment is built with (core/config/env_options.py's
     env_kwargs); nothing is retrieved here, so topk changes nothing."""
 
     name = "bandit"

@@ -152,7 +152,7 @@ class _Planner:
 @register("frozenlake")
 class FrozenLake:
     """Environment factory; options: ``OPTIONS``. ``seed`` and ``topk`` are the arguments every
-    environment is built with (core/env_options.py's env_kwargs); lakes take their own seed and
+    environment is built with (core/config/env_options.py's env_kwargs); lakes take their own seed and
     nothing is retrieved, so neither changes anything."""
 
     name = "frozenlake"

@@ -119,7 +119,7 @@ def random_level(rng, size: int = 6, boxes: int = 1, inner_walls: int = 2,
 @register("sokoban")
 class Sokoban:
     """Environment factory; options: ``OPTIONS``. ``seed`` and ``topk`` are the arguments every
-    environment is built with (core/env_options.py's env_kwargs); levels take their own seed and
+    environment is built with (core/config/env_options.py's env_kwargs); levels take their own seed and
     nothing is retrieved, so neither changes anything."""
 
     name = "sokoban"

@@ -27,10 +27,10 @@ from typing import Any, Sequence
 from core.envs.base import Outcome, StepResult, Task, register
 from core.envs.options import Option, take_options
 from core.envs.search.world import RELATIONS, WORLD_SEED, Doc, World, cached_world
-from core.rewards import exact_match, normalize_answer, token_f1
+from core.envs.answers import exact_match, normalize_answer, token_f1
+from storage.protocol import ACTION, parse_action  # noqa: F401 (the env's action grammar)
 
 SPLITS = ("train", "heldout")
-ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
 INVALID_FEEDBACK = (
     "\nMy previous action is invalid. If I want to search, I should put the query between "
     "<search> and </search>. If I want to give the final answer, I should put the answer between "
@@ -51,13 +51,6 @@ METRICS = {"em": exact_match, "f1": token_f1}
 
 
 # ---- protocol ----------------------------------------------------------------------------------
-def parse_action(text: str | None) -> tuple[str, str] | None:
-    """(kind, content) of the first <search>/<answer> action in text, content stripped; None if
-    there is none. Never raises on arbitrary text."""
-    match = ACTION.search(text or "")
-    return (match.group(1), match.group(2).strip()) if match else None
-
-
 def format_information(docs: Sequence[Doc]) -> str:
     """Search-R1's observation: 'Doc i(Title: t) text' lines inside <information>, blank lines
     around it."""
@@ -167,7 +160,7 @@ class SearchEnv:
                             "comma-separated, or ';'-separated inside env_options"),
     }
     """topk and outcome_metric are not options here: they have configuration fields of their
-    own (checked by core/validation.py) and every run passes them."""
+    own (checked by core/config/validation.py) and every run passes them."""
 
     def __init__(self, seed: int = 0, topk: int = 3, outcome_metric: str = "em",
                  **options: Any):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.envs.apps.api import ApiError, as_time, endpoint, found, like, limit_of, opt, req
+from core.envs.apps.api import ApiError, as_email, as_time, endpoint, found, like, limit_of, opt, req
 from core.envs.apps.world import World, fmt_time
 
 

@@ -1,0 +1,376 @@
+"""The algorithm registry: every ``--algo`` name, declared once, torch-free.
+
+``ALGORITHMS[name]`` says what the algorithm is made of; the config (``ALGOS``, its defaults and
+validation), the CLI, credit assignment (core/credit/assign.py), the trainer, the update and the pages
+all read it, so nothing else lists algorithms:
+
+    name      outcome estimator  credit step  defaults it is defined with         value head
+    grpo      grpo               outcome      -                                   no
+    dr_grpo   dr_grpo            outcome      -                                   no
+    rloo      rloo               outcome      -                                   no
+    ppo       -                  gae          -                                   yes
+    starpo_s  grpo               starpo_s     clip-higher 0.2/0.28, no KL         no
+    gigpo     grpo               gigpo        -                                   no
+    loop      rloo               outcome      log clip 0.1, per-rollout mean,     no
+                                              |A| >= 0.01, no KL
+
+The outcome estimators act on one scalar reward per trajectory, so they are written here once in
+NumPy: the pages compute "what would GRPO have given this group" with the very same code the
+trainer uses, and core/credit/advantages.py wraps them for tensors (the fixed ``ESTIMATORS`` contract).
+Per-token work (GAE, spreading advantages over tokens) stays tensor code in core/credit/advantages.py.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Mapping, Sequence
+
+import numpy as np
+
+EPS = 1e-6
+
+
+# -------------------------------------------------------------------------------------------------
+# Group bookkeeping (NumPy, float64)
+
+
+def as_rewards(rewards, group_ids: Sequence[Hashable]) -> np.ndarray:
+    """rewards as a finite float64 array (B,) with one group id each; ValueError naming the fault."""
+    r = np.asarray(rewards, dtype=np.float64)
+    if r.ndim != 1:
+        raise ValueError(f"rewards must be a 1-D array (B,), got shape {r.shape}")
+    if len(group_ids) != r.shape[0]:
+        raise ValueError(f"group_ids has {len(group_ids)} entries for {r.shape[0]} rewards")
+    if not np.isfinite(r).all():
+        raise ValueError("rewards contain NaN or inf")
+    return r
+
+
+def group_stats(rewards, group_ids: Sequence[Hashable]):
+    """Per-group (mean (G,), unbiased std (G,), count (G,), all_equal (G,) bool, index (B,)),
+    groups numbered 0..G-1 in order of first appearance.
+
+    std of a group of one is 0 (not NaN): one sample has no spread to measure.
+    """
+    r = as_rewards(rewards, group_ids)
+    dense: dict[Hashable, int] = {}
+    index = np.array([dense.setdefault(g, len(dense)) for g in group_ids], dtype=np.int64)
+    n = len(dense)
+    count = np.bincount(index, minlength=n).astype(np.float64)
+    mean = np.bincount(index, weights=r, minlength=n) / np.maximum(count, 1)
+    sq = np.bincount(index, weights=(r - mean[index]) ** 2, minlength=n)
+    std = np.sqrt(np.where(count > 1, sq / np.maximum(count - 1, 1), 0.0))
+    gmax, gmin = np.full(n, -np.inf), np.full(n, np.inf)
+    np.maximum.at(gmax, index, r)
+    np.minimum.at(gmin, index, r)
+    return mean, std, count, gmax == gmin, index
+
+
+# -------------------------------------------------------------------------------------------------
+# Outcome-level estimators: (rewards (B,), group_ids) -> advantages (B,) float64.
+# A group whose rewards are all equal, or of one trajectory, carries no comparison: exactly 0.
+
+
+def grpo(rewards, group_ids: Sequence[Hashable]) -> np.ndarray:
+    """GRPO (Shao et al. 2024; Search-R1): A_i = (r_i - mean_g) / (std_g + 1e-6), std unbiased."""
+    mean, std, _, flat, index = group_stats(rewards, group_ids)
+    adv = (as_rewards(rewards, group_ids) - mean[index]) / (std[index] + EPS)
+    return np.where(flat[index], 0.0, adv)
+
+
+def dr_grpo(rewards, group_ids: Sequence[Hashable]) -> np.ndarray:
+    """Dr. GRPO (Liu et al. 2025): A_i = r_i - mean_g (no std division, which favours groups with
+    little spread)."""
+    mean, _, _, flat, index = group_stats(rewards, group_ids)
+    adv = as_rewards(rewards, group_ids) - mean[index]
+    return np.where(flat[index], 0.0, adv)
+
+
+def rloo(rewards, group_ids: Sequence[Hashable]) -> np.ndarray:
+    """RLOO / LOOP leave-one-out (Kool et al. 2019; Chen et al. 2025):
+    A_k = R_k - (sum_j R_j - R_k) / (K - 1) = K/(K-1) (R_k - mean_g).
+
+    The baseline of each rollout is the mean of the *other* K-1 rollouts of its task, so it does
+    not depend on the rollout itself (unbiased). No std normalisation (LOOP's default).
+    """
+    mean, _, count, flat, index = group_stats(rewards, group_ids)
+    k = count[index]
+    adv = k / np.maximum(k - 1, 1) * (as_rewards(rewards, group_ids) - mean[index])
+    return np.where(flat[index] | (k < 2), 0.0, adv)
+
+
+def starpo_s_keep(rewards, group_ids: Sequence[Hashable], keep_frac: float = 0.25) -> np.ndarray:
+    """RAGEN's StarPO-S filter: keep whole groups, the top ``keep_frac`` of groups by in-group
+    reward std (unbiased); the others are dropped from the update (but still recorded).
+
+    Groups kept = max(1, floor(keep_frac * G)) (RAGEN takes int(ratio * groups)). Ties in std are
+    broken by first appearance of the group, so the choice is deterministic.
+    Shapes: rewards (B,), group_ids length B -> keep (B,) bool.
+    """
+    if not 0 < keep_frac <= 1:
+        raise ValueError(f"keep_frac must be in (0, 1], got {keep_frac}")
+    _, std, _, _, index = group_stats(rewards, group_ids)
+    if std.shape[0] == 0:
+        return np.zeros(0, dtype=bool)
+    n_keep = max(1, int(keep_frac * std.shape[0] + 1e-9))  # 1e-9: 0.3 * 10 must give 3, not 2
+    order = sorted(range(std.shape[0]), key=lambda g: (-float(std[g]), g))
+    kept = np.zeros(std.shape[0], dtype=bool)
+    kept[order[:n_keep]] = True
+    return kept[index]
+
+
+# -------------------------------------------------------------------------------------------------
+# GiGPO: step-level credit from anchor states (plain Python: lists of turns of unequal length)
+
+
+def anchor_key(observation: str) -> str:
+    """Exact hash of a raw observation: turns acting from identical observations share a key."""
+    return hashlib.sha1(observation.encode("utf-8")).hexdigest()
+
+
+def gigpo_step_advantages(step_rewards: list[list[float]], anchor_keys: list[list[str]],
+                          group_ids: Sequence[Hashable], gamma: float = 0.95,
+                          normalize: str = "std") -> list[list[float]]:
+    """GiGPO step advantages (Feng et al. 2025): within one task group, turns that acted from the
+    same anchor state (same key) form a step group; their discounted returns are compared there.
+
+        G_t = r_t + gamma * G_{t+1}    A_step = (G_t - mean_s) / (std_s + 1e-6)   ("std")
+                                       A_step =  G_t - mean_s                     ("mean")
+
+    std_s is unbiased. A step group of one turn, or whose returns are all equal, gets 0 (verl-agent
+    leaves a singleton's return unnormalised; here a turn with nothing to compare against carries
+    no step-level signal). The trainer adds A = A_episode + w * A_step per turn.
+    Shapes: step_rewards[i][t], anchor_keys[i][t] for trajectory i, turn t; group_ids length N
+    -> list of N lists, one float per turn.
+    """
+    if normalize not in ("std", "mean"):
+        raise ValueError(f"normalize must be 'std' or 'mean', got {normalize!r}")
+    if not 0 <= gamma <= 1:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    if not len(step_rewards) == len(anchor_keys) == len(group_ids):
+        raise ValueError(f"step_rewards ({len(step_rewards)}), anchor_keys ({len(anchor_keys)}) and "
+                         f"group_ids ({len(group_ids)}) must have one entry per trajectory")
+    returns: list[list[float]] = []
+    for i, (rs, keys) in enumerate(zip(step_rewards, anchor_keys)):
+        if len(rs) != len(keys):
+            raise ValueError(f"trajectory {i}: {len(rs)} step rewards but {len(keys)} anchor keys")
+        g, out = 0.0, [0.0] * len(rs)
+        for t in range(len(rs) - 1, -1, -1):
+            g = float(rs[t]) + gamma * g
+            out[t] = g
+        if not all(math.isfinite(x) for x in out):
+            raise ValueError(f"trajectory {i}: step rewards contain NaN or inf")
+        returns.append(out)
+
+    members: dict[tuple, list[tuple[int, int]]] = {}
+    for i, keys in enumerate(anchor_keys):
+        for t, key in enumerate(keys):
+            members.setdefault((group_ids[i], key), []).append((i, t))
+
+    adv = [[0.0] * len(rs) for rs in returns]
+    for cells in members.values():
+        values = [returns[i][t] for i, t in cells]
+        if len(values) < 2 or max(values) == min(values):
+            continue
+        mean = math.fsum(values) / len(values)
+        std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
+        for (i, t), v in zip(cells, values):
+            adv[i][t] = (v - mean) / (std + EPS) if normalize == "std" else v - mean
+    return adv
+
+
+def info_gain_turn_advantages(gains: list[list[float]], group_ids: Sequence[Hashable],
+                              scale: bool = True) -> list[list[float]]:
+    """IGPO's dense turn credit: each turn's information gain (core/credit/info_gain.py, g_{i,k} =
+    p_{i,k+1} - p_{i,k}) normalised over every gain in its trajectory's task group,
+
+        A_{i,k} = (g_{i,k} - mean_group(g)) / (std_group(g) + 1e-6)     (std unbiased)
+
+    one value per gain (turns 0..T_i-2; the final turn's credit is the outcome's). A group with
+    fewer than two gains, or all gains equal, carries no comparison: 0. ``scale=False`` only
+    centres, A_{i,k} = g_{i,k} - mean_group(g) (SPA's contributions keep the outcome's scale: a
+    head that learned little would otherwise have its noise blown up to unit size). The trainer adds
+    ``w_info_gain`` x A_{i,k} to turn k's action tokens, on top of the algorithm's own credit.
+
+    >>> info_gain_turn_advantages([[0.5, 0.0], [0.0]], ["g", "g"])[0][0] > 0
+    True
+    """
+    if len(gains) != len(group_ids):
+        raise ValueError(f"gains ({len(gains)}) and group_ids ({len(group_ids)}) must have one "
+                         "entry per trajectory")
+    members: dict[Hashable, list[float]] = {}
+    for g, gid in zip(gains, group_ids):
+        if not all(math.isfinite(x) for x in g):
+            raise ValueError("information gains contain NaN or inf")
+        members.setdefault(gid, []).extend(float(x) for x in g)
+    stats = {}
+    for gid, values in members.items():
+        if len(values) < 2 or max(values) == min(values):
+            continue
+        mean = math.fsum(values) / len(values)
+        stats[gid] = (mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1)))
+    return [[(float(x) - stats[gid][0]) / ((stats[gid][1] + EPS) if scale else 1.0)
+             if gid in stats else 0.0 for x in g] for g, gid in zip(gains, group_ids)]
+
+
+def igpo_stats(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, std) as IGPO's released trainer normalises a group: the population std with 1e-8
+    under the root, std = sqrt(mean((v - mean)^2) + 1e-8); a group of one value (or none) gets
+    std 1, so it is only centred (to 0).
+
+    >>> [round(x, 6) for x in igpo_stats([1.0, 0.0, 0.0])]
+    [0.333333, 0.471405]
+    """
+    if len(values) <= 1:
+        return (float(values[0]) if values else 0.0), 1.0
+    mean = math.fsum(values) / len(values)
+    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values) + 1e-8)
+
+
+def igpo_turn_advantages(gains: list[list[float]], outcomes: Sequence[float],
+                         group_ids: Sequence[Hashable], gamma: float,
+                         gain_weight: float = 1.0) -> tuple[list[list[float]], int]:
+    """IGPO's turn advantages (Wang et al. 2025), as its released trainer computes them
+    ("separate" normalisation, the mode of its training script): within one task group the
+    gains and the outcomes are z-scored apart, each with ``igpo_stats`` (population std),
+
+        zg_{i,k} = (g_{i,k} - mean_G(g)) / (std_G(g) + 1e-6)     over every gain of the group
+        zo_i     = (R_i - mean_G(R)) / (std_G(R) + 1e-6)           over the group's outcomes
+
+    the outcome is the last turn's reward and the turn rewards are accumulated backwards,
+
+        r_{i,k} = w * zg_{i,k}  (k < T_i - 1),   r_{i,T_i-1} = zo_i
+        A_{i,k} = r_{i,k} + gamma * A_{i,k+1}
+
+    so gamma discounts the outcome into earlier turns too. ``gains[i]`` holds turns 0..T_i-2 (the
+    last turn has no gain); ``w`` is ``gain_weight`` (IGPO's information-gain weight, 1 there).
+    A gain that is not finite (a NaN read of the gold answer) is left out of its group's
+    statistics and its turn gets no gain reward (r = 0, IGPO's code does the same with a NaN
+    difference); the count of such turns is returned beside the advantages.
+
+    >>> adv, skipped = igpo_turn_advantages([[0.5], [0.1]], [1.0, 0.0], ["g", "g"], gamma=1.0)
+    >>> [[round(a, 3) for a in row] for row in adv], skipped
+    ([[2.0, 1.0], [-2.0, -1.0]], 0)
+    """
+    if not len(gains) == len(outcomes) == len(group_ids):
+        raise ValueError(f"gains ({len(gains)}), outcomes ({len(outcomes)}) and group_ids "
+                         f"({len(group_ids)}) must have one entry per trajectory")
+    if not 0 <= gamma <= 1:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    if not all(math.isfinite(float(r)) for r in outcomes):
+        raise ValueError("outcomes contain NaN or inf")
+    pooled_g: dict[Hashable, list[float]] = {}
+    pooled_r: dict[Hashable, list[float]] = {}
+    for g, r, gid in zip(gains, outcomes, group_ids):
+        pooled_g.setdefault(gid, []).extend(float(x) for x in g if math.isfinite(float(x)))
+        pooled_r.setdefault(gid, []).append(float(r))
+    stats_g = {gid: igpo_stats(v) for gid, v in pooled_g.items()}
+    stats_r = {gid: igpo_stats(v) for gid, v in pooled_r.items()}
+    out, skipped = [], 0
+    for g, r, gid in zip(gains, outcomes, group_ids):
+        (mg, sg), (mr, sr) = stats_g[gid], stats_r[gid]
+        rewards = []
+        for x in g:
+            if math.isfinite(float(x)):
+                rewards.append(gain_weight * (float(x) - mg) / (sg + EPS))
+            else:
+                rewards.append(0.0)
+                skipped += 1
+        rewards.append((float(r) - mr) / (sr + EPS))
+        out.append(discounted_turn_sums([rewards], gamma)[0])
+    return out, skipped
+
+
+def discounted_turn_sums(values: list[list[float]], gamma: float) -> list[list[float]]:
+    """Each turn's discounted sum of its own and its later turns' values, per trajectory:
+
+        S_{i,k} = sum_{j >= k} gamma^(j-k) v_{i,j}        (S_{i,k} = v_{i,k} + gamma S_{i,k+1})
+
+    IGPO's turn-level accumulation of normalised turn rewards (gamma 1 in its released scripts);
+    gamma 0 leaves every value as it is.
+
+    >>> discounted_turn_sums([[1.0, -0.5, 2.0]], 0.5)
+    [[1.25, 0.5, 2.0]]
+    """
+    if not 0 <= gamma <= 1:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    out = []
+    for vs in values:
+        acc, sums = 0.0, [0.0] * len(vs)
+        for k in range(len(vs) - 1, -1, -1):
+            acc = float(vs[k]) + gamma * acc
+            sums[k] = acc
+        out.append(sums)
+    return out
+
+
+# -------------------------------------------------------------------------------------------------
+# The registry
+
+Estimator = Callable[[Any, Sequence[Hashable]], np.ndarray]
+CREDIT_STEPS = ("outcome", "starpo_s", "gigpo", "gae")
+"""The credit steps of core/credit/assign.py, by name: what turns rewards into per-token advantages."""
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    summary: str
+    """One line for --help, the Train page and docs/architecture.md."""
+    estimator: Estimator | None
+    """Outcome estimator (B,) -> (B,); None when advantages are per token (PPO's GAE)."""
+    credit: str
+    """Credit step in core/credit/assign.py: outcome | starpo_s | gigpo | gae."""
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    """TrainConfig values the algorithm is defined with; the config applies them to fields the
+    user did not set (an explicit value from Python, a preset, YAML or a flag always wins)."""
+    needs_value_head: bool = False
+    """Trains a value head beside the policy (a critic) and feeds its estimates to credit."""
+    group_based: bool = True
+    """Compares rollouts of one task with each other: needs group_size >= 2."""
+    source: str = ""
+    """Where the recipe comes from."""
+
+
+def _register(*algos: Algorithm) -> dict[str, Algorithm]:
+    return {a.name: a for a in algos}
+
+
+ALGORITHMS: dict[str, Algorithm] = _register(
+    Algorithm("grpo", "group-normalised outcome advantage", grpo, "outcome",
+              source="Shao et al. 2024 (DeepSeekMath); Search-R1"),
+    Algorithm("dr_grpo", "group mean baseline, no std division", dr_grpo, "outcome",
+              source="Liu et al. 2025 (Understanding R1-Zero)"),
+    Algorithm("rloo", "leave-one-out baseline", rloo, "outcome", source="Kool et al. 2019"),
+    Algorithm("ppo", "GAE with a learned value head", None, "gae", needs_value_head=True,
+              group_based=False, source="Schulman et al. 2017; verl"),
+    # RAGEN's StarPO-S: clip-higher (eps_low 0.2, eps_high 0.28) and no KL term.
+    Algorithm("starpo_s", "GRPO on the top groups by reward std, clip-higher", grpo, "starpo_s",
+              defaults={"clip_eps_high": 0.28, "kl_coef": 0.0}, source="RAGEN (Wang et al. 2025)"),
+    Algorithm("gigpo", "GRPO episode + anchor-state step advantage", grpo, "gigpo",
+              source="Feng et al. 2025 (verl-agent)"),
+    # LOOP: per-token ratio clipped symmetrically in log space ([1/1.1, 1.1]), each rollout's
+    # token losses averaged then averaged over rollouts, |A| < 0.01 dropped, no reference model.
+    # Its other settings (6 rollouts per task, 2 epochs, grad norm 0.1, lr 5e-5) depend on the
+    # model's scale and are left to the user.
+    Algorithm("loop", "leave-one-out PPO: RLOO baseline, log-space clip, no critic", rloo, "outcome",
+              defaults={"clip_mode": "log", "clip_eps_low": 0.1, "clip_eps_high": 0.1,
+                        "loss_agg": "seq-mean-token-mean", "min_abs_advantage": 0.01,
+                        "kl_coef": 0.0},
+              source="Chen et al. 2025 (LOOP, AppWorld)"),
+)
+
+ALGOS: tuple[str, ...] = tuple(ALGORITHMS)
+GROUP_ALGOS: tuple[str, ...] = tuple(n for n, a in ALGORITHMS.items() if a.group_based)
+
+
+def get(name: str) -> Algorithm:
+    """The algorithm called ``name``; ValueError listing the known ones."""
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; one of {', '.join(ALGORITHMS)}")
+    return ALGORITHMS[name]
+
+
+def needs_value_head(name: str) -> bool:
+    return get(name).needs_value_head

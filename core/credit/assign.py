@@ -1,0 +1,239 @@
+"""Credit assignment: trajectory rewards -> one advantage per trained token, by algorithm.
+
+Each credit step (``STEPS``, named by core/config/algorithms.py's registry; ``CREDIT`` maps every
+algorithm to its step) takes the step's scored trajectories and returns a ``Credit``: per-token
+advantages (one float tensor (T_i,) per trajectory, 0 on untrained tokens), per-turn advantages
+for turn-level methods and PPO's returns, parallel to the trajectories; the trainer hands them on
+to the update and the record. The trajectory's own fields ``traj.advantage`` (its scalar
+advantage) and ``traj.filtered`` (dropped from the update) are set too; ``traj.info`` is left alone.
+
+    outcome                 the algorithm's outcome estimator (grpo, dr_grpo, rloo, loop):
+                            the trajectory's advantage on every one of its tokens
+    starpo_s                GRPO + RAGEN's filter: only the top ``starpo_keep`` groups by in-group
+                            reward std are trained (whole groups kept or dropped)
+    gigpo                   A = A_episode + w * A_step per turn (anchor-state step groups)
+    gae (ppo)               GAE over trained tokens with the value head's estimates, reward on
+                            each trajectory's last trained token, whitened over the batch (verl)
+After any of them, with
+``w_info_gain`` > 0 the trajectories with measured gains (IGPO, core/credit/info_gain.py) take IGPO's
+turn returns instead: gains and outcomes z-scored apart within the task group, the outcome as the
+last turn's reward, accumulated backwards with ``info_gain_gamma`` (core/config/algorithms.py
+``igpo_turn_advantages``); with ``w_spa`` > 0 each turn's
+SPA progress contribution (core/credit/progress.py) and with ``w_prm`` > 0 each turn's process reward
+model score (core/credit/prm.py) are added to that turn's action tokens, both centred within the group
+rather than scaled. Last, LOOP's
+filter drops the trajectories none of whose trained tokens has |A| >= ``min_abs_advantage``
+(for the outcome estimators: |A| of the trajectory), so the dense credit is not filtered away.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from core.config import algorithms
+from core.credit.advantages import anchor_key, drop_small, gae, gigpo_step_advantages, starpo_s_keep
+from core.config.algorithms import discounted_turn_sums, info_gain_turn_advantages
+from core.rollout.trajectory import Trajectory
+
+
+@dataclass
+class Credit:
+    """What credit assignment returns, one entry per trajectory of the batch, in its order."""
+    per_token: list[torch.Tensor]
+    """Advantage of every token (T_i,), 0 where untrained."""
+    turn_advantages: list[list[float] | None]
+    """Per-turn advantages (GiGPO); None where the method has one advantage per trajectory."""
+    returns: list[torch.Tensor | None]
+    """Per-token returns (T_i,), the value head's target (PPO); None otherwise."""
+
+    @classmethod
+    def outcome(cls, per_token: list[torch.Tensor]) -> "Credit":
+        return cls(per_token, [None] * len(per_token), [None] * len(per_token))
+
+    def part(self, start: int, stop: int) -> "Credit":
+        """The entries of trajectories ``start:stop`` (one rank's share of the batch)."""
+        return Credit(self.per_token[start:stop], self.turn_advantages[start:stop],
+                      self.returns[start:stop])
+
+
+def _mask(traj: Trajectory) -> torch.Tensor:
+    return torch.tensor(traj.trained, dtype=torch.bool)
+
+
+def _rewards(trajs: Sequence[Trajectory]) -> tuple[torch.Tensor, list[str]]:
+    return (torch.tensor([t.reward for t in trajs], dtype=torch.float32),
+            [t.group_id for t in trajs])
+
+
+def outcome(trajs: Sequence[Trajectory], cfg, values=None) -> Credit:
+    """Group-relative outcome advantage (the registry's estimator for ``cfg.algo``) spread over
+    the trajectory's tokens."""
+    estimator = algorithms.get(cfg.algo).estimator
+    adv = estimator([t.reward for t in trajs], [t.group_id for t in trajs])  # (B,) float64
+    for t, a in zip(trajs, adv.tolist()):
+        t.advantage = a
+    return Credit.outcome([a * _mask(t).float() for t, a in zip(trajs, adv.tolist())])
+
+
+def starpo_s(trajs: Sequence[Trajectory], cfg, values=None) -> Credit:
+    """GRPO advantages; groups outside the top ``starpo_keep`` by reward std are filtered."""
+    credit = outcome(trajs, cfg)
+    rewards, gids = _rewards(trajs)
+    keep = starpo_s_keep(rewards, gids, cfg.starpo_keep)
+    for t, k in zip(trajs, keep.tolist()):
+        t.filtered = t.filtered or not k
+    return credit
+
+
+def step_rewards(traj: Trajectory) -> list[float]:
+    """Per-turn rewards whose sum is the trajectory's reward: the env's step rewards, with the
+    part of the scored reward they do not pay out (outcome, format, costs) paid on the last turn."""
+    rs = [float(turn.step_reward) for turn in traj.turns]
+    if rs:
+        rs[-1] += traj.reward - sum(rs)
+    return rs
+
+
+def anchor_keys(traj: Trajectory) -> list[str]:
+    """The state each turn acted from, as GiGPO's anchor: the env's ``state_key`` stored on the
+    turn, so one state reached at different turns is one anchor. A turn without one (an env that
+    offers none) falls back to the state as text: the task at the start, then the previous
+    observation."""
+    seen = ["task:" + traj.task.task_id] + [turn.observation for turn in traj.turns[:-1]]
+    return [anchor_key("state:" + turn.state_key) if turn.state_key is not None
+            else anchor_key(text) for turn, text in zip(traj.turns, seen)]
+
+
+def gigpo(trajs: Sequence[Trajectory], cfg, values=None) -> Credit:
+    """GiGPO: episode advantage (GRPO) plus ``gigpo_weight`` x the anchor-state step advantage."""
+    outcome(trajs, cfg)  # the episode term, as each traj.advantage
+    steps = gigpo_step_advantages([step_rewards(t) for t in trajs], [anchor_keys(t) for t in trajs],
+                                  [t.group_id for t in trajs], gamma=cfg.gigpo_gamma)
+    out, turns = [], []
+    for t, st in zip(trajs, steps):
+        per_turn = [t.advantage + cfg.gigpo_weight * a for a in st]
+        turns.append(per_turn)
+        turn_of = torch.tensor(t.token_turn)
+        adv = torch.zeros(len(t.token_ids))
+        for k, a in enumerate(per_turn):
+            adv[(turn_of == k) & _mask(t)] = a
+        out.append(adv)
+    return Credit(out, turns, [None] * len(out))
+
+
+def ppo(trajs: Sequence[Trajectory], cfg, values: Sequence[torch.Tensor] | None = None,
+        ) -> Credit:
+    """GAE per trajectory (reward on its last trained token), whitened over all trained tokens."""
+    if values is None:
+        raise ValueError("ppo credit needs the value head's estimates")
+    advs, rets = [], []
+    for t, v in zip(trajs, values):
+        mask = _mask(t)
+        r = torch.zeros(len(t.token_ids))
+        if mask.any():
+            r[int(mask.nonzero()[-1])] = t.reward
+        a, ret = gae(r[None], v.detach().float()[None], mask[None], cfg.gamma, cfg.lam)
+        advs.append(a[0])
+        rets.append(ret[0])
+    trained = torch.cat([a[_mask(t)] for a, t in zip(advs, trajs)]) if trajs else torch.zeros(0)
+    if trained.numel() > 1:
+        mean, std = trained.mean(), trained.std()
+        advs = [torch.where(_mask(t), (a - mean) / (std + 1e-8), torch.zeros_like(a))
+                for a, t in zip(advs, trajs)]
+    for t, a in zip(trajs, advs):
+        m = _mask(t)
+        t.advantage = float(a[m].mean()) if m.any() else 0.0
+    return Credit(advs, [None] * len(advs), rets)
+
+
+STEPS: dict[str, Callable[..., Credit]] = {
+    "outcome": outcome, "starpo_s": starpo_s, "gigpo": gigpo, "gae": ppo,
+}
+"""Credit step by name (core/config/algorithms.py ``CREDIT_STEPS``)."""
+
+CREDIT: dict[str, Callable[..., Credit]] = {
+    name: STEPS[algo.credit] for name, algo in algorithms.ALGORITHMS.items()
+}
+"""Algorithm name -> its credit step, as the registry declares it."""
+
+
+def assign(trajs: Sequence[Trajectory], cfg, values=None,
+           info_gains: Sequence[Sequence[float] | None] | None = None,
+           progress: Sequence[Sequence[float] | None] | None = None,
+           prm: Sequence[Sequence[float] | None] | None = None) -> Credit:
+    """Credit for ``cfg.algo``; then the dense information-gain credit (``w_info_gain``;
+    ``info_gains``: each trajectory's per-turn gains, None where none was measured) and SPA's
+    progress credit (``w_spa``; ``progress``: each trajectory's per-turn contributions,
+    core/credit/progress.py) and the process reward model's scores (``w_prm``; ``prm``, core/credit/prm.py);
+    then LOOP's |A| filter (``min_abs_advantage``) on the tokens' final advantages."""
+    credit = CREDIT[cfg.algo](trajs, cfg, values)
+    if getattr(cfg, "w_info_gain", 0.0) > 0 and info_gains is not None:
+        credit = add_info_gain(credit, trajs, info_gains, cfg.w_info_gain,
+                               gamma=cfg.info_gain_gamma)
+    if getattr(cfg, "w_spa", 0.0) > 0 and progress is not None:
+        credit = add_turn_credit(credit, trajs, progress, cfg.w_spa, scale=False)
+    if getattr(cfg, "w_prm", 0.0) > 0 and prm is not None:
+        credit = add_turn_credit(credit, trajs, prm, cfg.w_prm, scale=False)
+    if cfg.min_abs_advantage > 0 and trajs:
+        # after the dense credit: a rollout whose group outcomes were all equal (A = 0) still
+        # trains where a turn signal gave its turns credit (IGPO's answer to zero-variance groups)
+        largest = torch.tensor([float(adv[_mask(t)].abs().max()) if any(t.trained) else 0.0
+                                for t, adv in zip(trajs, credit.per_token)])
+        keep = drop_small(largest, cfg.min_abs_advantage)
+        for t, k in zip(trajs, keep.tolist()):
+            t.filtered = t.filtered or not k
+    return credit
+
+
+def add_info_gain(credit: Credit, trajs: Sequence[Trajectory],
+                  info_gains: Sequence[Sequence[float] | None], weight: float, *,
+                  gamma: float) -> Credit:
+    """IGPO's credit for every trajectory with measured gains: turn k's action tokens get
+    A_{i,k} = sum_{j >= k} gamma^(j-k) r_{i,j}, with r the group-z-scored gains (x ``weight``)
+    and, on the last turn, the group-z-scored outcome reward (core/config/algorithms.py
+    ``igpo_turn_advantages``, its released trainer's form). This replaces the algorithm's own
+    per-token credit of those trajectories, as IGPO's advantage is built from these turn returns
+    alone; trajectories without gains (no gold answer) keep theirs. A gain that is not finite
+    gives its turn no gain reward (TurnCredit counts those turns as ``info_gain/skipped_turns``)."""
+    if len(info_gains) != len(trajs):
+        raise ValueError(f"{len(info_gains)} gain lists for {len(trajs)} trajectories")
+    measured = [i for i, g in enumerate(info_gains) if g is not None]
+    dense, _ = algorithms.igpo_turn_advantages(
+        [list(info_gains[i]) for i in measured], [trajs[i].reward for i in measured],
+        [trajs[i].group_id for i in measured], gamma, gain_weight=weight)
+    per_token, turns = list(credit.per_token), list(credit.turn_advantages)
+    for i, d in zip(measured, dense):
+        t = trajs[i]
+        per_turn = d[:t.num_turns] + [d[-1]] * (t.num_turns - len(d))
+        adv, turn_of, mask = torch.zeros(len(t.token_ids)), torch.tensor(t.token_turn), _mask(t)
+        for k, a in enumerate(per_turn):
+            adv[(turn_of == k) & mask] = a
+        per_token[i], turns[i] = adv, per_turn
+    return Credit(per_token, turns, credit.returns)
+
+
+def add_turn_credit(credit: Credit, trajs: Sequence[Trajectory],
+                    info_gains: Sequence[Sequence[float] | None], weight: float,
+                    scale: bool = True, gamma: float = 0.0) -> Credit:
+    """A_token += weight x A_{i,k} on turn k's action tokens, A_{i,k} turn k's value (an
+    information gain, an SPA contribution) z-scored over every value of its task group (only
+    centred with ``scale=False``), then accumulated over later turns with ``gamma``
+    (``discounted_turn_sums``; 0: none); turns without a value keep their credit."""
+    if len(info_gains) != len(trajs):
+        raise ValueError(f"{len(info_gains)} gain lists for {len(trajs)} trajectories")
+    dense = discounted_turn_sums(
+        info_gain_turn_advantages([list(g or []) for g in info_gains],
+                                  [t.group_id for t in trajs], scale=scale), gamma)
+    per_token, turns = [], []
+    for t, adv, base, d in zip(trajs, credit.per_token, credit.turn_advantages, dense):
+        adv = adv.clone()
+        per_turn = list(base) if base is not None else [t.advantage] * t.num_turns
+        turn_of, mask = torch.tensor(t.token_turn), _mask(t)
+        for k, a in enumerate(d[:len(per_turn)]):
+            adv[(turn_of == k) & mask] += weight * a
+            per_turn[k] += weight * a
+        per_token.append(adv)
+        turns.append(per_turn if d or base is not None else None)
+    return Credit(per_token, turns, credit.returns)

@@ -1,0 +1,111 @@
+"""An RL step's per-turn credit beside the outcome reward: information gain (IGPO,
+core/credit/info_gain.py), SPA's progress contributions (core/credit/progress.py) and the process reward
+model's scores (AgentPRM, core/credit/prm.py). Each is measured or fitted on the step's own trajectories,
+recorded as ``turn_signals`` rows and handed to credit assignment (core/credit/assign.py), which adds it,
+weighted and centred within the task group, to each turn's action tokens' advantage.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core.credit import info_gain
+
+from core.credit import prm
+from core.credit import progress as spa
+from core.config import TrainConfig
+
+
+@dataclass
+class TurnValues:
+    """One step's per-turn credit, a list per trajectory in the order given (None where it has
+    none, or the signal is off), its ``turn_signals`` rows and the heads' fit metrics."""
+    gains: list
+    contributions: list
+    prm_scores: list
+    rows: list[dict] = field(default_factory=list)
+    metrics: dict = field(default_factory=dict)
+
+
+class TurnCredit:
+    """The signals' state across steps: SPA's progress head and the PRM head, each built at the
+    first RL step that uses it (w_spa > 0, w_prm > 0) and refitted every step."""
+
+    def __init__(self, cfg: TrainConfig, policy):
+        self.cfg, self.policy = cfg, policy
+        self.spa_model = None
+        """SPA's progress head (core/credit/progress.py)."""
+        self.prm_model = None
+        """AgentPRM's process reward head (core/credit/prm.py)."""
+
+    def state(self) -> dict:
+        """The heads' weights, for the checkpoint (None: that head is not built yet)."""
+        return {"spa": self.spa_model.w.clone() if self.spa_model is not None else None,
+                "prm": self.prm_model.w.clone() if self.prm_model is not None else None}
+
+    def load_state(self, heads: dict | None) -> None:
+        """Put a checkpoint's head weights back (a checkpoint without them leaves the heads to
+        be built at the next step, as before they were saved)."""
+        size, heads = self.policy.base.config.hidden_size, heads or {}
+        if heads.get("spa") is not None:
+            self.spa_model = spa.ProgressModel(size, l2=self.cfg.spa_l2)
+            self.spa_model.w = heads["spa"].clone()
+        if heads.get("prm") is not None:
+            self.prm_model = prm.PrmModel(size, l2=self.cfg.spa_l2)
+            self.prm_model.w = heads["prm"].clone()
+
+    def measure(self, own: list) -> TurnValues:
+        """Every signal of this rank's scored trajectories ``own``."""
+        cfg, rows, metrics = self.cfg, [], {}
+        gains = self._info_gain(own, rows, metrics)
+        # SPA's progress head and the PRM read the same hidden states at each action's end
+        feats = spa.features(self.policy, own) if cfg.w_spa > 0 or cfg.w_prm > 0 else None
+        contributions, spa_metrics = self._progress(own, rows, feats)
+        prm_scores, prm_metrics = self._prm(own, rows, feats)
+        return TurnValues(gains, contributions, prm_scores, rows,
+                          {**metrics, **spa_metrics, **prm_metrics})
+
+    def _info_gain(self, own: list, rows: list, metrics: dict) -> list:
+        """Each trajectory's per-turn information gains (core/credit/info_gain.py; None where its task
+        has no gold answer or it is off); the trajectory's sum becomes its ``info_gain`` reward
+        component and every turn's answer_prob / info_gain goes to ``turn_signals``."""
+        cfg = self.cfg
+        if not (cfg.record_info_gain or cfg.w_info_gain > 0):
+            return [None] * len(own)
+        signals = info_gain.measure(self.policy, own, kind=cfg.info_gain_type)
+        for t in own:
+            if t.traj_id in signals:
+                t.rewards["info_gain"] = signals[t.traj_id].total
+        rows += info_gain.signal_rows(own, signals)
+        skipped = sum(s.skipped for s in signals.values())
+        if skipped:  # a NaN read skips its turn, not the step; the count says it happened
+            metrics["info_gain/skipped_turns"] = float(skipped)
+        return [signals[t.traj_id].gains if t.traj_id in signals else None for t in own]
+
+    def _progress(self, own: list, rows: list, feats: list | None) -> tuple[list, dict]:
+        """SPA: fit the progress head on this step's outcomes, then each trajectory's per-turn
+        contributions (core/credit/progress.py; None where it has none or w_spa is 0), recorded in
+        ``turn_signals`` as ``progress``; and the fit's metrics."""
+        cfg = self.cfg
+        if cfg.w_spa <= 0:
+            return [None] * len(own), {}
+        if self.spa_model is None:
+            self.spa_model = spa.ProgressModel(self.policy.base.config.hidden_size, l2=cfg.spa_l2)
+        fit = self.spa_model.fit(feats, [t.rewards.get("outcome", 0.0) for t in own])
+        contributions = self.spa_model.predict(feats)
+        rows += spa.signal_rows(own, contributions)
+        return contributions, {"spa/loss_before": fit.loss_before, "spa/loss_after": fit.loss_after}
+
+    def _prm(self, own: list, rows: list, feats: list | None) -> tuple[list, dict]:
+        """AgentPRM: fit the process reward head on this step's Monte-Carlo Q labels, then its
+        score of every turn (core/credit/prm.py; None where none or w_prm is 0), recorded in
+        ``turn_signals`` as ``q`` and ``prm``; and the fit's metrics."""
+        cfg = self.cfg
+        if cfg.w_prm <= 0:
+            return [None] * len(own), {}
+        if self.prm_model is None:
+            self.prm_model = prm.PrmModel(self.policy.base.config.hidden_size, l2=cfg.spa_l2)
+        labels = prm.labels_for(own)
+        fit = self.prm_model.fit(feats, labels)
+        scores = self.prm_model.predict(feats)
+        rows += prm.signal_rows(own, labels, scores)
+        return scores, {"prm/loss_before": fit.loss_before, "prm/loss_after": fit.loss_after}

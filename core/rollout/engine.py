@@ -1,0 +1,357 @@
+"""Batched multi-turn rollouts: G trajectories per task, all active ones generating together.
+
+One step's trajectories share a single KV cache for their whole life, across turns:
+
+    turn k:  feed each row's pending tokens (prompt, or last action token + observation)
+             -> sample token by token until every row hit a stop tag, EOS or its token budget
+             -> env.step(action text) -> observation tokens become the row's next pending tokens
+             -> rows whose episode ended leave the batch (and the cache)
+
+Rows have different lengths, so each fed chunk is left-padded; padding and the columns of rows
+whose turn already ended are holes in the attention mask, and position ids count real tokens only.
+The cache therefore always holds exactly the trajectory's token ids: what is trained is what the
+model conditioned on, with no re-tokenisation. The batch and its cache (core/model/kv_cache.py): a row
+whose turn ended is no longer computed until the next turn, and rows with the same prompt are
+encoded once. Sampling draws its random numbers for the whole batch each step (``sample_next``),
+so which rows are computed does not change what a row samples.
+
+Stop tags are cut exactly after the first closing tag (Search-R1). When a tag ends inside a token
+(``>`` + ``\\n`` sampled as one ``>\\n`` token) that token is replaced by the tokens of its part up
+to the cut; the replacement is what the next turn is conditioned on. Its first token's logprob
+comes from the same sampling distribution; any further ones are scored by a forward pass.
+
+Chat templates and how a turn's tokens are written into the trajectory (roles, the loss mask,
+the cuts to ``max_obs_tokens`` and ``max_context``): core/rollout/transcript.py, shared with the SFT
+demonstrations; its names are re-exported here.
+
+The environment is called only through core/envs/guard.py (a deadline on every call, the
+observation cut by bytes before it is tokenised, step results and outcomes checked); whatever it
+raises there ends that trajectory as ``env_error`` (``step_failed``, ``grade``), and the run goes on.
+
+``final_answer_turn`` (Search-R1): a row still going after ``max_turns`` gets one more generation
+in which only an answer (``env.is_answer``) is executed; anything else is recorded unexecuted.
+
+Roles and the loss mask: prompt and observation tokens are untrained; the model's own tokens are
+trained and carry the logprob of the temperature-scaled distribution they were sampled from
+(the distribution the loss compares against; top-p truncation is not renormalised in).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from core.envs.base import Environment, Outcome, StepResult, Task, observation_role
+from core.envs.guard import (CUT_KEY, DEFAULT_TIMEOUT_S, EnvError, Guard, GuardedEpisode,
+                             obs_byte_cap)
+from core.model.kv_cache import Batch
+from core.model.policy import Policy, token_logprobs, token_texts
+from core.rollout.sampling import Sampling  # noqa: F401 (re-exported)
+from core.rollout.transcript import (  # noqa: F401 (user_turn_text re-exported)
+    append_tokens, prompt_ids, record_turn, user_turn_text)
+from core.rollout.trajectory import Trajectory, Turn
+
+
+@dataclass
+class _Row:
+    traj: Trajectory
+    episode: GuardedEpisode
+    pending: list[int]
+    """Token ids already in the trajectory but not yet fed to the cache."""
+    fed: int = 0
+    """Real tokens in the cache (the next position id)."""
+    done: bool = False
+    gen: list[int] = field(default_factory=list)
+    gen_lp: list[float | None] = field(default_factory=list)
+    gen_ent: list[float | None] = field(default_factory=list)
+    text: str = ""
+    prev_text: str = ""
+    budget: int = 0
+    stopped: str | None = None
+    """Why this turn's generation ended: tag | eos | max_new_tokens."""
+    cut_text: str | None = None
+    state_key: str | None = None
+    """Key of the state the episode is in now (the next turn's anchor)."""
+
+
+def initial_state_key(episode) -> str | None:
+    """The episode's ``state_key()`` right after reset (the first turn's anchor), if it has one."""
+    key_of = getattr(episode, "state_key", None)
+    if not callable(key_of):
+        return None
+    key = key_of()
+    return None if key is None else str(key)
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
+                generator: torch.Generator, rows: list[int] | None = None,
+                batch_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sample one token per row from logits (n, V).
+
+    Returns (tokens (n,), logp (n, V) of the temperature-scaled distribution, entropy (n,)).
+    temperature 0 is greedy (logp then of the untempered distribution).
+
+    The draw is ``torch.multinomial``'s, done by hand: token = argmax(p / q) with q ~ Exp(1),
+    q drawn for a whole batch of ``batch_rows`` rows at once (default n); ``rows`` says which
+    batch rows the logits belong to (default all, in order). A row thus gets the same q, and the
+    same token, whether or not the batch's rows that already stopped are still computed.
+    """
+    logits = logits.float()
+    logp = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)
+    probs = logp.exp()
+    entropy = -(probs * logp).sum(-1)
+    if temperature == 0:
+        return logits.argmax(-1), logp, entropy
+    if not bool(torch.isfinite(probs.sum(-1)).all()):  # what torch.multinomial refuses too
+        raise RuntimeError("sampling: the probabilities contain nan (the logits were nan or inf)")
+    q = probs.new_empty(batch_rows or probs.shape[0], probs.shape[-1])
+    q = q.exponential_(1, generator=generator)
+    if rows is not None:
+        q = q[torch.tensor(rows, device=q.device)]
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        outside = sorted_p.cumsum(-1) - sorted_p > top_p     # keep the smallest set reaching top_p
+        sorted_p = sorted_p.masked_fill(outside, 0.0)
+        pick = (sorted_p / q).argmax(-1, keepdim=True)
+        return order.gather(-1, pick).squeeze(-1), logp, entropy
+    return (probs / q).argmax(-1), logp, entropy
+
+
+def _first_stop(text: str, tags: tuple[str, ...]) -> int | None:
+    """End index of the earliest complete stop tag in text, or None."""
+    ends = [text.find(t) + len(t) for t in tags if t in text]
+    return min(ends) if ends else None
+
+
+def rollout(policy: Policy, env: Environment, tasks: list[Task], *, group_size: int,
+            sampling: Sampling, seed: int, id_prefix: str = "s0",
+            split: str = "train", reuse_cache: bool = True) -> list[Trajectory]:
+    """Roll out ``group_size`` trajectories for each task, all in one batch.
+
+    Trajectory ids are ``{id_prefix}-g{task index}-r{rollout}``; a task's rollouts share
+    ``group_id = {id_prefix}-g{task index}``. Deterministic given ``seed``.
+    ``reuse_cache=False`` re-encodes each row's whole history at every turn (Search-R1's way),
+    for comparison in bench/rollout.py; the trajectories are the same, only slower.
+    """
+    tok = policy.tokenizer
+    if sampling.final_answer_turn and not callable(getattr(env, "is_answer", None)):
+        raise ValueError(f"final_answer_turn needs an environment with an answer action "
+                         f"(is_answer); {getattr(env, 'name', env)!r} has none")
+    observation_role(env)  # a bad value fails here, not in the middle of a step
+    # on the policy's device: sampling draws there (a GPU run samples other tokens than a CPU
+    # run of the same seed, each reproducible on its own device)
+    generator = torch.Generator(device=policy.device).manual_seed(seed)
+    with sampling.guard(env) as guard:  # a failing reset or state_key fails the run, named
+        rows: list[_Row] = []
+        for g, task in enumerate(tasks):
+            for r in range(group_size):
+                ep_seed = (seed * 1_000_003 + g * 1_009 + r) % (2 ** 31)
+                episode = guard.open(task, ep_seed)
+                traj = Trajectory(traj_id=f"{id_prefix}-g{g}-r{r}", group_id=f"{id_prefix}-g{g}",
+                                  task=task, split=split, info={"episode_seed": ep_seed})
+                ids = prompt_ids(tok, env.system_prompt, episode.reset())
+                if episode.prompt_cut_bytes:  # it will end as context_full: say why
+                    traj.info["prompt_cut_bytes"] = episode.prompt_cut_bytes
+                append_tokens(traj, ids, "prompt", turn=-1)
+                rows.append(_Row(traj=traj, episode=episode, pending=ids,
+                                 state_key=initial_state_key(episode)))
+        for row in rows:
+            if len(row.traj.token_ids) >= sampling.max_context:
+                _finish(row, "context_full")
+        was_training = policy.model.training
+        policy.model.eval()
+        try:
+            with torch.inference_mode():
+                _run_turns(policy, env, [r for r in rows if not r.done], sampling, generator,
+                           reuse_cache)
+        finally:
+            policy.model.train(was_training)
+        for row in rows:
+            if not row.done:
+                _finish(row, "max_turns")
+    trajs = [row.traj for row in rows]
+    _fill_missing_logprobs(policy, trajs, sampling.temperature)
+    for traj in trajs:
+        traj.token_text = token_texts(tok, traj.token_ids)
+    return trajs
+
+
+def _run_turns(policy: Policy, env: Environment, rows: list[_Row], sampling: Sampling,
+               generator: torch.Generator, reuse_cache: bool = True) -> None:
+    batch = Batch(policy, rows, sampling.precision)
+    for turn in range(sampling.max_turns + int(sampling.final_answer_turn)):
+        if not batch.rows:
+            return
+        if turn and not reuse_cache:  # a fresh cache: the whole history is encoded again
+            for row in batch.rows:
+                row.fed, row.pending = 0, list(row.traj.token_ids)
+            batch = Batch(policy, batch.rows, sampling.precision)
+        generate_turn(batch, env, sampling, generator)
+        for row in batch.rows:
+            _act(row, turn, sampling, policy.tokenizer, env, final=turn == sampling.max_turns)
+        batch.keep([i for i, row in enumerate(batch.rows) if not row.done])
+
+
+def generate_turn(batch: Batch, env: Environment, sampling: Sampling,
+                  generator: torch.Generator) -> None:
+    """One turn's generation for every row of ``batch`` (core/model/kv_cache.py): feed each row's
+    pending tokens, then sample token by token; a row whose turn ended (stop tag, EOS, token
+    budget) leaves the computation and the others go on until none is left. Stepping the
+    environment is the caller's."""
+    rows, policy = batch.rows, batch.policy
+    eos, tok = policy.eos_ids, policy.tokenizer
+    for row in rows:
+        row.gen, row.gen_lp, row.gen_ent, row.text, row.prev_text = [], [], [], "", ""
+        row.stopped, row.cut_text = None, None
+        row.budget = min(sampling.max_new_tokens, sampling.max_context - len(row.traj.token_ids))
+    logits = batch.feed([row.pending for row in rows])                      # (B, V)
+    for row in rows:
+        row.pending = []
+    live = batch.live
+    while True:
+        tokens, logp, entropy = sample_next(logits, sampling.temperature, sampling.top_p,
+                                            generator, rows=live, batch_rows=len(rows))
+        tokens, entropy = tokens.tolist(), entropy.tolist()  # one device sync, not one per row
+        ended = []
+        for i, b in enumerate(live):
+            _take(rows[b], tokens[i], logp[i], entropy[i], env.stop_tags, eos, tok)
+            if rows[b].stopped is not None:
+                ended.append(i)
+        if len(ended) == len(live):
+            return
+        if ended:  # finished rows stop being computed; their cache stays for the next turn
+            live = batch.park(ended)
+        logits = batch.step([rows[b].gen[-1] for b in live])                # (live, V)
+
+
+def _take(row: _Row, token: int, logp: torch.Tensor, entropy: float,
+          stop_tags: tuple[str, ...], eos: set[int], tokenizer) -> None:
+    """Add one sampled token to the row's action; decide whether its turn ends here."""
+    row.gen.append(token)
+    row.gen_lp.append(float(logp[token]))
+    row.gen_ent.append(entropy)
+    row.prev_text, row.text = row.text, tokenizer.decode(row.gen)
+    if token in eos:
+        row.stopped = "eos"
+        row.cut_text = row.prev_text
+        return
+    cut = _first_stop(row.text, stop_tags)
+    if cut is not None:
+        row.stopped = "tag"
+        row.cut_text = row.text[:cut]
+        if cut < len(row.text):
+            _cut_last_token(row, cut, logp, tokenizer)
+    elif len(row.gen) >= row.budget:
+        row.stopped = "max_new_tokens"
+        row.cut_text = row.text
+
+
+def _cut_last_token(row: _Row, cut: int, logp: torch.Tensor, tokenizer) -> None:
+    """The tag ended inside the last token: replace it by the tokens of its part before the cut."""
+    if not row.text.startswith(row.prev_text) or cut <= len(row.prev_text):
+        return  # a multi-byte character straddles the cut: keep the sampled token as it is
+    head = row.text[len(row.prev_text):cut]
+    repl = tokenizer.encode(head, add_special_tokens=False)
+    if not repl or tokenizer.decode(row.gen[:-1] + repl) != row.text[:cut]:
+        return
+    entropy = row.gen_ent[-1]
+    row.gen[-1:] = repl
+    row.gen_lp[-1:] = [float(logp[repl[0]])] + [None] * (len(repl) - 1)
+    row.gen_ent[-1:] = [entropy] + [None] * (len(repl) - 1)
+    row.text = row.text[:cut]
+
+
+def _act(row: _Row, turn: int, sampling: Sampling, tok, env: Environment,
+         final: bool = False) -> None:
+    """Append the action, step the env, append the (truncated) observation. In the final-answer
+    turn only an answer is executed; either way the episode ends there."""
+    traj, tok_start = row.traj, len(row.traj.token_ids)
+    ent = traj.info.setdefault("token_entropy", [])
+    ent.extend([None] * (tok_start - len(ent)))
+    ent.extend(row.gen_ent)
+    action = row.cut_text if row.cut_text is not None else row.text
+    truncated = row.stopped == "max_new_tokens"
+    t0 = time.perf_counter()
+    try:
+        if final and not row.episode.guard.is_answer(action):
+            result = StepResult("", done=True, valid=False, action_type="invalid",
+                                error="final-answer turn: only an answer is accepted; the action "
+                                      "was not executed", state_key=row.state_key)
+        else:
+            result = row.episode.step(action)  # checked, observation cut by bytes
+    except EnvError as exc:  # an env bug ends this trajectory, not the run
+        append_tokens(traj, row.gen, "action", turn, logprobs=row.gen_lp)
+        traj.turns.append(step_failed(traj, exc, Turn(
+            turn=turn, action=action, observation="", valid=False, action_tokens=len(row.gen),
+            action_truncated=truncated, state_key=row.state_key,
+            latency_s=time.perf_counter() - t0)))
+        _finish(row, "env_error")
+        return
+    obs_ids, reason = record_turn(traj, tok, turn, action, row.gen, row.gen_lp, result, sampling,
+                                  latency=time.perf_counter() - t0, action_truncated=truncated,
+                                  state_key=row.state_key, role=observation_role(env))
+    if CUT_KEY in result.info:  # cut by bytes before the token cut could see it
+        traj.turns[-1].obs_truncated = True
+    row.state_key = result.state_key
+    row.pending = _unfed(row, obs_ids)
+    if final:
+        reason = "final_answer" if reason == "answered" else "max_turns"
+    if reason is not None:
+        _finish(row, reason)
+
+
+def step_failed(traj: Trajectory, exc: EnvError, turn: Turn) -> Turn:
+    """``turn`` as the failed step ``exc`` says (shared with core/run/collection.py): the error on
+    the turn, its step reward unknown (recorded NULL), and ``trajectories.info.env_error``
+    naming the env, the call and the turn. The caller ends the trajectory as env_error."""
+    turn.error, turn.env_failed = exc.text, True
+    traj.info.setdefault("env_error", {**exc.info(), "turn": turn.turn})
+    return turn
+
+
+def grade(traj: Trajectory, episode: GuardedEpisode, reason: str) -> None:
+    """End ``traj`` with ``reason`` and the episode's outcome (shared with core/run/collection.py).
+
+    An outcome that fails (raises, times out, returns a NaN or wrong-typed score) ends the
+    trajectory as ``env_error`` instead, graded score 0, not a success: the env, not the
+    policy, failed, and a wrong answer's failure class would blame the policy. The error and the
+    env go in the outcome's info and in ``trajectories.info.env_error`` (with the finish reason
+    it had); a step that failed first keeps its own error there."""
+    traj.finish_reason = reason
+    try:
+        traj.outcome = episode.outcome()
+    except EnvError as exc:
+        traj.outcome = Outcome(score=0.0, success=False, info={"error": exc.text, "env": exc.env})
+        traj.info.setdefault("env_error", {**exc.info(), "finish_reason": reason})
+        traj.finish_reason = "env_error"
+
+
+def _unfed(row: _Row, obs_ids: list[int]) -> list[int]:
+    """Tokens of this turn the cache has not seen: the action's tail after the last fed token."""
+    fed_in_turn = row.fed - (len(row.traj.token_ids) - len(obs_ids) - len(row.gen))
+    return row.gen[fed_in_turn:] + obs_ids
+
+
+def _finish(row: _Row, reason: str) -> None:
+    row.done = True
+    grade(row.traj, row.episode, reason)
+
+
+def _fill_missing_logprobs(policy: Policy, trajs: list[Trajectory], temperature: float) -> None:
+    """Score trained tokens that were not sampled (a cut token's tail) with a forward pass."""
+    temp = temperature if temperature > 0 else 1.0
+    for traj in trajs:
+        ent = traj.info.setdefault("token_entropy", [])
+        ent.extend([None] * (len(traj.token_ids) - len(ent)))
+        missing = [i for i, (t, lp) in enumerate(zip(traj.trained, traj.logprobs)) if t and lp is None]
+        if not missing:
+            continue
+        ids = torch.tensor([traj.token_ids])
+        mask = torch.zeros_like(ids, dtype=torch.bool)
+        mask[0, missing] = True
+        with torch.no_grad():
+            out = token_logprobs(policy, ids, mask, temperature=temp)
+        for i in missing:
+            traj.logprobs[i] = float(out["logprobs"][0, i])
+            ent[i] = float(out["entropy"][0, i])

@@ -1,0 +1,137 @@
+"""Records of a followed file, read from an open descriptor, and their import into a run
+(storage/ingest/follow.py): the importer's rules (storage/io.py: validate, one traj_id once, batches
+written by storage/ingest/import_batch.py) for input that is not a whole file at a path -- a byte range
+of an appended JSONL file, or a file already opened and checked to lie inside the directory.
+
+Memory: lines come one at a time (storage/ingest/tail.py) and a batch is written once it holds
+``BATCH_RECORDS`` records or ``BATCH_BYTES`` bytes of input, so what is held is one batch and one
+line, however large the range or the file.
+Ids and steps are the ones ``python -m storage.io import`` gives the same file (storage/ingest/dumps.py):
+verl ``{stem}:{line}``, TRL ``{stem}:{row}``, the step from the last number in the name.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+from storage.failures import classify
+from storage.ingest import tail
+from storage.ingest.dumps import trl_record, verl_record
+from storage.ingest.import_batch import write_batch
+from storage.interchange import LineError, parse_json, to_rows, validate
+
+BATCH_RECORDS = 200
+BATCH_BYTES = 8 << 20
+Item = tuple[str, Any, int]  # (where, record or LineError, bytes of input it came from)
+
+
+def step_of(stem: str) -> int:
+    """The step a dump's file name gives (``12.jsonl``, ``completions_00012.parquet``): its last
+    number, else 0 -- storage/ingest/dumps.py's rule, so following and importing agree."""
+    digits = re.findall(r"\d+", stem)
+    return int(digits[-1]) if digits else 0
+
+
+def jsonl_items(fd: int, start: int, stop: int, max_line_bytes: int, until: int,
+                progress: list) -> Iterator[Item]:
+    """Generic JSONL records of ``[start, stop)``, ending with the line that reaches ``until``;
+    ``progress`` is kept at [end offset of the last line taken, mark of the file up to it]."""
+    marker = tail.Marker(fd, start)
+    for at, end, line in tail.lines(fd, start, stop, max_line_bytes, marker.add):
+        progress[:] = [end, marker.mark(end)]
+        if line is None:
+            yield (f"byte {at}", LineError(f"line longer than the limit of {max_line_bytes} "
+                                           "bytes (--max-line-bytes)"), end - at)
+        elif line.strip():
+            yield f"byte {at}", parse_json(line), len(line)
+        if end >= until:
+            return
+
+
+def verl_items(fd: int, name: str, size: int, max_line_bytes: int) -> Iterator[Item]:
+    """verl samples of the file's first ``size`` bytes, as storage/ingest/dumps.py's ``read_verl``."""
+    stem = Path(name).stem
+    for lineno, (at, end, line) in enumerate(tail.lines(fd, 0, size, max_line_bytes), 1):
+        where = f"{name}:{lineno}"
+        if line is None:
+            yield where, LineError(f"line longer than the limit of {max_line_bytes} bytes"), 0
+            continue
+        if not line.strip():
+            continue
+        obj = parse_json(line)
+        if not isinstance(obj, LineError):
+            try:
+                obj = verl_record(obj, f"{stem}:{lineno}", step_of(stem))
+            except LineError as exc:
+                obj = exc
+        yield where, obj, len(line)
+
+
+def trl_items(fd: int, name: str) -> Iterator[Item]:
+    """TRL completions of a Parquet file, as storage/ingest/dumps.py's ``read_trl``, a row group
+    batch at a time instead of the whole table."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    stem = Path(name).stem
+    with os.fdopen(os.dup(fd), "rb") as f:
+        try:
+            parquet = pq.ParquetFile(f)
+        except Exception as exc:
+            yield name, LineError(f"not a readable Parquet file: {exc}"), 0
+            return
+        schema = parquet.schema_arrow
+        missing = [c for c in ("prompt", "completion") if c not in schema.names]
+        if missing:
+            yield name, LineError(f"missing column(s) {missing}; found {schema.names}"), 0
+            return
+        numeric = [f.name for f in schema if pa.types.is_integer(f.type)
+                   or pa.types.is_floating(f.type)]
+        reward_cols = [c for c in numeric if c not in ("step", "advantage", "reward")]
+        if "reward" not in schema.names and not reward_cols:
+            yield name, LineError("no reward column (neither 'reward' nor a numeric "
+                                  "reward-function column)"), 0
+            return
+        row = 0
+        for batch in parquet.iter_batches(batch_size=BATCH_RECORDS):
+            for values in batch.to_pandas().to_dict("records"):
+                where = f"{name}:row {row}"
+                try:
+                    yield where, trl_record(values, f"{stem}:{row}", step_of(stem), reward_cols), 0
+                except LineError as exc:
+                    yield where, exc, 0
+                row += 1
+
+
+def write_records(items: Iterable[Item], db_path, fmt: str, run_id: str, run: dict, report,
+                  check: Callable[[], None] = lambda: None) -> None:
+    """Validate each record and write them in bounded batches into ``run_id``, counting into
+    ``report`` (an ``ImportReport``); a bad record fails alone. ``check`` runs before each write
+    (the follower's: is the store still the one it started with)."""
+    first_seen, batch, held = {}, [], 0
+    for where, obj, size in items:
+        report.lines += 1
+        try:
+            if isinstance(obj, LineError):
+                raise obj
+            rec = validate(obj)
+            if rec["traj_id"] in first_seen:
+                raise LineError(f"duplicate traj_id {rec['traj_id']!r} "
+                                f"(first at {first_seen[rec['traj_id']]})")
+            first_seen[rec["traj_id"]] = where
+            if run["config"] is None and "run" in rec:
+                run["config"] = rec["run"]
+            batch.append((where, to_rows(rec, classify)))
+            held += size
+        except LineError as exc:
+            report.fail(where, str(exc))
+        except Exception as exc:  # a reader or rule tripping on a record fails that one only
+            report.fail(where, f"could not be read: {type(exc).__name__}: {exc}")
+        if len(batch) >= BATCH_RECORDS or held >= BATCH_BYTES:
+            check()
+            write_batch(db_path, run_id, fmt, run, batch, False, report)
+            batch, held = [], 0
+    if batch:
+        check()
+        write_batch(db_path, run_id, fmt, run, batch, False, report)

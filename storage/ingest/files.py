@@ -1,0 +1,158 @@
+"""Import a file or folder of trajectories into a store: generic JSONL (storage/interchange.py),
+verl and TRL dumps (dumps.py), OpenAI-style ``messages`` (messages.py) and Inspect AI logs
+(inspect_import.py). The rules (validation, batches, run ids, what a stopped import keeps) are in
+storage/io.py's docstring, the command line that calls this.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from storage.failures import classify
+from storage.ingest.dumps import READERS
+from storage.ingest.import_batch import RunNotImportable, finish_import, refuse_foreign, run_source, write_batch
+from storage.ingest.inspect_import import import_inspect
+from storage.interchange import MAX_LINE_BYTES, LineError, read_json_lines, to_rows, validate
+from storage.ingest.messages import read_messages
+from storage.ingest.report import ImportReport, default_run_id
+from storage.migrations import prepare
+from storage.recorder import check_run_id, clean_text
+
+FORMATS = ("jsonl", "verl", "trl")
+IMPORT_FORMATS = FORMATS + ("inspect", "messages")
+IMPORT_READERS = {**READERS, "messages": read_messages}
+INSPECT_JSON = re.compile(rb'^\s*\{\s*"version"\s*:\s*\d+\s*,\s*"status"\s*:')
+
+
+def guess_format(source: Path) -> str:
+    if source.is_dir():
+        if any(source.rglob("completions_*.parquet")):
+            return "trl"
+        if any(source.rglob("*.eval")):
+            return "inspect"
+        return "verl"
+    if source.suffix == ".parquet":
+        return "trl"
+    if source.suffix == ".eval":
+        return "inspect"
+    if source.suffix == ".json":
+        with open(source, "rb") as f:  # an Inspect JSON log starts {"version": 2, "status": ...
+            if INSPECT_JSON.match(f.read(256)):
+                return "inspect"
+    for _, obj in read_json_lines(source):  # sniff the first line
+        if isinstance(obj, dict) and {"input", "output", "score"} <= obj.keys() \
+                and "traj_id" not in obj:
+            return "verl"
+        if isinstance(obj, list) or (isinstance(obj, dict) and "messages" in obj
+                                     and "turns" not in obj):
+            return "messages"
+        break
+    return "jsonl"
+
+
+def _read_generic(path: Path, max_line_bytes: int) -> Iterator[tuple[str, Any]]:
+    for lineno, obj in read_json_lines(path, max_line_bytes):
+        yield f"line {lineno}", obj
+
+
+def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
+                run_name: str | None = None, run_id: str | None = None, replace: bool = False,
+                batch_size: int = 200, max_line_bytes: int = MAX_LINE_BYTES,
+                live: bool = False) -> ImportReport:
+    """Import ``source`` into the store at ``db_path``; see the module docstring. ``live``
+    (storage/ingest/follow.py: more files will follow) leaves the run ``running`` instead of
+    ``finished``."""
+    source = Path(source)
+    if not source.exists():
+        raise FileNotFoundError(f"no such file or directory: {source}")
+    fmt = fmt or guess_format(source)
+    if fmt not in IMPORT_FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; expected one of {IMPORT_FORMATS}")
+    if fmt == "inspect":  # one run per task and model: a log file is one run
+        result = import_runs(source, db_path, fmt, run_name, run_id, replace, live=live)
+        if len(result.reports) != 1:
+            raise ValueError(f"{source} holds {len(result.reports)} runs (one per task and "
+                             "model): import it with import_runs")
+        return result.reports[0]
+    run_id = check_run_id(run_id) if run_id else default_run_id(source)
+    prepare(db_path)
+    refuse_foreign(run_id, run_source(db_path, run_id))
+    report = ImportReport(run_id, source.name, fmt)
+    reader = IMPORT_READERS.get(fmt, _read_generic)
+    first_seen, batch = {}, []
+    run = {"name": run_name or source.stem, "config": None, "created": False}
+    try:
+        for where, obj in reader(source, max_line_bytes):
+            report.lines += 1
+            try:
+                if isinstance(obj, LineError):
+                    raise obj
+                rec = validate(obj)
+                if rec["traj_id"] in first_seen:
+                    raise LineError(f"duplicate traj_id {rec['traj_id']!r} "
+                                    f"(first at {first_seen[rec['traj_id']]})")
+                first_seen[rec["traj_id"]] = where
+                if run["config"] is None and "run" in rec:
+                    run["config"] = rec["run"]
+                batch.append((where, to_rows(rec, classify)))
+            except LineError as exc:
+                report.fail(where, str(exc))
+            except Exception as exc:  # a reader or rule tripping on a line fails that line only
+                report.fail(where, f"could not be read: {type(exc).__name__}: {exc}")
+            if len(batch) >= batch_size:
+                write_batch(db_path, run_id, fmt, run, batch, replace, report)
+                batch = []
+        if batch:
+            write_batch(db_path, run_id, fmt, run, batch, replace, report)
+            batch = []
+    except RunNotImportable:
+        raise  # refused before its first write: nothing of ours is in that run
+    except BaseException as exc:
+        _stopped(db_path, run_id, fmt, run, batch, replace, report, exc)
+        raise
+    if report.lines == 0:
+        raise ValueError(f"no records found in {source} (format {fmt})")
+    finish_import(db_path, run_id, fmt, run, report, live=live)
+    return report
+
+
+@dataclass
+class ImportRuns:
+    """What ``import_runs`` did: one report per run, and inputs that could not be read at all."""
+    reports: list[ImportReport]
+    errors: list[str] = field(default_factory=list)
+
+
+def import_runs(source: str | Path, db_path: str | Path, fmt: str | None = None,
+                run_name: str | None = None, run_id: str | None = None, replace: bool = False,
+                live: bool = False, max_line_bytes: int = MAX_LINE_BYTES) -> ImportRuns:
+    """``import_file`` for any input, including those that hold several runs (an Inspect log
+    directory: one run per task and model, storage/ingest/inspect_import.py)."""
+    source = Path(source)
+    fmt = fmt or (guess_format(source) if source.exists() else None)
+    if fmt == "inspect":
+        result = import_inspect(source, db_path, run_name, run_id, replace, live=live)
+        return ImportRuns(result.reports, result.errors)
+    return ImportRuns([import_file(source, db_path, fmt, run_name, run_id, replace, live=live,
+                                   max_line_bytes=max_line_bytes)])
+
+
+def _reason(exc: BaseException) -> str:
+    """Why an import stopped, naming a file by its name only (never a full path)."""
+    if isinstance(exc, OSError) and exc.filename:
+        return f"{type(exc).__name__}: {exc.strerror}: {Path(str(exc.filename)).name}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _stopped(db_path, run_id, fmt, run, batch, replace, report, exc: BaseException) -> None:
+    """Keep the lines read so far and mark the import failed; the caller re-raises ``exc``."""
+    reason = clean_text(_reason(exc))
+    report.errors.append(f"import stopped: {reason}")
+    try:
+        if batch:
+            write_batch(db_path, run_id, fmt, run, batch, replace, report)
+        finish_import(db_path, run_id, fmt, run, report, stopped=reason)
+    except Exception:  # the store itself is what failed: the caller reports the first error
+        pass

@@ -1,0 +1,173 @@
+"""An import's writes (storage/io.py reads and validates, this module writes): each batch of
+trajectories in one transaction holding all their rows, so none is ever half-written, and at the
+end the run's provenance row, config, derived metrics and final status. A run the trainer
+recorded is never written into: refused before the first write and again inside each one.
+"""
+from __future__ import annotations
+
+import duckdb
+import pyarrow as pa
+
+from storage import db
+from storage.ingest.report import ImportReport
+from storage.recorder import clean_column, clean_text, now, to_json
+
+TRAJ_TABLES = ("trajectories", "rewards", "turns", "tokens", "test_results")
+ARROW_TYPES = {"VARCHAR": pa.string(), "JSON": pa.string(), "INTEGER": pa.int32(),
+               "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(), "TIMESTAMP": pa.timestamp("us")}
+
+
+class RunNotImportable(db.StoreError):
+    """The target run was not created by an import (the trainer's runs are not import targets)."""
+
+
+def run_source(db_path, run_id: str) -> str | None:
+    """Who recorded ``run_id`` ('trainer', 'import:FORMAT', ...); None if no such run."""
+    with db.reading(db_path) as con:
+        row = con.execute("SELECT coalesce(source, 'trainer') FROM runs WHERE run_id = ?",
+                          [run_id]).fetchone()
+    return None if row is None else row[0]
+
+
+def refuse_foreign(run_id: str, source: str | None) -> None:
+    """RunNotImportable unless the run is new (``source`` None) or an import made it."""
+    if source is not None and not source.startswith("import"):
+        who = "the trainer" if source == "trainer" else f"{source!r}"
+        raise RunNotImportable(
+            f"run {run_id!r} was recorded by {who}: an import cannot add to it or replace its "
+            "trajectories; import into a run of its own (leave out --run-id, or give an id no "
+            "other run uses)")
+
+
+def _insert(con, table: str, rows: list[dict], run_id: str) -> None:
+    """One batched insert with types taken from the table (no guessing from the values)."""
+    if not rows:
+        return
+    types = dict(con.execute("SELECT column_name, data_type FROM information_schema.columns "
+                             "WHERE table_name = ?", [table]).fetchall())
+    names = list(dict.fromkeys(k for r in rows for k in r))
+    schema = pa.schema([(n, ARROW_TYPES[types[n]]) for n in names])
+    columns = {n: clean_column([r.get(n) for r in rows]) for n in names}  # the recorder's rule
+    arrow = pa.Table.from_pydict(columns, schema=schema)
+    arrow = arrow.append_column("run_id", pa.array([run_id] * len(rows), pa.string()))
+    con.register("_import_rows", arrow)
+    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _import_rows")
+    con.unregister("_import_rows")
+
+
+def _ensure_run(con, run_id: str, fmt: str, run: dict) -> None:
+    if con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone():
+        return
+    config = {"env": "unknown", "model": "unknown", "algo": "unknown", **(run["config"] or {})}
+    con.execute("INSERT INTO runs (run_id, name, created_at, status, config, updated_at, source) "
+                "VALUES (?, ?, ?, 'running', ?, ?, ?)",
+                [run_id, clean_text(run["name"]), now(), to_json(config), now(),
+                 f"import:{fmt}"])
+    run["created"] = True
+
+
+WRITE_ERRORS = (duckdb.Error, pa.ArrowException, ValueError, TypeError, KeyError)
+
+
+def write_batch(db_path, run_id, fmt, run, batch, replace, report) -> None:
+    """Write a batch in one transaction; if it fails, each trajectory alone, reporting the bad."""
+    try:
+        with db.writing(db_path) as con:
+            counts = _write_rows(con, run_id, fmt, run, batch, replace)
+        _count(report, counts)
+        return
+    except WRITE_ERRORS:
+        pass  # find the culprit(s) below; the batch's transaction was rolled back whole
+    for item in batch:
+        try:
+            with db.writing(db_path) as con:
+                counts = _write_rows(con, run_id, fmt, run, [item], replace)
+            _count(report, counts)
+        except WRITE_ERRORS as exc:
+            report.fail(item[0], f"could not be stored: {type(exc).__name__}: {exc}")
+
+
+def _count(report: ImportReport, counts: tuple[int, int, int]) -> None:
+    report.imported += counts[0]
+    report.replaced += counts[1]
+    report.skipped += counts[2]
+
+
+def _write_rows(con, run_id, fmt, run, batch, replace) -> tuple[int, int, int]:
+    """Insert a batch's rows; (new, replaced, skipped) trajectories."""
+    row = con.execute("SELECT coalesce(source, 'trainer') FROM runs WHERE run_id = ?",
+                      [run_id]).fetchone()
+    refuse_foreign(run_id, row and row[0])  # again inside the transaction: a trainer may have
+    _ensure_run(con, run_id, fmt, run)       # started this run id since the import began
+    ids = [rows["trajectories"][0]["traj_id"] for _, rows in batch]
+    present = {r[0] for r in con.execute(
+        "SELECT traj_id FROM trajectories WHERE run_id = ? AND traj_id IN (SELECT unnest(?))",
+        [run_id, ids]).fetchall()}
+    if present and replace:
+        for table in TRAJ_TABLES:
+            con.execute(f"DELETE FROM {table} WHERE run_id = ? AND traj_id IN (SELECT unnest(?))",
+                        [run_id, list(present)])
+    elif present:
+        batch = [(w, rows) for w, rows in batch if rows["trajectories"][0]["traj_id"] not in present]
+    for table in TRAJ_TABLES:
+        _insert(con, table, [r for _, rows in batch for r in rows[table]], run_id)
+    if replace:
+        return len(batch) - len(present), len(present), 0
+    return len(batch), 0, len(present)
+
+
+DERIVED_METRICS_SQL = """
+WITH t AS (SELECT * FROM trajectories WHERE run_id = $run AND split <> 'eval'),
+g AS (SELECT step, stddev_samp(reward) AS sd FROM t GROUP BY step, group_id HAVING count(*) > 1),
+s AS (SELECT step, avg(reward) AS "reward/mean", stddev_samp(reward) AS "reward/std",
+             avg(success::DOUBLE) AS "success/rate", avg(num_turns) AS "env/turns_mean",
+             avg(response_tokens) AS "response/length_mean" FROM t GROUP BY step),
+gs AS (SELECT step, avg(sd) AS "reward/group_std_mean",
+              avg((sd = 0)::DOUBLE) AS "reward/frac_zero_std" FROM g GROUP BY step),
+wide AS (SELECT * FROM s LEFT JOIN gs USING (step))
+SELECT $run AS run_id, step, name, value FROM (UNPIVOT wide ON COLUMNS(* EXCLUDE step)
+                                               INTO NAME name VALUE value)
+UNION ALL
+SELECT $run, step, 'eval/success', avg(success::DOUBLE) FROM trajectories
+WHERE run_id = $run AND split = 'eval' AND success IS NOT NULL GROUP BY step
+UNION ALL
+SELECT $run, step, name, value FROM (UNPIVOT (
+    SELECT step, avg(abs(d)) AS "mismatch/abs_mean", quantile_cont(abs(d), 0.95) AS "mismatch/abs_p95",
+           avg((d < ln(0.9) OR d > ln(1.1))::DOUBLE) AS "mismatch/ratio_out_frac",
+           avg(exp(d) - 1 - d) AS "mismatch/kl_k3"
+    FROM (SELECT step, train_logprob - logprob AS d FROM tokens WHERE run_id = $run AND trained
+          AND train_logprob IS NOT NULL AND logprob IS NOT NULL)
+    GROUP BY step) ON COLUMNS(* EXCLUDE step) INTO NAME name VALUE value)
+"""
+"""Metrics an import derives from its rows, as the trainer records them: rewards, success,
+turns and lengths per step, held-out success, and (core/learn/mismatch.py) the training-inference
+mismatch of the steps whose tokens carry both the sampler's and the trainer's logprob."""
+
+
+def finish_import(db_path, run_id, fmt, run, report, stopped: str | None = None,
+                   live: bool = False) -> None:
+    """Provenance row, config, metrics and final status (``failed`` with the reason if the
+    import ``stopped``) of a run that imports created."""
+    with db.writing(db_path) as con:
+        row = con.execute("SELECT coalesce(source, 'trainer') FROM runs WHERE run_id = ?",
+                          [run_id]).fetchone()
+        if row is None and stopped is None:
+            return  # nothing could be imported: no run to attach the report to
+        if row is None:
+            _ensure_run(con, run_id, fmt, run)  # stopped before its first write: still recorded
+        elif not row[0].startswith("import"):
+            return  # never touch a run the trainer recorded (refused before any write)
+        if run["created"] and run["config"]:
+            config = {"env": "unknown", "model": "unknown", "algo": "unknown", **run["config"]}
+            con.execute("UPDATE runs SET config = ? WHERE run_id = ?", [to_json(config), run_id])
+        con.execute("DELETE FROM metrics WHERE run_id = ?", [run_id])
+        con.execute("INSERT INTO metrics BY NAME " + DERIVED_METRICS_SQL, {"run": run_id})
+        con.execute("UPDATE runs SET status = ?, error = ?, updated_at = ?, "
+                    "last_step = (SELECT max(step) FROM trajectories WHERE run_id = ?) "
+                    "WHERE run_id = ?", ["failed" if stopped else "running" if live
+                                         else "finished", stopped, now(),
+                                         run_id, run_id])
+        con.execute("INSERT INTO imports VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [run_id, clean_text(report.source), fmt, now(), report.lines,
+                     report.imported, report.skipped, report.failed,
+                     to_json(report.errors[:100])])

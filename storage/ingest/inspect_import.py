@@ -1,0 +1,224 @@
+"""Importing Inspect AI logs (storage/ingest/inspect_log.py reads them): one run per task and model.
+
+    python -m storage.io import LOG.eval|LOG.json|DIR --db PATH --format inspect
+
+* A log file holds one task run with one model: it becomes one run, ``--run-id`` or the id
+  ``import`` derives from the file's path (storage/io.py ``default_run_id``).
+* A directory (an eval set's log dir) may hold many tasks and models: each (task, model) is its
+  own run, ``{base}-{task}-{model}-{hash}`` where ``base`` is ``--run-id`` or the directory's
+  derived id, so importing the directory again, or following it, lands in the same runs. There
+  the trajectory ids carry the eval id (two logs of one task and model, a retry, keep both).
+
+Each sample is validated and written like a generic JSONL line (storage/interchange.py, in
+batches by storage/ingest/import_batch.py): a sample that cannot be read (its member cut short or over
+the size cap, bad JSON, a score Inspect does not allow) fails alone, named by file, sample and
+epoch, and the rest import. A log that cannot be opened at all fails alone too when a directory
+is imported, and stops the import (exit 2) when it is the file given. Nothing was trained: every
+token's ``trained`` is false.
+
+The run's config: ``env`` ``inspect:{task}``, ``model``, ``algo`` ``none``, and under
+``inspect`` the eval spec (task args, dataset, generate config, limits, scorers, packages,
+revision, eval and run ids), plan, status, results and stats. Metrics at step 0, recomputed from
+the stored trajectories after every import: the importer's own (``eval/success``), then
+``usage/{input,output,total,reasoning}_tokens`` (sum over samples, and ``..._mean`` per
+sample; cache tokens and ``total_cost`` where the log has them), ``time/sample_s`` and
+``time/working_s`` (means), ``eval/samples``, ``eval/errors``, ``eval/limits``,
+``eval/reward_mean``, and Inspect's own ``inspect/{scorer}/{metric}`` from the log's header.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from storage import db
+from storage.failures import classify
+from storage.ingest.import_batch import (RunNotImportable, finish_import, refuse_foreign, run_source,
+                                  write_batch)
+from storage.ingest.inspect_log import USAGE_KEYS, InspectLog, log_files, log_metrics, sample_record
+from storage.interchange import LineError, to_rows, validate
+from storage.ingest.report import ImportReport, default_run_id
+from storage.migrations import prepare
+from storage.recorder import check_run_id, clean_text
+from storage.ingest.zip_members import MAX_MEMBER_BYTES, MAX_TOTAL_BYTES
+
+FMT = "inspect"
+MAX_BATCH_TOKENS = 500_000  # rows of one batch's tokens, whatever the batch's sample count
+
+
+@dataclass
+class _Run:
+    report: ImportReport
+    run: dict
+    first_seen: dict = field(default_factory=dict)
+    batch: list = field(default_factory=list)
+    tokens: int = 0
+    metrics: dict = field(default_factory=dict)
+
+
+@dataclass
+class InspectImport:
+    """One report per run, and the logs that could not be opened at all."""
+    reports: list[ImportReport]
+    errors: list[str]
+
+    @property
+    def failed(self) -> int:
+        return sum(r.failed for r in self.reports) + len(self.errors)
+
+
+def group_run_id(base: str, task: str, model: str) -> str:
+    """The run of one (task, model) of a directory: readable, unique, at most 128 characters."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{task}-{model}").strip("-._")[:40]
+    digest = hashlib.sha1(f"{task}\0{model}".encode("utf-8", "replace")).hexdigest()[:8]
+    return check_run_id(f"{base[:70]}-{slug}-{digest}")
+
+
+def _config(log: InspectLog) -> dict:
+    spec = log.spec
+    keep = ("task", "task_id", "task_version", "task_args", "task_attribs", "solver",
+            "solver_args", "dataset", "sandbox", "model", "model_base_url", "model_args",
+            "model_generate_config", "model_roles", "config", "revision", "packages", "scorers",
+            "metadata", "tags", "eval_id", "run_id", "eval_set_id", "created")
+    return {"env": f"inspect:{log.task}", "model": log.model, "algo": "none",
+            "inspect": {"eval": {k: spec[k] for k in keep if spec.get(k) is not None},
+                        "plan": log.plan, "status": log.status, "results": log.results,
+                        "stats": log.stats, "log": log.path.name}}
+
+
+def import_inspect(source, db_path, run_name: str | None = None, run_id: str | None = None,
+                   replace: bool = False, live: bool = False, run_base: str | None = None,
+                   batch_size: int = 200, max_member_bytes: int = MAX_MEMBER_BYTES,
+                   max_total_bytes: int = MAX_TOTAL_BYTES) -> InspectImport:
+    """Import a log file or a directory of logs (see the module docstring). ``run_base``: the
+    base of a directory's run ids, for a follower importing that directory's files one by one."""
+    source = Path(source)
+    if not source.exists():
+        raise FileNotFoundError(f"no such file or directory: {source}")
+    if source.is_dir() and run_base is None:
+        run_base = check_run_id(run_id) if run_id else default_run_id(source)
+    prepare(db_path)
+    runs: dict[tuple[str, str], _Run] = {}
+    result = InspectImport([], [])
+    logs = log_files(source)
+    if not logs:
+        raise ValueError(f"no Inspect logs (.eval, .json) in {source}")
+    try:
+        for path in logs:
+            try:
+                log = InspectLog(path, max_member_bytes, max_total_bytes)
+            except (ValueError, OSError) as exc:
+                if not source.is_dir():
+                    raise ValueError(str(exc)) from None
+                result.errors.append(clean_text(f"{path.name}: could not be read: {exc}"))
+                continue
+            with log:
+                state = _state(runs, log, source, db_path, run_name, run_id, run_base)
+                prefix = f"{log.spec.get('eval_id') or path.stem}/" if run_base else ""
+                for where, sample in log.samples():
+                    _one(state, where, sample, log, prefix, classify)
+                    if len(state.batch) >= batch_size or state.tokens >= MAX_BATCH_TOKENS:
+                        _flush(db_path, state, replace)
+                state.metrics = log_metrics(log)
+                _flush(db_path, state, replace)
+    except RunNotImportable:
+        raise
+    except BaseException as exc:
+        for state in runs.values():
+            _stopped(db_path, state, replace, exc)
+        raise
+    if not any(state.report.lines for state in runs.values()):
+        raise ValueError(f"no samples found in {source}"
+                         + (f" ({'; '.join(result.errors[:3])})" if result.errors else ""))
+    for state in runs.values():
+        finish_import(db_path, state.report.run_id, FMT, state.run, state.report, live=live)
+        write_metrics(db_path, state.report.run_id, state.metrics)
+        result.reports.append(state.report)
+    return result
+
+
+def _state(runs, log, source, db_path, run_name, run_id, run_base) -> _Run:
+    key = (log.task, log.model)
+    if key not in runs:
+        rid = group_run_id(run_base, *key) if run_base else \
+            check_run_id(run_id) if run_id else default_run_id(source)
+        refuse_foreign(rid, run_source(db_path, rid))  # before this run's first write
+        name = run_name or f"{log.task} · {log.model}"
+        runs[key] = _Run(ImportReport(rid, source.name, FMT),
+                         {"name": name, "config": _config(log), "created": False})
+    else:
+        runs[key].run["config"] = _config(log)  # the latest log of a task and model describes it
+    return runs[key]
+
+
+def _one(state: _Run, where: str, sample, log: InspectLog, prefix: str, classify) -> None:
+    report = state.report
+    report.lines += 1
+    try:
+        if isinstance(sample, LineError):
+            raise sample
+        rec = validate(sample_record(sample, log, prefix))
+        if rec["traj_id"] in state.first_seen:
+            raise LineError(f"duplicate sample and epoch {rec['traj_id']!r} "
+                            f"(first at {state.first_seen[rec['traj_id']]})")
+        state.first_seen[rec["traj_id"]] = where
+        rows = to_rows(rec, classify)
+        for tok in rows["tokens"]:  # an evaluation: nothing was trained
+            tok["trained"], tok["advantage"] = False, None
+        state.batch.append((where, rows))
+        state.tokens += len(rows["tokens"])
+    except LineError as exc:
+        report.fail(where, str(exc))
+    except Exception as exc:  # a rule tripping on one sample fails that sample only
+        report.fail(where, f"could not be read: {type(exc).__name__}: {exc}")
+
+
+def _flush(db_path, state: _Run, replace: bool) -> None:
+    if state.batch:
+        write_batch(db_path, state.report.run_id, FMT, state.run, state.batch, replace,
+                    state.report)
+    state.batch, state.tokens = [], 0
+
+
+def _stopped(db_path, state: _Run, replace: bool, exc: BaseException) -> None:
+    """Keep what was read and mark the run failed, saying why; the caller re-raises ``exc``."""
+    reason = clean_text(f"{type(exc).__name__}: {exc}")
+    state.report.errors.append(f"import stopped: {reason}")
+    try:
+        _flush(db_path, state, replace)
+        finish_import(db_path, state.report.run_id, FMT, state.run, state.report, stopped=reason)
+    except Exception:  # the store itself is what failed: the caller reports the first error
+        pass
+
+
+def _metrics_sql() -> str:
+    usage = [f"(t.info->'$.inspect.usage.{k}')::DOUBLE AS \"{k}\"" for k in USAGE_KEYS]
+    sums = [f"sum(\"{k}\") AS \"usage/{k}\", avg(\"{k}\") AS \"usage/{k}_mean\""
+            for k in USAGE_KEYS]
+    return f"""
+WITH t AS (SELECT reward, finish_reason, {', '.join(usage)},
+                  (info->'$.inspect.total_time')::DOUBLE AS total_time,
+                  (info->'$.inspect.working_time')::DOUBLE AS working_time
+           FROM trajectories t WHERE run_id = $run),
+wide AS (SELECT 0 AS step, {', '.join(sums)},
+                avg(total_time) AS "time/sample_s", avg(working_time) AS "time/working_s",
+                count(*)::DOUBLE AS "eval/samples",
+                count(*) FILTER (WHERE finish_reason = 'error')::DOUBLE AS "eval/errors",
+                count(*) FILTER (WHERE finish_reason LIKE '%\\_limit' ESCAPE '\\')::DOUBLE
+                    AS "eval/limits",
+                avg(reward) AS "eval/reward_mean" FROM t)
+SELECT $run AS run_id, step, name, value
+FROM (UNPIVOT wide ON COLUMNS(* EXCLUDE step) INTO NAME name VALUE value)
+"""
+
+
+def write_metrics(db_path, run_id: str, inspect_metrics: dict[str, float]) -> None:
+    """The run's Inspect metrics at step 0 (module docstring), after the importer's own."""
+    with db.writing(db_path) as con:
+        if not con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone():
+            return  # nothing of it could be stored
+        con.execute("INSERT INTO metrics BY NAME " + _metrics_sql(), {"run": run_id})
+        if inspect_metrics:
+            con.executemany("INSERT INTO metrics (run_id, step, name, value) VALUES (?, 0, ?, ?)",
+                            [[run_id, k, v] for k, v in inspect_metrics.items()])

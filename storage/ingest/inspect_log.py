@@ -1,0 +1,334 @@
+"""Inspect AI evaluation logs (``.eval``, a zip of JSON, and ``.json``) as generic trajectory
+records (storage/interchange.py), read with the standard library and pyarrow only.
+
+Why not the ``inspect-ai`` package: it pulls in about fifty packages (boto3, aiobotocore, s3fs,
+fastapi, textual, tiktoken, ...), and resolving them would move two of our pins (fsspec,
+python-dateutil). The log is plain JSON in a zip; what we read of it is small and written down
+here. ``inspect-ai`` is used only by the tests, to make real logs (requirements-inspect.txt).
+
+The layout read (Inspect 0.3.x, log version 2): ``header.json`` (``eval``: task, model, scorers,
+config...; ``plan``; ``results``; ``stats``; ``status``), written when the eval ends; before that
+only ``_journal/start.json`` (``eval``, ``plan``), which is used in its place; and one member per
+sample and epoch, ``samples/{id}_epoch_{epoch}.json`` (``messages``, ``scores``, ``output``,
+``model_usage``, ``error``, ``limit``, ``target``, ``attachments``...). A ``.json`` log is the
+same object with ``samples`` inline.
+
+One trajectory per sample and epoch:
+* ``task_id`` and ``group_id`` are the sample id, so a group is one sample across its epochs;
+  ``traj_id`` is ``{id}:epoch{epoch}`` (prefixed with the eval id when a directory is imported,
+  where two logs of one task and model may hold the same sample); step 0, split ``eval``.
+* Turns: storage/ingest/messages.py's rules (assistant message = action, tool results = observation,
+  the system and user messages before it = prompt). ``attachment://`` references are resolved.
+* Scores: every scorer is a reward component ``score/{scorer}`` (``score/{scorer}/{key}`` for a
+  dict or list value), converted by Inspect's ``value_to_float``. ``outcome`` (= the reward) is
+  the primary scorer's value — the headline scorer, else the first — and success is that value
+  being correct (1.0). A value of a type Inspect's ``Value`` does not allow fails the sample.
+* ``finish_reason``: ``error`` (the sample errored), ``{type}_limit`` (a token, message, time,
+  working, context, turn or cost limit cut it), else from the final output's stop reason
+  (``stop`` -> ``answered``/``done``, ``model_length`` -> ``context_full``, others as named).
+* ``info.inspect``: sample id, epoch, uuid, scores (value, answer, explanation), usage summed
+  over models and per model, times, error, limit, metadata. ``response_tokens`` is the eval
+  model's output tokens.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+from storage.ingest.inspect_scores import primary_scorer, score_components
+from storage.interchange import LineError
+from storage.ingest.messages import MAX_MESSAGES, content_text, render_call, turns_of
+from storage.recorder import clean_json
+from storage.ingest.zip_members import (MAX_MEMBER_BYTES, MAX_TOTAL_BYTES, Archive, MemberError,
+                                 ZipError)
+
+MAX_JSON_LOG_BYTES = 1024 ** 3
+SAMPLE_MEMBER = re.compile(r"^samples/(?P<id>.+)_epoch_(?P<epoch>\d+)\.json$")
+USAGE_KEYS = ("input_tokens", "output_tokens", "total_tokens", "reasoning_tokens",
+              "input_tokens_cache_read", "input_tokens_cache_write", "total_cost")
+STOP_REASONS = {"model_length": "context_full", "max_tokens": "max_tokens",
+                "tool_calls": "tool_calls", "content_filter": "content_filter"}
+ATTACHMENT = "attachment://"
+
+
+# -- messages --------------------------------------------------------------------------------------
+def _resolve(value: Any, attachments: dict) -> Any:
+    """``attachment://{hash}`` strings replaced by the text Inspect moved out of the message."""
+    if isinstance(value, str):
+        if value.startswith(ATTACHMENT):
+            return attachments.get(value[len(ATTACHMENT):], value)
+        return value
+    if isinstance(value, list):
+        return [_resolve(v, attachments) for v in value]
+    if isinstance(value, dict):
+        return {k: _resolve(v, attachments) for k, v in value.items()}
+    return value
+
+
+def inspect_message(m: Any, where: str, attachments: dict) -> dict:
+    """An Inspect ChatMessage, normalised as storage/ingest/messages.py's ``turns_of`` reads them."""
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        raise LineError(f"{where} must be a message object with a role")
+    try:
+        text = content_text(_resolve(m.get("content"), attachments))
+    except LineError as exc:
+        raise LineError(f"{where}: {exc}") from None
+    calls = []
+    for i, c in enumerate(m.get("tool_calls") or []):
+        if not isinstance(c, dict) or not isinstance(c.get("function"), str):
+            raise LineError(f"{where}.tool_calls[{i}] must be an object naming its function")
+        bad = c.get("parse_error")
+        calls.append({"id": c.get("id"), "name": c["function"], "bad": bad if bad else None,
+                      "text": render_call(c["function"], _resolve(c.get("arguments"),
+                                                                   attachments))})
+    error = m.get("error")
+    if isinstance(error, dict):  # ToolCallError: a type (timeout, permission, ...) and a message
+        kind = error.get("type")
+        error = f"{'' if kind in (None, 'unknown') else f'{kind}: '}{error.get('message') or ''}"
+    return {"role": m["role"], "text": text, "name": m.get("function"),
+            "call_id": m.get("tool_call_id"), "calls": calls, "error": error or None}
+
+
+# -- one sample ------------------------------------------------------------------------------------
+def _usage(model_usage: Any) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for usage in (model_usage or {}).values():
+        for key in USAGE_KEYS:
+            v = usage.get(key) if isinstance(usage, dict) else None
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                total[key] = total.get(key, 0) + v
+    return total
+
+
+def _finish(sample: dict, answer: str | None) -> str:
+    if sample.get("error"):
+        return "error"
+    limit = sample.get("limit")
+    if isinstance(limit, dict) and isinstance(limit.get("type"), str):
+        return f"{limit['type']}_limit"
+    choices = (sample.get("output") or {}).get("choices") or [{}]
+    reason = choices[0].get("stop_reason") if isinstance(choices[0], dict) else None
+    if reason in STOP_REASONS:
+        return STOP_REASONS[reason]
+    return "answered" if answer else "done"
+
+
+def _short_id(value: Any, limit: int = 200) -> str:
+    """The sample id as an id column holds it: a longer one is cut and tagged with its hash."""
+    text = str(value)
+    if 0 < len(text) <= limit:
+        return text
+    return f"{text[:limit - 13]}~{hashlib.sha1(text.encode('utf-8', 'replace')).hexdigest()[:12]}"
+
+
+def sample_record(sample: Any, log: "InspectLog", prefix: str = "") -> dict:
+    """The generic record of one sample (see the module docstring), or LineError."""
+    if not isinstance(sample, dict) or "id" not in sample:
+        raise LineError("a sample must be an object with an id")
+    sid, epoch = sample["id"], sample.get("epoch", 1)
+    attachments = sample.get("attachments") or {}
+    messages = sample.get("messages") or []
+    if not messages:  # errored before any generation: the input is all there is
+        given = sample.get("input")
+        messages = [{"role": "user", "content": given}] if isinstance(given, str) else given or []
+    if not isinstance(messages, list) or len(messages) > MAX_MESSAGES:
+        raise LineError(f"messages must be a list of at most {MAX_MESSAGES}")
+    prompt, turns = turns_of([inspect_message(m, f"messages[{i}]", attachments)
+                              for i, m in enumerate(messages)])
+    notes: list[str] = []
+    error = sample.get("error")
+    if error and turns:  # what cut the episode short, beside the turn it cut (not in its text:
+        message = error.get("message") if isinstance(error, dict) else error  # no model saw it)
+        turns[-1]["error"] = "; ".join(filter(None, [turns[-1].get("error"),
+                                                     f"sample error: {message}"]))
+    scores = sample.get("scores") or {}
+    if not isinstance(scores, dict):
+        raise LineError(f"scores must be an object, got {type(scores).__name__}")
+    components, kept = {}, {}
+    for name, score in scores.items():
+        if not isinstance(score, dict) or "value" not in score:
+            raise LineError(f"score {name!r} must be an object with a value")
+        values, more = score_components(name, score["value"])
+        components.update(values)
+        notes += more
+        kept[name] = {k: score.get(k) for k in ("value", "answer", "explanation")}
+    primary = log.primary if log.primary in scores else next(iter(scores), None)
+    answer = None
+    if primary is None:
+        outcome, success = 0.0, False
+        notes.append("not scored" + (" (the sample errored)" if sample.get("error") else "")
+                     + ": outcome 0.0, not a success")
+    else:
+        if primary != log.primary:
+            notes.append(f"primary scorer {log.primary!r} absent: {primary!r} used")
+        own = [v for k, v in components.items() if k == f"score/{primary}"
+               or k.startswith(f"score/{primary}/")]
+        outcome = sum(own) / len(own)
+        success = all(v == 1.0 for v in own)
+        if len(own) > 1:
+            notes.append(f"outcome is the mean of scorer {primary!r}'s {len(own)} values; "
+                         "success is all of them correct")
+        answer = scores[primary].get("answer")
+    output = sample.get("output") or {}
+    if not isinstance(answer, str) and turns and turns[-1]["action_type"] == "answer":
+        # no scorer's answer: the final words, if the model ended on words and not on a call
+        answer = output.get("completion") if isinstance(output.get("completion"), str) else None
+    answer = answer if isinstance(answer, str) and answer else None
+    usage, model_usage = _usage(sample.get("model_usage")), sample.get("model_usage") or {}
+    own_usage = model_usage.get(log.model) if isinstance(model_usage, dict) else None
+    out_tokens = (own_usage or {}).get("output_tokens", usage.get("output_tokens", 0))
+    notes.append("an evaluation log: no token was trained (tokens are whitespace pieces of the "
+                 "messages' text, without ids or logprobs)")
+    inspect_info = {
+        "sample_id": sid, "epoch": epoch, "uuid": sample.get("uuid"), "scores": kept,
+        "primary_scorer": primary, "usage": usage, "model_usage": model_usage,
+        "total_time": sample.get("total_time"), "working_time": sample.get("working_time"),
+        "error": {"message": error.get("message"),
+                  "traceback": (error.get("traceback") or "")[-4000:]}
+        if isinstance(error, dict) else error, "limit": sample.get("limit"),
+        "error_retries": len(sample.get("error_retries") or []), "metadata": sample.get("metadata"),
+        "log": log.path.name, "eval_id": log.spec.get("eval_id")}
+    task = _short_id(sid)
+    rec = {"traj_id": f"{prefix}{task}:epoch{epoch}", "task_id": task, "group_id": task,
+           "step": 0, "split": "eval", "prompt": prompt, "turns": turns, "reward": outcome,
+           "rewards": {"outcome": outcome, **components}, "success": success,
+           "finish_reason": _finish(sample, answer),
+           "info": clean_json({"inspect": inspect_info, "import_notes": notes})}
+    if isinstance(out_tokens, int) and 0 <= out_tokens < 2 ** 31:
+        rec["response_tokens"] = out_tokens
+    if answer is not None:
+        rec["answer"] = answer
+    if sample.get("target") not in (None, "", []):
+        target = sample["target"]
+        rec["golds"] = target if isinstance(target, list) else [target]
+    return rec
+
+
+# -- one log file ----------------------------------------------------------------------------------
+class InspectLog:
+    """One log file: its header (``spec``, ``plan``, ``results``, ``stats``, ``status``) on
+    opening, its samples one at a time from ``samples()``. ValueError (ZipError) if the file
+    as a whole cannot be read."""
+
+    def __init__(self, path, max_member_bytes: int = MAX_MEMBER_BYTES,
+                 max_total_bytes: int = MAX_TOTAL_BYTES, max_json_bytes: int = MAX_JSON_LOG_BYTES):
+        self.path, self.archive, self._inline = Path(path), None, None
+        if self.path.suffix == ".json":
+            header = self._read_json(max_json_bytes)
+        else:
+            self.archive = Archive(self.path, max_member_bytes, max_total_bytes)
+            header = self._eval_header()
+        if not isinstance(header.get("eval"), dict):
+            raise ValueError(f"{self.path.name}: not an Inspect log (no 'eval' object)")
+        self.spec, self.plan = header["eval"], header.get("plan")
+        self.results, self.stats = header.get("results"), header.get("stats")
+        self.status = header.get("status", "started")
+        self.task, self.model = str(self.spec.get("task")), str(self.spec.get("model"))
+        self.primary = primary_scorer(self.spec, self.results)
+
+    def _read_json(self, limit: int) -> dict:
+        size = self.path.stat().st_size
+        if size > limit:
+            raise ValueError(f"{self.path.name}: {size} bytes, over the limit of {limit} for a "
+                             "JSON log (read whole): convert it to .eval with `inspect log "
+                             "convert --to eval` and import that")
+        try:
+            obj = json.loads(self.path.read_bytes())
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"{self.path.name}: not valid JSON ({exc})") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"{self.path.name}: not an Inspect log (not a JSON object)")
+        self._inline = obj.pop("samples", None) or []
+        return obj
+
+    def _eval_header(self) -> dict:
+        errors = []
+        for name in ("header.json", "_journal/start.json"):  # start.json: a log still running
+            if name in self.archive.members:
+                try:
+                    header = json.loads(self.archive.read(name))
+                    if isinstance(header, dict):
+                        return header
+                    errors.append(f"{name} is not an object")
+                except (MemberError, ValueError) as exc:
+                    errors.append(str(exc))
+        self.archive.close()
+        raise ValueError(f"{self.path.name}: no readable header.json or _journal/start.json"
+                         + (f" ({'; '.join(errors)})" if errors else ""))
+
+    def close(self) -> None:
+        if self.archive is not None:
+            self.archive.close()
+
+    def __enter__(self) -> "InspectLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def samples(self) -> Iterator[tuple[str, Any]]:
+        """(where, sample dict or LineError), ``where`` naming the file, sample and epoch."""
+        if self.archive is None:
+            for i, sample in enumerate(self._inline):
+                sid = sample.get("id", f"#{i}") if isinstance(sample, dict) else f"#{i}"
+                epoch = sample.get("epoch", "?") if isinstance(sample, dict) else "?"
+                yield f"{self.path.name}: sample {sid} epoch {epoch}", sample
+            return
+        for name in self.archive.members:
+            match = SAMPLE_MEMBER.match(name)
+            if not match:
+                continue
+            where = f"{self.path.name}: sample {match['id']} epoch {match['epoch']}"
+            try:
+                sample = json.loads(self.archive.read(name))
+            except MemberError as exc:
+                yield where, LineError(str(exc))
+                continue
+            except ZipError as exc:  # over the total: what is left of the log stays unread
+                yield where, LineError(f"{exc}; this sample and those after it are not read")
+                return
+            except (ValueError, RecursionError) as exc:  # bad JSON, bad UTF-8
+                yield where, LineError(f"member {name}: not valid JSON ({exc})")
+                continue
+            yield where, sample
+
+
+def log_files(source: Path) -> list[Path]:
+    """A log file itself, or every ``.eval``/``.json`` log under a directory (an eval set's
+    listing files ``logs.json``/``eval-set.json`` are not logs)."""
+    if not source.is_dir():
+        return [source]
+    found = [p for p in source.rglob("*") if p.suffix in (".eval", ".json") and p.is_file()
+             and p.name not in ("logs.json", "eval-set.json") and not p.name.startswith(".")]
+    return sorted(found, key=lambda p: (len(p.parts), str(p)))
+
+
+def finished(path: Path) -> bool:
+    """Whether an Inspect log is finished being written, for a follower (storage/ingest/follow.py):
+    a ``.eval`` once its directory lists ``header.json`` (Inspect writes it when the eval ends;
+    before that the zip is valid but still growing), a ``.json`` once it ends with ``}``."""
+    try:
+        if path.suffix == ".json":
+            with open(path, "rb") as f:
+                f.seek(max(0, f.seek(0, 2) - 64))
+                return f.read().rstrip().endswith(b"}")
+        with Archive(path) as archive:
+            return not archive.truncated and "header.json" in archive.members
+    except (ValueError, OSError):
+        return False
+
+
+def log_metrics(log: InspectLog) -> dict[str, float]:
+    """Inspect's own metrics of the log (``inspect/{scorer}/{metric}``), as its header has them."""
+    out = {}
+    for score in (log.results or {}).get("scores") or []:
+        for metric in (score.get("metrics") or {}).values() if isinstance(score, dict) else ():
+            value = metric.get("value") if isinstance(metric, dict) else None
+            if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                    and math.isfinite(value):
+                out[f"inspect/{score.get('name')}/{metric.get('name')}"] = float(value)
+    return out

@@ -1,0 +1,248 @@
+"""Chat conversations with tool calls as trajectories: the ``messages`` import format, and the
+turn rules Inspect logs (storage/ingest/inspect_log.py) share.
+
+``--format messages`` reads JSONL, one conversation per line, from any agent framework::
+
+    {"messages": [{"role": "system", "content": "You can call tools."},
+                  {"role": "user", "content": "What is 2+3?"},
+                  {"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
+                   "type": "function",
+                   "function": {"name": "add", "arguments": "{\\"x\\": 2, \\"y\\": 3}"}}]},
+                  {"role": "tool", "tool_call_id": "c1", "content": "5"},
+                  {"role": "assistant", "content": "5"}],
+     "reward": 1.0, "task_id": "add-2-3", "group_id": "add-2-3@0"}
+
+Optional besides ``messages``: ``reward`` (else 0.0, noted), ``task_id`` (else a hash of the
+prompt), ``group_id`` (else ``{step}:{task_id}``), ``traj_id`` (else ``{file}:{byte offset of
+the line}``, stable however the file is read, whole or followed in pieces), ``rewards``,
+``success`` (else reward >= 1, noted), ``step``, ``split``, ``finish_reason`` and ``answer``
+(else ``answered`` and the final assistant message's text, when the conversation ends on one),
+``info``. A line may also be the bare array of messages. Other keys are kept under
+``info.extra``.
+
+Turns (the same for Inspect): the messages before the first assistant message (system, user) are
+the prompt; each assistant message is one turn, its action the text (reasoning as ``<think>``)
+then each tool call on its own line, ``name(arg=value, ...)``; the tool results and any other
+messages up to the next assistant message are its observation, each as ``name -> result``. A turn
+that calls tools has action type ``tool`` (so the failure rules see tool use), else ``answer``.
+A call whose arguments are not valid JSON (OpenAI sends them as a string) or that the framework
+says it could not parse makes the action invalid; a tool result marked as an error is the turn's
+``error``. A content part other than text (an image) is shown as ``[image]``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+from storage.interchange import MAX_LINE_BYTES, LineError, parse_json
+
+MAX_MESSAGES = 10_000
+MAX_MESSAGE_CHARS = 4_000_000
+KNOWN_KEYS = {"messages", "reward", "task_id", "group_id", "traj_id", "rewards", "success", "step",
+              "split", "finish_reason", "answer", "info"}
+
+
+# -- one message, normalised ---------------------------------------------------------------------
+def content_text(content: Any) -> str:
+    """Text of a message's content: a string, or a list of parts (text, reasoning, media)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise LineError(f"content must be text or a list of parts, got {type(content).__name__}")
+    out = []
+    for part in content:
+        if isinstance(part, str):
+            out.append(part)
+        elif not isinstance(part, dict):
+            raise LineError(f"a content part must be an object, got {type(part).__name__}")
+        elif part.get("type") == "reasoning":  # Inspect's reasoning blocks
+            if part.get("redacted"):
+                out.append("<think>[redacted]</think>\n")
+            else:
+                out.append(f"<think>{part.get('reasoning') or part.get('summary') or ''}</think>\n")
+        elif isinstance(part.get("text"), str):
+            out.append(part["text"])
+        else:
+            out.append(f"[{part.get('type') or 'part'}]")
+    return "".join(out)
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, str) and "\n" in v:
+        return f'"""\n{v}\n"""'  # code and commands stay readable: no \n escapes
+    return json.dumps(v, ensure_ascii=False)
+
+
+def render_call(name: str, arguments: Any) -> str:
+    """``name(x=2, y=3)``; arguments that are not an object are shown whole."""
+    if isinstance(arguments, dict):
+        return f"{name}({', '.join(f'{k}={_value(v)}' for k, v in arguments.items())})"
+    return f"{name}({'' if arguments is None else _value(arguments)})"
+
+
+def _openai_call(call: Any, where: str) -> dict:
+    """OpenAI ``{"id", "type": "function", "function": {"name", "arguments": "<JSON text>"}}``."""
+    if not isinstance(call, dict):
+        raise LineError(f"{where} must be an object, got {type(call).__name__}")
+    fn = call.get("function") if isinstance(call.get("function"), dict) else call
+    name, raw = fn.get("name"), fn.get("arguments")
+    if not isinstance(name, str):
+        raise LineError(f"{where} has no function name")
+    bad = None
+    if isinstance(raw, str):
+        try:
+            args = json.loads(raw) if raw.strip() else {}
+        except ValueError as exc:
+            bad = f"arguments of {name} are not valid JSON: {exc}"
+            return {"id": call.get("id"), "name": name, "text": f"{name}({raw})", "bad": bad}
+    else:
+        args = raw
+    return {"id": call.get("id"), "name": name, "text": render_call(name, args), "bad": bad}
+
+
+def openai_message(m: Any, where: str) -> dict:
+    """An OpenAI-style chat message, normalised (see ``turns_of``)."""
+    if not isinstance(m, dict):
+        raise LineError(f"{where} must be an object, got {type(m).__name__}")
+    role = m.get("role")
+    if not isinstance(role, str):
+        raise LineError(f"{where} has no role")
+    try:
+        text = content_text(m.get("content"))
+    except LineError as exc:
+        raise LineError(f"{where}: {exc}") from None
+    if isinstance(m.get("reasoning_content"), str) and m["reasoning_content"]:
+        text = f"<think>{m['reasoning_content']}</think>\n{text}"
+    calls = m.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise LineError(f"{where}.tool_calls must be a list")
+    if isinstance(m.get("function_call"), dict):  # the legacy single call
+        calls = [*calls, {"function": m["function_call"]}]
+    return {"role": role, "text": text, "name": m.get("name"), "call_id": m.get("tool_call_id"),
+            "calls": [_openai_call(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls)],
+            "error": None}
+
+
+# -- a conversation as turns -----------------------------------------------------------------------
+def turns_of(messages: list[dict]) -> tuple[str, list[dict]]:
+    """(prompt, turns) of normalised messages ``{role, text, name, calls, error}`` (see above)."""
+    prompt, turns, called = [], [], {}
+    for i, m in enumerate(messages):
+        if len(m["text"]) > MAX_MESSAGE_CHARS:
+            raise LineError(f"message {i} ({m['role']}) holds {len(m['text'])} characters, over "
+                            f"the limit of {MAX_MESSAGE_CHARS}")
+        if m["role"] == "assistant":
+            called.update({c["id"]: c["name"] for c in m["calls"] if c.get("id")})
+            bad = [c["bad"] for c in m["calls"] if c["bad"]]
+            parts = [m["text"]] * bool(m["text"]) + [c["text"] for c in m["calls"]]
+            turn = {"action": "\n".join(parts), "observation": "",
+                    "action_type": "tool" if m["calls"] else "answer", "action_valid": not bad}
+            if bad:
+                turn["action_type"], turn["error"] = "invalid", "; ".join(bad)
+            turns.append(turn)
+        elif not turns:
+            prompt.append(f"{m['role']}: {m['text']}\n")
+        elif m["role"] in ("tool", "function"):
+            name = m.get("name") or called.get(m.get("call_id")) or "tool"
+            shown = "\n".join(filter(None, [m["text"], m.get("error") and f"error: {m['error']}"]))
+            turns[-1]["observation"] += f"{name} -> {shown}\n"
+            if m.get("error"):
+                turns[-1]["error"] = "; ".join(filter(None, [turns[-1].get("error"), m["error"]]))
+        else:
+            turns[-1]["observation"] += f"{m['role']}: {m['text']}\n"
+    return "".join(prompt), turns
+
+
+def task_of(prompt: str) -> str:
+    return "p" + hashlib.sha1(prompt.encode("utf-8", "replace")).hexdigest()[:12]
+
+
+# -- the messages JSONL format ---------------------------------------------------------------------
+def messages_record(obj: Any, default_id: str) -> dict:
+    """A generic record (storage/interchange.py) of one conversation line, or LineError."""
+    if isinstance(obj, list):
+        obj = {"messages": obj}
+    if not isinstance(obj, dict):
+        raise LineError(f"line must be an object with 'messages' or an array of messages, got "
+                        f"{type(obj).__name__}")
+    msgs = obj.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise LineError("field 'messages' must be a non-empty list of messages")
+    if len(msgs) > MAX_MESSAGES:
+        raise LineError(f"{len(msgs)} messages, over the limit of {MAX_MESSAGES}")
+    prompt, turns = turns_of([openai_message(m, f"messages[{i}]") for i, m in enumerate(msgs)])
+    notes = []
+    rec = {k: obj[k] for k in KNOWN_KEYS - {"messages"} if obj.get(k) is not None}
+    rec.update(prompt=prompt, turns=turns, traj_id=str(rec.get("traj_id", default_id)))
+    rec["task_id"] = str(rec.get("task_id", task_of(prompt)))  # an integer id is an id too
+    if "group_id" in rec:
+        rec["group_id"] = str(rec["group_id"])
+    last = turns[-1] if turns else None
+    final = content_text(msgs[-1].get("content")) if msgs[-1].get("role") == "assistant" else ""
+    if last and last["action_type"] == "answer" and final.strip():
+        rec.setdefault("finish_reason", "answered")  # it ended on its own words, no call pending
+        rec.setdefault("answer", final)  # without the reasoning
+    if "reward" not in rec:
+        rec["reward"] = 0.0
+        notes.append("no reward given: recorded as 0.0")
+    if "success" not in rec and isinstance(rec["reward"], (int, float)) \
+            and not isinstance(rec["reward"], bool):
+        rec["success"] = rec["reward"] >= 1.0
+        notes.append("success inferred as reward >= 1")
+    if "info" in rec and not isinstance(rec["info"], dict):
+        raise LineError(f"field 'info' must be an object, got {type(rec['info']).__name__}")
+    info = dict(rec.get("info") or {})
+    extra = {k: v for k, v in obj.items() if k not in KNOWN_KEYS}
+    if extra:
+        info["extra"] = extra
+    if notes:
+        info["import_notes"] = list(info.get("import_notes", [])) + notes
+    if info:
+        rec["info"] = info
+    return rec
+
+
+PIECE = re.compile(r"^(?P<name>.+)#(?P<start>\d+)-\d+$")
+
+
+def _origin(path: Path) -> tuple[str, int]:
+    """(file stem, byte offset of this file's first byte in it): a follower imports a file's
+    new lines as a piece named ``{file}#{start}-{end}`` (storage/ingest/follow.py)."""
+    match = PIECE.match(path.name)
+    if match:
+        return Path(match["name"]).stem, int(match["start"])
+    return path.stem, 0
+
+
+def read_messages(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES
+                  ) -> Iterator[tuple[str, Any]]:
+    """(where, generic record or LineError) for every conversation line of ``path``."""
+    path = Path(path)
+    stem, base = _origin(path)
+    with open(path, "rb") as f:
+        lineno, offset = 0, 0
+        while line := f.readline(max_line_bytes + 1):
+            lineno, start = lineno + 1, offset
+            offset += len(line)
+            where = f"line {lineno}"
+            if len(line) > max_line_bytes and not line.endswith(b"\n"):
+                while (more := f.readline(1 << 20)) and not more.endswith(b"\n"):
+                    offset += len(more)
+                offset += len(more)
+                yield where, LineError(f"line longer than the limit of {max_line_bytes} bytes")
+                continue
+            if not line.strip():
+                continue
+            obj = parse_json(line)
+            if isinstance(obj, LineError):
+                yield where, obj
+                continue
+            try:
+                yield where, messages_record(obj, f"{stem}:{base + start}")
+            except LineError as exc:
+                yield where, exc
