@@ -7,8 +7,9 @@ import os
 import sys
 from pathlib import Path
 
-from core.jobs.clusters import ENCODERS, write_progress, run
+from core.jobs.clusters import ENCODERS, run, write_progress
 from core.jobs.clusters import __doc__ as _LIBRARY_DOC
+from storage.db import StoreError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +23,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from storage.db import StoreError
     if not Path(args.db).is_file():
         print(f"error: no store at {args.db}", file=sys.stderr)
         return 2

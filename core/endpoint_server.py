@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -26,7 +27,6 @@ def _within(kind, low, high):
 
 
 def main(argv: list[str] | None = None) -> int:
-    import os
     parser = argparse.ArgumentParser(prog="python -m core.endpoint_server",
                                      description="Serve a local model over the OpenAI "
                                                  "chat-completions protocol.")

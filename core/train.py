@@ -18,12 +18,28 @@ bad configuration (the message names the field), 1 when training failed (the run
 from __future__ import annotations
 
 import argparse
+import ast
+import inspect
 import os
 import sys
 from dataclasses import fields
 
+import yaml
+
+import core.config as config_module
+from core.config import (ALGOS, ENDPOINT_PREFIX, ENVS, PRESETS, ConfigError, TrainConfig,
+                         env_kwargs, validate)
 from core.config.algorithms import ALGORITHMS
-from core.config import ALGOS, PRESETS, ConfigError, TrainConfig, validate
+from core.envs import plugins
+from core.learn.distributed import ONE
+from core.model.device import resolve
+from core.model.policy import ModelNotAvailable
+from core.run.collection import main as collect_main
+from core.run.lifecycle import record_and_exit
+from core.run.trainer import train
+from storage import queries
+from storage.db import StoreError
+from storage.recorder import NullRecorder, Recorder
 
 _FIELD_DOCS: dict[str, str] = {}
 _BY_ALGO = {key for algo in ALGORITHMS.values() for key in algo.defaults}
@@ -32,9 +48,6 @@ _BY_ALGO = {key for algo in ALGORITHMS.values() for key in algo.defaults}
 def _field_docs() -> dict[str, str]:
     """Each field's docstring (the line under it in core/config/train_config.py), for --help."""
     if not _FIELD_DOCS:
-        import ast
-        import inspect
-        import core.config as config_module
         tree = ast.parse(inspect.getsource(config_module.TrainConfig))
         body = tree.body[0].body
         for node, nxt in zip(body, body[1:]):
@@ -97,10 +110,8 @@ def checked_env(cfg: TrainConfig) -> TrainConfig:
     """A user's environment (``package.module:Factory`` or an installed plugin) is imported,
     built with the run's options and checked against the protocol here, so a broken one is
     refused with its name (exit 2) before the model loads. Built-in environments pass as is."""
-    from core.config import ENVS, env_kwargs
     if cfg.env in ENVS:
         return cfg
-    from core.envs import plugins
     layers = [{}, *([{"sft": True}] if cfg.sft_env_options else []),
               *([{"eval": True}] if cfg.eval_env_options else [])]
     try:
@@ -114,7 +125,6 @@ def checked_env(cfg: TrainConfig) -> TrainConfig:
 
 def _yaml_keys(path: str) -> dict:
     """Only the keys the YAML file sets (so it does not reset what a preset chose)."""
-    import yaml
     with open(path) as fh:
         data = yaml.safe_load(fh) or {}
     return {k.replace("-", "_"): v for k, v in data.items()}
@@ -122,8 +132,6 @@ def _yaml_keys(path: str) -> dict:
 
 def _stored_config(db_path: str, run_id: str) -> dict:
     """The configuration run ``run_id`` was started with, from its store."""
-    from storage import queries
-    from storage.db import StoreError
     if not os.path.exists(db_path):
         raise ConfigError(f"resume={run_id!r}: no database at db={db_path!r}")
     try:
@@ -157,17 +165,10 @@ def main(argv: list[str] | None = None) -> int:
         if ranks is not None:
             ranks.close()
         return 2
-    from core.config import ENDPOINT_PREFIX
     if cfg.model.startswith(ENDPOINT_PREFIX):  # a server as the policy: collects, never trains
-        from core.run.collection import main as collect_main
         return collect_main(cfg, args, ranks)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from core.learn.distributed import ONE
-    from core.run.lifecycle import record_and_exit
-    from core.model.policy import ModelNotAvailable
-    from core.run.trainer import train
-    from storage.recorder import NullRecorder, Recorder
     return record_and_exit(
         cfg.db, lambda: Recorder(cfg.db) if ranks is None or ranks.main else NullRecorder(),
         lambda recorder: train(cfg, recorder, progress=not getattr(args, "quiet", False),
@@ -180,7 +181,6 @@ def _device_error(cfg: TrainConfig, ranks) -> str | None:
     """Why ``cfg.device`` cannot be had on this machine (e.g. cuda without a GPU), else None.
     Under torchrun every rank checks its own (cuda:LOCAL_RANK) and all learn of any failure, so
     they exit 2 together instead of waiting for one another."""
-    from core.model.device import resolve
     try:
         resolve(cfg.device, ranks.local_rank if ranks else 0, ranks.world if ranks else 1)
         error = None

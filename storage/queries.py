@@ -11,6 +11,7 @@ zone maps skip the row groups of other runs.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 from datetime import datetime, timezone
@@ -375,7 +376,6 @@ def export_trajectories(path: str | Path, run_id: str, traj_ids: list[str],
         return "".join(json.dumps(r, default=str) + "\n" for r in records).encode("utf-8")
     flat = pd.DataFrame([{**r, "turns": json.dumps(r["turns"], default=str),
                           "rewards": json.dumps(r["rewards"])} for r in records])
-    import io
     buf = io.BytesIO()
     flat.to_parquet(buf, index=False)
     return buf.getvalue()
@@ -395,12 +395,12 @@ def _plain(value):
 
 
 # The per-turn analyses live in storage/turn_queries.py; pages read them from here, like the rest.
-from storage.turn_queries import (  # noqa: E402,F401
-    BRANCH_SIGNALS, branch_children, branch_estimates, branch_parent, branch_worst_turns,
-    eval_diff, evaluations, failure_clusters, first_divergence, signal_by_turn, signal_names,
-    turn_signals)
 # Cross-evaluations (core/jobs/evaluation.py) and the adapter snapshots they load, for Compare.
 from storage.evalsets import adapter_steps, cross_evaluations  # noqa: E402,F401
+
 # The training-inference mismatch of one step's tokens (core/learn/mismatch.py), for Dynamics.
 from storage.mismatch_queries import distribution as mismatch_distribution  # noqa: E402,F401
 from storage.mismatch_queries import ranking as mismatch_ranking  # noqa: E402,F401
+from storage.turn_queries import (BRANCH_SIGNALS, branch_children, branch_estimates, branch_parent,
+                                  branch_worst_turns, eval_diff, evaluations, failure_clusters,
+                                  first_divergence, signal_by_turn, signal_names, turn_signals)  # noqa: E402,F401

@@ -4,6 +4,8 @@ re-exports ``token_texts``.
 """
 from __future__ import annotations
 
+import codecs
+
 
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet, reversed: printable stand-in character -> the byte it encodes."""
@@ -32,7 +34,6 @@ def token_texts(tokenizer, ids: list[int]) -> list[str]:
     A character split over several byte-level tokens is attributed to the token that completes
     it (earlier ones get ''), so concatenation never produces stray replacement characters.
     """
-    import codecs
     if not is_byte_level(tokenizer):
         return _texts_by_prefix(tokenizer, ids)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from storage import db
+from storage import db, evaldiff
 from storage.migrations import check_version
 
 
@@ -180,17 +180,14 @@ def failure_clusters(path: str | Path, run_id: str) -> dict[str, pd.DataFrame]:
 # -- checkpoint A vs B (storage/evaldiff.py computes; these are the page's entry points) ----------
 def evaluations(path: str | Path) -> pd.DataFrame:
     """Every held-out evaluation (run_id, name, step, trajectories, tasks, solved) in the store."""
-    from storage import evaldiff
     return evaldiff.evaluations(path)
 
 
 def eval_diff(path: str | Path, a: tuple[str, int], b: tuple[str, int]) -> dict:
     """Evaluation ``a`` vs ``b`` (each (run_id, step)): see storage.evaldiff.diff."""
-    from storage import evaldiff
     return evaldiff.diff(path, a, b)
 
 
 def first_divergence(turns_a: pd.DataFrame, turns_b: pd.DataFrame) -> int | None:
     """The first turn where two trajectories differ (storage.evaldiff.first_divergence)."""
-    from storage import evaldiff
     return evaldiff.first_divergence(turns_a, turns_b)

@@ -5,7 +5,8 @@ package alone.
 from core.config import algorithms, budget
 from core.config.algorithms import ALGORITHMS, ALGOS, GROUP_ALGOS
 from core.config.budget import ConfigError, available_memory, rollout_memory
-from core.config.env_options import ENV_OPTIONS, describe_options, env_kwargs, parse_env_options
+from core.config.env_options import (ENV_OPTIONS, Environments, describe_options, env_kwargs,
+                                     parse_env_options)
 from core.config.presets import PRESETS, preset
 from core.config.train_config import TrainConfig, by_algo
 from core.config.validation import (CLIP_MODES, DEVICE, ENDPOINT_PREFIX, ENVS, KL_REFERENCES,
@@ -14,7 +15,7 @@ from core.envs import plugins as env_plugins
 
 __all__ = [
     "ALGORITHMS", "ALGOS", "CLIP_MODES", "ConfigError", "DEVICE", "ENDPOINT_PREFIX", "ENVS",
-    "ENV_OPTIONS", "GROUP_ALGOS", "KL_REFERENCES", "LOSS_AGGS", "MODELS", "PRESETS", "RL_MOMENTS",
+    "ENV_OPTIONS", "Environments", "GROUP_ALGOS", "KL_REFERENCES", "LOSS_AGGS", "MODELS", "PRESETS", "RL_MOMENTS",
     "TrainConfig", "USER_ENV", "algorithms", "available_memory", "budget", "by_algo",
     "describe_options", "env_kwargs", "env_plugins", "parse_env_options", "preset",
     "rollout_memory", "validate",

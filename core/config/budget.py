@@ -10,6 +10,8 @@ import math
 from dataclasses import fields
 from pathlib import Path
 
+import psutil
+
 
 class ConfigError(ValueError):
     """A configuration value that cannot be used; the message names the field."""
@@ -91,7 +93,6 @@ def rollout_memory(cfg) -> int:
 def available_memory() -> int:
     """Bytes this process can still allocate: the machine's available memory, or less where a
     cgroup (a container's limit) caps it."""
-    import psutil
     have = psutil.virtual_memory().available
     try:
         limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()

@@ -5,13 +5,14 @@ like core/config/train_config.py, which re-exports these names.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+import importlib
+from functools import cached_property
+from typing import Any, Iterator, Mapping
 
 from core.config.budget import ConfigError
+from core.config.train_config import TrainConfig
+from core.envs.base import BUILTIN, REGISTRY, Environment, make_env
 from core.envs.options import Option, OptionError, take_options
-
-if TYPE_CHECKING:
-    from core.config.train_config import TrainConfig
 
 
 def declared_options(env: str) -> dict[str, Option] | None:
@@ -19,11 +20,9 @@ def declared_options(env: str) -> dict[str, Option] | None:
     user's or a plugin's environment, whose module is imported only where the run builds it
     (core/train.py's checked_env): its constructor is the authority on its options, and
     ``take_options`` there checks any it declares the same way."""
-    from core.envs.base import BUILTIN, REGISTRY
     if env not in BUILTIN:
         return None
     if env not in REGISTRY:
-        import importlib
         importlib.import_module(BUILTIN[env])  # torch-free: registers the class
     return dict(getattr(REGISTRY[env], "OPTIONS", {}))
 
@@ -66,11 +65,9 @@ class _DeclaredNames(Mapping):
         return tuple(declared)
 
     def __iter__(self) -> Iterator[str]:
-        from core.envs.base import BUILTIN
         return iter(BUILTIN)
 
     def __len__(self) -> int:
-        from core.envs.base import BUILTIN
         return len(BUILTIN)
 
 
@@ -123,3 +120,33 @@ def env_kwargs(cfg: TrainConfig, sft: bool = False, eval: bool = False) -> dict[
     if eval:
         kwargs.update(parse_env_options(cfg.eval_env_options, "eval_env_options"))
     return kwargs
+
+
+class Environments:
+    """A run's environments, each built once and only when first asked for: ``train``; ``sft``
+    (the SFT demonstrations') and ``eval`` (held-out evaluation's) are the train environment
+    itself unless ``sft_env_options`` / ``eval_env_options`` give them options of their own.
+    The trainer, the endpoint collection, branch jobs and cross-evaluation all build them here."""
+
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+
+    @cached_property
+    def train(self) -> Environment:
+        return make_env(self.cfg.env, **env_kwargs(self.cfg))
+
+    @cached_property
+    def sft(self) -> Environment:
+        if not self.cfg.sft_env_options:
+            return self.train
+        return make_env(self.cfg.env, **env_kwargs(self.cfg, sft=True))
+
+    @cached_property
+    def eval(self) -> Environment:
+        if not self.cfg.eval_env_options:
+            return self.train
+        return make_env(self.cfg.env, **env_kwargs(self.cfg, eval=True))
+
+    def of_split(self, split: str) -> Environment:
+        """The environment a trajectory of ``split`` (train, sft, eval) was played in."""
+        return self.eval if split == "eval" else self.sft if split == "sft" else self.train

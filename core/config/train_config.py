@@ -23,6 +23,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
+import yaml
+
 from core.config.algorithms import ALGORITHMS
 from core.config.budget import ConfigError
 
@@ -329,7 +331,6 @@ class TrainConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "TrainConfig":
-        import yaml
         try:
             data = yaml.safe_load(Path(path).read_text()) or {}
         except (OSError, yaml.YAMLError) as exc:

@@ -18,6 +18,7 @@ from core.envs import plugins as env_plugins  # torch-free: reads package metada
 
 if TYPE_CHECKING:
     from core.config.train_config import TrainConfig
+from urllib.parse import urlsplit
 
 ENVS = ("search", "apps", "frozenlake", "sokoban", "bandit")
 USER_ENV = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
@@ -136,7 +137,6 @@ def _check_endpoint(cfg: TrainConfig, need) -> None:
     """The endpoint fields' ranges; for ``--model openai:URL`` an http(s) URL that carries no
     credentials (the key comes from the environment only, so it never reaches the store) and a
     model name."""
-    from urllib.parse import urlsplit
     need(1 <= cfg.endpoint_concurrency <= 256, "endpoint_concurrency", "must be in 1..256")
     need(cfg.endpoint_timeout > 0, "endpoint_timeout", "must be > 0")
     need(0 <= cfg.endpoint_retries <= 20, "endpoint_retries", "must be in 0..20")

@@ -31,8 +31,11 @@ This protocol is the public API for users' environments (docs/environments.md, e
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
+
+from core.envs import plugins
 
 
 @dataclass(frozen=True)
@@ -161,8 +164,6 @@ def make_env(name: str, **kwargs: Any) -> Environment:
     installed package declares in the ``agentrl.environments`` entry points
     (core/envs/plugins.py). A plugin that cannot be built raises ``PluginError`` (a ValueError)
     naming it."""
-    import importlib
-    from core.envs import plugins
     if name not in REGISTRY and name not in BUILTIN and (
             ":" in name or name in plugins.installed()):
         return plugins.build(name, **kwargs)

@@ -37,15 +37,46 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+import pandas as pd
+
+from core.config import Environments
+from core.credit.scoring import score_all
+from core.envs.base import Outcome, observation_role
+from core.envs.guard import GuardedEpisode
+
 # the estimators, the replay and the export have their own modules; their names stay
 # importable from here
-from core.jobs.branch_estimates import (BOOTSTRAP, bootstrap_ci, candidates, diff_ci,  # noqa: F401
-                                   estimate, worst_turn)
+from core.jobs.branch_estimates import (
+    BOOTSTRAP,
+    bootstrap_ci,
+    candidates,
+    diff_ci,
+    estimate,
+    worst_turn,  # noqa: F401
+)
 from core.jobs.branch_export import export, export_rows  # noqa: F401
 from core.jobs.branch_job import Job
-from core.jobs.branch_replay import (KEEP_MODES, BranchError, ReplayMismatch, branch_point,  # noqa: F401
-                                end_reason, replay, reseed)
+from core.jobs.branch_replay import (
+    KEEP_MODES,
+    BranchError,
+    ReplayMismatch,
+    branch_point,
+    end_reason,  # noqa: F401
+    replay,
+    reseed,
+)
+from core.jobs.rebuild import config_of, require_trainer
+from core.model import checkpoint
+from core.model.device import resolve
+from core.model.policy import policy_from_config
 from core.rollout.continuation import Start, continue_all, recorded_turns
+from core.rollout.engine import Sampling, grade
+from core.rollout.trajectory import Trajectory, Turn
+from core.rollout.transcript import prompt_ids, record_turn
+from core.run.records import step_tables
+from core.run.schedule import Schedule
+from storage import branches
+from storage.db import StoreError
 
 MAX_K = 64
 KINDS = ("resample", "keep")
@@ -68,26 +99,13 @@ def parse_turns(spec: str, n: int) -> list[int]:
     return turns
 
 
-def _config(config: dict):
-    from core.config import TrainConfig
-    known = {f.name for f in fields(TrainConfig)}
-    try:
-        return TrainConfig(**{k: v for k, v in config.items() if k in known})
-    except Exception as exc:
-        raise BranchError(f"the run's configuration cannot be rebuilt: {exc}") from exc
-
-
-def _find_task(cfg, env, split: str, task_id: str):
-    """The recorded task, drawn again the way the trainer drew it (core/run/schedule.py)."""
-    from core.config import env_kwargs
-    from core.envs.base import make_env
-    from core.run.schedule import Schedule
-    sft_env = make_env(cfg.env, **env_kwargs(cfg, sft=True)) if cfg.sft_env_options else env
-    eval_env = make_env(cfg.env, **env_kwargs(cfg, eval=True)) if cfg.eval_env_options else env
-    schedule = Schedule(cfg, env, sft_env, eval_env)
-    pools = [(eval_env, schedule.eval_tasks)] if split == "eval" else \
-        [(sft_env, schedule.sft_pool), (env, schedule.pool)] if split == "sft" else \
-        [(env, schedule.pool), (sft_env, schedule.sft_pool)]
+def _find_task(cfg, envs: Environments, split: str, task_id: str):
+    """The recorded task and the environment it was played in, drawn again the way the trainer
+    drew it (core/run/schedule.py)."""
+    schedule = Schedule(cfg, envs.train, envs.sft, envs.eval)
+    pools = [(envs.eval, schedule.eval_tasks)] if split == "eval" else \
+        [(envs.sft, schedule.sft_pool), (envs.train, schedule.pool)] if split == "sft" else \
+        [(envs.train, schedule.pool), (envs.sft, schedule.sft_pool)]
     for owner, pool in pools:
         for task in pool:
             if task.task_id == task_id:
@@ -101,11 +119,6 @@ def prepare_job(db: str, run_id: str, traj_id: str, turns: str = "all", k: int =
     """Check everything that can be checked before the model loads; BranchError if bad."""
     if keep not in KEEP_MODES:
         raise BranchError(f"--keep-transition must be one of {', '.join(KEEP_MODES)}, got {keep!r}")
-    from core.model import checkpoint
-    from core.config import env_kwargs
-    from core.envs.base import make_env
-    from storage import branches
-    from storage.db import StoreError
     if not 1 <= k <= MAX_K:
         raise BranchError(f"--k must be between 1 and {MAX_K}, got {k}")
     if not Path(db).is_file():
@@ -116,10 +129,7 @@ def prepare_job(db: str, run_id: str, traj_id: str, turns: str = "all", k: int =
         raise BranchError(str(exc)) from exc
     if data is None:
         raise BranchError(f"no run {run_id!r} in {db}")
-    if data["source"] != "trainer":
-        raise BranchError(f"run {run_id!r} was imported ({data['source']}): its environment and "
-                          "policy cannot be rebuilt here; branch rollouts need a run this trainer "
-                          "recorded")
+    require_trainer(data["source"], run_id, BranchError)
     traj = data["traj"]
     if traj is None:
         raise BranchError(f"no trajectory {traj_id!r} in run {run_id!r}")
@@ -133,16 +143,14 @@ def prepare_job(db: str, run_id: str, traj_id: str, turns: str = "all", k: int =
         raise BranchError(f"{traj_id!r} has no recorded episode seed: its episode cannot be "
                           "replayed")
     turn_list = parse_turns(turns, len(data["turns"]))
-    cfg = _config(data["config"])
-    for key in ("env", "model", "algo"):
-        if key not in data["config"]:
-            raise BranchError(f"the run's configuration has no {key!r}")
+    cfg = config_of(data["config"], BranchError)
+    envs = Environments(cfg)
     try:
-        env = make_env(cfg.env, **env_kwargs(cfg, eval=split == "eval", sft=split == "sft"))
+        envs.of_split(split)
     except Exception as exc:
         raise BranchError(f"environment {cfg.env!r} cannot be rebuilt: {exc}") from exc
     try:
-        env, task = _find_task(cfg, env, split, str(traj["task_id"]))
+        env, task = _find_task(cfg, envs, split, str(traj["task_id"]))
     except BranchError:
         raise
     except Exception as exc:
@@ -174,7 +182,6 @@ def starts(job: Job, tokenizer, sampling, guard=None) -> list[Start]:
     """K resample and K keep continuations per asked turn, each at its branch point
     (core/jobs/branch_replay.py: a keep continuation's kept action is executed afresh, unless the job
     replays recorded transitions)."""
-    from core.rollout.transcript import prompt_ids
     tok = job.tokens
     out = []
     for turn in job.turns:
@@ -197,11 +204,6 @@ def _start(job: Job, tokenizer, sampling, turn: int, kind: str, i: int, seed: in
            point) -> Start:
     """One continuation's trajectory so far: the recorded history before its first sampled turn
     (and, for a keep drawn afresh, the kept action with its new observation)."""
-    from core.envs.base import Outcome, observation_role
-    from core.envs.guard import GuardedEpisode
-    from core.rollout.engine import grade
-    from core.rollout.transcript import record_turn
-    from core.rollout.trajectory import Trajectory, Turn
     tok, fresh = job.tokens, kind == "keep" and job.keep == "fresh"
     upto = turn + 1 if kind == "keep" else turn   # the next turn the policy samples
     history = turn if fresh else upto             # turns taken from the record as they were
@@ -272,10 +274,7 @@ def returns_of(children: list) -> dict[int, dict[str, list[float]]]:
 def record(result: Result) -> None:
     """The job in one transaction (storage/branches.py): continuations (split 'branch', never
     trained), one ``branches`` row each, the per-turn summary in ``turn_signals``."""
-    import pandas as pd
 
-    from core.run.records import step_tables
-    from storage import branches
     job = result.job
     tables = step_tables(result.children)
     tokens = tables["tokens"]
@@ -301,11 +300,6 @@ def run_job(job: Job, progress=None, device: str = "auto") -> Result:
     continuation in one batch, score and estimate."""
     import torch
 
-    from core.model import checkpoint
-    from core.model.device import resolve
-    from core.model.policy import policy_from_config
-    from core.rollout.engine import Sampling
-    from core.credit.scoring import score_all
     t0 = time.perf_counter()
     if job.cfg.threads:
         torch.set_num_threads(job.cfg.threads)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import pandas as pd
+
 from core.jobs.branch_job import Job
 
 
@@ -24,7 +27,6 @@ def export_rows(job: Job, rows: list[dict]) -> list[dict]:
 
 def export(job: Job, rows: list[dict], path: str) -> Path:
     """Write ``export_rows`` as JSONL (``.jsonl``) or Parquet (``.parquet``)."""
-    import pandas as pd
     target = Path(path)
     data = export_rows(job, rows)
     if target.suffix == ".parquet":

@@ -15,6 +15,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from core.rollout.engine import initial_state_key
+
 KEEP_MODES = ("fresh", "recorded")
 """How a keep continuation executes the kept action: with a freshly drawn transition (Q(s_t, a_t),
 the default) or with the recorded one (r_t + V(recorded s_{t+1}); deterministic debugging)."""
@@ -52,7 +54,6 @@ def replay(env, task, episode_seed: int, recorded: list[dict], upto: int, guard=
     With ``guard`` (core/envs/guard.py) the episode is opened and called through it: each call
     under the run's deadline, on the episode's own worker thread, where the continuation's
     later calls run too."""
-    from core.rollout.engine import initial_state_key
     try:
         episode = (guard.open(task, episode_seed) if guard is not None
                    else env.episode(task, seed=episode_seed))

@@ -28,8 +28,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from core.jobs.embedders import (  # noqa: F401 (re-exported)
-    ENCODERS, MAX_TOKENS, MODEL, Embedder, StaticEmbedder, model_dir)
+from core.jobs.embedders import ENCODERS, MAX_TOKENS, MODEL, Embedder, StaticEmbedder, model_dir  # noqa: F401 (re-exported)
+from storage import embeddings as store_io
 
 ACTION_CHARS = 200     # per action: a think/answer past this adds little to what it did
 OBS_CHARS = 120        # per observation (see storage.embeddings.OBS_CHARS)
@@ -214,7 +214,6 @@ def run(store: str | Path, run_id: str, progress_file: str | Path | None = None,
     """Embed the run's failing trajectories (cached ones are reused), cluster them and store the
     clusters; returns a summary. ``embedder`` (texts -> unit vectors, with a ``name``) replaces
     the encoder."""
-    from storage import embeddings as store_io
     if embedder is None and encoder not in ENCODERS:
         raise ValueError(f"encoder {encoder!r}: one of {', '.join(ENCODERS)}")
     model = getattr(embedder, "name", None) or ENCODERS[encoder].name

@@ -28,10 +28,28 @@ cannot be drawn again, a model that is not installed). Killed midway, it writes 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
+from core.config import ConfigError, Environments
+from core.credit.scoring import score_all
+from core.jobs.rebuild import config_of, require_trainer
+from core.model import checkpoint
+from core.model.device import resolve
+from core.model.models import ModelNotAvailable
+from core.model.policy import policy_from_config
+from core.rollout.continuation import Start, continue_all
+from core.rollout.diagnostics import rollout_metrics
+from core.rollout.engine import Sampling, initial_state_key
+from core.rollout.trajectory import Trajectory
+from core.rollout.transcript import append_tokens, prompt_ids
+from core.run.records import step_tables
 from core.run.schedule import eval_sampling_seed, held_out_seed
+from storage import evalsets
+from storage.db import StoreError
+from storage.evalsets import cross_run_id
 
 TASK_FIELDS = ("env", "seed", "eval_seed", "topk", "outcome_metric", "env_options",
                "eval_env_options", "eval_tasks")
@@ -62,7 +80,6 @@ class Job:
 
     @property
     def run_id(self) -> str:
-        from storage.evalsets import cross_run_id
         return cross_run_id(self.run["run_id"], self.snapshot_step, self.tasks_run["run_id"],
                             self.tasks_step, self.seed)
 
@@ -82,45 +99,24 @@ def parse_tasks_from(spec: str) -> tuple[str, int]:
         raise EvaluationError(f"--tasks-from must be RUN:STEP, got {spec!r}") from None
 
 
-def _config(config: dict, whose: str):
-    from core.config import TrainConfig
-    known = {f.name for f in fields(TrainConfig)}
-    for key in ("env", "model", "algo"):
-        if key not in config:
-            raise EvaluationError(f"{whose}'s configuration has no {key!r}")
-    try:
-        return TrainConfig(**{k: v for k, v in config.items() if k in known})
-    except Exception as exc:
-        raise EvaluationError(f"{whose}'s configuration cannot be rebuilt: {exc}") from exc
-
-
 def _run(db: str, run_id: str, role: str) -> dict:
-    from storage import evalsets
     info = evalsets.run_info(db, run_id)
     if info is None:
         raise EvaluationError(f"no run {run_id!r} in {db}")
-    if info["source"] != "trainer":
-        raise EvaluationError(f"run {run_id!r} ({role}) was imported ({info['source']}): its "
-                              "environment and policy cannot be rebuilt here")
+    require_trainer(info["source"], run_id, EvaluationError, role)
     return info
 
 
 def heldout_tasks(cfg) -> tuple[object, list]:
     """(eval env, held-out tasks) drawn again from ``cfg`` exactly as core/run/schedule.py does."""
-    from core.config import env_kwargs
-    from core.envs.base import make_env
-    env = make_env(cfg.env, **env_kwargs(cfg, eval=True))
+    env = Environments(cfg).eval
     return env, (env.tasks("heldout", cfg.eval_tasks, held_out_seed(cfg)) if cfg.eval_tasks
                  else [])
 
 
 def prepare_job(db: str, run_id: str, step: int, tasks_from: str, seed: int | None = None) -> Job:
     """Check everything that can be checked before the model loads; EvaluationError if bad."""
-    import pandas as pd
 
-    from core.model import checkpoint
-    from storage import evalsets
-    from storage.db import StoreError
     if not Path(db).is_file():
         raise EvaluationError(f"no store at {db}")
     tasks_run_id, tasks_step = parse_tasks_from(tasks_from)
@@ -139,8 +135,8 @@ def prepare_job(db: str, run_id: str, step: int, tasks_from: str, seed: int | No
     if recorded["seed"].isna().any():
         raise EvaluationError(f"the evaluation {tasks_run_id}@{tasks_step} recorded no episode "
                               "seed for some tasks: its episodes cannot be run again")
-    cfg_run = _config(run["config"], f"run {run_id!r}")
-    cfg_tasks = _config(other["config"], f"run {tasks_run_id!r}")
+    cfg_run = config_of(run["config"], EvaluationError, f"run {run_id!r}")
+    cfg_tasks = config_of(other["config"], EvaluationError, f"run {tasks_run_id!r}")
     if cfg_run.env != cfg_tasks.env:
         raise EvaluationError(f"run {run_id!r} trained on {cfg_run.env!r}, the task set is of "
                               f"{cfg_tasks.env!r}: evaluate on a task set of its environment")
@@ -179,10 +175,6 @@ def prepare_job(db: str, run_id: str, step: int, tasks_from: str, seed: int | No
 
 def starts(job: Job, tokenizer) -> list:
     """One row per recorded (task, seed) at turn 0: a fresh episode with that seed, its prompt."""
-    from core.rollout.continuation import Start
-    from core.rollout.engine import initial_state_key
-    from core.rollout.transcript import append_tokens, prompt_ids
-    from core.rollout.trajectory import Trajectory
     prefix = f"e{job.snapshot_step}"
     out = []
     for g, (task, seed) in enumerate(zip(job.tasks, job.seeds)):
@@ -200,15 +192,6 @@ def run_job(job: Job, progress=None, device: str = "auto") -> tuple[list, dict]:
     (trajectories, eval metrics as the trainer names them)."""
     import torch
 
-    from core.model import checkpoint
-    from core.config import ConfigError
-    from core.rollout.continuation import continue_all
-    from core.model.device import resolve
-    from core.rollout.diagnostics import rollout_metrics
-    from core.model.models import ModelNotAvailable
-    from core.model.policy import policy_from_config
-    from core.rollout.engine import Sampling
-    from core.credit.scoring import score_all
     t0 = time.perf_counter()
     if job.cfg.threads:
         torch.set_num_threads(job.cfg.threads)
@@ -237,8 +220,6 @@ def run_job(job: Job, progress=None, device: str = "auto") -> tuple[list, dict]:
 
 def record(job: Job, trajs: list, metrics: dict) -> str:
     """The new run and its one evaluation, in one transaction; returns its run id."""
-    from core.run.records import step_tables
-    from storage import evalsets
     config = {**job.run["config"], **{k: getattr(job.cfg, k) for k in TASK_FIELDS},
               "name": job.name, "db": job.db,
               evalsets.CONFIG_KEY: {

@@ -10,10 +10,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from core.model.kv_cache import Batch
+from core.model.policy import token_texts
+from core.rollout.engine import _act, _fill_missing_logprobs, _finish, _Row, generate_turn
+from core.rollout.trajectory import Turn
+
 
 def recorded_turns(recorded: list[dict], upto: int) -> list:
     """The recorded turns 0..upto-1 as ``Turn`` records (a continuation's history)."""
-    from core.rollout.trajectory import Turn
 
     def load(v):
         if isinstance(v, str):
@@ -54,9 +58,6 @@ def continue_all(policy, env, items: list[Start], sampling, seed: int, progress=
     Rows start at different turns; each carries its own turn counter. Returns the trajectories."""
     import torch
 
-    from core.model.kv_cache import Batch
-    from core.model.policy import token_texts
-    from core.rollout.engine import _act, _fill_missing_logprobs, _finish, _Row, generate_turn
     # on the policy's device, like core/rollout/engine.py (each device reproducible on its own)
     generator = torch.Generator(device=getattr(policy, "device", "cpu")).manual_seed(seed)
     last = sampling.max_turns - 1 + int(sampling.final_answer_turn)

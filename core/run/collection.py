@@ -28,6 +28,7 @@ fails for good ends its trajectory only: finish reason ``endpoint_error``, the e
 """
 from __future__ import annotations
 
+import sys
 import time
 import traceback
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -35,17 +36,19 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from core.config import ConfigError, TrainConfig, env_kwargs, validate
+from core.config import ConfigError, Environments, TrainConfig, validate
+from core.credit.scoring import score_all
 from core.endpoint.client import (PREFIX, ChatClient, EndpointError, EndpointRefused, Reply,
-                           action_pieces, api_key, pieces, restore_stop)
-from core.envs.base import StepResult, make_env
+                                  action_pieces, api_key, pieces, restore_stop)
+from core.envs.base import StepResult
 from core.envs.guard import CUT_KEY, EnvError, Guard
+from core.rollout.diagnostics import rollout_metrics
+from core.rollout.engine import Sampling, grade, initial_state_key, step_failed
+from core.rollout.trajectory import Trajectory, Turn
 from core.run.lifecycle import record_and_exit, stop_on_sigint
 from core.run.records import step_tables
-from core.rollout.engine import Sampling, grade, initial_state_key, step_failed
 from core.run.schedule import Schedule, eval_sampling_seed
-from core.credit.scoring import score_all
-from core.rollout.trajectory import Trajectory, Turn
+from storage.recorder import Recorder
 
 FINISH = "endpoint_error"
 SPLIT = "collect"
@@ -104,9 +107,8 @@ def collect(cfg: TrainConfig, recorder, progress: bool = True,
 class _Collection:
     def __init__(self, cfg: TrainConfig, recorder, client: ChatClient, progress: bool):
         self.cfg, self.recorder, self.client, self.progress = cfg, recorder, client, progress
-        self.env = make_env(cfg.env, **env_kwargs(cfg))
-        self.eval_env = (make_env(cfg.env, **env_kwargs(cfg, eval=True))
-                         if cfg.eval_env_options else self.env)
+        envs = Environments(cfg)  # no SFT here: the endpoint policy is not trained
+        self.env, self.eval_env = envs.train, envs.eval
         self.schedule = Schedule(cfg, self.env, self.env, self.eval_env)
         self.sampling = Sampling.from_config(cfg)
         self.eval_sampling = Sampling.from_config(cfg, eval=True)
@@ -339,7 +341,6 @@ def _action_len(traj: Trajectory) -> int:
 
 
 def _metrics(trajs: list[Trajectory], seconds: float) -> dict:
-    from core.rollout.diagnostics import rollout_metrics
     m = rollout_metrics(trajs) if trajs else {
         "success/rate": 0.0, "reward/mean": 0.0, "env/turns_mean": 0.0,
         "env/valid_action_ratio": 0.0}
@@ -368,7 +369,6 @@ def _metrics(trajs: list[Trajectory], seconds: float) -> dict:
 def main(cfg: TrainConfig, args, ranks=None) -> int:
     """``python -m core.train``'s path for ``--model openai:URL``: its exit statuses (0 recorded,
     2 bad configuration or store, 1 the run failed, e.g. the endpoint refused the key)."""
-    import sys
     try:
         if ranks is not None:
             ranks.close()
@@ -377,7 +377,6 @@ def main(cfg: TrainConfig, args, ranks=None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from storage.recorder import Recorder
     return record_and_exit(
         cfg.db, lambda: Recorder(cfg.db),
         lambda recorder: collect(cfg, recorder, progress=not getattr(args, "quiet", False)),

@@ -11,6 +11,8 @@ from typing import Callable
 
 from tqdm import tqdm
 
+from storage.db import StoreError
+
 
 @contextlib.contextmanager
 def stop_on_sigint(run, unit: str = "step"):
@@ -50,7 +52,6 @@ def record_and_exit(db: str, open_recorder: Callable, go: Callable, failed: str,
 
     ``close`` runs after the recorder is closed, whether the run failed or not (torchrun's ranks).
     """
-    from storage.db import StoreError
     try:
         recorder = open_recorder()
     except StoreError as exc:

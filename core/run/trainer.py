@@ -23,24 +23,23 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from core.config import Environments, TrainConfig, validate
+from core.config.algorithms import needs_value_head
+from core.credit.assign import Credit, assign
+from core.credit.scoring import score_all
+from core.credit.turn_credit import TurnCredit
+from core.learn.distributed import ONE, Ranks, gather_step, number_demos, number_rollouts
+from core.learn.update import (carry_second_moments, make_samples, policy_update, score_reference,
+                               score_values, sft_update)
 from core.model import checkpoint
 from core.model import device as devices
-from core.config.algorithms import needs_value_head
-from core.config import TrainConfig, env_kwargs, validate
-from core.credit.assign import Credit, assign
-from core.rollout.diagnostics import entropy_mean, rollout_metrics, success_of
-from core.learn.distributed import ONE, Ranks, gather_step, number_demos, number_rollouts
-from core.envs.base import make_env
-from core.run.lifecycle import stop_on_sigint
 from core.model.policy import policy_from_config
-from core.run.records import StageResults, step_tables
+from core.rollout.diagnostics import entropy_mean, rollout_metrics, success_of
 from core.rollout.engine import Sampling, rollout
-from core.run.schedule import Schedule, TrainingError, eval_sampling_seed, pool_size, task_pool  # noqa: F401
-from core.credit.scoring import score_all
 from core.rollout.sft import demonstrations
-from core.credit.turn_credit import TurnCredit
-from core.learn.update import (carry_second_moments, make_samples, policy_update, score_reference,
-                         score_values, sft_update)
+from core.run.lifecycle import stop_on_sigint
+from core.run.records import StageResults, step_tables
+from core.run.schedule import Schedule, TrainingError, eval_sampling_seed, pool_size, task_pool  # noqa: F401
 
 _task_pool = task_pool  # the name tests and older callers use
 
@@ -64,9 +63,8 @@ def train(cfg: TrainConfig, recorder, progress: bool = True, ranks: Ranks = ONE)
 class _Run:
     def __init__(self, cfg: TrainConfig, recorder, progress: bool, ranks: Ranks = ONE):
         self.cfg, self.recorder, self.progress, self.ranks = cfg, recorder, progress, ranks
-        self.env = make_env(cfg.env, **env_kwargs(cfg))
-        # SFT demonstrations may come from differently mixed train tasks (sft_env_options).
-        self.sft_env = make_env(cfg.env, **env_kwargs(cfg, sft=True)) if cfg.sft_env_options else self.env
+        envs = Environments(cfg)
+        self.env, self.sft_env, self.eval_env = envs.train, envs.sft, envs.eval
         # one GPU per rank under torchrun (cuda:LOCAL_RANK); ConfigError for a GPU not there
         self.device = devices.resolve(cfg.device, ranks.local_rank, ranks.world)
         ranks.use_device(self.device)
@@ -78,9 +76,6 @@ class _Run:
         self.rl_opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
         self.sampling = Sampling.from_config(cfg)
         self.eval_sampling = Sampling.from_config(cfg, eval=True)
-        # Held-out evaluation may use its own options (eval_env_options) so its task set stays
-        # fixed when the RL task mix changes.
-        self.eval_env = make_env(cfg.env, **env_kwargs(cfg, eval=True)) if cfg.eval_env_options else self.env
         self.schedule = Schedule(cfg, self.env, self.sft_env, self.eval_env)
         self.eval_tasks = self.schedule.eval_tasks
         self.bad_steps, self.last_write_s, self.stop_requested = 0, 0.0, False

@@ -10,6 +10,7 @@ import threading
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from core.model.policy import load_base_model, load_tokenizer
 from core.serve.client_watch import ClientWatch
 
 
@@ -17,7 +18,6 @@ class ChatModel:
     """The model behind the server: chat template, sampling, per-token logprobs."""
 
     def __init__(self, model: str = "tiny"):
-        from core.model.policy import load_base_model, load_tokenizer
         self.name = model
         self.tokenizer = load_tokenizer(model)
         self.net = load_base_model(model, len(self.tokenizer))
