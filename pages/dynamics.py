@@ -186,6 +186,21 @@ if others:
 # -- information gain (IGPO) -----------------------------------------------------------------------
 _info_gain.dynamics_panel(pick)
 
+# -- the process reward model's Monte-Carlo labels (AgentPRM, core/credit/prm.py) --------------------
+if {"prm/rollouts_per_label", "prm/single_rollout_frac"} & set(wide.columns):
+    st.subheader("PRM labels: how many rollouts each pools")
+    for column, spec in zip(st.columns(2), [
+            dict(names=["prm/rollouts_per_label"], title="Rollouts per label (mean)",
+                 key="dyn_prm_pool"),
+            dict(names=["prm/single_rollout_frac"], title="Labels from a single rollout",
+                 key="dyn_prm_single")]):
+        with column:
+            chart(**spec)
+    st.caption("Mean rollouts per label: a turn's Q label is the mean discounted outcome of the "
+               "group's rollouts that took the same parsed action from the same state after the "
+               "same history (AgentPRM). A label from a single rollout is that rollout's outcome "
+               "alone: the larger that share, the noisier the targets the PRM head regresses.")
+
 # -- training-inference mismatch -------------------------------------------------------------------
 _mismatch.dynamics_panel(pick, wide)
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from core.config.algorithms import discounted_turn_sums, info_gain_turn_advantages
+from core.config.algorithms import (discounted_turn_sums, info_gain_turn_advantages,
+                                    spa_turn_advantages)
 from core.config import TrainConfig
 from core.envs.base import Outcome, Task
 from core.run.trainer import train
@@ -52,16 +53,19 @@ def one_rl_step(base: Path, name: str, **fields) -> tuple[Path, str]:
 
 
 def assert_turns_carry(db_path, run_id: str, trajs, values: list, groups: list, *,
-                       scale: bool, last_keeps_outcome: bool = False,
-                       gamma: float = 0.0) -> list:
+                       scale: bool = False, last_keeps_outcome: bool = False,
+                       gamma: float = 0.0, spa: bool = False) -> list:
     """Each trajectory's recorded turn advantages are its outcome advantage plus its ``values``
     centred within the group (and divided by the group's std when ``scale``:
     core/config/algorithms.py info_gain_turn_advantages; the weight is 1); with ``last_keeps_outcome``
     the last turn, which has no value, keeps the outcome advantage alone; with ``gamma`` > 0 each
     turn carries the discounted sum of its own and later turns' values (core/config/algorithms.py
-    discounted_turn_sums). Returns the added values."""
+    discounted_turn_sums); with ``spa`` each turn carries its return-to-go of the values less its
+    group's mean at that turn (core/config/algorithms.py spa_turn_advantages). Returns the added
+    values."""
     turns = queries.turns(db_path, run_id, list(trajs["traj_id"]))
-    dense = discounted_turn_sums(info_gain_turn_advantages(values, groups, scale=scale), gamma)
+    dense = (spa_turn_advantages(values, groups) if spa else
+             discounted_turn_sums(info_gain_turn_advantages(values, groups, scale=scale), gamma))
     for (_, t), d in zip(trajs.iterrows(), dense):
         adv = turns[turns.traj_id == t.traj_id].sort_values("turn").advantage.tolist()
         last = [t.advantage] if last_keeps_outcome else []

@@ -1,11 +1,22 @@
-"""SPA-RL stepwise progress attribution: the loss by hand, the head learning which turn made the
-outcome, and a real training step recording each turn's contribution and training on it."""
+"""SPA-RL stepwise progress attribution: the loss and the turn credit by hand from SPA's formulas,
+the head learning which turn made the outcome and fitting a real batch's outcomes exactly, PPO
+taking the progress rewards through GAE, and a real training step recording each turn's
+contribution and training on it."""
 import pytest
 import torch
 
-from core.config.algorithms import info_gain_turn_advantages
+from core.config.algorithms import spa_turn_advantages
 from core.config import ConfigError, TrainConfig, validate
-from core.credit.progress import ProgressModel, action_ends, progress_loss, ridge_step
+from core.credit.advantages import gae
+from core.credit.assign import Credit, add_spa_credit, assign
+from core.credit.prm import labels_for
+from core.credit.progress import (ProgressModel, action_ends, features, progress_loss,
+                                   ridge_step)
+from core.credit.turn_credit import TurnCredit
+from core.envs.base import make_env
+from core.model.policy import load_policy
+from core.rollout.engine import rollout
+from core.rollout.sampling import Sampling
 from storage import queries
 from tests.credit_checks import assert_turns_carry, fake_trajectory, one_rl_step
 
@@ -20,9 +31,51 @@ def test_progress_loss_by_hand():
         progress_loss([torch.tensor([1.0])], torch.tensor([1.0, 0.0]))
 
 
-def test_spa_turn_advantages_are_centred_not_scaled():
-    adv = info_gain_turn_advantages([[0.5, 0.1], [0.0]], ["g", "g"], scale=False)
-    assert adv == [pytest.approx([0.3, -0.1]), pytest.approx([-0.2])]
+def test_spa_turn_credit_by_hand_from_the_return_to_go():
+    # a 1-turn success, a 4-turn success and a 2-turn failure, contributions summing to outcomes
+    contributions = [[1.0], [0.25, 0.25, 0.25, 0.25], [0.0, 0.0]]
+    # returns-to-go G: [1], [1, .75, .5, .25], [0, 0]; turn means: 2/3, .75/2, .5, .25
+    adv = spa_turn_advantages(contributions, ["g", "g", "g"])
+    assert adv[0] == pytest.approx([1 / 3])
+    assert adv[1] == pytest.approx([1 / 3, 0.375, 0.0, 0.0])
+    assert adv[2] == pytest.approx([-2 / 3, -0.375])
+    # the long success is not punished (centring pooled over turns gave it -0.036 a turn)
+    assert min(adv[1]) >= 0 and adv[1][0] == pytest.approx(adv[0][0])
+    # groups are apart; a lone trajectory gets 0
+    assert spa_turn_advantages([[0.5, 0.5], [0.2]], ["g", "h"]) == [[0.0, 0.0], [0.0]]
+    with pytest.raises(ValueError):
+        spa_turn_advantages([[float("nan")]], ["g"])
+
+
+def test_spa_credit_is_added_on_each_turns_action_tokens():
+    trajs = [fake_trajectory("a", "g", 1, reward=1.0), fake_trajectory("b", "g", 4, reward=1.0),
+             fake_trajectory("c", "g", 2)]
+    base = Credit.outcome([torch.zeros(len(t.token_ids)) for t in trajs])
+    out = add_spa_credit(base, trajs, [[1.0], [0.25] * 4, [0.0, 0.0]], weight=2.0)
+    assert out.turn_advantages[1] == pytest.approx([2 / 3, 0.75, 0.0, 0.0])
+    b = trajs[1]
+    for k, a in enumerate([2 / 3, 0.75, 0.0, 0.0]):
+        on_turn = [float(x) for x, turn, m in zip(out.per_token[1], b.token_turn, b.trained)
+                   if turn == k and m]
+        assert on_turn == pytest.approx([a, a])
+    assert float(out.per_token[1][~torch.tensor(b.trained)].abs().max()) == 0.0
+
+
+def test_ppo_takes_the_progress_rewards_through_gae():
+    """Under PPO each turn's w x c_t is a reward on its last action token (SPA's PPO), so with
+    gamma = lam = 1 and V = 0 a turn's tokens carry its return-to-go before whitening."""
+    t = fake_trajectory("a", "g", 3, reward=1.0)
+    cfg = TrainConfig(algo="ppo", w_spa=2.0, gamma=1.0, lam=1.0)
+    values = [torch.zeros(len(t.token_ids))]
+    credit = assign([t], cfg, values, progress=[[0.5, 0.25, 0.25]])
+    rewards = torch.zeros(len(t.token_ids))
+    rewards[[3, 6, 9]] = torch.tensor([1.0, 0.5, 0.5 + 1.0])  # 2 x c on each turn's end, R last
+    adv, ret = gae(rewards[None], values[0][None], torch.tensor([t.trained]), 1.0, 1.0)
+    trained = adv[0][torch.tensor(t.trained)]
+    assert trained.tolist() == pytest.approx([3.0, 3.0, 2.0, 2.0, 1.5, 1.5])  # returns-to-go
+    expected = (trained - trained.mean()) / (trained.std() + 1e-8)  # the batch whitening
+    assert credit.per_token[0][torch.tensor(t.trained)].tolist() == pytest.approx(expected.tolist())
+    assert credit.returns[0].tolist() == pytest.approx(ret[0].tolist())
 
 
 def test_action_ends_are_each_turns_last_action_token():
@@ -63,9 +116,36 @@ def test_a_ridge_step_keeps_the_past_and_never_fits_worse():
 
 
 def test_config_validates_spa_fields():
-    for bad in (dict(w_spa=-1.0), dict(spa_l2=0.0)):
+    for bad in (dict(w_spa=-1.0), dict(spa_l2=-0.5)):
         with pytest.raises(ConfigError, match=list(bad)[0]):
             validate(TrainConfig(**bad))
+    assert validate(TrainConfig(spa_l2=0.0)).spa_l2 == 0.0  # the exact fit, the default
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_policy("tiny", seed=0)
+
+
+def test_contributions_sum_to_outcomes_on_the_fitted_batch_at_default_settings(tiny):
+    """SPA's defining property: on the batch the head was fitted on, a trajectory's per-turn
+    contributions add up to its outcome (within 1e-3). The old default ridge step (spa_l2 = 1)
+    left them short."""
+    env = make_env("search", seed=0, topk=3)
+    trajs = rollout(tiny, env, env.tasks("train", 3, 0), group_size=1, seed=0, id_prefix="s",
+                    sampling=Sampling(max_turns=3, max_new_tokens=8, max_obs_tokens=48,
+                                      temperature=1.0))
+    for t, r in zip(trajs, [1.0, 0.0, 1.0]):
+        t.rewards = {"outcome": r}
+    assert all(t.num_turns == 3 for t in trajs)
+    heads = TurnCredit(TrainConfig(w_spa=1.0, record_info_gain=False), tiny)
+    values = heads.measure(trajs)
+    sums = [sum(c) for c in values.contributions]
+    assert sums == pytest.approx([1.0, 0.0, 1.0], abs=1e-3)
+    assert values.metrics["spa/sum_gap_max"] < 1e-3
+    assert values.metrics["spa/loss_after"] < 1e-6 < values.metrics["spa/loss_before"]
+    ridge = TurnCredit(TrainConfig(w_spa=1.0, spa_l2=1.0, record_info_gain=False), tiny)
+    assert ridge.measure(trajs).metrics["spa/sum_gap_max"] > 1e-2
 
 
 def test_training_step_records_progress_and_trains_on_it(tmp_path):
@@ -80,7 +160,49 @@ def test_training_step_records_progress_and_trains_on_it(tmp_path):
         assert mine.turn.tolist() == list(range(int(t.num_turns)))
         values.append(mine.value.tolist())
         groups.append(t.group_id)
-    assert_turns_carry(db_path, run_id, trajs, values, groups, scale=False)
+    assert_turns_carry(db_path, run_id, trajs, values, groups, spa=True)
     m = queries.metrics(db_path, run_id)
     names = set(m["name"])
-    assert {"spa/loss_before", "spa/loss_after"} <= names
+    assert {"spa/loss_before", "spa/loss_after", "spa/sum_gap_max"} <= names
+    # tiny never answers right: every outcome 0, and the contributions sum to it
+    assert all(abs(sum(v)) < 1e-3 for v in values)
+
+
+class _TwoRanks:
+    """Stands in for core/learn/distributed.py ``Ranks.everyone`` on rank ``rank`` of two: its
+    other rank hands in ``other``'s items, one list per call, in the order TurnCredit calls."""
+
+    def __init__(self, rank: int, other: list):
+        self.rank, self.other = rank, list(other)
+
+    def everyone(self, mine):
+        theirs = self.other.pop(0)
+        both = list(mine) + theirs if self.rank == 0 else theirs + list(mine)
+        return both, 0 if self.rank == 0 else len(theirs)
+
+
+def test_the_heads_are_fitted_on_every_ranks_batch_and_stay_identical(tiny):
+    env = make_env("search", seed=0, topk=3)
+    trajs = rollout(tiny, env, env.tasks("train", 2, 0), group_size=2, seed=0, id_prefix="s",
+                    sampling=Sampling(max_turns=3, max_new_tokens=8, max_obs_tokens=48,
+                                      temperature=1.0))
+    for t, r in zip(trajs, [1.0, 0.0, 0.0, 1.0]):
+        t.rewards = {"outcome": r}
+    cfg = TrainConfig(w_spa=1.0, w_prm=1.0, record_info_gain=False)
+    whole = TurnCredit(cfg, tiny)
+    whole.measure(trajs)
+    halves = [trajs[:2], trajs[2:]]  # each rank holds whole groups
+
+    def handed_in(half):  # what a rank hands everyone(): SPA's features and outcomes, the PRM's
+        feats, labels = features(tiny, half), labels_for(half)
+        return [feats, [t.rewards["outcome"] for t in half], feats, labels.values, labels.counts]
+
+    heads = []
+    for rank in (0, 1):
+        mine = TurnCredit(cfg, tiny, ranks=_TwoRanks(rank, handed_in(halves[1 - rank])))
+        values = mine.measure(halves[rank])
+        assert values.metrics["spa/sum_gap_max"] < 1e-3  # over both ranks' trajectories
+        heads.append((mine.spa_model.w, mine.prm_model.w))
+    for w_rank0, w_rank1, w_one in zip(heads[0], heads[1], (whole.spa_model.w, whole.prm_model.w)):
+        assert torch.equal(w_rank0, w_rank1)
+        assert torch.allclose(w_rank0, w_one, atol=1e-9)

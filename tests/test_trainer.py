@@ -187,7 +187,8 @@ def test_min_abs_advantage_filter_and_ppo_returns():
     assert [t.filtered for t in trajs] == [True, True, False, False]
     # a group whose outcomes are all equal (A = 0) still trains where information gain gave its
     # turns credit: the filter looks at the tokens' final advantages
-    for w, expect in ((0.0, [True, True]), (0.5, [False, False])):
+    # (w 0 would filter both: LOOP keeps the one of the largest |A|, the first of equals)
+    for w, expect in ((0.0, [False, True]), (0.5, [False, False])):
         dense = [fake("a", "g", 2, 1.0, golds=("x",)), fake("b", "g", 2, 1.0, golds=("x",))]
         credit = assign(dense, _cfg(algo="grpo", min_abs_advantage=0.01, w_info_gain=w),
                         info_gains=[[0.6], [0.1]])

@@ -282,6 +282,41 @@ def igpo_turn_advantages(gains: list[list[float]], outcomes: Sequence[float],
     return out, skipped
 
 
+def spa_turn_advantages(contributions: list[list[float]],
+                        group_ids: Sequence[Hashable]) -> list[list[float]]:
+    """SPA's per-turn credit (Wang et al. 2025, SPA-RL) for the algorithms without a critic.
+
+    SPA's progress rewards c_{i,k} (one per turn, summing to the trajectory's outcome) enter its
+    PPO as rewards on each turn's last token, so turn k is credited with its return-to-go less
+    the critic's V(s_k). Without a critic, the stand-in for V(s_k) is the mean return-to-go at
+    the same turn of the task group's trajectories that reached turn k:
+
+        G_{i,k} = sum_{j >= k} c_{i,j}
+        A_{i,k} = G_{i,k} - mean { G_{j,k} : j in group(i), T_j > k }
+
+    Every turn of a success carries the outcome still to be made from it, whatever the
+    trajectory's length (centring the c's pooled over all turns gave a 4-turn success -0.036 a
+    turn and a 1-turn success +0.714); a turn no other rollout of the group reached gets 0.
+    Not divided by a std: a head that learned little adds little.
+
+    >>> [[round(a, 3) for a in row] for row in spa_turn_advantages(
+    ...     [[1.0], [0.25, 0.25, 0.25, 0.25], [0.0, 0.0]], ["g", "g", "g"])]
+    [[0.333], [0.333, 0.375, 0.0, 0.0], [-0.667, -0.375]]
+    """
+    if len(contributions) != len(group_ids):
+        raise ValueError(f"contributions ({len(contributions)}) and group_ids ({len(group_ids)}) "
+                         "must have one entry per trajectory")
+    if not all(math.isfinite(float(c)) for cs in contributions for c in cs):
+        raise ValueError("progress contributions contain NaN or inf")
+    returns = discounted_turn_sums(contributions, 1.0)
+    at_turn: dict[tuple[Hashable, int], list[float]] = {}
+    for gs, gid in zip(returns, group_ids):
+        for k, g in enumerate(gs):
+            at_turn.setdefault((gid, k), []).append(g)
+    return [[g - math.fsum(at_turn[(gid, k)]) / len(at_turn[(gid, k)]) for k, g in enumerate(gs)]
+            for gs, gid in zip(returns, group_ids)]
+
+
 def discounted_turn_sums(values: list[list[float]], gamma: float) -> list[list[float]]:
     """Each turn's discounted sum of its own and its later turns' values, per trajectory:
 

@@ -256,17 +256,26 @@ class TrainConfig:
     w_spa: float = 0.0
     """Weight of SPA-RL's stepwise progress credit (core/credit/progress.py): a head on the policy's
     hidden state at each action's end, fitted every RL step so a trajectory's per-turn
-    contributions sum to its outcome; each turn's contribution, centred within its task group,
-    is added to that turn's action tokens' advantage. 0 = off."""
+    contributions sum to its outcome; the contributions, times w_spa, are turn rewards whose
+    return-to-go is added to each turn's action tokens' advantage (ppo: through GAE; else less
+    the task group's mean return-to-go at that turn). 0 = off."""
     w_prm: float = 0.0
     """Weight of the process reward model (AgentPRM, core/credit/prm.py): a head on the same hidden
-    states fitted every RL step to Monte-Carlo Q labels (mean outcome of the group's rollouts
-    that took the same action from the same state); its score of each turn, centred within
-    the task group, is added to that turn's action tokens' advantage. 0 = off."""
-    spa_l2: float = 1.0
+    states fitted every RL step to Monte-Carlo Q labels (the group's rollouts that took the same
+    parsed action from the same state after the same history, their outcomes discounted by
+    prm_gamma); its score of each turn, centred within the task group, is added to that turn's
+    action tokens' advantage. 0 = off."""
+    prm_gamma: float = 0.95
+    """AgentPRM's discount in its Monte-Carlo labels: Q = (mean of gamma^t (2 R - 1) + 1) / 2 over
+    the pooled rollouts, t the turn index (0.95 in AgentPRM's released config); 1 = the plain
+    mean outcome."""
+    spa_l2: float = 0.0
     """How far each RL step's closed-form fit of the progress head (and the PRM head) may move
     from the weights it had: ridge strength l2 relative to the features' mean square
-    (core/credit/progress.py ridge_step). Small: fit this step's trajectories; large: keep the past."""
+    (core/credit/progress.py ridge_step). 0: the exact least-squares fit closest to the last
+    weights, so a trajectory's SPA contributions sum to its outcome on the batch fitted; > 0:
+    keep more of the past, fit this step less, and the sums fall short of the outcomes (the
+    default was 1.0: the audit measured sums of 0.69 / 0.24 / 0.45 for outcomes 1 / 0 / 1)."""
     record_info_gain: bool = True
     """Measure and record each turn's answer probability and information gain (turn_signals) on
     envs with gold answers even when w_info_gain is 0: one teacher-forced forward pass per turn

@@ -122,7 +122,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          "must be token or sequence")
     need(cfg.w_spa >= 0, "w_spa", "must be >= 0")
     need(cfg.w_prm >= 0, "w_prm", "must be >= 0")
-    need(cfg.spa_l2 > 0, "spa_l2", "must be > 0")
+    need(0 <= cfg.prm_gamma <= 1, "prm_gamma", "must be in [0, 1] (AgentPRM's discount)")
+    need(cfg.spa_l2 >= 0, "spa_l2", "must be >= 0 (0: the exact least-squares fit)")
     for fld in ("env_options", "sft_env_options", "eval_env_options"):
         check_env_options(cfg.env, getattr(cfg, fld), fld)  # ConfigError naming fld and option
     need(cfg.threads >= 0, "threads", "must be >= 0")

@@ -18,12 +18,14 @@ After any of them, with
 ``w_info_gain`` > 0 the trajectories with measured gains (IGPO, core/credit/info_gain.py) take IGPO's
 turn returns instead: gains and outcomes z-scored apart within the task group, the outcome as the
 last turn's reward, accumulated backwards with ``info_gain_gamma`` (core/config/algorithms.py
-``igpo_turn_advantages``); with ``w_spa`` > 0 each turn's
-SPA progress contribution (core/credit/progress.py) and with ``w_prm`` > 0 each turn's process reward
-model score (core/credit/prm.py) are added to that turn's action tokens, both centred within the group
-rather than scaled. Last, LOOP's
-filter drops the trajectories none of whose trained tokens has |A| >= ``min_abs_advantage``
-(for the outcome estimators: |A| of the trajectory), so the dense credit is not filtered away.
+``igpo_turn_advantages``). With ``w_spa`` > 0 SPA's progress contributions
+(core/credit/progress.py) are turn rewards: under PPO they enter GAE on each turn's last token,
+as in SPA's PPO; without a critic each turn gets its return-to-go less its group's mean
+return-to-go at that turn (core/config/algorithms.py ``spa_turn_advantages``). With ``w_prm`` > 0
+each turn's process reward model score (core/credit/prm.py), centred within the group, is added
+to that turn's action tokens. Last, LOOP's filter drops the trajectories none of whose trained
+tokens has |A| >= ``min_abs_advantage`` (for the outcome estimators: |A| of the trajectory), so
+the dense credit is not filtered away, and keeps at least one rollout per rank as LOOP does.
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ import torch
 
 from core.config import algorithms
 from core.credit.advantages import anchor_key, drop_small, gae, gigpo_step_advantages, starpo_s_keep
-from core.config.algorithms import discounted_turn_sums, info_gain_turn_advantages
+from core.config.algorithms import (discounted_turn_sums, info_gain_turn_advantages,
+                                    spa_turn_advantages)
 from core.rollout.trajectory import Trajectory
 
 
@@ -124,16 +127,17 @@ def gigpo(trajs: Sequence[Trajectory], cfg, values=None) -> Credit:
 
 
 def ppo(trajs: Sequence[Trajectory], cfg, values: Sequence[torch.Tensor] | None = None,
-        ) -> Credit:
-    """GAE per trajectory (reward on its last trained token), whitened over all trained tokens."""
+        turn_rewards: Sequence[Sequence[float] | None] | None = None) -> Credit:
+    """GAE per trajectory, whitened over all trained tokens. The reward is the trajectory's on its
+    last trained token, plus ``turn_rewards[i][k]`` (SPA's weighted progress rewards) on turn k's
+    last trained token, as SPA's PPO places each step's reward on that step's last token."""
     if values is None:
         raise ValueError("ppo credit needs the value head's estimates")
+    turn_rewards = turn_rewards if turn_rewards is not None else [None] * len(trajs)
     advs, rets = [], []
-    for t, v in zip(trajs, values):
+    for t, v, extra in zip(trajs, values, turn_rewards):
         mask = _mask(t)
-        r = torch.zeros(len(t.token_ids))
-        if mask.any():
-            r[int(mask.nonzero()[-1])] = t.reward
+        r = _token_rewards(t, mask, extra)
         a, ret = gae(r[None], v.detach().float()[None], mask[None], cfg.gamma, cfg.lam)
         advs.append(a[0])
         rets.append(ret[0])
@@ -146,6 +150,22 @@ def ppo(trajs: Sequence[Trajectory], cfg, values: Sequence[torch.Tensor] | None 
         m = _mask(t)
         t.advantage = float(a[m].mean()) if m.any() else 0.0
     return Credit(advs, [None] * len(advs), rets)
+
+
+def _token_rewards(t: Trajectory, mask: torch.Tensor, per_turn: Sequence[float] | None
+                   ) -> torch.Tensor:
+    """(T,) rewards for GAE: the trajectory's reward on its last trained token and each of
+    ``per_turn`` on its turn's last trained token (a turn without one drops its reward)."""
+    r = torch.zeros(len(t.token_ids))
+    if not mask.any():
+        return r
+    r[int(mask.nonzero()[-1])] = t.reward
+    turn_of = torch.tensor(t.token_turn)
+    for k, x in enumerate(per_turn or []):
+        mine = (mask & (turn_of == k)).nonzero()
+        if len(mine):
+            r[int(mine[-1])] += float(x)
+    return r
 
 
 STEPS: dict[str, Callable[..., Credit]] = {
@@ -162,29 +182,54 @@ CREDIT: dict[str, Callable[..., Credit]] = {
 def assign(trajs: Sequence[Trajectory], cfg, values=None,
            info_gains: Sequence[Sequence[float] | None] | None = None,
            progress: Sequence[Sequence[float] | None] | None = None,
-           prm: Sequence[Sequence[float] | None] | None = None) -> Credit:
+           prm: Sequence[Sequence[float] | None] | None = None,
+           ranks_of: Sequence[int] | None = None) -> Credit:
     """Credit for ``cfg.algo``; then the dense information-gain credit (``w_info_gain``;
     ``info_gains``: each trajectory's per-turn gains, None where none was measured) and SPA's
     progress credit (``w_spa``; ``progress``: each trajectory's per-turn contributions,
-    core/credit/progress.py) and the process reward model's scores (``w_prm``; ``prm``, core/credit/prm.py);
-    then LOOP's |A| filter (``min_abs_advantage``) on the tokens' final advantages."""
-    credit = CREDIT[cfg.algo](trajs, cfg, values)
+    core/credit/progress.py: into PPO's GAE as turn rewards, else ``add_spa_credit``) and the
+    process reward model's scores (``w_prm``; ``prm``, core/credit/prm.py); then LOOP's |A|
+    filter (``min_abs_advantage``) on the tokens' final advantages, which keeps at least one
+    rollout of each rank (``ranks_of``: each trajectory's rank; None: one process)."""
+    spa = getattr(cfg, "w_spa", 0.0) > 0 and progress is not None
+    critic = algorithms.get(cfg.algo).credit == "gae"
+    if spa and critic:
+        credit = ppo(trajs, cfg, values, turn_rewards=[
+            [cfg.w_spa * c for c in cs] if cs is not None else None for cs in progress])
+    else:
+        credit = CREDIT[cfg.algo](trajs, cfg, values)
     if getattr(cfg, "w_info_gain", 0.0) > 0 and info_gains is not None:
         credit = add_info_gain(credit, trajs, info_gains, cfg.w_info_gain,
                                gamma=cfg.info_gain_gamma)
-    if getattr(cfg, "w_spa", 0.0) > 0 and progress is not None:
-        credit = add_turn_credit(credit, trajs, progress, cfg.w_spa, scale=False)
+    if spa and not critic:
+        credit = add_spa_credit(credit, trajs, progress, cfg.w_spa)
     if getattr(cfg, "w_prm", 0.0) > 0 and prm is not None:
         credit = add_turn_credit(credit, trajs, prm, cfg.w_prm, scale=False)
     if cfg.min_abs_advantage > 0 and trajs:
         # after the dense credit: a rollout whose group outcomes were all equal (A = 0) still
         # trains where a turn signal gave its turns credit (IGPO's answer to zero-variance groups)
-        largest = torch.tensor([float(adv[_mask(t)].abs().max()) if any(t.trained) else 0.0
-                                for t, adv in zip(trajs, credit.per_token)])
-        keep = drop_small(largest, cfg.min_abs_advantage)
-        for t, k in zip(trajs, keep.tolist()):
-            t.filtered = t.filtered or not k
+        largest = [float(adv[_mask(t)].abs().max()) if any(t.trained) else 0.0
+                   for t, adv in zip(trajs, credit.per_token)]
+        drop_small_but_one(trajs, largest, cfg.min_abs_advantage, ranks_of)
     return credit
+
+
+def drop_small_but_one(trajs: Sequence[Trajectory], largest: Sequence[float], threshold: float,
+                       ranks_of: Sequence[int] | None = None) -> None:
+    """LOOP's |A| filter (apple/ml-loop ``_filter_rollouts``): a rollout whose largest |A| is
+    below ``threshold`` is filtered; but every rank keeps at least one rollout, as LOOP rounds
+    the kept count up to a multiple of the world size: where the filter would leave a rank's
+    update empty, that rank's rollout of the largest |A| (with trained tokens, not filtered
+    before) is kept."""
+    keep = drop_small(torch.tensor(largest, dtype=torch.float64), threshold).tolist()
+    ranks_of = list(ranks_of) if ranks_of is not None else [0] * len(trajs)
+    for rank in dict.fromkeys(ranks_of):
+        mine = [i for i, r in enumerate(ranks_of) if r == rank
+                and not trajs[i].filtered and any(trajs[i].trained)]
+        if mine and not any(keep[i] for i in mine):
+            keep[max(mine, key=lambda i: largest[i])] = True
+    for t, k in zip(trajs, keep):
+        t.filtered = t.filtered or not k
 
 
 def add_info_gain(credit: Credit, trajs: Sequence[Trajectory],
@@ -218,14 +263,33 @@ def add_turn_credit(credit: Credit, trajs: Sequence[Trajectory],
                     info_gains: Sequence[Sequence[float] | None], weight: float,
                     scale: bool = True, gamma: float = 0.0) -> Credit:
     """A_token += weight x A_{i,k} on turn k's action tokens, A_{i,k} turn k's value (an
-    information gain, an SPA contribution) z-scored over every value of its task group (only
-    centred with ``scale=False``), then accumulated over later turns with ``gamma``
+    information gain, a process reward model's score) z-scored over every value of its task
+    group (only centred with ``scale=False``), then accumulated over later turns with ``gamma``
     (``discounted_turn_sums``; 0: none); turns without a value keep their credit."""
     if len(info_gains) != len(trajs):
         raise ValueError(f"{len(info_gains)} gain lists for {len(trajs)} trajectories")
     dense = discounted_turn_sums(
         info_gain_turn_advantages([list(g or []) for g in info_gains],
                                   [t.group_id for t in trajs], scale=scale), gamma)
+    return _add_per_turn(credit, trajs, dense, weight)
+
+
+def add_spa_credit(credit: Credit, trajs: Sequence[Trajectory],
+                   contributions: Sequence[Sequence[float] | None], weight: float) -> Credit:
+    """SPA for the algorithms without a critic: A_token += weight x A_{i,k} on turn k's action
+    tokens, A_{i,k} turn k's return-to-go of the progress contributions less its group's mean
+    return-to-go at turn k (core/config/algorithms.py ``spa_turn_advantages``); trajectories
+    without contributions keep their credit."""
+    if len(contributions) != len(trajs):
+        raise ValueError(f"{len(contributions)} contribution lists for {len(trajs)} trajectories")
+    dense = spa_turn_advantages([list(c or []) for c in contributions], [t.group_id for t in trajs])
+    return _add_per_turn(credit, trajs, dense, weight)
+
+
+def _add_per_turn(credit: Credit, trajs: Sequence[Trajectory], dense: list[list[float]],
+                  weight: float) -> Credit:
+    """``credit`` with weight x dense[i][k] added to turn k's trained tokens of trajectory i
+    and to its recorded turn advantage."""
     per_token, turns = [], []
     for t, adv, base, d in zip(trajs, credit.per_token, credit.turn_advantages, dense):
         adv = adv.clone()

@@ -1,27 +1,41 @@
-"""Stepwise progress attribution (SPA-RL): split each trajectory's outcome over its turns.
+"""Stepwise progress attribution (SPA-RL, Wang et al. 2025): split each trajectory's outcome
+over its turns.
 
-A progress estimator — here a linear head on the policy's (detached) hidden state at the last
-token of each turn's action, i.e. on the history up to and including that action — predicts a
-contribution c_t per turn. It is trained every RL step on that step's trajectories so that a
-trajectory's contributions add up to its outcome reward R:
+A progress estimator predicts a contribution c_t per turn from the history up to and including
+turn t's action, trained so that a trajectory's contributions add up to its outcome reward R:
 
     L = (1/B) * sum_i ( sum_t c_{i,t} - R_i )^2
 
-and its per-turn estimates become turn-level rewards (SPA's r_t = c_t; the grounding bonus for
-an executable action is left to the format reward). With ``w_spa`` > 0 each turn's c_t, minus
-the mean contribution of its task group's turns (core/config/algorithms.py
-``info_gain_turn_advantages`` with ``scale=False``: centred, not divided by the std, so a head
-that learned little adds little), times ``w_spa`` is added to that turn's action tokens' advantage
-(core/credit/assign.py ``add_turn_credit``). Every turn's c_t is recorded as ``turn_signals`` name
-``progress`` (source 'train').
+Here the estimator is a linear head on the policy's (detached) hidden state at each action's
+last token, c_t = w . [h_t, 1]. Every RL step fits it on that step's trajectories (under
+torchrun, on every rank's: core/credit/turn_credit.py), by default exactly: the weights closest
+to the previous step's among those that minimise L (``ridge_step`` with ``spa_l2`` 0), so on the
+batch it was fitted on a trajectory's contributions sum to its outcome whenever a linear head can
+make them (B <= hidden size + 1 and no two identical trajectories with different outcomes; the
+fit's loss is the ``spa/loss_after`` metric). ``spa_l2`` > 0 is a ridge step that keeps more of
+the past and fits this step less. The head starts at zero and is saved in checkpoints.
 
-The head is linear, c_t = w . [h_t, 1], and the trainer's: it starts at zero (every contribution
-0) and each RL step takes one closed-form ridge step towards that step's data from the weights
-it had (``ridge_step``; ``spa_l2``), so it keeps what earlier steps taught it and can never fit
-worse than it did. (Adam on this head moved every weight by its lr whatever the gradient and
-fitted an all-zero batch worse than it started.) It is not saved in checkpoints (a resumed run
-starts it again). Under torchrun each rank fits it
-on its own trajectories.
+SPA's reward for turn t is r_t = c_t (+ a grounding bonus for an executable action, left here to
+the format reward). With ``w_spa`` > 0 the r_t, times ``w_spa``, enter the advantage as a
+return-to-go (core/credit/assign.py): under PPO on each turn's last action token into GAE, as
+SPA's PPO does; without a critic turn k gets sum_{j>=k} r_j less its task group's mean of the
+same at turn k (core/config/algorithms.py ``spa_turn_advantages``). Every turn's c_t is recorded
+as ``turn_signals`` name ``progress`` (source 'train').
+
+Where SPA-RL's released code (WangHanLinHenry/SPA-RL-Agent) differs from its paper, and which
+this follows (docs/learning.md says the same):
+
+- estimator: the release puts its linear layer on the backbone's *logits* (vocabulary-sized) at
+  each assistant turn's last token and fine-tunes the whole model offline (lr 3e-6, one epoch);
+  here a linear head on the hidden state, fitted on line in closed form. Both regress
+  sum_t c_t on R, the paper's loss.
+- RL reward: the release's RL data (``prm/rl_data_org.py``) replaces every turn's contribution
+  by the trajectory's outcome less the mean outcome of the task's other explored trajectories,
+  plus a grounding term 0.5 (0 after "Nothing happens"); the paper's reward is the contribution
+  plus grounding. This follows the paper: r_t = c_t.
+- PPO: the release (``ppo/step_ppotrainer.py``) puts step k's reward on its last token
+  multiplied by (T - k - 1), so the last step's counts 0, then runs TRL's GAE. This puts r_t on
+  the turn's last token unweighted; GAE turns it into the return-to-go less the critic.
 """
 from __future__ import annotations
 
@@ -95,12 +109,16 @@ def ridge_step(w_prev: torch.Tensor, x: torch.Tensor, y: torch.Tensor, l2: float
     X (n, d) float64, s = trace(X^T X / n) / d (so l2 does not depend on the features' scale).
     Each RL step's fit moves from the last step's weights only as far as that step's data pull:
     the head keeps what earlier steps taught it. Since w_prev is one candidate, the fitted data
-    loss is never above w_prev's.
+    loss is never above w_prev's. ``l2`` 0 is the limit: the least-squares weights closest to
+    w_prev, w = w_prev + pinv(X) (y - X w_prev), which fit y exactly whenever some weights do.
 
     >>> ridge_step(torch.zeros(1, dtype=torch.float64), torch.tensor([[1.0], [2.0]],
     ...            dtype=torch.float64), torch.tensor([2.0, 4.0], dtype=torch.float64), 0.0)
     tensor([2.], dtype=torch.float64)
     """
+    if l2 == 0:
+        residual = (y - x @ w_prev)[:, None]
+        return w_prev + torch.linalg.lstsq(x, residual, driver="gelsd").solution[:, 0]
     n, d = x.shape
     gram = x.T @ x / n
     s = float(torch.trace(gram)) / d or 1.0
@@ -118,7 +136,7 @@ class ProgressModel:
     """The progress head: c_t = w . [h_t, 1], fitted by ``ridge_step`` on the turns' summed
     features (sum_t c_{i,t} = w . [sum_t h_{i,t}, T_i], linear in w, so the fit is exact)."""
 
-    def __init__(self, hidden_size: int, l2: float = 1.0):
+    def __init__(self, hidden_size: int, l2: float = 0.0):
         self.w = torch.zeros(hidden_size + 1, dtype=torch.float64)  # no turn contributes yet
         self.l2 = l2
 

@@ -28,14 +28,21 @@ class TurnValues:
 
 class TurnCredit:
     """The signals' state across steps: SPA's progress head and the PRM head, each built at the
-    first RL step that uses it (w_spa > 0, w_prm > 0) and refitted every step."""
+    first RL step that uses it (w_spa > 0, w_prm > 0) and refitted every step on the whole
+    batch: under torchrun every rank fits on every rank's trajectories (``ranks``, an object
+    with core/learn/distributed.py ``Ranks.everyone``; None: one process), so the heads stay
+    identical across ranks, as the checkpoint (saved by rank 0) assumes."""
 
-    def __init__(self, cfg: TrainConfig, policy):
-        self.cfg, self.policy = cfg, policy
+    def __init__(self, cfg: TrainConfig, policy, ranks=None):
+        self.cfg, self.policy, self.ranks = cfg, policy, ranks
         self.spa_model = None
         """SPA's progress head (core/credit/progress.py)."""
         self.prm_model = None
         """AgentPRM's process reward head (core/credit/prm.py)."""
+
+    def _everyone(self, mine: list) -> list:
+        """Every rank's items in rank order (this rank's alone without ranks)."""
+        return list(mine) if self.ranks is None else self.ranks.everyone(mine)[0]
 
     def state(self) -> dict:
         """The heads' weights, for the checkpoint (None: that head is not built yet)."""
@@ -82,30 +89,38 @@ class TurnCredit:
         return [signals[t.traj_id].gains if t.traj_id in signals else None for t in own]
 
     def _progress(self, own: list, rows: list, feats: list | None) -> tuple[list, dict]:
-        """SPA: fit the progress head on this step's outcomes, then each trajectory's per-turn
-        contributions (core/credit/progress.py; None where it has none or w_spa is 0), recorded in
-        ``turn_signals`` as ``progress``; and the fit's metrics."""
+        """SPA: fit the progress head on every rank's trajectories and outcomes, then each own
+        trajectory's per-turn contributions (core/credit/progress.py; None where it has none or
+        w_spa is 0), recorded in ``turn_signals`` as ``progress``; and the fit's metrics
+        (``spa/sum_gap_max``: the largest |sum_t c_t - R| over the fitted batch)."""
         cfg = self.cfg
         if cfg.w_spa <= 0:
             return [None] * len(own), {}
         if self.spa_model is None:
             self.spa_model = spa.ProgressModel(self.policy.base.config.hidden_size, l2=cfg.spa_l2)
-        fit = self.spa_model.fit(feats, [t.rewards.get("outcome", 0.0) for t in own])
+        all_feats = self._everyone(feats)
+        outcomes = self._everyone([t.rewards.get("outcome", 0.0) for t in own])
+        fit = self.spa_model.fit(all_feats, outcomes)
+        gaps = [abs(sum(c) - r) for c, r in zip(self.spa_model.predict(all_feats), outcomes)
+                if c is not None]
         contributions = self.spa_model.predict(feats)
         rows += spa.signal_rows(own, contributions)
-        return contributions, {"spa/loss_before": fit.loss_before, "spa/loss_after": fit.loss_after}
+        return contributions, {"spa/loss_before": fit.loss_before, "spa/loss_after": fit.loss_after,
+                               "spa/sum_gap_max": max(gaps, default=0.0)}
 
     def _prm(self, own: list, rows: list, feats: list | None) -> tuple[list, dict]:
-        """AgentPRM: fit the process reward head on this step's Monte-Carlo Q labels, then its
-        score of every turn (core/credit/prm.py; None where none or w_prm is 0), recorded in
-        ``turn_signals`` as ``q`` and ``prm``; and the fit's metrics."""
+        """AgentPRM: Monte-Carlo labels of this rank's groups (whole on each rank), the head
+        fitted on every rank's labels, then its score of every own turn (core/credit/prm.py;
+        None where none or w_prm is 0), recorded in ``turn_signals`` as ``q`` and ``prm``; and
+        the fit's and the labels' pooling metrics (``prm.pooling``, over every rank's labels)."""
         cfg = self.cfg
         if cfg.w_prm <= 0:
             return [None] * len(own), {}
         if self.prm_model is None:
             self.prm_model = prm.PrmModel(self.policy.base.config.hidden_size, l2=cfg.spa_l2)
-        labels = prm.labels_for(own)
-        fit = self.prm_model.fit(feats, labels)
+        labels = prm.labels_for(own, gamma=cfg.prm_gamma)
+        fit = self.prm_model.fit(self._everyone(feats), self._everyone(labels.values))
         scores = self.prm_model.predict(feats)
-        rows += prm.signal_rows(own, labels, scores)
-        return scores, {"prm/loss_before": fit.loss_before, "prm/loss_after": fit.loss_after}
+        rows += prm.signal_rows(own, labels.values, scores)
+        return scores, {"prm/loss_before": fit.loss_before, "prm/loss_after": fit.loss_after,
+                        **prm.pooling(self._everyone(labels.counts))}

@@ -82,7 +82,7 @@ class _Run:
         self.finishing = False
         self.skip_note: str | None = None
         """Why the last skipped update was skipped; stored in runs.error next to its metrics."""
-        self.turn_credit = TurnCredit(cfg, self.policy)
+        self.turn_credit = TurnCredit(cfg, self.policy, ranks)  # heads fitted on every rank's batch
         self.run_id = ""
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -269,11 +269,12 @@ class _Run:
         gains = gains if gains is not None else [None] * len(own)
         contributions = contributions if contributions is not None else [None] * len(own)
         prm_scores = prm_scores if prm_scores is not None else [None] * len(own)
-        batch, first = self.ranks.everyone(list(zip(own, values, gains, contributions, prm_scores)))
+        batch, first = self.ranks.everyone(list(zip(own, values, gains, contributions, prm_scores,
+                                                    [self.ranks.rank] * len(own))))
         trajs = [b[0] for b in batch]
         credit = assign(trajs, self.cfg, [b[1] for b in batch] if critic else None,
                         info_gains=[b[2] for b in batch], progress=[b[3] for b in batch],
-                        prm=[b[4] for b in batch])
+                        prm=[b[4] for b in batch], ranks_of=[b[5] for b in batch])
         return credit.part(first, first + len(own)), trajs
 
     def _rl_metrics(self, trajs: list, result, rollout_s: float, reward_s: float,
