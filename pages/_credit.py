@@ -9,7 +9,10 @@ page passes one group, so every row shares one group id:
     gigpo    step level: turns acting from an identical observation (the previous turn's
              observation; the prompt for turn 0) form an anchor group; G_t = r_t + gamma G_{t+1};
              A_step = (G_t - mean_anchor) / (std_anchor + 1e-6); singleton or all-equal -> 0.
-             A_turn = A_episode(GRPO) + w * A_step.
+             A_turn = A_episode(GRPO) + w * A_step. With the run's gigpo_norm "none"
+             (verl-agent's mean_norm) both are only centred: A_episode(Dr.GRPO), G_t - mean.
+
+``convention`` says which convention produced the stored advantages the page shows beside them.
 
 Step rewards r_t are the turns' ``step_reward``; the trajectory's reward not accounted for by
 them (the outcome, for sparse-reward environments) is added to its last turn, so sum_t r_t is the
@@ -70,9 +73,12 @@ def step_rewards(turns: pd.DataFrame, reward: float) -> list[float]:
 
 
 def gigpo_steps(trajs: pd.DataFrame, turns: pd.DataFrame, gamma: float = 0.95,
-                weight: float = 1.0) -> pd.DataFrame:
-    """Per (traj_id, turn): anchor, return G_t, A_step and A_turn = A_episode + weight * A_step."""
-    episode = dict(zip(trajs["traj_id"], grpo(trajs["reward"].fillna(0.0))))
+                weight: float = 1.0, norm: str = "std") -> pd.DataFrame:
+    """Per (traj_id, turn): anchor, return G_t, A_step and A_turn = A_episode + weight * A_step,
+    both normalised as the run's ``gigpo_norm`` (std: GRPO's episode term and std-scaled steps;
+    none: Dr. GRPO's episode term and centred steps, verl-agent's mean_norm)."""
+    episode_of = grpo if norm == "std" else dr_grpo
+    episode = dict(zip(trajs["traj_id"], episode_of(trajs["reward"].fillna(0.0))))
     prompts = trajs["prompt"] if "prompt" in trajs else [None] * len(trajs)
     prompt = dict(zip(trajs["traj_id"], prompts))
     rows = []
@@ -95,7 +101,8 @@ def gigpo_steps(trajs: pd.DataFrame, turns: pd.DataFrame, gamma: float = 0.95,
     per_traj = [mine for _, mine in out.groupby("traj_id", sort=False)]
     steps = algorithms.gigpo_step_advantages([m["reward"].tolist() for m in per_traj],
                                              [m["anchor"].tolist() for m in per_traj],
-                                             [0] * len(per_traj), gamma=gamma)
+                                             [0] * len(per_traj), gamma=gamma,
+                                             normalize="std" if norm == "std" else "mean")
     out["A_step"] = pd.Series([a for m, st in zip(per_traj, steps) for a in st],
                               index=[i for m in per_traj for i in m.index], dtype=float)
     out = out.drop(columns="reward")
@@ -115,3 +122,51 @@ def divergence_turn(turns: pd.DataFrame, traj_ids: list[str]) -> int | None:
         if len(actions) > 1:
             return t
     return None
+
+
+def convention(config: dict | None, imported: bool = False) -> list[str]:
+    """What produced a run's stored advantages, one line per part, read from its recorded config:
+    the algorithm (core/config/algorithms.py: its summary and source) and each turn credit added
+    to it, in the form the run used. A run recorded before a form existed lacks that form's
+    config key (info_gain_type, prm_gamma, gigpo_norm), so its older convention is named."""
+    config = config or {}
+    if imported:
+        return ["as the source trainer recorded them (not recomputed here)"]
+    name = str(config.get("algo") or "grpo")
+    algo = algorithms.ALGORITHMS.get(name)
+    lines = [f"{name}: {algo.summary} ({algo.source})" if algo else name]
+    if name == "gigpo":
+        norm = config.get("gigpo_norm", "std")
+        lines.append(f"GiGPO normalisation {norm} ("
+                     + ("mean_std_norm: divided by the group's std" if norm == "std" else
+                        "mean_norm: centred only") + ", verl-agent's names)")
+    lines += _turn_credit_lines(config)
+    if float(config.get("min_abs_advantage") or 0) > 0:
+        lines.append(f"LOOP's filter: rollouts with every |A| < {config['min_abs_advantage']:g} "
+                     "dropped" + (", one kept per rank" if "prm_gamma" in config else ""))
+    return lines
+
+
+def _turn_credit_lines(config: dict) -> list[str]:
+    """The turn credits a run's config switched on, each in the convention it was recorded with."""
+    lines = []
+    if float(config.get("w_info_gain") or 0) > 0:
+        lines.append(f"information gain x {config['w_info_gain']:g}: "
+                     + ("IGPO's turn returns (gains and outcome z-scored apart, "
+                        f"gamma {config.get('info_gain_gamma', 1.0):g}, "
+                        f"{config['info_gain_type']}), replacing the algorithm's"
+                        if "info_gain_type" in config else
+                        "z-scored gains added to the algorithm's (the form before IGPO's)"))
+    if float(config.get("w_spa") or 0) > 0:
+        lines.append(f"SPA x {config['w_spa']:g}: "
+                     + ("each turn's return-to-go of the progress contributions less the group's "
+                        "mean at that turn (PPO: through GAE)" if "prm_gamma" in config else
+                        "each turn's contribution less the group's mean over all turns (the form "
+                        "before the return-to-go)"))
+    if float(config.get("w_prm") or 0) > 0:
+        lines.append(f"PRM x {config['w_prm']:g}: the head's score centred in the group; labels "
+                     + (f"keyed on state with history and parsed action, gamma "
+                        f"{config['prm_gamma']:g}" if "prm_gamma" in config else
+                        "keyed on state and action text, the plain mean outcome (the form before "
+                        "AgentPRM's)"))
+    return lines

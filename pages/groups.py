@@ -61,8 +61,11 @@ table["filtered"] = trajs.set_index("traj_id")["filtered"]
 table["replay"] = [c.replay_url(pick, pick.step, t) for t in table.index]
 st.dataframe(table, key="groups_credit", column_config={
     "replay": st.column_config.LinkColumn("replay", display_text="open")})
-st.caption("GRPO: (r - mean)/(std + 1e-6) · Dr.GRPO: r - mean · RLOO: r - mean of the others. "
-           "An all-equal group gets 0 from each.")
+imported = c.text_of(pick.run.get("source")) not in (None, "trainer")
+st.caption("Stored advantage, from training: " + "; ".join(_credit.convention(pick.config, imported))
+           + ". The other columns are computed here from the stored rewards with the trainer's "
+           "own estimators: GRPO: (r - mean)/(std + 1e-6) · Dr.GRPO: r - mean · RLOO: r - mean "
+           "of the others. An all-equal group gets 0 from each.")
 if not _credit.finite_rewards(trajs):
     st.warning("A reward of this group is not finite (inf or NaN): its mean and std are not "
                "numbers, so no estimator gives it an advantage (TRL trains such a group on 0).")
@@ -70,10 +73,16 @@ if not _credit.finite_rewards(trajs):
 if not turns.empty and _credit.finite_rewards(trajs):
     cfg = pick.config
     gamma, weight = float(cfg.get("gigpo_gamma", 0.95)), float(cfg.get("gigpo_weight", 1.0))
-    steps = _credit.gigpo_steps(trajs, turns, gamma=gamma, weight=weight)
-    st.markdown(f"**GiGPO step level** (γ = {gamma:g}, w = {weight:g}): turns that acted from the "
-                "same state share an anchor and are compared with each other, whatever turn "
-                "they reached it at (the env's state key; the observation in runs without one).")
+    norm = str(cfg.get("gigpo_norm", "std"))  # runs recorded before the field: std, then the only
+    steps = _credit.gigpo_steps(trajs, turns, gamma=gamma, weight=weight, norm=norm)
+    st.markdown(f"**GiGPO step level** (γ = {gamma:g}, w = {weight:g}, normalisation {norm}: "
+                + ("divided by the group's std, verl-agent's mean_std_norm" if norm == "std" else
+                   "centred only, verl-agent's mean_norm")
+                + (", this run's" if cfg.get("algo") == "gigpo" else ", as this run's config "
+                   "would give")
+                + "): turns that acted from the same state share an anchor and are compared with "
+                "each other, whatever turn they reached it at (the env's state key; the "
+                "observation in runs without one).")
     stored = turns[["traj_id", "turn", "advantage"]].rename(
         columns={"advantage": "stored turn advantage"})
     if "state_key" in turns:

@@ -164,7 +164,7 @@ def test_pages_credit_calls_the_trainers_estimators(monkeypatch):
     monkeypatch.setattr(algorithms, "grpo", lambda r, ids: np.full(len(r), 7.0))
     assert _credit.grpo([1.0, 0.0]).tolist() == [7.0, 7.0]
     monkeypatch.setattr(algorithms, "gigpo_step_advantages",
-                        lambda rs, keys, ids, gamma: [[0.5] * len(r) for r in rs])
+                        lambda rs, keys, ids, gamma, normalize: [[0.5] * len(r) for r in rs])
     trajs = pd.DataFrame({"traj_id": ["x", "y"], "reward": [1.0, 0.0], "prompt": ["P", "P"]})
     turns = pd.DataFrame({"traj_id": ["x", "y"], "turn": [0, 0], "observation": ["", ""],
                           "action": ["a", "a"], "step_reward": [0.0, 0.0]})

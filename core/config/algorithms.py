@@ -138,6 +138,8 @@ def gigpo_step_advantages(step_rewards: list[list[float]], anchor_keys: list[lis
         G_t = r_t + gamma * G_{t+1}    A_step = (G_t - mean_s) / (std_s + 1e-6)   ("std")
                                        A_step =  G_t - mean_s                     ("mean")
 
+    ("std" is verl-agent's mode mean_std_norm, "mean" its mean_norm, chosen by ``gigpo_norm``.)
+
     std_s is unbiased. A step group of one turn, or whose returns are all equal, gets 0 (verl-agent
     leaves a singleton's return unnormalised; here a turn with nothing to compare against carries
     no step-level signal). The trainer adds A = A_episode + w * A_step per turn.

@@ -204,12 +204,21 @@ class TrainConfig:
     """GiGPO: w in A = A_episode + w * A_step."""
     gigpo_gamma: float = 0.95
     """GiGPO: discount of step returns."""
+    gigpo_norm: str = "std"
+    """GiGPO: how the episode and the step advantages are normalised within their groups, as
+    verl-agent's algorithm.gigpo.mode (core_gigpo.py) does for both: "std" divides the centred
+    value by the group's std (its mean_std_norm), "none" only centres it (its mean_norm, the
+    default of verl-agent's config)."""
     gamma: float = 1.0
     """PPO/GAE discount over model tokens."""
     lam: float = 1.0
     """PPO/GAE lambda."""
     vf_coef: float = 0.5
     """PPO: value-loss coefficient."""
+    value_clip: float = 0.0
+    """PPO: clip each token's new value to within this of its value before the update and take
+    the larger of the clipped and unclipped squared errors (verl's critic.cliprange_value, 0.5
+    there; core/learn/losses.py value_loss); 0 = off."""
     kl_abort: float = 20.0
     """Abort an update whose approximate KL to the sampling policy exceeds this (LOOP)."""
     max_bad_steps: int = 3

@@ -32,6 +32,8 @@ LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 CLIP_MODES = ("ppo", "log")
 KL_REFERENCES = ("sft", "base")
 RL_MOMENTS = ("sft", "fresh")
+GIGPO_NORMS = ("std", "none")
+"""GiGPO's normalisation: verl-agent's mean_std_norm (std) and mean_norm (none)."""
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
@@ -101,9 +103,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.min_abs_advantage >= 0, "min_abs_advantage", "must be >= 0")
     need(0 < cfg.starpo_keep <= 1, "starpo_keep", "must be in (0, 1]")
     need(0 <= cfg.gigpo_gamma <= 1, "gigpo_gamma", "must be in [0, 1]")
+    need(cfg.gigpo_norm in GIGPO_NORMS, "gigpo_norm",
+         "must be std (divide by the group's std) or none (only centre)")
     need(0 <= cfg.gamma <= 1, "gamma", "must be in [0, 1]")
     need(0 <= cfg.lam <= 1, "lam", "must be in [0, 1]")
     need(cfg.vf_coef >= 0, "vf_coef", "must be >= 0")
+    need(cfg.value_clip >= 0, "value_clip", "must be >= 0 (0 = no value clip; verl uses 0.5)")
     need(cfg.kl_abort > 0, "kl_abort", "must be > 0")
     need(cfg.max_bad_steps >= 1, "max_bad_steps", "must be >= 1")
     need(cfg.outcome_metric in ("em", "f1"), "outcome_metric", "must be em or f1")

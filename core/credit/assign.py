@@ -29,7 +29,7 @@ the dense credit is not filtered away, and keeps at least one rollout per rank a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import torch
@@ -50,6 +50,9 @@ class Credit:
     """Per-turn advantages (GiGPO); None where the method has one advantage per trajectory."""
     returns: list[torch.Tensor | None]
     """Per-token returns (T_i,), the value head's target (PPO); None otherwise."""
+    values: list[torch.Tensor | None] | None = None
+    """Per-token value estimates (T_i,) before the update, GAE's (PPO): the anchor of the
+    optional value clip (``value_clip``); None otherwise."""
 
     @classmethod
     def outcome(cls, per_token: list[torch.Tensor]) -> "Credit":
@@ -58,7 +61,8 @@ class Credit:
     def part(self, start: int, stop: int) -> "Credit":
         """The entries of trajectories ``start:stop`` (one rank's share of the batch)."""
         return Credit(self.per_token[start:stop], self.turn_advantages[start:stop],
-                      self.returns[start:stop])
+                      self.returns[start:stop],
+                      self.values[start:stop] if self.values is not None else None)
 
 
 def _mask(traj: Trajectory) -> torch.Tensor:
@@ -110,10 +114,18 @@ def anchor_keys(traj: Trajectory) -> list[str]:
 
 
 def gigpo(trajs: Sequence[Trajectory], cfg, values=None) -> Credit:
-    """GiGPO: episode advantage (GRPO) plus ``gigpo_weight`` x the anchor-state step advantage."""
-    outcome(trajs, cfg)  # the episode term, as each traj.advantage
+    """GiGPO: episode advantage plus ``gigpo_weight`` x the anchor-state step advantage, both
+    normalised as ``gigpo_norm`` says, as verl-agent's ``mode`` does for both (core_gigpo.py):
+    "std" (its mean_std_norm: the episode term is GRPO's) or "none" (its mean_norm: centred
+    only, the episode term Dr. GRPO's)."""
+    norm = getattr(cfg, "gigpo_norm", "std")
+    episode = (algorithms.grpo if norm == "std" else algorithms.dr_grpo)(
+        [t.reward for t in trajs], [t.group_id for t in trajs])
+    for t, a in zip(trajs, episode.tolist()):
+        t.advantage = a
     steps = gigpo_step_advantages([step_rewards(t) for t in trajs], [anchor_keys(t) for t in trajs],
-                                  [t.group_id for t in trajs], gamma=cfg.gigpo_gamma)
+                                  [t.group_id for t in trajs], gamma=cfg.gigpo_gamma,
+                                  normalize="std" if norm == "std" else "mean")
     out, turns = [], []
     for t, st in zip(trajs, steps):
         per_turn = [t.advantage + cfg.gigpo_weight * a for a in st]
@@ -149,7 +161,7 @@ def ppo(trajs: Sequence[Trajectory], cfg, values: Sequence[torch.Tensor] | None 
     for t, a in zip(trajs, advs):
         m = _mask(t)
         t.advantage = float(a[m].mean()) if m.any() else 0.0
-    return Credit(advs, [None] * len(advs), rets)
+    return Credit(advs, [None] * len(advs), rets, [v.detach().float() for v in values])
 
 
 def _token_rewards(t: Trajectory, mask: torch.Tensor, per_turn: Sequence[float] | None
@@ -256,7 +268,7 @@ def add_info_gain(credit: Credit, trajs: Sequence[Trajectory],
         for k, a in enumerate(per_turn):
             adv[(turn_of == k) & mask] = a
         per_token[i], turns[i] = adv, per_turn
-    return Credit(per_token, turns, credit.returns)
+    return replace(credit, per_token=per_token, turn_advantages=turns)
 
 
 def add_turn_credit(credit: Credit, trajs: Sequence[Trajectory],
@@ -300,4 +312,4 @@ def _add_per_turn(credit: Credit, trajs: Sequence[Trajectory], dense: list[list[
             per_turn[k] += weight * a
         per_token.append(adv)
         turns.append(per_turn if d or base is not None else None)
-    return Credit(per_token, turns, credit.returns)
+    return replace(credit, per_token=per_token, turn_advantages=turns)

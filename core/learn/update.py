@@ -58,6 +58,8 @@ class Sample:
     update; core/learn/mismatch.py); None where not computed."""
     is_weights: torch.Tensor | None = None
     """Rollout correction's truncated importance weights (``--rollout-correction tis``)."""
+    old_values: torch.Tensor | None = None
+    """The value head's estimates before the update (PPO's GAE input): the value clip's anchor."""
 
     @property
     def tokens(self) -> int:
@@ -65,17 +67,21 @@ class Sample:
 
 
 def make_samples(trajs: Sequence[Trajectory], advantages: Sequence[torch.Tensor] | None = None,
-                 returns: Sequence[torch.Tensor | None] | None = None) -> list[Sample]:
-    """The trajectories as samples, with credit's per-token advantages and (PPO) returns."""
+                 returns: Sequence[torch.Tensor | None] | None = None,
+                 values: Sequence[torch.Tensor | None] | None = None) -> list[Sample]:
+    """The trajectories as samples, with credit's per-token advantages and (PPO) returns and
+    values before the update."""
     out = []
     for i, t in enumerate(trajs):
         lp = torch.tensor([x if x is not None else 0.0 for x in t.logprobs], dtype=torch.float32)
         adv = advantages[i].float()[None] if advantages is not None else None
         ret = returns[i] if returns is not None else None
+        old = values[i] if values is not None else None
         out.append(Sample(traj=t, ids=torch.tensor([t.token_ids]),
                           mask=torch.tensor([t.trained], dtype=torch.bool), old_logprobs=lp[None],
                           advantages=adv,
-                          returns=ret.float()[None] if ret is not None else None))
+                          returns=ret.float()[None] if ret is not None else None,
+                          old_values=old.float()[None] if old is not None else None))
     return out
 
 
@@ -211,6 +217,7 @@ def policy_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg,
         return result
     ppo = needs_value_head(cfg.algo)
     dual_clip = cfg.dual_clip if cfg.dual_clip > 0 else None
+    value_clip = getattr(cfg, "value_clip", 0.0) or None  # verl's cliprange_value
     t_max = cfg.max_new_tokens * cfg.max_turns
     sampler = {s.traj.traj_id: s.old_logprobs for s in train}
     correction = getattr(cfg, "rollout_correction", "none")
@@ -236,7 +243,8 @@ def policy_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg,
         loss = loss * w
         if ppo:
             s.values = out["values"].detach()
-            vloss, vm = value_loss(out["values"], s.returns, s.mask)
+            vloss, vm = value_loss(out["values"], s.returns, s.mask, old_values=s.old_values,
+                                   clip=value_clip)
             # token mean over this minibatch (all ranks'), like the policy loss: not over the
             # whole batch, which would shrink the critic's step by the number of minibatches
             loss = loss + cfg.vf_coef * vloss * w_token
@@ -305,7 +313,7 @@ def _minibatches(order: list[Sample], count: int, ranks: Ranks) -> list[list[Sam
 
 
 LOSS_METRICS = ("policy/pg_loss", "policy/clipfrac", "policy/clipfrac_low", "policy/clipfrac_high",
-                "policy/approx_kl", "policy/kl", "value/loss")
+                "policy/approx_kl", "policy/kl", "value/loss", "value/clipfrac")
 
 
 def _loss_metrics(stats: list[tuple[Sample, dict]], ranks: Ranks = ONE) -> dict[str, float]:

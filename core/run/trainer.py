@@ -247,7 +247,7 @@ class _Run:
         credit, trajs = self._credit(own, turns.gains, turns.contributions, turns.prm_scores)
         record.results.add_credit(own, credit.turn_advantages)
         # -- loss + optimizer step
-        samples = make_samples(own, credit.per_token, credit.returns)
+        samples = make_samples(own, credit.per_token, credit.returns, credit.values)
         score_reference(policy, [s for s in samples if not s.traj.filtered], cfg)
         result = policy_update(policy, self.rl_opt, samples, cfg, seed=self.schedule.seed(step),
                                ranks=self.ranks)
