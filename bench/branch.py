@@ -33,7 +33,8 @@ from core.model import checkpoint
 
 from core import train
 from core.model.policy import policy_from_config  # noqa: E402
-from core.rollout.engine import Sampling, rollout  # noqa: E402
+from core.rollout.engine import rollout
+from core.rollout.sampling import Sampling
 from core.credit.scoring import score_all  # noqa: E402
 from storage import db  # noqa: E402
 

@@ -34,7 +34,8 @@ from core.config.env_options import parse_env_options  # noqa: E402
 from core.envs.base import make_env  # noqa: E402
 from core.credit.info_gain import ANSWER_OPEN, action_starts, has_gold, measure  # noqa: E402
 from core.model.policy import load_policy  # noqa: E402
-from core.rollout.engine import Sampling, rollout  # noqa: E402
+from core.rollout.engine import rollout
+from core.rollout.sampling import Sampling
 
 
 def tokens_run(policy, trajs) -> tuple[int, int]:

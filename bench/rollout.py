@@ -48,7 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.envs.base import make_env  # noqa: E402
 from core.model.policy import load_policy  # noqa: E402
-from core.rollout.engine import Sampling, _first_stop, prompt_ids, rollout  # noqa: E402
+from core.rollout.engine import _first_stop, rollout
+from core.rollout.sampling import Sampling
+from core.rollout.transcript import prompt_ids
 
 
 def sequential_generate(policy, env, tasks, group_size: int, sampling: Sampling,

@@ -37,7 +37,8 @@ from core.config import TrainConfig  # noqa: E402
 from core.credit.assign import assign  # noqa: E402
 from core.envs.base import make_env  # noqa: E402
 from core.model.policy import load_base_model, load_policy, load_tokenizer  # noqa: E402
-from core.rollout.engine import Sampling, rollout  # noqa: E402
+from core.rollout.engine import rollout
+from core.rollout.sampling import Sampling
 from core.learn.update import make_samples, policy_update, score_reference  # noqa: E402
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from core.config import TrainConfig  # noqa: E402
 from core.envs.base import make_env  # noqa: E402
 from core.model.policy import load_policy, token_logprobs  # noqa: E402
-from core.rollout.engine import Sampling, rollout  # noqa: E402
+from core.rollout.engine import rollout
+from core.rollout.sampling import Sampling
 from core.learn.update import make_samples, policy_update, score_reference  # noqa: E402
 
 

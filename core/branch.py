@@ -7,7 +7,10 @@ import sys
 from pathlib import Path
 
 from core.jobs import joblog
-from core.jobs.branch import KEEP_MODES, MAX_K, BranchError, candidates, export, prepare_job, record, run_job
+from core.jobs.branch import MAX_K, prepare_job, record, run_job
+from core.jobs.branch_estimates import candidates
+from core.jobs.branch_export import export
+from core.jobs.branch_replay import KEEP_MODES, BranchError
 from core.jobs.branch import __doc__ as _LIBRARY_DOC
 
 

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from core import branch as branch_cli
-from core.jobs import branch
+from core.jobs import branch, branch_estimates, branch_export
 
 from core.model import checkpoint
 from tests.subprocesses import kill_at_first_progress
@@ -101,7 +101,7 @@ def test_the_estimator_finds_the_known_bad_turn():
                 episode, _, _, _, _ = branch.replay(env, task, 0, recorded, upto)
                 out.append(scripted_return(episode, branch.child_seed(0, t, kind, i)))
     rows = branch.estimate(returns, seed=0)
-    assert branch.worst_turn(rows) == 2
+    assert branch_estimates.worst_turn(rows) == 2
     # by hand: before turn t (no bad yet for t <= 2) V = P^(4-t); keeping a good action: P^(3-t)
     want_v = [P_GOOD ** 4, P_GOOD ** 3, P_GOOD ** 2, 0.0]
     want_q = [P_GOOD ** 3, P_GOOD ** 2, 0.0, 0.0]
@@ -128,9 +128,9 @@ def test_replay_refuses_at_the_first_differing_turn():
 
 def test_bootstrap_interval_brackets_the_mean_and_is_seeded():
     x = [0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.0]
-    lo, hi = branch.bootstrap_ci(x, seed=3)
-    assert lo < np.mean(x) < hi and (lo, hi) == branch.bootstrap_ci(x, seed=3)
-    assert branch.bootstrap_ci([1.0] * 5, seed=0) == (1.0, 1.0)
+    lo, hi = branch_estimates.bootstrap_ci(x, seed=3)
+    assert lo < np.mean(x) < hi and (lo, hi) == branch_estimates.bootstrap_ci(x, seed=3)
+    assert branch_estimates.bootstrap_ci([1.0] * 5, seed=0) == (1.0, 1.0)
 
 
 def test_intervals_stay_honest_for_one_continuation_or_constant_returns():
@@ -154,15 +154,15 @@ def test_the_turn_that_lost_the_reward_is_named_only_when_its_interval_excludes_
     rows = branch.estimate({0: {"keep": [1.0] * 3 + [0.0] * 5, "resample": [1.0] * 5 + [0.0] * 3},
                             1: {"keep": [1.0] * 8, "resample": [1.0] * 8}})
     assert rows[0]["a"] == pytest.approx(-0.25) and rows[0]["a_lo"] < -0.25 < 0 < rows[0]["a_hi"]
-    assert branch.worst_turn(rows) is None
-    (cand,) = branch.candidates(rows)
+    assert branch_estimates.worst_turn(rows) is None
+    (cand,) = branch_estimates.candidates(rows)
     # K (h / |A|)^2 with h the half-width towards 0: more continuations than the 8 run
     h = rows[0]["a_hi"] - rows[0]["a"]
     assert cand["turn"] == 0 and cand["k_needed"] == math.ceil(8 * (h / 0.25) ** 2) > 8
     # with the same shares at K = 64 the interval lies below 0: now it is named
     rows = branch.estimate({0: {"keep": [1.0] * 24 + [0.0] * 40,
                                 "resample": [1.0] * 40 + [0.0] * 24}})
-    assert rows[0]["a_hi"] < 0 and branch.worst_turn(rows) == 0 and branch.candidates(rows) == []
+    assert rows[0]["a_hi"] < 0 and branch_estimates.worst_turn(rows) == 0 and branch_estimates.candidates(rows) == []
 
 
 # -- a real run -------------------------------------------------------------------------------------
@@ -263,7 +263,7 @@ def test_export_writes_one_parquet_row_per_turn(run, tmp_path):
     job = branch.prepare_job(str(db), run_id, traj, "all", 2, seed=0)   # no model needed
     rows = branch.estimate({0: {"resample": [0.0, 1.0], "keep": [1.0, 1.0]},
                             1: {"resample": [1.0, 1.0], "keep": [0.0, 0.0]}})
-    out = branch.export(job, rows, str(tmp_path / "labels.parquet"))
+    out = branch_export.export(job, rows, str(tmp_path / "labels.parquet"))
     got = pd.read_parquet(out)
     assert got[["turn", "q", "v", "a"]].to_dict("list") == {
         "turn": [0, 1], "q": [1.0, 0.0], "v": [0.5, 1.0], "a": [0.5, -1.0]}
@@ -351,9 +351,9 @@ def test_keep_estimates_q_on_a_slippery_lake_against_value_iteration():
         returns, cells = _lake_returns(env, task, recorded, 0, "fresh")
         (row,) = branch.estimate({0: returns})
         assert row["v_lo"] <= exact_v <= row["v_hi"] and row["q_lo"] <= exact_q <= row["q_hi"]
-        assert row["a_lo"] <= 0 <= row["a_hi"] and branch.worst_turn([row]) is None
+        assert row["a_lo"] <= 0 <= row["a_hi"] and branch_estimates.worst_turn([row]) is None
         assert len(cells) >= 2   # the kept move's own slips: the continuations start apart
         # the labelled debugging mode replays the recorded transition: one cell, a biased A
         returns, cells = _lake_returns(env, task, recorded, 0, "recorded")
         (old,) = branch.estimate({0: returns})
-        assert len(cells) == 1 and old["a_hi"] < 0 and branch.worst_turn([old]) == 0
+        assert len(cells) == 1 and old["a_hi"] < 0 and branch_estimates.worst_turn([old]) == 0

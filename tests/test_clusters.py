@@ -11,7 +11,7 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from core import clusters as clusters_cli
-from core.jobs import clusters
+from core.jobs import clusters, embedders
 from storage import queries
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,7 +20,7 @@ GIGPO = ROOT / "sample_runs" / "credit_gigpo.duckdb"
 
 @pytest.fixture(scope="module")
 def embedder():
-    return clusters.StaticEmbedder(threads=2)
+    return embedders.StaticEmbedder(threads=2)
 
 
 def test_constructed_groups_are_recovered(embedder):

@@ -21,7 +21,8 @@ from core.learn.distributed import Ranks
 from core.envs.base import make_env
 from core.learn.losses import value_loss
 from core.model.policy import load_policy, token_logprobs
-from core.rollout.engine import Sampling, rollout
+from core.rollout.engine import rollout
+from core.rollout.sampling import Sampling
 from core.rollout.sft import demonstrations
 from core.run.trainer import TrainingError, train
 from core.learn.update import make_samples, policy_update, score_reference, sft_update

@@ -10,7 +10,8 @@ import torch
 
 from core.envs.base import make_env
 from core.model.policy import load_policy, token_logprobs
-from core.rollout.engine import Sampling, rollout
+from core.rollout.engine import rollout
+from core.rollout.sampling import Sampling
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -17,7 +17,8 @@ from core.credit.assign import assign
 from core.learn.distributed import Ranks, check, number_rollouts
 from core.envs.base import make_env
 from core.model.policy import load_policy
-from core.rollout.engine import Sampling, rollout
+from core.rollout.engine import rollout
+from core.rollout.sampling import Sampling
 from core.learn.update import make_samples, policy_update, score_reference
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -59,7 +59,7 @@ def test_observations_are_user_turns_in_the_tokenizers_template():
     message with the policy tokenizer's own chat template (SmolLM2's here), exactly as the
     template renders the whole conversation."""
     from core.model.policy import load_tokenizer
-    from core.rollout.engine import user_turn_text
+    from core.rollout.transcript import user_turn_text
     template, tok = smollm2_chat_template(), load_tokenizer("tiny")
     first = [{"role": "user", "content": "Turn 1"}]
     action = "<think>hm</think><answer>Up</answer>"
@@ -348,7 +348,9 @@ def test_rollout_wraps_game_observations_with_the_chat_template():
     """A real rollout (tiny model) on frozenlake: each observation enters the context as a user
     message in the tokenizer's template, and the stored turn keeps the game's plain text."""
     from core.model.policy import load_policy
-    from core.rollout.engine import Sampling, rollout, user_turn_text
+    from core.rollout.engine import rollout
+    from core.rollout.sampling import Sampling
+    from core.rollout.transcript import user_turn_text
     pol = load_policy("tiny", seed=0)
     env = make_env("frozenlake")
     trajs = rollout(pol, env, env.tasks("train", 1, 0), group_size=2, seed=0,

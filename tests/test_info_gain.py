@@ -16,7 +16,8 @@ from core.envs.base import Task, make_env
 from core.credit.info_gain import (ANSWER_OPEN, action_starts, answer_probability, measure, signal_rows,
                             turn_gains)
 from core.model.policy import load_policy, token_logprobs
-from core.rollout.engine import Sampling, rollout
+from core.rollout.engine import rollout
+from core.rollout.sampling import Sampling
 from core.rollout.trajectory import Trajectory
 from storage import queries
 from tests.credit_checks import fake_trajectory, one_rl_step, open_page  # noqa: F401 (a fixture)

@@ -193,7 +193,8 @@ def test_dual_clip_is_a_config_field_from_cli_and_yaml(tmp_path):
 def test_dual_clip_caps_the_loss_the_update_applies():
     from core.envs.base import make_env
     from core.model.policy import load_policy
-    from core.rollout.engine import Sampling, rollout
+    from core.rollout.engine import rollout
+    from core.rollout.sampling import Sampling
     from core.learn.update import make_samples, policy_update
     pol = load_policy("tiny", seed=0)
     env = make_env("bandit", seed=0)

@@ -16,7 +16,8 @@ from core.config import PRESETS, ConfigError, TrainConfig, validate
 from core.credit.assign import assign
 from core.envs.base import make_env
 from core.model.policy import load_policy
-from core.rollout.engine import Sampling, rollout
+from core.rollout.engine import rollout
+from core.rollout.sampling import Sampling
 from core.rollout.sft import demonstrations
 from core.run.trainer import _Run
 from core.learn.update import (carry_second_moments, make_samples, policy_update, sft_update,

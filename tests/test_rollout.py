@@ -11,7 +11,9 @@ import torch
 
 from core.envs.base import make_env
 from core.model.policy import load_policy, token_logprobs
-from core.rollout.engine import Sampling, prompt_ids, rollout
+from core.rollout.engine import rollout
+from core.rollout.sampling import Sampling
+from core.rollout.transcript import prompt_ids
 
 
 

@@ -22,7 +22,8 @@ import torch
 from core.envs.base import Outcome, StepResult, Task
 from core.model.kv_cache import Batch
 from core.model.policy import load_policy
-from core.rollout.engine import Sampling, _Row, rollout
+from core.rollout.engine import _Row, rollout
+from core.rollout.sampling import Sampling
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -8,7 +8,9 @@ import pytest
 from core.config import ConfigError, TrainConfig, validate
 from core.credit.assign import anchor_keys, gigpo
 from core.envs.base import Outcome, StepResult, Task, make_env, observation_role
-from core.rollout.engine import Sampling, initial_state_key, record_turn
+from core.rollout.episode import initial_state_key
+from core.rollout.sampling import Sampling
+from core.rollout.transcript import record_turn
 from core.rollout.trajectory import Trajectory
 
 

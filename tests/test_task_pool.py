@@ -5,7 +5,8 @@ import pytest
 
 from core.config import ConfigError, TrainConfig, validate
 from core.envs.base import make_env
-from core.run.trainer import TrainingError, _task_pool, pool_size
+from core.run.schedule import TrainingError, pool_size
+from core.run.schedule import task_pool as _task_pool
 
 
 def test_default_pool_is_the_whole_search_train_split():

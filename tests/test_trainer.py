@@ -13,7 +13,8 @@ from core.rollout.diagnostics import repeat_frac, rollout_metrics
 from core.envs.base import make_env
 from core.model.policy import load_policy, token_logprobs
 from core.credit.rewards import score
-from core.rollout.engine import Sampling, rollout
+from core.rollout.engine import rollout
+from core.rollout.sampling import Sampling
 from core.rollout.sft import demonstrations
 from core.learn.update import make_samples, policy_update, score_reference, sft_update
 from tests.credit_checks import fake_trajectory as fake

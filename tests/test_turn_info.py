@@ -11,7 +11,9 @@ import pytest
 
 from core.envs.base import make_env, observation_role
 from core.run.records import step_tables
-from core.rollout.engine import Sampling, initial_state_key, record_turn
+from core.rollout.episode import initial_state_key
+from core.rollout.sampling import Sampling
+from core.rollout.transcript import record_turn
 from core.rollout.trajectory import Trajectory
 from storage import queries
 from storage.migrations import SCHEMA_VERSION, prepare

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -44,33 +44,17 @@ from core.credit.scoring import score_all
 from core.envs.base import Outcome, observation_role
 from core.envs.guard import GuardedEpisode
 
-# the estimators, the replay and the export have their own modules; their names stay
-# importable from here
-from core.jobs.branch_estimates import (
-    BOOTSTRAP,
-    bootstrap_ci,
-    candidates,
-    diff_ci,
-    estimate,
-    worst_turn,  # noqa: F401
-)
-from core.jobs.branch_export import export, export_rows  # noqa: F401
+from core.jobs.branch_estimates import estimate, worst_turn
 from core.jobs.branch_job import Job
-from core.jobs.branch_replay import (
-    KEEP_MODES,
-    BranchError,
-    ReplayMismatch,
-    branch_point,
-    end_reason,  # noqa: F401
-    replay,
-    reseed,
-)
+from core.jobs.branch_replay import (KEEP_MODES, BranchError, ReplayMismatch, branch_point,
+                                     end_reason, replay)
 from core.jobs.rebuild import config_of, require_trainer
 from core.model import checkpoint
 from core.model.device import resolve
 from core.model.policy import policy_from_config
 from core.rollout.continuation import Start, continue_all, recorded_turns
-from core.rollout.engine import Sampling, grade
+from core.rollout.episode import grade
+from core.rollout.sampling import Sampling
 from core.rollout.trajectory import Trajectory, Turn
 from core.rollout.transcript import prompt_ids, record_turn
 from core.run.records import step_tables

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from core.rollout.engine import initial_state_key
+from core.rollout.episode import initial_state_key
 
 KEEP_MODES = ("fresh", "recorded")
 """How a keep continuation executes the kept action: with a freshly drawn transition (Q(s_t, a_t),

@@ -28,7 +28,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from core.jobs.embedders import ENCODERS, MAX_TOKENS, MODEL, Embedder, StaticEmbedder, model_dir  # noqa: F401 (re-exported)
+from core.jobs.embedders import ENCODERS, MAX_TOKENS, MODEL
 from storage import embeddings as store_io
 
 ACTION_CHARS = 200     # per action: a think/answer past this adds little to what it did

@@ -42,7 +42,8 @@ from core.model.models import ModelNotAvailable
 from core.model.policy import policy_from_config
 from core.rollout.continuation import Start, continue_all
 from core.rollout.diagnostics import rollout_metrics
-from core.rollout.engine import Sampling, initial_state_key
+from core.rollout.episode import initial_state_key
+from core.rollout.sampling import Sampling
 from core.rollout.trajectory import Trajectory
 from core.rollout.transcript import append_tokens, prompt_ids
 from core.run.records import step_tables

@@ -42,14 +42,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from core.envs.base import Environment, Outcome, StepResult, Task, observation_role
-from core.envs.guard import (CUT_KEY, DEFAULT_TIMEOUT_S, EnvError, Guard, GuardedEpisode,
-                             obs_byte_cap)
+from core.envs.base import Environment, Task, observation_role
+from core.envs.guard import CUT_KEY, EnvError, GuardedEpisode
 from core.model.kv_cache import Batch
 from core.model.policy import Policy, token_logprobs, token_texts
-from core.rollout.sampling import Sampling  # noqa: F401 (re-exported)
-from core.rollout.transcript import (  # noqa: F401 (user_turn_text re-exported)
-    append_tokens, prompt_ids, record_turn, user_turn_text)
+from core.rollout.episode import execute, final_reason, grade, open_episodes, step_failed
+from core.rollout.sampling import Sampling
+from core.rollout.transcript import append_tokens, prompt_ids, record_turn
 from core.rollout.trajectory import Trajectory, Turn
 
 
@@ -73,15 +72,6 @@ class _Row:
     cut_text: str | None = None
     state_key: str | None = None
     """Key of the state the episode is in now (the next turn's anchor)."""
-
-
-def initial_state_key(episode) -> str | None:
-    """The episode's ``state_key()`` right after reset (the first turn's anchor), if it has one."""
-    key_of = getattr(episode, "state_key", None)
-    if not callable(key_of):
-        return None
-    key = key_of()
-    return None if key is None else str(key)
 
 
 def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
@@ -144,18 +134,11 @@ def rollout(policy: Policy, env: Environment, tasks: list[Task], *, group_size: 
     generator = torch.Generator(device=policy.device).manual_seed(seed)
     with sampling.guard(env) as guard:  # a failing reset or state_key fails the run, named
         rows: list[_Row] = []
-        for g, task in enumerate(tasks):
-            for r in range(group_size):
-                ep_seed = (seed * 1_000_003 + g * 1_009 + r) % (2 ** 31)
-                episode = guard.open(task, ep_seed)
-                traj = Trajectory(traj_id=f"{id_prefix}-g{g}-r{r}", group_id=f"{id_prefix}-g{g}",
-                                  task=task, split=split, info={"episode_seed": ep_seed})
-                ids = prompt_ids(tok, env.system_prompt, episode.reset())
-                if episode.prompt_cut_bytes:  # it will end as context_full: say why
-                    traj.info["prompt_cut_bytes"] = episode.prompt_cut_bytes
-                append_tokens(traj, ids, "prompt", turn=-1)
-                rows.append(_Row(traj=traj, episode=episode, pending=ids,
-                                 state_key=initial_state_key(episode)))
+        for ep in open_episodes(guard, tasks, group_size, seed, id_prefix, split):
+            ids = prompt_ids(tok, env.system_prompt, ep.first)
+            append_tokens(ep.traj, ids, "prompt", turn=-1)
+            rows.append(_Row(traj=ep.traj, episode=ep.episode, pending=ids,
+                             state_key=ep.state_key))
         for row in rows:
             if len(row.traj.token_ids) >= sampling.max_context:
                 _finish(row, "context_full")
@@ -274,12 +257,7 @@ def _act(row: _Row, turn: int, sampling: Sampling, tok, env: Environment,
     truncated = row.stopped == "max_new_tokens"
     t0 = time.perf_counter()
     try:
-        if final and not row.episode.guard.is_answer(action):
-            result = StepResult("", done=True, valid=False, action_type="invalid",
-                                error="final-answer turn: only an answer is accepted; the action "
-                                      "was not executed", state_key=row.state_key)
-        else:
-            result = row.episode.step(action)  # checked, observation cut by bytes
+        result = execute(row.episode, action, final, row.state_key)
     except EnvError as exc:  # an env bug ends this trajectory, not the run
         append_tokens(traj, row.gen, "action", turn, logprobs=row.gen_lp)
         traj.turns.append(step_failed(traj, exc, Turn(
@@ -295,36 +273,9 @@ def _act(row: _Row, turn: int, sampling: Sampling, tok, env: Environment,
         traj.turns[-1].obs_truncated = True
     row.state_key = result.state_key
     row.pending = _unfed(row, obs_ids)
-    if final:
-        reason = "final_answer" if reason == "answered" else "max_turns"
+    reason = final_reason(reason, final)
     if reason is not None:
         _finish(row, reason)
-
-
-def step_failed(traj: Trajectory, exc: EnvError, turn: Turn) -> Turn:
-    """``turn`` as the failed step ``exc`` says (shared with core/run/collection.py): the error on
-    the turn, its step reward unknown (recorded NULL), and ``trajectories.info.env_error``
-    naming the env, the call and the turn. The caller ends the trajectory as env_error."""
-    turn.error, turn.env_failed = exc.text, True
-    traj.info.setdefault("env_error", {**exc.info(), "turn": turn.turn})
-    return turn
-
-
-def grade(traj: Trajectory, episode: GuardedEpisode, reason: str) -> None:
-    """End ``traj`` with ``reason`` and the episode's outcome (shared with core/run/collection.py).
-
-    An outcome that fails (raises, times out, returns a NaN or wrong-typed score) ends the
-    trajectory as ``env_error`` instead, graded score 0, not a success: the env, not the
-    policy, failed, and a wrong answer's failure class would blame the policy. The error and the
-    env go in the outcome's info and in ``trajectories.info.env_error`` (with the finish reason
-    it had); a step that failed first keeps its own error there."""
-    traj.finish_reason = reason
-    try:
-        traj.outcome = episode.outcome()
-    except EnvError as exc:
-        traj.outcome = Outcome(score=0.0, success=False, info={"error": exc.text, "env": exc.env})
-        traj.info.setdefault("env_error", {**exc.info(), "finish_reason": reason})
-        traj.finish_reason = "env_error"
 
 
 def _unfed(row: _Row, obs_ids: list[int]) -> list[int]:

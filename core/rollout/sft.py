@@ -18,7 +18,9 @@ from typing import Sequence
 from core.envs.base import Environment, Task, observation_role
 from core.envs.guard import EnvError, GuardedEpisode
 from core.model.policy import token_texts
-from core.rollout.engine import Sampling, append_tokens, initial_state_key, prompt_ids, record_turn
+from core.rollout.episode import initial_state_key
+from core.rollout.sampling import Sampling
+from core.rollout.transcript import append_tokens, prompt_ids, record_turn
 from core.rollout.trajectory import Trajectory
 
 

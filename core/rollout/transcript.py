@@ -13,6 +13,7 @@ tokens are trained.
 """
 from __future__ import annotations
 
+from core.rollout.episode import end_reason
 from core.rollout.sampling import Sampling
 from core.rollout.trajectory import Trajectory, Turn
 
@@ -84,9 +85,7 @@ def record_turn(traj: Trajectory, tok, turn: int, action: str, action_ids: list[
         action_truncated=action_truncated, latency_s=latency, step_reward=result.reward,
         action_tokens=len(action_ids), state_key=state_key, info=dict(result.info or {})))
     if result.done:
-        if result.action_type == "answer":
-            return obs_ids, "answered"
-        return obs_ids, "done" if result.valid else "invalid"
+        return obs_ids, end_reason(result)
     if full or len(traj.token_ids) >= sampling.max_context:
         return obs_ids, "context_full"
     return obs_ids, None

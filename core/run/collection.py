@@ -40,10 +40,11 @@ from core.config import ConfigError, Environments, TrainConfig, validate
 from core.credit.scoring import score_all
 from core.endpoint.client import (PREFIX, ChatClient, EndpointError, EndpointRefused, Reply,
                                   action_pieces, api_key, pieces, restore_stop)
-from core.envs.base import StepResult
-from core.envs.guard import CUT_KEY, EnvError, Guard
+from core.envs.guard import CUT_KEY, EnvError
 from core.rollout.diagnostics import rollout_metrics
-from core.rollout.engine import Sampling, grade, initial_state_key, step_failed
+from core.rollout.episode import (Opened, end_reason, execute, final_reason, grade, open_episodes,
+                                  step_failed)
+from core.rollout.sampling import Sampling
 from core.rollout.trajectory import Trajectory, Turn
 from core.run.lifecycle import record_and_exit, stop_on_sigint
 from core.run.records import step_tables
@@ -185,12 +186,8 @@ class _Collection:
              prefix: str, split: str) -> list[Trajectory]:
         """``group_size`` episodes of each task, requests concurrent, env steps here."""
         with sampling.guard(env) as guard:
-            eps = []
-            for g, task in enumerate(tasks):
-                for r in range(group_size):
-                    ep_seed = (seed * 1_000_003 + g * 1_009 + r) % (2 ** 31)
-                    eps.append(_start(env, guard, task, f"{prefix}-g{g}-r{r}", f"{prefix}-g{g}",
-                                      split, ep_seed))
+            eps = [_start(env, opened)
+                   for opened in open_episodes(guard, tasks, group_size, seed, prefix, split)]
             self._requests(env, eps, sampling)
         trajs = [ep.traj for ep in eps]
         score_all(trajs, self.cfg)
@@ -235,19 +232,13 @@ class _Collection:
                 raise
 
 
-def _start(env, guard: Guard, task, traj_id: str, group_id: str, split: str,
-           seed: int) -> _Episode:
-    episode = guard.open(task, seed)
-    first = episode.reset()
+def _start(env, opened: Opened) -> _Episode:
+    """The episode as chat messages, its prompt recorded as text pieces."""
     messages = ([{"role": "system", "content": env.system_prompt}] if env.system_prompt else [])
-    messages.append({"role": "user", "content": first})
-    traj = Trajectory(traj_id=traj_id, group_id=group_id, task=task, split=split,
-                      info={"episode_seed": seed})
-    if episode.prompt_cut_bytes:
-        traj.info["prompt_cut_bytes"] = episode.prompt_cut_bytes
-    _append(traj, [(p, None) for p in pieces("\n\n".join(m["content"] for m in messages)
-                                             + "\n\n")], "prompt", -1)
-    return _Episode(traj, episode, messages, initial_state_key(episode))
+    messages.append({"role": "user", "content": opened.first})
+    _append(opened.traj, [(p, None) for p in pieces("\n\n".join(m["content"] for m in messages)
+                                                    + "\n\n")], "prompt", -1)
+    return _Episode(opened.traj, opened.episode, messages, opened.state_key)
 
 
 def _append(traj: Trajectory, rows: list[tuple[str, float | None]], role: str, turn: int) -> None:
@@ -275,12 +266,7 @@ def _act(ep: _Episode, env, reply: Reply, sampling: Sampling) -> bool:
         info["top_logprobs"] = reply.top[:len(rows)]
     t0 = time.perf_counter()
     try:
-        if final and not ep.episode.guard.is_answer(action):
-            result = StepResult("", done=True, valid=False, action_type="invalid",
-                                error="final-answer turn: only an answer is accepted; the action "
-                                      "was not executed", state_key=ep.state_key)
-        else:
-            result = ep.episode.step(action)  # checked, observation cut by bytes
+        result = execute(ep.episode, action, final, ep.state_key)
     except EnvError as exc:  # an env bug ends this trajectory, not the run
         _append(traj, rows, "action", turn)
         traj.turns.append(step_failed(traj, exc, Turn(
@@ -301,10 +287,7 @@ def _act(ep: _Episode, env, reply: Reply, sampling: Sampling) -> bool:
         state_key=ep.state_key, info={**(result.info or {}), "endpoint": info}))
     ep.state_key = result.state_key
     if result.done:
-        reason = ("answered" if result.action_type == "answer"
-                  else "done" if result.valid else "invalid")
-        return _finish(ep, ("final_answer" if reason == "answered" else "max_turns")
-                       if final else reason)
+        return _finish(ep, final_reason(end_reason(result), final))
     ep.turn += 1
     if ep.turn >= sampling.max_turns + int(sampling.final_answer_turn):
         return _finish(ep, "max_turns")

@@ -35,13 +35,13 @@ from core.model import checkpoint
 from core.model import device as devices
 from core.model.policy import policy_from_config
 from core.rollout.diagnostics import entropy_mean, rollout_metrics, success_of
-from core.rollout.engine import Sampling, rollout
+from core.rollout.engine import rollout
+from core.rollout.sampling import Sampling
 from core.rollout.sft import demonstrations
 from core.run.lifecycle import stop_on_sigint
 from core.run.records import StageResults, step_tables
-from core.run.schedule import Schedule, TrainingError, eval_sampling_seed, pool_size, task_pool  # noqa: F401
+from core.run.schedule import Schedule, TrainingError, eval_sampling_seed
 
-_task_pool = task_pool  # the name tests and older callers use
 
 PROGRESS = {"reward/mean": "reward", "success/rate": "success", "sft/loss": "sft_loss",
             "eval/success": "eval", "time/step_s": "step_s"}

@@ -68,11 +68,12 @@ def _install(kind: str, step: int) -> None:
         trainer.policy_update = counted_update
         update.policy_loss = bad_loss
     elif kind == "env-faults":
-        make_env = trainer.make_env
+        import core.config.env_options as env_options  # where a run's environments are built
+        make_env = env_options.make_env
 
         def faulty_env(*args, **kwargs):
             return _FaultyEnv(make_env(*args, **kwargs))
-        trainer.make_env = faulty_env
+        env_options.make_env = faulty_env
     else:
         raise SystemExit(f"unknown fault {kind!r}")
 
