@@ -67,8 +67,10 @@ def replay_panel(pick, traj_id: str, turns: pd.DataFrame) -> None:
     if not other.empty:
         wide = (other.pivot_table(index="turn", columns="name", values="value", aggfunc="first")
                 .rename(columns=CREDIT_SIGNALS).reset_index())
-        st.markdown("**Turn credit from SPA / the process reward model** (each turn's value; "
-                    "centred within its task group it was added to the turn's advantage)")
+        st.markdown("**Turn credit from SPA / the process reward model** (each turn's value: "
+                    "SPA's contributions entered the advantage as their return-to-go, the PRM's "
+                    "scores centred within the task group; runs recorded before those forms "
+                    "centred both; Groups names the run's form)")
         st.dataframe(wide, key="replay_turn_credit", hide_index=True)
     if signals.empty:
         st.info(NOT_YET.format(what="trajectory"))

@@ -2,8 +2,13 @@
 the head learning which turn made the outcome and fitting a real batch's outcomes exactly, PPO
 taking the progress rewards through GAE, and a real training step recording each turn's
 contribution and training on it."""
+import os
+import pickle
+from pathlib import Path
+
 import pytest
 import torch
+import torch.multiprocessing as mp
 
 from core.config.algorithms import spa_turn_advantages
 from core.config import ConfigError, TrainConfig, validate
@@ -14,11 +19,13 @@ from core.credit.progress import (ProgressModel, action_ends, features, progress
                                    ridge_step)
 from core.credit.turn_credit import TurnCredit
 from core.envs.base import make_env
+from core.learn.distributed import Ranks
 from core.model.policy import load_policy
 from core.rollout.engine import rollout
 from core.rollout.sampling import Sampling
 from storage import queries
 from tests.credit_checks import assert_turns_carry, fake_trajectory, one_rl_step
+from tests.test_distributed import _free_port
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -206,3 +213,36 @@ def test_the_heads_are_fitted_on_every_ranks_batch_and_stay_identical(tiny):
     for w_rank0, w_rank1, w_one in zip(heads[0], heads[1], (whole.spa_model.w, whole.prm_model.w)):
         assert torch.equal(w_rank0, w_rank1)
         assert torch.allclose(w_rank0, w_one, atol=1e-9)
+
+
+def _heads_on_a_rank(rank: int, world: int, port: int, folder: str) -> None:
+    """One rank of a real gloo group: its own two groups of rollouts, outcomes set by hand, one
+    TurnCredit step; writes the heads it ends with."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    ranks = Ranks.from_env()
+    try:
+        pol = load_policy("tiny", seed=0)
+        env = make_env("search", seed=0, topk=3)
+        own = rollout(pol, env, env.tasks("train", 4, 0)[2 * rank:2 * rank + 2], group_size=2,
+                      seed=rank, id_prefix=f"r{rank}",
+                      sampling=Sampling(max_turns=3, max_new_tokens=8, max_obs_tokens=48,
+                                        temperature=1.0))
+        for k, t in enumerate(own):
+            t.rewards = {"outcome": float((k + rank) % 2)}
+        heads = TurnCredit(TrainConfig(w_spa=1.0, w_prm=1.0, record_info_gain=False), pol, ranks)
+        metrics = heads.measure(own).metrics
+        (Path(folder) / f"rank{rank}.pkl").write_bytes(pickle.dumps(
+            (heads.spa_model.w, heads.prm_model.w, metrics)))
+    finally:
+        ranks.close()
+
+
+def test_two_real_ranks_end_with_identical_heads(tmp_path):
+    mp.spawn(_heads_on_a_rank, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    (spa0, prm0, m0), (spa1, prm1, m1) = (pickle.loads((tmp_path / f"rank{k}.pkl").read_bytes())
+                                          for k in (0, 1))
+    assert float(spa0.abs().max()) > 0 and float(prm0.abs().max()) > 0  # both learned something
+    assert torch.equal(spa0, spa1) and torch.equal(prm0, prm1)
+    assert m0 == m1 and m0["spa/sum_gap_max"] < 1e-3  # over all 8 trajectories, on each rank

@@ -1,8 +1,9 @@
 """An RL step's per-turn credit beside the outcome reward: information gain (IGPO,
 core/credit/info_gain.py), SPA's progress contributions (core/credit/progress.py) and the process reward
-model's scores (AgentPRM, core/credit/prm.py). Each is measured or fitted on the step's own trajectories,
-recorded as ``turn_signals`` rows and handed to credit assignment (core/credit/assign.py), which adds it,
-weighted and centred within the task group, to each turn's action tokens' advantage.
+model's scores (AgentPRM, core/credit/prm.py). Each is measured on this rank's trajectories (the
+heads are fitted on every rank's), recorded as ``turn_signals`` rows and handed to credit
+assignment (core/credit/assign.py), which turns it into each turn's action tokens' advantage as
+its source does: IGPO's turn returns, SPA's return-to-go, the PRM's score centred in the group.
 """
 from __future__ import annotations
 

@@ -212,7 +212,8 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
 def value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
                old_values: torch.Tensor | None = None, clip: float | None = None,
                ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Value regression on trained tokens: token-mean of 0.5 * (V - R)^2; with ``clip`` (PPO2)
+    """Value regression on trained tokens: token-mean of 0.5 * (V - R)^2; with ``clip`` (PPO2;
+    verl's critic with ``cliprange_value``, 0.5 there; the config's ``value_clip``)
     0.5 * max((V - R)^2, (old + clip(V - old, -c, c) - R)^2), so one update cannot move V far.
 
     Shapes: values, returns, mask (B,T) -> (loss scalar, metrics):
