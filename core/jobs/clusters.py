@@ -218,66 +218,91 @@ def run(store: str | Path, run_id: str, progress_file: str | Path | None = None,
         raise ValueError(f"encoder {encoder!r}: one of {', '.join(ENCODERS)}")
     model = getattr(embedder, "name", None) or ENCODERS[encoder].name
     progress = Path(progress_file) if progress_file else None
-    t0 = time.monotonic()
-    timings: dict[str, float] = {}
-
-    def lap(name: str, since: list[float] = [t0]) -> None:
-        now = time.monotonic()
-        timings[name] = round(now - since[0], 2)
-        since[0] = now
+    laps = _Laps()
     write_progress(progress, phase="reading", done=0, total=0)
+    traj, texts, hashes = _failing_texts(store, run_id, model)
+    laps("read")
+    cache = store_io.cached(store, run_id, model)
+    laps("cache")
+    vectors: list[np.ndarray | None] = [cache[t][1] if t in cache and cache[t][0] == h else None
+                                        for t, h in zip(traj["traj_id"], hashes)]
+    todo = [i for i, v in enumerate(vectors) if v is None]
+    unique: dict[str, int] = {}
+    for i in todo:  # one per distinct text, in order
+        unique.setdefault(hashes[i], i)
+    first = list(unique.values())
+    cached = len(traj) - len(todo)
+    write_progress(progress, phase="embedding", done=0, total=len(first), cached=cached)
+    if first:
+        _embed(store, run_id, model, traj, texts, hashes, vectors, todo, first,
+               embedder or ENCODERS[encoder](threads), progress, cached)
+    laps("embed+store")
+    write_progress(progress, phase="clustering", done=len(first), total=len(first))
+    summary = {"run_id": run_id, "model": model, "failing": len(traj), "embedded": len(first),
+               "cached": cached}
+    if len(traj):
+        summary.update(_cluster_and_store(store, run_id, model, traj, texts, vectors, laps))
+    summary["seconds"] = round(time.monotonic() - laps.t0, 1)
+    summary["timings"] = laps.timings
+    summary["cpu_s"] = round(time.process_time(), 1)  # this process, all threads
+    write_progress(progress, phase="done", done=len(first), total=len(first), summary=summary)
+    return summary
+
+
+class _Laps:
+    """Seconds per phase of a clustering job (its summary's ``timings``)."""
+
+    def __init__(self):
+        self.t0 = self.last = time.monotonic()
+        self.timings: dict[str, float] = {}
+
+    def __call__(self, name: str) -> None:
+        now = time.monotonic()
+        self.timings[name] = round(now - self.last, 2)
+        self.last = now
+
+
+def _failing_texts(store, run_id: str, model: str):
+    """The run's failing trajectories, each one's text and its text's hash under ``model``."""
     traj, turns = store_io.failing(store, run_id)
     by_traj: dict[str, list[dict]] = {}
     for row in turns.to_dict("records"):  # one pass: a groupby per trajectory took seconds
         by_traj.setdefault(row["traj_id"], []).append(row)
     texts = [trajectory_text(by_traj.get(t, []), a) for t, a in zip(traj["traj_id"], traj["answer"])]
-    hashes = [text_hash(t, model) for t in texts]
-    lap("read")
-    cache = store_io.cached(store, run_id, model)
-    lap("cache")
-    vectors: list[np.ndarray | None] = [cache[t][1] if t in cache and cache[t][0] == h else None
-                                        for t, h in zip(traj["traj_id"], hashes)]
-    todo = [i for i, v in enumerate(vectors) if v is None]
-    unique: dict[str, int] = {}
+    return traj, texts, [text_hash(t, model) for t in texts]
+
+
+def _embed(store, run_id: str, model: str, traj, texts, hashes, vectors, todo, first, embed,
+           progress, cached: int) -> None:
+    """Embed each distinct uncached text once, fill ``vectors`` and cache them in the store."""
+    by_hash: dict[str, np.ndarray] = {}
+    for start in range(0, len(first), CHUNK):
+        chunk = first[start:start + CHUNK]
+        for i, v in zip(chunk, embed([texts[i] for i in chunk])):
+            by_hash[hashes[i]] = v
+        write_progress(progress, phase="embedding", done=start + len(chunk), total=len(first),
+                       cached=cached)
     for i in todo:
-        unique.setdefault(hashes[i], i)
-    first = list(unique.values())
-    write_progress(progress, phase="embedding", done=0, total=len(first), cached=len(traj) - len(todo))
-    if first:
-        embed = embedder or ENCODERS[encoder](threads)
-        by_hash: dict[str, np.ndarray] = {}
-        for start in range(0, len(first), CHUNK):
-            chunk = first[start:start + CHUNK]
-            for i, v in zip(chunk, embed([texts[i] for i in chunk])):
-                by_hash[hashes[i]] = v
-            write_progress(progress, phase="embedding", done=start + len(chunk), total=len(first),
-                      cached=len(traj) - len(todo))
-        for i in todo:
-            vectors[i] = by_hash[hashes[i]]
-        ids = [traj["traj_id"].iloc[i] for i in todo]
-        for start in range(0, len(todo), 4 * CHUNK):  # one short transaction per slice
-            part = todo[start:start + 4 * CHUNK]
-            store_io.save_embeddings(store, run_id, model, ids[start:start + 4 * CHUNK],
-                                     [hashes[i] for i in part], np.stack([vectors[i] for i in part]))
-    lap("embed+store")
-    write_progress(progress, phase="clustering", done=len(first), total=len(first))
-    summary = {"run_id": run_id, "model": model, "failing": len(traj), "embedded": len(first),
-               "cached": len(traj) - len(todo)}
-    if len(traj):
-        matrix = np.stack(vectors).astype(np.float32)
-        labels, k, score = cluster(matrix)
-        lap("cluster")
-        terms = distinguishing_terms(texts, labels)
-        lap("terms")
-        rows = pd.DataFrame({"traj_id": traj["traj_id"], "step": traj["step"].astype(int),
-                             "cluster": labels, "distance": centroid_distance(matrix, labels),
-                             "terms": [", ".join(terms[int(l)]) for l in labels], "k": k,
-                             "silhouette": None if math.isnan(score) else score})
-        store_io.save_clusters(store, run_id, model, rows)
-        lap("store clusters")
-        summary.update(k=k, silhouette=None if math.isnan(score) else round(score, 3))
-    summary["seconds"] = round(time.monotonic() - t0, 1)
-    summary["timings"] = timings
-    summary["cpu_s"] = round(time.process_time(), 1)  # this process, all threads
-    write_progress(progress, phase="done", done=len(first), total=len(first), summary=summary)
-    return summary
+        vectors[i] = by_hash[hashes[i]]
+    ids = [traj["traj_id"].iloc[i] for i in todo]
+    for start in range(0, len(todo), 4 * CHUNK):  # one short transaction per slice
+        part = todo[start:start + 4 * CHUNK]
+        store_io.save_embeddings(store, run_id, model, ids[start:start + 4 * CHUNK],
+                                 [hashes[i] for i in part], np.stack([vectors[i] for i in part]))
+
+
+def _cluster_and_store(store, run_id: str, model: str, traj, texts, vectors, laps) -> dict:
+    """Cluster the vectors, name each cluster by its terms, store the clusters."""
+    matrix = np.stack(vectors).astype(np.float32)
+    labels, k, score = cluster(matrix)
+    laps("cluster")
+    terms = distinguishing_terms(texts, labels)
+    laps("terms")
+    silhouette = None if math.isnan(score) else score
+    rows = pd.DataFrame({"traj_id": traj["traj_id"], "step": traj["step"].astype(int),
+                         "cluster": labels, "distance": centroid_distance(matrix, labels),
+                         "terms": [", ".join(terms[int(lab)]) for lab in labels], "k": k,
+                         "silhouette": silhouette})
+    store_io.save_clusters(store, run_id, model, rows)
+    laps("store clusters")
+    return {"k": k, "silhouette": None if silhouette is None else round(silhouette, 3)}
