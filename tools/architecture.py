@@ -32,6 +32,8 @@ def package_of(module: str) -> str:
     its entry points, storage.X for storage's sub-packages, else the top package."""
     parts = module.split(".")
     if parts[0] == "core":
+        if module == "core.faces":
+            return module
         if len(parts) == 1 or (len(parts) == 2 and not (ROOT / "core" / parts[1]).is_dir()):
             return ENTRY
         return f"core.{parts[1]}"
@@ -106,6 +108,8 @@ def reduce(edges: set[tuple[str, str]]) -> set[tuple[str, str]]:
 def describe(package: str) -> str:
     if package == ENTRY:
         return "the commands users' scripts call (`python -m core.train`, ...) and `agentrl`"
+    if package == "core.faces":
+        return "the lazy faces of core's heavy packages (their `__init__` loads names on use)"
     if package == STORAGE_CLI:
         return "the import, export and follow command line (`python -m storage.io`)"
     if package == "storage":

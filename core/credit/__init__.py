@@ -9,23 +9,13 @@
     prm          the process reward model fitted on branch labels
     turn_credit  the dense per-turn credits added to the outcome's
 """
-import importlib
+from core.faces import lazy_face
 
-# Each name loads its module on first use (PEP 562), so importing one light module of this
-# package (a dataclass, a pure function) does not load torch with its heavier siblings.
-_EXPORTS = {
-    "Credit": ("core.credit.assign", "Credit"),
-    "ESTIMATORS": ("core.credit.advantages", "ESTIMATORS"),
-    "TurnCredit": ("core.credit.turn_credit", "TurnCredit"),
-    "assign": ("core.credit.assign", "assign"),
-    "score": ("core.credit.rewards", "score"),
-    "score_all": ("core.credit.scoring", "score_all"),
-}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attr = _EXPORTS[name]
-    return getattr(importlib.import_module(module), attr)
+__getattr__, __all__ = lazy_face(__name__, {
+    "Credit": "core.credit.assign",
+    "ESTIMATORS": "core.credit.advantages",
+    "TurnCredit": "core.credit.turn_credit",
+    "assign": "core.credit.assign",
+    "score": "core.credit.rewards",
+    "score_all": "core.credit.scoring",
+})

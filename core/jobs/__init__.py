@@ -6,21 +6,11 @@
     clusters          failure clusters over trajectory embeddings (embedders)
     joblog            the progress and error lines the pages read
 """
-import importlib
+from core.faces import lazy_face
 
-# Each name loads its module on first use (PEP 562), so importing one light module of this
-# package (a dataclass, a pure function) does not load torch with its heavier siblings.
-_EXPORTS = {
-    "BranchError": ("core.jobs.branch_replay", "BranchError"),
-    "EvaluationError": ("core.jobs.evaluation", "EvaluationError"),
+__getattr__, __all__ = lazy_face(__name__, {
+    "BranchError": "core.jobs.branch_replay",
+    "EvaluationError": "core.jobs.evaluation",
     "prepare_branch": ("core.jobs.branch", "prepare_job"),
     "run_branch": ("core.jobs.branch", "run_job"),
-}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attr = _EXPORTS[name]
-    return getattr(importlib.import_module(module), attr)
+})

@@ -5,22 +5,12 @@
     mismatch     sampler-versus-trainer logprob statistics and rollout correction (TIS, MIS)
     distributed  several ranks: splitting batches into whole groups, gathering the step
 """
-import importlib
+from core.faces import lazy_face
 
-# Each name loads its module on first use (PEP 562), so importing one light module of this
-# package (a dataclass, a pure function) does not load torch with its heavier siblings.
-_EXPORTS = {
-    "Ranks": ("core.learn.distributed", "Ranks"),
-    "distribution": ("core.learn.mismatch", "distribution"),
-    "make_samples": ("core.learn.update", "make_samples"),
-    "policy_update": ("core.learn.update", "policy_update"),
-    "sft_update": ("core.learn.update", "sft_update"),
-}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attr = _EXPORTS[name]
-    return getattr(importlib.import_module(module), attr)
+__getattr__, __all__ = lazy_face(__name__, {
+    "Ranks": "core.learn.distributed",
+    "distribution": "core.learn.mismatch",
+    "make_samples": "core.learn.update",
+    "policy_update": "core.learn.update",
+    "sft_update": "core.learn.update",
+})

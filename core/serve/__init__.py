@@ -8,20 +8,10 @@ trying endpoint policies (``python -m core.endpoint_server``).
     client_watch    generation stops when the client leaves
     fault_plan      the faults a test asks for, and what the server saw
 """
-import importlib
+from core.faces import lazy_face
 
-# Each name loads its module on first use (PEP 562), so importing one light module of this
-# package (a dataclass, a pure function) does not load torch with its heavier siblings.
-_EXPORTS = {
-    "ChatModel": ("core.serve.server", "ChatModel"),
-    "Limits": ("core.serve.server", "Limits"),
-    "serve": ("core.serve.server", "serve"),
-}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attr = _EXPORTS[name]
-    return getattr(importlib.import_module(module), attr)
+__getattr__, __all__ = lazy_face(__name__, {
+    "ChatModel": "core.serve.server",
+    "Limits": "core.serve.server",
+    "serve": "core.serve.server",
+})
