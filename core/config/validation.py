@@ -43,11 +43,19 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             raise ConfigError(f"{fld}={getattr(cfg, fld)!r}: {why}")
 
     budget.check_sizes(cfg)
+    for check in (_check_what, _check_endpoint, _check_rollout, _check_evaluation, _check_model,
+                  _check_optimiser, _check_credit, _check_system):
+        check(cfg, need)
+    budget.check_memory(cfg)
+    return cfg
+
+
+def _check_what(cfg: TrainConfig, need) -> None:
+    """What is trained: the environment, the model, the algorithm, steps and group sizes."""
     need(cfg.env in ENVS or USER_ENV.fullmatch(cfg.env) is not None
          or cfg.env in env_plugins.installed(), "env",
          f"must be one of {', '.join(ENVS)}, package.module:Factory (a user's environment) or "
          f"an installed plugin's name ({env_plugins.GROUP} entry points)")
-    _check_endpoint(cfg, need)
     need(cfg.model.startswith(ENDPOINT_PREFIX) or cfg.model in MODELS or Path(cfg.model).is_dir()
          or (cfg.model.endswith(".gguf") and Path(cfg.model).is_file()), "model",
          f"must be one of {', '.join(MODELS)}, an existing local model directory or a .gguf file")
@@ -61,6 +69,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          f"{cfg.algo} compares rollouts within a group: needs group_size >= 2")
     need(cfg.tasks_per_step >= 1, "tasks_per_step", "must be >= 1")
     need(cfg.max_turns >= 1, "max_turns", "must be >= 1")
+
+
+def _check_rollout(cfg: TrainConfig, need) -> None:
+    """How rollouts sample: the task pool, turns, tokens, temperature."""
     need(cfg.task_pool >= 0, "task_pool", "must be >= 0 (0 = the whole train split)")
     need(not cfg.final_answer_turn or cfg.env not in ("frozenlake", "sokoban", "bandit"),
          "final_answer_turn", f"{cfg.env} has no answer action: every action is a move")
@@ -69,6 +81,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.max_context >= 64, "max_context", "must be >= 64")
     need(cfg.temperature >= 0, "temperature", "must be >= 0")
     need(0 < cfg.top_p <= 1, "top_p", "must be in (0, 1]")
+
+
+def _check_evaluation(cfg: TrainConfig, need) -> None:
+    """Held-out evaluation, warm starts and checkpoints."""
     need(cfg.eval_temperature >= 0, "eval_temperature", "must be >= 0")
     need(cfg.eval_every >= 0, "eval_every", "must be >= 0")
     need(cfg.sft_eval_every >= 0, "sft_eval_every", "must be >= 0")
@@ -80,11 +96,19 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          "must be a run's checkpoint directory or its checkpoint.pt file")
     need(cfg.checkpoint_every >= 1, "checkpoint_every", "must be >= 1")
     need(cfg.adapter_every >= 0, "adapter_every", "must be >= 0")
+
+
+def _check_model(cfg: TrainConfig, need) -> None:
+    """Retrieval depth and the LoRA adapter."""
     need(cfg.topk >= 1, "topk", "must be >= 1")
     need(cfg.lora_rank >= 1, "lora_rank", "must be >= 1")
     need(cfg.lora_alpha > 0, "lora_alpha", "must be > 0")
     need(0 <= cfg.lora_dropout < 1, "lora_dropout", "must be in [0, 1)")
     need(bool(cfg.lora_targets.strip()), "lora_targets", "must name at least one module")
+
+
+def _check_optimiser(cfg: TrainConfig, need) -> None:
+    """Learning rates, the loss, clipping, KL, the critic and the update's guards."""
     need(0 < cfg.lr < 1, "lr", "must be in (0, 1)")
     need(0 < cfg.sft_lr < 1, "sft_lr", "must be in (0, 1)")
     need(cfg.sft_batch_size >= 1, "sft_batch_size", "must be >= 1")
@@ -111,6 +135,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.value_clip >= 0, "value_clip", "must be >= 0 (0 = no value clip; verl uses 0.5)")
     need(cfg.kl_abort > 0, "kl_abort", "must be > 0")
     need(cfg.max_bad_steps >= 1, "max_bad_steps", "must be >= 1")
+
+
+def _check_credit(cfg: TrainConfig, need) -> None:
+    """Rewards, dense per-turn credit and rollout correction."""
     need(cfg.outcome_metric in ("em", "f1"), "outcome_metric", "must be em or f1")
     need(cfg.w_info_gain >= 0, "w_info_gain", "must be >= 0")
     need(0 <= cfg.info_gain_gamma <= 1, "info_gain_gamma", "must be in [0, 1]")
@@ -129,14 +157,18 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.w_prm >= 0, "w_prm", "must be >= 0")
     need(0 <= cfg.prm_gamma <= 1, "prm_gamma", "must be in [0, 1] (AgentPRM's discount)")
     need(cfg.spa_l2 >= 0, "spa_l2", "must be >= 0 (0: the exact least-squares fit)")
+
+
+def _check_system(cfg: TrainConfig, need) -> None:
+    """Environment options, threads, the device and the store."""
     for fld in ("env_options", "sft_env_options", "eval_env_options"):
         check_env_options(cfg.env, getattr(cfg, fld), fld)  # ConfigError naming fld and option
     need(cfg.threads >= 0, "threads", "must be >= 0")
     need(DEVICE.fullmatch(cfg.device.strip().lower()) is not None, "device",
          "must be auto, cpu, cuda or cuda:N")
     need(bool(cfg.db.strip()), "db", "must name a database file")
-    budget.check_memory(cfg)
-    return cfg
+
+
 
 
 def _check_endpoint(cfg: TrainConfig, need) -> None:
