@@ -60,7 +60,10 @@ def ours_block(policy, env, tasks, cfg, steps: int, seed: int) -> tuple[list[flo
                         seed=seed + step)
         for t in trajs:
             t.reward = reward_of(t.turns[0].action if t.turns else "")
-        samples = make_samples(trajs, assign(trajs, cfg).per_token)
+        credit = assign(trajs, cfg)
+        for t, filtered in zip(trajs, credit.filtered):  # as the trainer does: credit returns it
+            t.filtered = filtered
+        samples = make_samples(trajs, credit.per_token)
         score_reference(policy, [s for s in samples if not s.traj.filtered], cfg)
         result = policy_update(policy, optimizer, samples, cfg, seed=step)
         assert result.metrics["update/steps"] == 1.0, result.metrics

@@ -41,7 +41,7 @@ def test_gigpo_normalisation_by_hand(norm):
         episode, step = 0.5, 0.475
     assert credit.turn_advantages[0] == pytest.approx([episode + step, episode], rel=1e-5)
     assert credit.turn_advantages[1] == pytest.approx([-episode - step, -episode], rel=1e-5)
-    assert trajs[0].advantage == pytest.approx(episode, rel=1e-5)
+    assert credit.advantage[0] == pytest.approx(episode, rel=1e-5)
 
 
 def test_new_fields_are_validated_naming_themselves():
@@ -83,15 +83,15 @@ def test_a_ppo_step_with_the_value_clip_records_its_fraction(tmp_path):
 
 # -- LOOP's |A| filter: at least one rollout per rank ---------------------------------------------
 def test_loop_filter_keeps_one_rollout_per_rank():
-    trajs = [fake_trajectory(n, "g", 1) for n in "abcde"]
-    trajs[4].filtered = True  # dropped before (StarPO-S): not brought back
+    filtered = [False, False, False, False, True]  # e dropped before (StarPO-S): not brought back
     largest = [0.0, 0.005, 0.5, 0.0, 0.9]
-    drop_small_but_one(trajs, largest, 0.01, ranks_of=[0, 0, 1, 1, 0])
+    kept = drop_small_but_one(filtered, [True] * 5, largest, 0.01, ranks_of=[0, 0, 1, 1, 0])
     # rank 0: nothing reaches 0.01, so its largest |A| (b, 0.005) stays; rank 1 keeps c alone
-    assert [t.filtered for t in trajs] == [True, False, False, True, True]
-    one = [fake_trajectory(n, "g", 1) for n in "xy"]
-    drop_small_but_one(one, [0.002, 0.003], 0.01)  # one process: the batch keeps y
-    assert [t.filtered for t in one] == [True, False]
+    assert kept == [True, False, False, True, True]
+    assert filtered == [False, False, False, False, True]  # the flags given are not changed
+    # one process: the batch keeps y; a rollout without trained tokens is never the one kept
+    assert drop_small_but_one([False, False], [True, True], [0.002, 0.003], 0.01) == [True, False]
+    assert drop_small_but_one([False, False], [True, False], [0.002, 0.003], 0.01) == [False, True]
 
 
 # -- the Groups page names its conventions -------------------------------------------------------

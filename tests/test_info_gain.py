@@ -166,9 +166,8 @@ def test_log_prob_gains_as_igpos_released_script():
 def test_dense_credit_lands_on_each_turns_action_tokens():
     a, b = (fake_trajectory(name, "g", turns, golds=("a",)) for name, turns in (("a", 3), ("b", 2)))
     a.reward, b.reward = 1.0, 0.0
-    a.advantage, b.advantage = 1.0, -1.0
     base = Credit.outcome([1.0 * torch.tensor(a.trained).float(),
-                           -1.0 * torch.tensor(b.trained).float()])
+                           -1.0 * torch.tensor(b.trained).float()], [1.0, -1.0], [False, False])
     gains = [[0.5, 0.1], [0.0]]
     out = add_info_gain(base, [a, b], gains, weight=0.5, gamma=0.0)  # each turn its own reward
     expect, _ = igpo_turn_advantages(gains, [1.0, 0.0], ["g", "g"], gamma=0.0, gain_weight=0.5)

@@ -57,7 +57,8 @@ def test_spa_turn_credit_by_hand_from_the_return_to_go():
 def test_spa_credit_is_added_on_each_turns_action_tokens():
     trajs = [fake_trajectory("a", "g", 1, reward=1.0), fake_trajectory("b", "g", 4, reward=1.0),
              fake_trajectory("c", "g", 2)]
-    base = Credit.outcome([torch.zeros(len(t.token_ids)) for t in trajs])
+    base = Credit.outcome([torch.zeros(len(t.token_ids)) for t in trajs], [0.0] * len(trajs),
+                          [False] * len(trajs))
     out = add_spa_credit(base, trajs, [[1.0], [0.25] * 4, [0.0, 0.0]], weight=2.0)
     assert out.turn_advantages[1] == pytest.approx([2 / 3, 0.75, 0.0, 0.0])
     b = trajs[1]

@@ -60,9 +60,10 @@ def test_same_frozenlake_state_at_turns_1_and_3_shares_an_anchor(tok):
     assert len({ka[1], ka[0]}) == 2
     # and GiGPO compares them: the two turns from start+Right form a step group of two
     cfg = SimpleNamespace(algo="gigpo", gigpo_gamma=1.0, gigpo_weight=1.0)
-    turn_a, turn_b = gigpo([a, b], cfg).turn_advantages
-    step_a = turn_a[1] - a.advantage
-    step_b = turn_b[3] - b.advantage
+    credit = gigpo([a, b], cfg)
+    (turn_a, turn_b), (ep_a, ep_b) = credit.turn_advantages, credit.advantage
+    step_a = turn_a[1] - ep_a
+    step_b = turn_b[3] - ep_b
     assert step_a > 0 > step_b
 
 

@@ -56,8 +56,10 @@ def test_one_lora_step_changes_adapter_keeps_base_and_follows_advantages(env):
     before_lp = [_mean_action_logprob(pol, t) for t in trajs]
     base = {n: p.detach().clone() for n, p in pol.model.named_parameters() if "lora_" not in n}
     lora = {n: p.detach().clone() for n, p in pol.model.named_parameters() if "lora_" in n}
-    samples = make_samples(trajs, assign(trajs, cfg).per_token)
-    assert [t.advantage > 0 for t in trajs] == [True, False, False, True]
+    credit = assign(trajs, cfg)
+    samples = make_samples(trajs, credit.per_token)
+    assert [a > 0 for a in credit.advantage] == [True, False, False, True]
+    assert [t.advantage for t in trajs] == [0.0] * 4  # credit returns values, writes nothing
     score_reference(pol, samples, cfg)
     opt = torch.optim.AdamW(pol.trainable_parameters(), lr=cfg.lr)
     result = policy_update(pol, opt, samples, cfg)
@@ -70,8 +72,8 @@ def test_one_lora_step_changes_adapter_keeps_base_and_follows_advantages(env):
         else:
             assert torch.equal(p, base[n]), f"base weight {n} changed"
     after_lp = [_mean_action_logprob(pol, t) for t in trajs]
-    for t, b, a in zip(trajs, before_lp, after_lp):
-        assert (a > b) == (t.advantage > 0), "the step moves logprobs in the advantage's direction"
+    for adv, b, a in zip(credit.advantage, before_lp, after_lp):
+        assert (a > b) == (adv > 0), "the step moves logprobs in the advantage's direction"
     assert result.metrics["grad/norm"] > 0
     assert math.isclose(result.metrics["policy/ratio_min"], 1.0, abs_tol=1e-3)
     assert set(result.module_norms) == set(pol.lora_modules())
@@ -165,8 +167,9 @@ def test_gigpo_turn_advantages_land_on_their_turns_tokens():
     assert step_rewards(a) == [0.0, 1.0]
     assert anchor_keys(a)[0] == anchor_keys(b)[0] and anchor_keys(a)[1] != anchor_keys(b)[1]
     ta, tb = credit.turn_advantages
-    assert ta[0] > a.advantage > 0 and tb[0] < b.advantage < 0  # the shared state adds step credit
-    assert ta[1] == a.advantage and tb[1] == b.advantage  # turn 1 states differ: singletons
+    ea, eb = credit.advantage  # the episode advantages
+    assert ta[0] > ea > 0 and tb[0] < eb < 0  # the shared state adds step credit
+    assert ta[1] == ea and tb[1] == eb  # turn 1 states differ: singletons
     assert torch.allclose(per_token[0][2:4], torch.tensor([ta[0]] * 2))
     assert torch.allclose(per_token[0][5:7], torch.tensor([ta[1]] * 2))
     assert per_token[0][4] == 0 and per_token[0][:2].tolist() == [0, 0]
@@ -176,16 +179,14 @@ def test_starpo_keeps_whole_groups_by_reward_std():
     cfg = _cfg(algo="starpo_s", starpo_keep=0.5)
     trajs = [fake(f"{g}{i}", g, 1, r) for g, rs in (("lo", [0.0, 0.1]), ("hi", [0.0, 1.0]))
              for i, r in enumerate(rs)]
-    assign(trajs, cfg)
-    assert [t.filtered for t in trajs] == [True, True, False, False]
+    assert assign(trajs, cfg).filtered == [True, True, False, False]
 
 
 def test_min_abs_advantage_filter_and_ppo_returns():
     cfg = _cfg(algo="rloo", min_abs_advantage=0.01)
     trajs = [fake("a", "g", 1, 1.0), fake("b", "g", 1, 1.0), fake("c", "h", 1, 0.0),
              fake("d", "h", 1, 1.0)]
-    assign(trajs, cfg)
-    assert [t.filtered for t in trajs] == [True, True, False, False]
+    assert assign(trajs, cfg).filtered == [True, True, False, False]
     # a group whose outcomes are all equal (A = 0) still trains where information gain gave its
     # turns credit: the filter looks at the tokens' final advantages
     # (w 0 would filter both: LOOP keeps the one of the largest |A|, the first of equals)
@@ -193,8 +194,8 @@ def test_min_abs_advantage_filter_and_ppo_returns():
         dense = [fake("a", "g", 2, 1.0, golds=("x",)), fake("b", "g", 2, 1.0, golds=("x",))]
         credit = assign(dense, _cfg(algo="grpo", min_abs_advantage=0.01, w_info_gain=w),
                         info_gains=[[0.6], [0.1]])
-        assert [t.filtered for t in dense] == expect
-        assert [t.advantage for t in dense] == [0.0, 0.0]
+        assert credit.filtered == expect
+        assert credit.advantage == [0.0, 0.0]
     # b's only credit is negative (its gain was the group's lower one): kept by |A|, not by A
     assert float(credit.per_token[0].max()) > 0.01 > float(credit.per_token[1].max())
     ppo_cfg = _cfg(algo="ppo", gamma=1.0, lam=1.0)
@@ -204,7 +205,7 @@ def test_min_abs_advantage_filter_and_ppo_returns():
     adv = credit.per_token
     assert credit.returns[0][torch.tensor(trajs[0].trained)].tolist() == [1.0] * 4
     assert all(float(a[~torch.tensor(t.trained)].abs().sum()) == 0 for a, t in zip(adv, trajs))
-    assert trajs[0].advantage > 0 > trajs[1].advantage
+    assert credit.advantage[0] > 0 > credit.advantage[1]
 
 
 # -- statistics and checkpoints -------------------------------------------------------------------

@@ -4,8 +4,8 @@ Each credit step (``STEPS``, named by core/config/algorithms.py's registry; ``CR
 algorithm to its step) takes the step's scored trajectories and returns a ``Credit``: per-token
 advantages (one float tensor (T_i,) per trajectory, 0 on untrained tokens), per-turn advantages
 for turn-level methods and PPO's returns, parallel to the trajectories; the trainer hands them on
-to the update and the record. The trajectory's own fields ``traj.advantage`` (its scalar
-advantage) and ``traj.filtered`` (dropped from the update) are set too; ``traj.info`` is left alone.
+to the update and the record, with each trajectory's scalar advantage and whether it is
+filtered out of the update. Credit only returns values: it writes nothing on the trajectories.
 
     outcome                 the algorithm's outcome estimator (grpo, dr_grpo, rloo, loop):
                             the trajectory's advantage on every one of its tokens
@@ -29,7 +29,7 @@ the dense credit is not filtered away, and keeps at least one rollout per rank a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import torch
@@ -53,16 +53,25 @@ class Credit:
     values: list[torch.Tensor | None] | None = None
     """Per-token value estimates (T_i,) before the update, GAE's (PPO): the anchor of the
     optional value clip (``value_clip``); None otherwise."""
+    advantage: list[float] = field(default_factory=list)
+    """Each trajectory's scalar advantage (the outcome estimator's; PPO's mean over its trained
+    tokens), recorded as ``trajectories.advantage``."""
+    filtered: list[bool] = field(default_factory=list)
+    """Whether each trajectory is left out of the update (StarPO-S, LOOP's |A| filter)."""
 
     @classmethod
-    def outcome(cls, per_token: list[torch.Tensor]) -> "Credit":
-        return cls(per_token, [None] * len(per_token), [None] * len(per_token))
+    def outcome(cls, per_token: list[torch.Tensor], advantage: Sequence[float],
+                filtered: Sequence[bool]) -> "Credit":
+        n = len(per_token)
+        return cls(per_token, [None] * n, [None] * n, advantage=list(advantage),
+                   filtered=list(filtered))
 
     def part(self, start: int, stop: int) -> "Credit":
         """The entries of trajectories ``start:stop`` (one rank's share of the batch)."""
         return Credit(self.per_token[start:stop], self.turn_advantages[start:stop],
                       self.returns[start:stop],
-                      self.values[start:stop] if self.values is not None else None)
+                      self.values[start:stop] if self.values is not None else None,
+                      self.advantage[start:stop], self.filtered[start:stop])
 
 
 def _mask(traj: Trajectory) -> torch.Tensor:
@@ -78,10 +87,9 @@ def outcome(trajs: Sequence[Trajectory], cfg, values=None) -> Credit:
     """Group-relative outcome advantage (the registry's estimator for ``cfg.algo``) spread over
     the trajectory's tokens."""
     estimator = algorithms.get(cfg.algo).estimator
-    adv = estimator([t.reward for t in trajs], [t.group_id for t in trajs])  # (B,) float64
-    for t, a in zip(trajs, adv.tolist()):
-        t.advantage = a
-    return Credit.outcome([a * _mask(t).float() for t, a in zip(trajs, adv.tolist())])
+    adv = estimator([t.reward for t in trajs], [t.group_id for t in trajs]).tolist()  # (B,)
+    return Credit.outcome([a * _mask(t).float() for t, a in zip(trajs, adv)], adv,
+                          [t.filtered for t in trajs])
 
 
 def starpo_s(trajs: Sequence[Trajectory], cfg, values=None) -> Credit:
@@ -89,9 +97,7 @@ def starpo_s(trajs: Sequence[Trajectory], cfg, values=None) -> Credit:
     credit = outcome(trajs, cfg)
     rewards, gids = _rewards(trajs)
     keep = starpo_s_keep(rewards, gids, cfg.starpo_keep)
-    for t, k in zip(trajs, keep.tolist()):
-        t.filtered = t.filtered or not k
-    return credit
+    return replace(credit, filtered=[f or not k for f, k in zip(credit.filtered, keep.tolist())])
 
 
 def step_rewards(traj: Trajectory) -> list[float]:
@@ -120,22 +126,21 @@ def gigpo(trajs: Sequence[Trajectory], cfg, values=None) -> Credit:
     only, the episode term Dr. GRPO's)."""
     norm = getattr(cfg, "gigpo_norm", "std")
     episode = (algorithms.grpo if norm == "std" else algorithms.dr_grpo)(
-        [t.reward for t in trajs], [t.group_id for t in trajs])
-    for t, a in zip(trajs, episode.tolist()):
-        t.advantage = a
+        [t.reward for t in trajs], [t.group_id for t in trajs]).tolist()
     steps = gigpo_step_advantages([step_rewards(t) for t in trajs], [anchor_keys(t) for t in trajs],
                                   [t.group_id for t in trajs], gamma=cfg.gigpo_gamma,
                                   normalize="std" if norm == "std" else "mean")
     out, turns = [], []
-    for t, st in zip(trajs, steps):
-        per_turn = [t.advantage + cfg.gigpo_weight * a for a in st]
+    for t, e, st in zip(trajs, episode, steps):
+        per_turn = [e + cfg.gigpo_weight * a for a in st]
         turns.append(per_turn)
         turn_of = torch.tensor(t.token_turn)
         adv = torch.zeros(len(t.token_ids))
         for k, a in enumerate(per_turn):
             adv[(turn_of == k) & _mask(t)] = a
         out.append(adv)
-    return Credit(out, turns, [None] * len(out))
+    return Credit(out, turns, [None] * len(out), advantage=episode,
+                  filtered=[t.filtered for t in trajs])
 
 
 def ppo(trajs: Sequence[Trajectory], cfg, values: Sequence[torch.Tensor] | None = None,
@@ -158,10 +163,9 @@ def ppo(trajs: Sequence[Trajectory], cfg, values: Sequence[torch.Tensor] | None 
         mean, std = trained.mean(), trained.std()
         advs = [torch.where(_mask(t), (a - mean) / (std + 1e-8), torch.zeros_like(a))
                 for a, t in zip(advs, trajs)]
-    for t, a in zip(trajs, advs):
-        m = _mask(t)
-        t.advantage = float(a[m].mean()) if m.any() else 0.0
-    return Credit(advs, [None] * len(advs), rets, [v.detach().float() for v in values])
+    scalar = [float(a[_mask(t)].mean()) if any(t.trained) else 0.0 for t, a in zip(trajs, advs)]
+    return Credit(advs, [None] * len(advs), rets, [v.detach().float() for v in values],
+                  advantage=scalar, filtered=[t.filtered for t in trajs])
 
 
 def _token_rewards(t: Trajectory, mask: torch.Tensor, per_turn: Sequence[float] | None
@@ -222,26 +226,28 @@ def assign(trajs: Sequence[Trajectory], cfg, values=None,
         # trains where a turn signal gave its turns credit (IGPO's answer to zero-variance groups)
         largest = [float(adv[_mask(t)].abs().max()) if any(t.trained) else 0.0
                    for t, adv in zip(trajs, credit.per_token)]
-        drop_small_but_one(trajs, largest, cfg.min_abs_advantage, ranks_of)
+        credit = replace(credit, filtered=drop_small_but_one(
+            credit.filtered, [any(t.trained) for t in trajs], largest, cfg.min_abs_advantage,
+            ranks_of))
     return credit
 
 
-def drop_small_but_one(trajs: Sequence[Trajectory], largest: Sequence[float], threshold: float,
-                       ranks_of: Sequence[int] | None = None) -> None:
+def drop_small_but_one(filtered: Sequence[bool], trained: Sequence[bool],
+                       largest: Sequence[float], threshold: float,
+                       ranks_of: Sequence[int] | None = None) -> list[bool]:
     """LOOP's |A| filter (apple/ml-loop ``_filter_rollouts``): a rollout whose largest |A| is
     below ``threshold`` is filtered; but every rank keeps at least one rollout, as LOOP rounds
     the kept count up to a multiple of the world size: where the filter would leave a rank's
     update empty, that rank's rollout of the largest |A| (with trained tokens, not filtered
-    before) is kept."""
+    before) is kept. Returns each rollout's new filtered flag (``filtered`` stays filtered;
+    ``trained``: whether it has trained tokens)."""
     keep = drop_small(torch.tensor(largest, dtype=torch.float64), threshold).tolist()
-    ranks_of = list(ranks_of) if ranks_of is not None else [0] * len(trajs)
+    ranks_of = list(ranks_of) if ranks_of is not None else [0] * len(filtered)
     for rank in dict.fromkeys(ranks_of):
-        mine = [i for i, r in enumerate(ranks_of) if r == rank
-                and not trajs[i].filtered and any(trajs[i].trained)]
+        mine = [i for i, r in enumerate(ranks_of) if r == rank and not filtered[i] and trained[i]]
         if mine and not any(keep[i] for i in mine):
             keep[max(mine, key=lambda i: largest[i])] = True
-    for t, k in zip(trajs, keep):
-        t.filtered = t.filtered or not k
+    return [f or not k for f, k in zip(filtered, keep)]
 
 
 def add_info_gain(credit: Credit, trajs: Sequence[Trajectory],
@@ -303,9 +309,10 @@ def _add_per_turn(credit: Credit, trajs: Sequence[Trajectory], dense: list[list[
     """``credit`` with weight x dense[i][k] added to turn k's trained tokens of trajectory i
     and to its recorded turn advantage."""
     per_token, turns = [], []
-    for t, adv, base, d in zip(trajs, credit.per_token, credit.turn_advantages, dense):
+    for t, adv, base, d, scalar in zip(trajs, credit.per_token, credit.turn_advantages, dense,
+                                       credit.advantage):
         adv = adv.clone()
-        per_turn = list(base) if base is not None else [t.advantage] * t.num_turns
+        per_turn = list(base) if base is not None else [scalar] * t.num_turns
         turn_of, mask = torch.tensor(t.token_turn), _mask(t)
         for k, a in enumerate(d[:len(per_turn)]):
             adv[(turn_of == k) & mask] += weight * a

@@ -25,6 +25,17 @@ class TurnValues:
     prm_scores: list
     rows: list[dict] = field(default_factory=list)
     metrics: dict = field(default_factory=dict)
+    info_gain_totals: dict[str, float] = field(default_factory=dict)
+    """Trajectory id -> its sum of gains: the ``info_gain`` reward component the run records
+    (outside the weighted total)."""
+
+
+@dataclass
+class _Signal:
+    """One signal's values per trajectory, its ``turn_signals`` rows and metrics."""
+    values: list
+    rows: list[dict] = field(default_factory=list)
+    metrics: dict = field(default_factory=dict)
 
 
 class TurnCredit:
@@ -63,40 +74,40 @@ class TurnCredit:
 
     def measure(self, own: list) -> TurnValues:
         """Every signal of this rank's scored trajectories ``own``."""
-        cfg, rows, metrics = self.cfg, [], {}
-        gains = self._info_gain(own, rows, metrics)
+        cfg = self.cfg
+        gains, totals = self._info_gain(own)
         # SPA's progress head and the PRM read the same hidden states at each action's end
         feats = spa.features(self.policy, own) if cfg.w_spa > 0 or cfg.w_prm > 0 else None
-        contributions, spa_metrics = self._progress(own, rows, feats)
-        prm_scores, prm_metrics = self._prm(own, rows, feats)
-        return TurnValues(gains, contributions, prm_scores, rows,
-                          {**metrics, **spa_metrics, **prm_metrics})
+        progress, scores = self._progress(own, feats), self._prm(own, feats)
+        signals = (gains, progress, scores)
+        return TurnValues(gains.values, progress.values, scores.values,
+                          [row for sig in signals for row in sig.rows],
+                          {k: v for sig in signals for k, v in sig.metrics.items()}, totals)
 
-    def _info_gain(self, own: list, rows: list, metrics: dict) -> list:
-        """Each trajectory's per-turn information gains (core/credit/info_gain.py; None where its task
-        has no gold answer or it is off); the trajectory's sum becomes its ``info_gain`` reward
-        component and every turn's answer_prob / info_gain goes to ``turn_signals``."""
+    def _info_gain(self, own: list) -> tuple[_Signal, dict[str, float]]:
+        """Each trajectory's per-turn information gains (core/credit/info_gain.py; None where its
+        task has no gold answer or it is off), every turn's answer_prob / info_gain as
+        ``turn_signals`` rows, and each trajectory's sum of gains (its ``info_gain`` reward
+        component)."""
         cfg = self.cfg
         if not (cfg.record_info_gain or cfg.w_info_gain > 0):
-            return [None] * len(own)
+            return _Signal([None] * len(own)), {}
         signals = info_gain.measure(self.policy, own, kind=cfg.info_gain_type)
-        for t in own:
-            if t.traj_id in signals:
-                t.rewards["info_gain"] = signals[t.traj_id].total
-        rows += info_gain.signal_rows(own, signals)
         skipped = sum(s.skipped for s in signals.values())
-        if skipped:  # a NaN read skips its turn, not the step; the count says it happened
-            metrics["info_gain/skipped_turns"] = float(skipped)
-        return [signals[t.traj_id].gains if t.traj_id in signals else None for t in own]
+        # a NaN read skips its turn, not the step; the count says it happened
+        metrics = {"info_gain/skipped_turns": float(skipped)} if skipped else {}
+        gains = [signals[t.traj_id].gains if t.traj_id in signals else None for t in own]
+        totals = {traj_id: s.total for traj_id, s in signals.items()}
+        return _Signal(gains, info_gain.signal_rows(own, signals), metrics), totals
 
-    def _progress(self, own: list, rows: list, feats: list | None) -> tuple[list, dict]:
+    def _progress(self, own: list, feats: list | None) -> _Signal:
         """SPA: fit the progress head on every rank's trajectories and outcomes, then each own
         trajectory's per-turn contributions (core/credit/progress.py; None where it has none or
         w_spa is 0), recorded in ``turn_signals`` as ``progress``; and the fit's metrics
         (``spa/sum_gap_max``: the largest |sum_t c_t - R| over the fitted batch)."""
         cfg = self.cfg
         if cfg.w_spa <= 0:
-            return [None] * len(own), {}
+            return _Signal([None] * len(own))
         if self.spa_model is None:
             self.spa_model = spa.ProgressModel(self.policy.base.config.hidden_size, l2=cfg.spa_l2)
         all_feats = self._everyone(feats)
@@ -105,23 +116,23 @@ class TurnCredit:
         gaps = [abs(sum(c) - r) for c, r in zip(self.spa_model.predict(all_feats), outcomes)
                 if c is not None]
         contributions = self.spa_model.predict(feats)
-        rows += spa.signal_rows(own, contributions)
-        return contributions, {"spa/loss_before": fit.loss_before, "spa/loss_after": fit.loss_after,
-                               "spa/sum_gap_max": max(gaps, default=0.0)}
+        return _Signal(contributions, spa.signal_rows(own, contributions),
+                       {"spa/loss_before": fit.loss_before, "spa/loss_after": fit.loss_after,
+                        "spa/sum_gap_max": max(gaps, default=0.0)})
 
-    def _prm(self, own: list, rows: list, feats: list | None) -> tuple[list, dict]:
+    def _prm(self, own: list, feats: list | None) -> _Signal:
         """AgentPRM: Monte-Carlo labels of this rank's groups (whole on each rank), the head
         fitted on every rank's labels, then its score of every own turn (core/credit/prm.py;
         None where none or w_prm is 0), recorded in ``turn_signals`` as ``q`` and ``prm``; and
         the fit's and the labels' pooling metrics (``prm.pooling``, over every rank's labels)."""
         cfg = self.cfg
         if cfg.w_prm <= 0:
-            return [None] * len(own), {}
+            return _Signal([None] * len(own))
         if self.prm_model is None:
             self.prm_model = prm.PrmModel(self.policy.base.config.hidden_size, l2=cfg.spa_l2)
         labels = prm.labels_for(own, gamma=cfg.prm_gamma)
         fit = self.prm_model.fit(self._everyone(feats), self._everyone(labels.values))
         scores = self.prm_model.predict(feats)
-        rows += prm.signal_rows(own, labels.values, scores)
-        return scores, {"prm/loss_before": fit.loss_before, "prm/loss_after": fit.loss_after,
-                        **prm.pooling(self._everyone(labels.counts))}
+        return _Signal(scores, prm.signal_rows(own, labels.values, scores),
+                       {"prm/loss_before": fit.loss_before, "prm/loss_after": fit.loss_after,
+                        **prm.pooling(self._everyone(labels.counts))})

@@ -241,6 +241,9 @@ class _Run:
         # -- rewards
         score_all(own, cfg)
         turns = self.turn_credit.measure(own)  # information gain, SPA progress, PRM scores
+        for t in own:  # the sum of gains is recorded as a reward component (not in the total)
+            if t.traj_id in turns.info_gain_totals:
+                t.rewards["info_gain"] = turns.info_gain_totals[t.traj_id]
         record.results.turn_signals += turns.rows
         t2 = time.perf_counter()
         # -- advantages, over every rank's trajectories
@@ -275,6 +278,10 @@ class _Run:
         credit = assign(trajs, self.cfg, [b[1] for b in batch] if critic else None,
                         info_gains=[b[2] for b in batch], progress=[b[3] for b in batch],
                         prm=[b[4] for b in batch], ranks_of=[b[5] for b in batch])
+        for t, a, f in zip(trajs, credit.advantage, credit.filtered):
+            # the record's and the update's per-trajectory credit: credit returns it, the run
+            # puts it on the trajectories it records and trains on
+            t.advantage, t.filtered = a, f
         return credit.part(first, first + len(own)), trajs
 
     def _rl_metrics(self, trajs: list, result, rollout_s: float, reward_s: float,
