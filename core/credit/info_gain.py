@@ -37,6 +37,7 @@ from typing import Sequence
 
 import torch
 
+from core.model.policy import token_logprobs
 from core.rollout.trajectory import Trajectory
 
 ANSWER_OPEN = "<answer>"
@@ -156,8 +157,6 @@ def measure(policy, trajs: Sequence[Trajectory], batch: int = BATCH,
     ``packed`` (default: where the attention allows it) reads all turns of a trajectory in one
     sequence (``pack``); otherwise each turn's context is its own row. Both give the same
     probabilities up to float rounding. ``kind``: how gains are differenced (``turn_gains``)."""
-    from core.model.policy import token_logprobs  # torch-heavy; imported where used
-
     tok = policy.tokenizer
     open_ids = tok.encode(ANSWER_OPEN, add_special_tokens=False)
     if packed is None:
