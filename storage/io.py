@@ -2,7 +2,8 @@
 
     python -m storage.io import FILE --db PATH [--format jsonl|verl|trl|inspect|messages]
                                     [--run-name NAME] [--run-id ID] [--replace]
-    python -m storage.io follow DIR --db PATH --format verl|trl|jsonl [--run-id ID] [--poll S]
+    python -m storage.io follow DIR --db PATH --format verl|trl|jsonl|messages|inspect
+                                    [--run-id ID] [--poll S]
     python -m storage.io export --db PATH --run RUN_ID --out FILE [--format jsonl|parquet]
                                 [--partitioned] [--split S] [--success true|false]
                                 [--failure-class C] [--step-min N] [--step-max N]
@@ -32,8 +33,8 @@ it is never left ``running``. Rows pass the recorder's cleaning (storage/recorde
 way in. Exit status 1 if any line failed, 2 if nothing could be read or the import stopped.
 
 Follow (storage/ingest/follow.py) watches a directory another trainer writes into (verl's
-``rollout_data_dir``, TRL's completions folder, an agent loop's JSONL) and imports each new
-complete file or line as it appears, until Ctrl-C.
+``rollout_data_dir``, TRL's completions folder, an agent loop's JSONL or messages, an Inspect AI
+log directory) and imports each new complete file, line or sample as it appears, until Ctrl-C.
 
 Export (storage/export.py) writes one run, or a filtered selection of its trajectories, as
 generic JSONL (export -> import round trips), as one flattened Parquet file, or with
@@ -53,7 +54,7 @@ import time
 import duckdb
 
 from storage import db, export
-from storage.ingest.files import FORMATS, IMPORT_FORMATS, import_runs
+from storage.ingest.files import IMPORT_FORMATS, import_runs
 from storage.ingest.follow import follow
 from storage.interchange import MAX_LINE_BYTES
 from storage.recorder import check_run_id, clean_text
@@ -84,12 +85,15 @@ def _parser() -> argparse.ArgumentParser:
                      help="replace trajectories already in the run (default: skip them)")
     imp.add_argument("--max-line-bytes", type=int, default=MAX_LINE_BYTES)
     fol = sub.add_parser("follow", help="import each new complete file of DIR as it appears, "
-                                        "until Ctrl-C (verl rollout dumps, TRL completions, JSONL)")
+                                        "until Ctrl-C (verl rollout dumps, TRL completions, "
+                                        "JSONL, messages, Inspect AI logs)")
     fol.add_argument("dir", help="the directory the other trainer writes into")
     fol.add_argument("--db", required=True, help="the DuckDB store (created if missing)")
-    fol.add_argument("--format", choices=FORMATS, required=True)
-    fol.add_argument("--run-name", help="name shown in the app (default: the directory's name)")
-    fol.add_argument("--run-id", help="run to import into (default: the one `import DIR` uses)")
+    fol.add_argument("--format", choices=IMPORT_FORMATS, required=True)
+    fol.add_argument("--run-name", help="name shown in the app (default: the directory's name; "
+                                        "Inspect: the task and model)")
+    fol.add_argument("--run-id", help="run to import into (default: the one `import DIR` uses; "
+                                      "Inspect: the base of one run per task and model)")
     fol.add_argument("--poll", type=float, default=1.0, help="seconds between looks (default 1)")
     fol.add_argument("--max-line-bytes", type=int, default=MAX_LINE_BYTES,
                      help="a longer line fails alone, with a message (default 16 MiB)")

@@ -10,7 +10,8 @@ the generic JSONL format itself is storage/interchange.py, which export writes t
     zip_members     bounded reading of zip members
     import_batch    each batch written in one transaction; an import's run row
     report          what an import did
-    follow          follow a folder another trainer writes into (tail, feed, pollers)
+    follow          follow a folder another trainer writes into (tail, feed, pollers;
+                    follow_logs: Inspect logs as an evaluation writes them)
 """
 from storage.ingest.files import FORMATS, IMPORT_FORMATS, guess_format, import_file, import_runs
 from storage.ingest.follow import follow

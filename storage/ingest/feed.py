@@ -7,7 +7,8 @@ Memory: lines come one at a time (storage/ingest/tail.py) and a batch is written
 ``BATCH_RECORDS`` records or ``BATCH_BYTES`` bytes of input, so what is held is one batch and one
 line, however large the range or the file.
 Ids and steps are the ones ``python -m storage.io import`` gives the same file (storage/ingest/dumps.py):
-verl ``{stem}:{line}``, TRL ``{stem}:{row}``, the step from the last number in the name.
+verl ``{stem}:{line}``, TRL ``{stem}:{row}``, the step from the last number in the name;
+``messages`` ``{stem}:{byte offset}`` (storage/ingest/messages.py).
 """
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ from storage.failures import classify
 from storage.ingest import tail
 from storage.ingest.dumps import trl_record, verl_record
 from storage.ingest.import_batch import write_batch
+from storage.ingest.messages import messages_record
 from storage.interchange import LineError, parse_json, to_rows, validate
 
+APPENDED = ("jsonl", "messages")  # formats followed a complete line at a time
 BATCH_RECORDS = 200
 BATCH_BYTES = 8 << 20
 Item = tuple[str, Any, int]  # (where, record or LineError, bytes of input it came from)
@@ -35,9 +38,12 @@ def step_of(stem: str) -> int:
 
 
 def jsonl_items(fd: int, start: int, stop: int, max_line_bytes: int, until: int,
-                progress: list) -> Iterator[Item]:
+                progress: list, record: Callable[[Any, int], Any] | None = None
+                ) -> Iterator[Item]:
     """Generic JSONL records of ``[start, stop)``, ending with the line that reaches ``until``;
-    ``progress`` is kept at [end offset of the last line taken, mark of the file up to it]."""
+    ``progress`` is kept at [end offset of the last line taken, mark of the file up to it].
+    ``record(obj, offset)`` turns each parsed line into the generic record (another format's
+    lines), or raises LineError."""
     marker = tail.Marker(fd, start)
     for at, end, line in tail.lines(fd, start, stop, max_line_bytes, marker.add):
         progress[:] = [end, marker.mark(end)]
@@ -45,9 +51,30 @@ def jsonl_items(fd: int, start: int, stop: int, max_line_bytes: int, until: int,
             yield (f"byte {at}", LineError(f"line longer than the limit of {max_line_bytes} "
                                            "bytes (--max-line-bytes)"), end - at)
         elif line.strip():
-            yield f"byte {at}", parse_json(line), len(line)
+            yield f"byte {at}", _converted(parse_json(line), at, record), len(line)
         if end >= until:
             return
+
+
+def _converted(obj: Any, at: int, record: Callable[[Any, int], Any] | None) -> Any:
+    if record is None or isinstance(obj, LineError):
+        return obj
+    try:
+        return record(obj, at)
+    except LineError as exc:
+        return exc
+
+
+def appended_items(fmt: str, fd: int, name: str, start: int, stop: int, max_line_bytes: int,
+                   until: int, progress: list) -> Iterator[Item]:
+    """``jsonl_items`` of a file appended line by line in ``fmt`` (``APPENDED``): generic JSONL,
+    or OpenAI-style conversations (storage/ingest/messages.py) with the trajectory ids
+    ``import`` gives them, ``{file stem}:{byte offset of the line}``."""
+    if fmt == "jsonl":
+        return jsonl_items(fd, start, stop, max_line_bytes, until, progress)
+    stem = Path(name).stem
+    return jsonl_items(fd, start, stop, max_line_bytes, until, progress,
+                       lambda obj, at: messages_record(obj, f"{stem}:{at}"))
 
 
 def verl_items(fd: int, name: str, size: int, max_line_bytes: int) -> Iterator[Item]:

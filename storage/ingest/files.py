@@ -26,21 +26,26 @@ IMPORT_READERS = {**READERS, "messages": read_messages}
 INSPECT_JSON = re.compile(rb'^\s*\{\s*"version"\s*:\s*\d+\s*,\s*"status"\s*:')
 
 
+def _inspect_json(path: Path) -> bool:
+    """Whether a ``.json`` file starts as an Inspect log does: {"version": 2, "status": ..."""
+    try:
+        with open(path, "rb") as f:
+            return bool(INSPECT_JSON.match(f.read(256)))
+    except OSError:
+        return False
+
+
 def guess_format(source: Path) -> str:
     if source.is_dir():
         if any(source.rglob("completions_*.parquet")):
             return "trl"
-        if any(source.rglob("*.eval")):
+        if any(source.rglob("*.eval")) or any(map(_inspect_json, source.rglob("*.json"))):
             return "inspect"
         return "verl"
     if source.suffix == ".parquet":
         return "trl"
-    if source.suffix == ".eval":
+    if source.suffix == ".eval" or (source.suffix == ".json" and _inspect_json(source)):
         return "inspect"
-    if source.suffix == ".json":
-        with open(source, "rb") as f:  # an Inspect JSON log starts {"version": 2, "status": ...
-            if INSPECT_JSON.match(f.read(256)):
-                return "inspect"
     for _, obj in read_json_lines(source):  # sniff the first line
         if isinstance(obj, dict) and {"input", "output", "score"} <= obj.keys() \
                 and "traj_id" not in obj:

@@ -1,7 +1,8 @@
 """Follow a directory another trainer writes into and import each new complete file, live.
 
-    python -m storage.io follow DIR --db PATH --format {verl,trl,jsonl} [--run-id ID]
-                                [--run-name NAME] [--poll SECONDS] [--max-line-bytes N]
+    python -m storage.io follow DIR --db PATH --format {verl,trl,jsonl,messages,inspect}
+                                [--run-id ID] [--run-name NAME] [--poll SECONDS]
+                                [--max-line-bytes N]
 
 * ``verl``: ``DIR`` is ``trainer.rollout_data_dir``; each ``{step}.jsonl`` (storage/ingest/dumps.py's
   verl reader) is imported once it is complete.
@@ -9,6 +10,9 @@
   ``completions_*.parquet`` once complete.
 * ``jsonl``: generic JSONL (storage/interchange.py) appended by any agent loop, one or more
   ``*.jsonl`` files in ``DIR``; each new *complete line* is imported as soon as it is there.
+* ``messages``: OpenAI-style conversations (storage/ingest/messages.py), followed as ``jsonl``.
+* ``inspect``: an Inspect AI log directory; each log's samples as Inspect writes them, one run
+  per task and model (storage/ingest/follow_logs.py: its own rules, and where they differ).
 
 Only files directly in ``DIR`` are watched, and only those whose real path is inside ``DIR``: a
 link pointing out of it is never opened (said once). Everything goes into one run, by default the
@@ -67,14 +71,16 @@ from typing import Callable
 from storage import db
 
 from storage.ingest import feed, tail
-from storage.ingest.import_batch import finish_import
+from storage.ingest.follow_logs import LogPoller, is_log
+from storage.ingest.import_batch import finish_import, refuse_foreign, run_source
 from storage.interchange import MAX_LINE_BYTES
 from storage.migrations import prepare
 from storage.ingest.pollers import MAX_TRIES, Pollers, Tracked
 from storage.ingest.report import ImportReport, default_run_id
 from storage.recorder import check_run_id, clean_text, now
 
-PATTERNS = {"verl": "*.jsonl", "trl": "completions_*.parquet", "jsonl": "*.jsonl"}
+PATTERNS = {"verl": ("*.jsonl",), "trl": ("completions_*.parquet",), "jsonl": ("*.jsonl",),
+            "messages": ("*.jsonl",), "inspect": ("*.eval", "*.json")}
 HEARTBEAT_S = 30.0
 
 
@@ -98,10 +104,15 @@ class FollowReport:
                 f"-> run {self.run_id}")
 
 
-def _latest_sources(db_path, run_id: str) -> list[str]:
+def _latest_sources(db_path, run_id: str, fmt: str) -> list[tuple[str, str]]:
+    """(run, source) of the run's imports, oldest first; for ``inspect`` those of every run of
+    the directory (``{base}-{task}-{model}-{hash}``, storage/ingest/inspect_import.py)."""
+    where = "run_id = ?" if fmt != "inspect" else \
+        "starts_with(run_id, ? || '-') AND format = 'inspect'"
+    base = run_id if fmt != "inspect" else run_id[:70]
     with db.reading(db_path) as con:
-        return [r[0] for r in con.execute("SELECT source FROM imports WHERE run_id = ? "
-                                          "ORDER BY imported_at, rowid", [run_id]).fetchall()]
+        return con.execute(f"SELECT run_id, source FROM imports WHERE {where} "
+                           "ORDER BY imported_at, rowid", [base]).fetchall()
 
 
 def _set_running(db_path, run_id: str, status: str = "running") -> None:
@@ -110,14 +121,13 @@ def _set_running(db_path, run_id: str, status: str = "running") -> None:
                     "WHERE run_id = ? AND source LIKE 'import%'", [status, now(), run_id])
 
 
-class Follower(Pollers):
+class Follower(Pollers, LogPoller):
     """Polls ``directory`` and imports what is complete; ``poll_once`` does one round."""
 
     def __init__(self, directory, db_path, fmt: str, run_id: str | None = None,
                  run_name: str | None = None, log: Callable[[str], None] = print,
                  max_line_bytes: int = MAX_LINE_BYTES,
                  should_stop: Callable[[], bool] = lambda: False):
-        from storage.ingest.import_batch import refuse_foreign, run_source
         if fmt not in PATTERNS:
             raise ValueError(f"unknown format {fmt!r}; expected one of {tuple(PATTERNS)}")
         if not max_line_bytes > 0:
@@ -129,6 +139,8 @@ class Follower(Pollers):
         self.should_stop = should_stop
         self.run_id = check_run_id(run_id) if run_id else default_run_id(self.dir)
         self.run_name = run_name or self.dir.resolve().name
+        self.given_name = run_name  # Inspect: else each run is named by its task and model
+        self.run_ids = {self.run_id} if fmt != "inspect" else set()  # marked finished at the end
         self.report = FollowReport(self.run_id)
         self.seen: dict[str, tuple] = {}       # name -> (identity, key) at the last poll
         self.tries: dict[str, int] = {}
@@ -138,12 +150,13 @@ class Follower(Pollers):
         self.store = tail.identity(os.stat(db_path))
         refuse_foreign(self.run_id, run_source(db_path, self.run_id))  # never a trainer's run
         self.files: dict[str, Tracked] = {}
-        for source in _latest_sources(db_path, self.run_id):  # the latest row of a file wins
-            parsed = tail.parse_source(source)
+        for rid, source in _latest_sources(db_path, self.run_id, fmt):  # a file's latest row
+            parsed = tail.parse_source(source)                           # wins
             if parsed:
                 name, _, end, check = parsed
                 self.files[name] = Tracked(offset=end, check=check, scanned=end)
-            elif fmt != "jsonl":
+                self.run_ids.add(rid)
+            elif fmt not in feed.APPENDED + ("inspect",):
                 self.files[source] = Tracked(offset=None)
 
     def close(self) -> None:
@@ -180,7 +193,7 @@ class Follower(Pollers):
         self.check_store()
         root, made, present = self._root(), 0, set()
         try:
-            paths = sorted(self.dir.glob(PATTERNS[self.fmt]), key=_order) if root else []
+            paths = sorted(self._listing(), key=_order) if root else []
         except OSError:
             paths = []  # DIR went while it was listed: said at the next poll
         for path in paths:
@@ -198,7 +211,8 @@ class Follower(Pollers):
                 continue
             present.add(path.name)
             try:
-                poll = self._poll_appended if self.fmt == "jsonl" else self._poll_whole
+                poll = self._poll_appended if self.fmt in feed.APPENDED else \
+                    self._poll_log if self.fmt == "inspect" else self._poll_whole
                 made += poll(path, st, root)
             except OSError as exc:  # an unreadable file (EIO, a permission) does not stop the rest
                 self._tell_once(path.name, f"not read: {exc}")
@@ -235,9 +249,10 @@ class Follower(Pollers):
         self.report.failed += report.failed
         for line in report.errors[:5]:
             self._error(name, line)
-        if report.lines == 0 and self.fmt != "jsonl":  # (a range of blank lines is no error)
+        appended = self.fmt in feed.APPENDED
+        if report.lines == 0 and not appended:  # (a range of blank lines is no error)
             self._error(name, "no records in it")
-        label = f"{name} bytes {start}-{end}" if self.fmt == "jsonl" else name
+        label = f"{name} bytes {start}-{end}" if appended else name
         self.log(clean_text(f"imported {label}: {report.imported} new, {report.skipped} "
                             f"already present, {report.failed} failed"))
         return 1
@@ -253,12 +268,22 @@ class Follower(Pollers):
             self.report.errors.append(text)
         self.log(f"error: {text}")
 
+    def _listing(self) -> list[Path]:
+        found = {p for pattern in PATTERNS[self.fmt] for p in self.dir.glob(pattern)}
+        return [p for p in found if self.fmt != "inspect" or is_log(p)]
+
+    def mark_runs(self, status: str) -> None:
+        """Every run this follower writes into (Inspect: one per task and model) ``status``."""
+        for run_id in sorted(self.run_ids):
+            _set_running(self.db, run_id, status)
+
     def finish(self) -> None:
         try:
             self.check_store()
-            _set_running(self.db, self.run_id, "finished")
+            self.mark_runs("finished")
         except (db.StoreError, StoreGone) as exc:
-            self.log(f"error: could not mark run {self.run_id} finished: {exc}")
+            self.log(f"error: could not mark the run(s) {', '.join(sorted(self.run_ids))} "
+                     f"finished: {exc}")
 
 
 def _order(path: Path) -> tuple:
@@ -276,7 +301,8 @@ def follow(directory, db_path, fmt: str, run_id: str | None = None, run_name: st
         raise ValueError(f"--poll must be a positive number of seconds, got {poll_s}")
     follower = Follower(directory, db_path, fmt, run_id, run_name, log, max_line_bytes,
                         should_stop)
-    log(f"following {follower.dir} ({fmt}: {PATTERNS[fmt]}) into {db_path}, run "
+    runs = "runs under" if fmt == "inspect" else "run"
+    log(f"following {follower.dir} ({fmt}: {' '.join(PATTERNS[fmt])}) into {db_path}, {runs} "
         f"{follower.run_id}; Ctrl-C to stop")
     beat = time.monotonic()
     try:
@@ -284,7 +310,7 @@ def follow(directory, db_path, fmt: str, run_id: str | None = None, run_name: st
             follower.poll_once()
             if time.monotonic() - beat > HEARTBEAT_S and follower.report.files:
                 follower.check_store()
-                _set_running(db_path, follower.run_id)
+                follower.mark_runs("running")
                 beat = time.monotonic()
             deadline = time.monotonic() + poll_s
             while not should_stop() and time.monotonic() < deadline:
@@ -296,4 +322,6 @@ def follow(directory, db_path, fmt: str, run_id: str | None = None, run_name: st
         if not follower.report.stopped and (follower.report.files or follower.files):
             follower.finish()
         follower.close()
+    if fmt == "inspect" and follower.run_ids:  # the summary names the runs of its logs
+        follower.report.run_id = ", ".join(sorted(follower.run_ids))
     return follower.report

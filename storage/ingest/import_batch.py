@@ -147,7 +147,9 @@ mismatch of the steps whose tokens carry both the sampler's and the trainer's lo
 def finish_import(db_path, run_id, fmt, run, report, stopped: str | None = None,
                    live: bool = False) -> None:
     """Provenance row, config, metrics and final status (``failed`` with the reason if the
-    import ``stopped``) of a run that imports created."""
+    import ``stopped``) of a run that imports created. The config is written when this import
+    created the run, or when ``run["refresh_config"]`` says the input describes the run as it is
+    now (a followed Inspect log: storage/ingest/inspect_import.py ``import_log``)."""
     with db.writing(db_path) as con:
         row = con.execute("SELECT coalesce(source, 'trainer') FROM runs WHERE run_id = ?",
                           [run_id]).fetchone()
@@ -157,7 +159,7 @@ def finish_import(db_path, run_id, fmt, run, report, stopped: str | None = None,
             _ensure_run(con, run_id, fmt, run)  # stopped before its first write: still recorded
         elif not row[0].startswith("import"):
             return  # never touch a run the trainer recorded (refused before any write)
-        if run["created"] and run["config"]:
+        if (run["created"] or run.get("refresh_config")) and run["config"]:
             config = {"env": "unknown", "model": "unknown", "algo": "unknown", **run["config"]}
             con.execute("UPDATE runs SET config = ? WHERE run_id = ?", [to_json(config), run_id])
         con.execute("DELETE FROM metrics WHERE run_id = ?", [run_id])

@@ -31,6 +31,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from storage import db
 from storage.failures import classify
@@ -114,14 +115,8 @@ def import_inspect(source, db_path, run_name: str | None = None, run_id: str | N
                 result.errors.append(clean_text(f"{path.name}: could not be read: {exc}"))
                 continue
             with log:
-                state = _state(runs, log, source, db_path, run_name, run_id, run_base)
-                prefix = f"{log.spec.get('eval_id') or path.stem}/" if run_base else ""
-                for where, sample in log.samples():
-                    _one(state, where, sample, log, prefix, classify)
-                    if len(state.batch) >= batch_size or state.tokens >= MAX_BATCH_TOKENS:
-                        _flush(db_path, state, replace)
-                state.metrics = log_metrics(log)
-                _flush(db_path, state, replace)
+                state = _state(runs, log, source.name, db_path, run_name, run_id, run_base)
+                _read(db_path, state, log, _prefix(log, run_base), replace, batch_size)
     except RunNotImportable:
         raise
     except BaseException as exc:
@@ -138,14 +133,52 @@ def import_inspect(source, db_path, run_name: str | None = None, run_id: str | N
     return result
 
 
-def _state(runs, log, source, db_path, run_name, run_id, run_base) -> _Run:
+def import_log(log: InspectLog, db_path, run_base: str, source: str,
+               run_name: str | None = None, skip: frozenset[str] | set[str] = frozenset(),
+               check: Callable[[], None] = lambda: None) -> ImportReport:
+    """One open log into its (task, model) run under ``run_base``, as ``import DIR`` would, and
+    left ``running``: a follower's import (storage/ingest/follow_logs.py). ``source`` names it
+    in the ``imports`` row; samples whose key is in ``skip`` are not read; ``check`` runs before
+    each write (is the store still the one the follower started with). Samples already in the
+    run are skipped; the run's config is the log's as it is now (the finished log's results
+    replace a running one's). An error stops it where it is: what was written stays, and the
+    run stays ``running`` for the follower's next try."""
+    state = _state({}, log, source, db_path, run_name, None, run_base)
+    state.run["refresh_config"] = True
+    _read(db_path, state, log, _prefix(log, run_base), False, 200, skip, check)
+    check()
+    finish_import(db_path, state.report.run_id, FMT, state.run, state.report, live=True)
+    write_metrics(db_path, state.report.run_id, state.metrics)
+    return state.report
+
+
+def _prefix(log: InspectLog, run_base: str | None) -> str:
+    """Trajectory ids of a directory's logs carry the eval id (two logs, a retry, keep both)."""
+    return f"{log.spec.get('eval_id') or log.path.stem}/" if run_base else ""
+
+
+def _read(db_path, state: _Run, log: InspectLog, prefix: str, replace: bool, batch_size: int,
+          skip: frozenset[str] | set[str] = frozenset(),
+          check: Callable[[], None] = lambda: None) -> None:
+    """Every sample of ``log`` (but those in ``skip``) into ``state``'s run, in batches."""
+    for where, sample in log.samples(skip):
+        _one(state, where, sample, log, prefix, classify)
+        if len(state.batch) >= batch_size or state.tokens >= MAX_BATCH_TOKENS:
+            check()
+            _flush(db_path, state, replace)
+    state.metrics = log_metrics(log)
+    check()
+    _flush(db_path, state, replace)
+
+
+def _state(runs, log, source: str, db_path, run_name, run_id, run_base) -> _Run:
     key = (log.task, log.model)
     if key not in runs:
         rid = group_run_id(run_base, *key) if run_base else \
-            check_run_id(run_id) if run_id else default_run_id(source)
+            check_run_id(run_id) if run_id else default_run_id(log.path)
         refuse_foreign(rid, run_source(db_path, rid))  # before this run's first write
         name = run_name or f"{log.task} · {log.model}"
-        runs[key] = _Run(ImportReport(rid, source.name, FMT),
+        runs[key] = _Run(ImportReport(rid, source, FMT),
                          {"name": name, "config": _config(log), "created": False})
     else:
         runs[key].run["config"] = _config(log)  # the latest log of a task and model describes it

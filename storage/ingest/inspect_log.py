@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any, Iterator
@@ -212,38 +213,56 @@ def sample_record(sample: Any, log: "InspectLog", prefix: str = "") -> dict:
 class InspectLog:
     """One log file: its header (``spec``, ``plan``, ``results``, ``stats``, ``status``) on
     opening, its samples one at a time from ``samples()``. ValueError (ZipError) if the file
-    as a whole cannot be read."""
+    as a whole cannot be read. ``fp``: the file already open (a follower's), closed with the
+    log; ``path`` then names it. ``keys``: the samples ``samples()`` came to, read or skipped
+    (``{id}_epoch_{epoch}``)."""
 
     def __init__(self, path, max_member_bytes: int = MAX_MEMBER_BYTES,
-                 max_total_bytes: int = MAX_TOTAL_BYTES, max_json_bytes: int = MAX_JSON_LOG_BYTES):
+                 max_total_bytes: int = MAX_TOTAL_BYTES, max_json_bytes: int = MAX_JSON_LOG_BYTES,
+                 fp=None):
         self.path, self.archive, self._inline = Path(path), None, None
+        self.keys: set[str] = set()
         if self.path.suffix == ".json":
-            header = self._read_json(max_json_bytes)
+            with fp if fp is not None else open(self.path, "rb") as f:
+                header = self._read_json(f, max_json_bytes)
         else:
-            self.archive = Archive(self.path, max_member_bytes, max_total_bytes)
+            self.archive = Archive(self.path, max_member_bytes, max_total_bytes, fp)
             header = self._eval_header()
         if not isinstance(header.get("eval"), dict):
+            self.close()
             raise ValueError(f"{self.path.name}: not an Inspect log (no 'eval' object)")
         self.spec, self.plan = header["eval"], header.get("plan")
-        self.results, self.stats = header.get("results"), header.get("stats")
+        self.results, self.stats = (v if isinstance(v, dict) else None  # a hostile header's
+                                    for v in (header.get("results"), header.get("stats")))
         self.status = header.get("status", "started")
         self.task, self.model = str(self.spec.get("task")), str(self.spec.get("model"))
         self.primary = primary_scorer(self.spec, self.results)
 
-    def _read_json(self, limit: int) -> dict:
-        size = self.path.stat().st_size
+    def _read_json(self, f, limit: int) -> dict:
+        size = os.fstat(f.fileno()).st_size
         if size > limit:
             raise ValueError(f"{self.path.name}: {size} bytes, over the limit of {limit} for a "
                              "JSON log (read whole): convert it to .eval with `inspect log "
                              "convert --to eval` and import that")
         try:
-            obj = json.loads(self.path.read_bytes())
+            obj = json.loads(f.read(limit + 1))
         except (ValueError, RecursionError) as exc:
             raise ValueError(f"{self.path.name}: not valid JSON ({exc})") from None
         if not isinstance(obj, dict):
             raise ValueError(f"{self.path.name}: not an Inspect log (not a JSON object)")
         self._inline = obj.pop("samples", None) or []
+        if not isinstance(self._inline, list):
+            raise ValueError(f"{self.path.name}: 'samples' is not a list")
         return obj
+
+    @property
+    def finished(self) -> bool:
+        """Whether the eval has ended and the log is written through: a ``.eval`` has its
+        ``header.json`` (Inspect writes it last; until then ``_journal/start.json`` stands in)
+        and its directory, a ``.json`` a status other than ``started``."""
+        if self.archive is not None:
+            return "header.json" in self.archive.members and not self.archive.truncated
+        return self.status != "started"
 
     def _eval_header(self) -> dict:
         errors = []
@@ -270,17 +289,26 @@ class InspectLog:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def samples(self) -> Iterator[tuple[str, Any]]:
-        """(where, sample dict or LineError), ``where`` naming the file, sample and epoch."""
+    def samples(self, skip: frozenset[str] | set[str] = frozenset()
+                ) -> Iterator[tuple[str, Any]]:
+        """(where, sample dict or LineError), ``where`` naming the file, sample and epoch; the
+        samples whose key is in ``skip`` are passed over unread (a follower took them before)."""
         if self.archive is None:
             for i, sample in enumerate(self._inline):
                 sid = sample.get("id", f"#{i}") if isinstance(sample, dict) else f"#{i}"
                 epoch = sample.get("epoch", "?") if isinstance(sample, dict) else "?"
-                yield f"{self.path.name}: sample {sid} epoch {epoch}", sample
+                key = f"{sid}_epoch_{epoch}"
+                self.keys.add(key)
+                if key not in skip:
+                    yield f"{self.path.name}: sample {sid} epoch {epoch}", sample
             return
         for name in self.archive.members:
             match = SAMPLE_MEMBER.match(name)
             if not match:
+                continue
+            key = f"{match['id']}_epoch_{match['epoch']}"
+            self.keys.add(key)
+            if key in skip:
                 continue
             where = f"{self.path.name}: sample {match['id']} epoch {match['epoch']}"
             try:
@@ -308,16 +336,11 @@ def log_files(source: Path) -> list[Path]:
 
 
 def finished(path: Path) -> bool:
-    """Whether an Inspect log is finished being written, for a follower (storage/ingest/follow.py):
-    a ``.eval`` once its directory lists ``header.json`` (Inspect writes it when the eval ends;
-    before that the zip is valid but still growing), a ``.json`` once it ends with ``}``."""
+    """Whether the log at ``path`` is finished being written (``InspectLog.finished``): what a
+    follower (storage/ingest/follow_logs.py) tells apart; False for what is no readable log."""
     try:
-        if path.suffix == ".json":
-            with open(path, "rb") as f:
-                f.seek(max(0, f.seek(0, 2) - 64))
-                return f.read().rstrip().endswith(b"}")
-        with Archive(path) as archive:
-            return not archive.truncated and "header.json" in archive.members
+        with InspectLog(path) as log:
+            return log.finished
     except (ValueError, OSError):
         return False
 
@@ -325,8 +348,10 @@ def finished(path: Path) -> bool:
 def log_metrics(log: InspectLog) -> dict[str, float]:
     """Inspect's own metrics of the log (``inspect/{scorer}/{metric}``), as its header has them."""
     out = {}
-    for score in (log.results or {}).get("scores") or []:
-        for metric in (score.get("metrics") or {}).values() if isinstance(score, dict) else ():
+    scores = (log.results or {}).get("scores")
+    for score in scores if isinstance(scores, list) else ():
+        metrics = score.get("metrics") if isinstance(score, dict) else None
+        for metric in metrics.values() if isinstance(metrics, dict) else ():
             value = metric.get("value") if isinstance(metric, dict) else None
             if isinstance(value, (int, float)) and not isinstance(value, bool) \
                     and math.isfinite(value):

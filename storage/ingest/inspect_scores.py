@@ -71,11 +71,13 @@ def score_components(name: str, value: Any) -> tuple[dict[str, float], list[str]
 
 def primary_scorer(spec: dict, results: dict | None) -> str | None:
     """The scorer Inspect headlines: results.headline, else the eval's first scorer."""
-    headline = (results or {}).get("headline") or {}
-    for name in (headline.get("score"), headline.get("scorer")):
+    headline = (results or {}).get("headline")
+    for name in (headline.get("score"), headline.get("scorer")) \
+            if isinstance(headline, dict) else ():
         if isinstance(name, str):
             return name
-    scorers = spec.get("scorers") or []
-    if scorers and isinstance(scorers[0], dict) and isinstance(scorers[0].get("name"), str):
+    scorers = spec.get("scorers")
+    if isinstance(scorers, list) and scorers and isinstance(scorers[0], dict) \
+            and isinstance(scorers[0].get("name"), str):
         return scorers[0]["name"]
     return None

@@ -1,7 +1,8 @@
-"""How a follower (storage/ingest/follow.py) reads each kind of file: appended JSONL a range of new
-complete lines at a time, verl/TRL files whole once stable, each checked against what was taken
-from it before (identity, mark or digest: storage/ingest/tail.py). The follower's rules are in its
-module docstring; these are its methods, kept apart to keep each module short.
+"""How a follower (storage/ingest/follow.py) reads each kind of file: appended JSONL (generic or
+``messages``) a range of new complete lines at a time, verl/TRL files whole once stable, each
+checked against what was taken from it before (identity, mark or digest:
+storage/ingest/tail.py); Inspect logs are storage/ingest/follow_logs.py's. The follower's rules
+are in its module docstring; these are its methods, kept apart to keep each module short.
 
 The host class provides ``dir``, ``fmt``, ``max_line``, ``files`` (name -> ``Tracked``), ``seen``
 (name -> (identity, key) at the last poll), ``tries``, ``log``, ``should_stop``, and the methods
@@ -35,9 +36,11 @@ class Tracked:
     scanned: int = 0                      # JSONL: no newline in [offset, scanned)
     told_long: bool = False               # JSONL: the unfinished line was reported too long
     fd: int | None = None                 # JSONL: held open, to drain after a rotation
+    taken: tuple[str, frozenset] | None = None  # Inspect: (eval id, samples taken) of a log
+                                                # still being written
 
 
-def _key(st: os.stat_result) -> tuple:
+def stat_key(st: os.stat_result) -> tuple:
     return st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
@@ -52,7 +55,7 @@ class Pollers:
             made += self._drain(name, t)
             self.log(f"{name} is a new file (replaced or rotated): reading it from the start")
             t = self.files[name] = Tracked()
-        if t.ident == ident and t.key == _key(st):
+        if t.ident == ident and t.key == stat_key(st):
             return made  # unchanged since the last look
         fd = t.fd
         if fd is None:
@@ -67,7 +70,7 @@ class Pollers:
             if sum(x.fd is not None for x in self.files.values()) < MAX_HELD:
                 t.fd = fd
         try:
-            t.ident, t.key = ident, _key(st)  # the stat before reading: later bytes, next poll
+            t.ident, t.key = ident, stat_key(st)  # the stat before reading: later bytes, next poll
             made += self._read_new(name, t, fd)
         finally:
             if t.fd != fd:
@@ -106,7 +109,8 @@ class Pollers:
 
     def _import_range(self, name: str, t: Tracked, fd: int, stop: int) -> int:
         start, progress = t.offset, [t.offset, t.check]
-        items = feed.jsonl_items(fd, start, stop, self.max_line, start + PIECE_BYTES, progress)
+        items = feed.appended_items(self.fmt, fd, name, start, stop, self.max_line,
+                                    start + PIECE_BYTES, progress)
         made = self._import(name, items, lambda: tuple(progress), start)
         if made or self.tries.get(f"{name}#{start}", 0) >= MAX_TRIES:
             t.offset, t.check = progress
@@ -124,7 +128,7 @@ class Pollers:
 
     # -- whole files (verl, TRL) ---------------------------------------------------------------
     def _poll_whole(self, path: Path, st: os.stat_result, root: str) -> int:
-        name, now_seen = path.name, (tail.identity(st), _key(st))
+        name, now_seen = path.name, (tail.identity(st), stat_key(st))
         previous, self.seen[name] = self.seen.get(name), now_seen
         t = self.files.get(name)
         if t is not None and (t.ident, t.key) == now_seen:

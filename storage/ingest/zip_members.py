@@ -134,10 +134,12 @@ class Archive:
     found, and the members come from the local headers (the last one may be cut)."""
 
     def __init__(self, path, max_member_bytes: int = MAX_MEMBER_BYTES,
-                 max_total_bytes: int = MAX_TOTAL_BYTES):
+                 max_total_bytes: int = MAX_TOTAL_BYTES, fp=None):
+        """``fp``: the file already open (a follower's, checked to lie inside its directory);
+        the archive closes it. ``path`` then only names it in messages."""
         self.path = Path(path)
         self.max_member, self.max_total, self.read_total = max_member_bytes, max_total_bytes, 0
-        self.fp = open(self.path, "rb")
+        self.fp = fp if fp is not None else open(self.path, "rb")
         try:
             self.size = self.fp.seek(0, io.SEEK_END)
             self.members, self.truncated = self._directory()
