@@ -145,55 +145,81 @@ def _weights(samples: Sequence[Sample], agg: str, ranks: Ranks = ONE
     return [1.0 / max(count, 1)] * len(samples), by_token
 
 
+@dataclass
+class _StepOutcome:
+    """What one optimizer step did: per-sample stats, why it was skipped (None when it was
+    taken), and its metrics, per-trajectory gradient increments and per-module norms."""
+    stats: list[tuple[Sample, dict]] = field(default_factory=list)
+    bad: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    grad_norms: dict[str, float] = field(default_factory=dict)
+    module_norms: dict[str, float] = field(default_factory=dict)
+    norm: float | None = None
+    """The gradient norm before clipping (None when no step was tried)."""
+
+
 def _optimizer_step(policy: Policy, optimizer, samples: Sequence[Sample],
                     loss_of: Callable[[Sample, float, float], tuple[torch.Tensor, dict]], cfg,
-                    record_grad_norms: bool, result: UpdateResult,
-                    abort_kl: float | None = None, ranks: Ranks = ONE) -> list[tuple[Sample, dict]]:
-    """Accumulate the microbatches of one minibatch, then clip and step. Returns per-sample stats.
+                    record_grad_norms: bool, abort_kl: float | None = None,
+                    ranks: Ranks = ONE) -> _StepOutcome:
+    """Accumulate the microbatches of one minibatch, then clip and step.
 
     ``loss_of(sample, w, w_token)`` gets the sample's policy-loss weight and token-mean weight
     within the minibatch (``_weights``)."""
     params = policy.trainable_parameters()
     optimizer.zero_grad(set_to_none=False)
     tracker = GradIncrements(params) if record_grad_norms else None
-    stats = []
+    out = _StepOutcome()
     for s, w, w_token in zip(samples, *_weights(samples, cfg.loss_agg, ranks)):
         loss, m = loss_of(s, w, w_token)
         if not torch.isfinite(loss):
-            result.bad = f"non-finite loss on {s.traj.traj_id}"
-            result.metrics["update/nonfinite_loss"] = 1.0
+            out.bad = f"non-finite loss on {s.traj.traj_id}"
+            out.metrics["update/nonfinite_loss"] = 1.0
             break
         loss.backward()
         if tracker is not None:
-            result.grad_norms[s.traj.traj_id] = tracker.increment()
-        stats.append((s, m))
+            out.grad_norms[s.traj.traj_id] = tracker.increment()
+        out.stats.append((s, m))
     if ranks.world > 1:
-        kl_sum, kl_tokens, bad = ranks.sum([_token_weighted(stats, "policy/approx_kl") *
-                                            _tokens_with(stats, "policy/approx_kl"),
-                                            _tokens_with(stats, "policy/approx_kl"),
-                                            float(result.bad is not None)])
+        kl_sum, kl_tokens, bad = ranks.sum([_token_weighted(out.stats, "policy/approx_kl") *
+                                            _tokens_with(out.stats, "policy/approx_kl"),
+                                            _tokens_with(out.stats, "policy/approx_kl"),
+                                            float(out.bad is not None)])
         kl = kl_sum / kl_tokens if kl_tokens else 0.0
-        if bad and result.bad is None:
-            result.bad = "non-finite loss on another rank"
-            result.metrics["update/nonfinite_loss"] = 1.0
+        if bad and out.bad is None:
+            out.bad = "non-finite loss on another rank"
+            out.metrics["update/nonfinite_loss"] = 1.0
         ranks.sum_grads(params)  # every rank calls it, even when the step is skipped
     else:
-        kl = _token_weighted(stats, "policy/approx_kl")
-    if result.bad is None and abort_kl is not None and kl > abort_kl:
-        result.metrics["update/kl_aborted"] = 1.0
-    elif result.bad is None:
-        result.module_norms = module_grad_norms(policy.lora_modules())
-        norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
-        result.metrics.setdefault("grad/norm", norm)  # the first step's, before clipping
-        result.metrics["grad/norm_max"] = max(result.metrics.get("grad/norm_max", 0.0), norm)
-        if math.isfinite(norm):
+        kl = _token_weighted(out.stats, "policy/approx_kl")
+    if out.bad is None and abort_kl is not None and kl > abort_kl:
+        out.metrics["update/kl_aborted"] = 1.0
+    elif out.bad is None:
+        out.module_norms = module_grad_norms(policy.lora_modules())
+        out.norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+        if math.isfinite(out.norm):
             optimizer.step()
-            result.metrics["update/steps"] = result.metrics.get("update/steps", 0.0) + 1
+            out.metrics["update/steps"] = 1.0
         else:
-            result.bad = f"non-finite gradient norm {norm}"
-            result.metrics["update/nonfinite_grad"] = 1.0
+            out.bad = f"non-finite gradient norm {out.norm}"
+            out.metrics["update/nonfinite_grad"] = 1.0
     optimizer.zero_grad(set_to_none=False)
-    return stats
+    return out
+
+
+def _fold(result: UpdateResult, step: _StepOutcome) -> None:
+    """One optimizer step's outcome into the update's result: steps counted, the first step's
+    gradient norm and the largest, the first reason to skip."""
+    m = result.metrics
+    for key, value in step.metrics.items():
+        m[key] = m.get(key, 0.0) + value if key == "update/steps" else value
+    if step.norm is not None:
+        m.setdefault("grad/norm", step.norm)  # the first step's, before clipping
+        m["grad/norm_max"] = max(m.get("grad/norm_max", 0.0), step.norm)
+    if step.module_norms:
+        result.module_norms = step.module_norms
+    result.grad_norms.update(step.grad_norms)
+    result.bad = result.bad or step.bad
 
 
 def _token_weighted(stats: list[tuple[Sample, dict]], name: str) -> float:
@@ -262,11 +288,12 @@ def policy_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg,
             if cfg.minibatches > 1:
                 rng.shuffle(order)
             for batch in _minibatches(order, cfg.minibatches, ranks):
-                stats = _optimizer_step(policy, optimizer, batch, loss_of, cfg,
-                                        record_grad_norms=epoch == 0, result=result,
-                                        abort_kl=cfg.kl_abort, ranks=ranks)
+                step = _optimizer_step(policy, optimizer, batch, loss_of, cfg,
+                                       record_grad_norms=epoch == 0, abort_kl=cfg.kl_abort,
+                                       ranks=ranks)
+                _fold(result, step)
                 if epoch == 0:
-                    all_stats += stats
+                    all_stats += step.stats
                 if result.bad or "update/kl_aborted" in result.metrics:
                     break
             if result.bad or "update/kl_aborted" in result.metrics:
@@ -369,12 +396,13 @@ def sft_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg,
     sft_cfg = _SftView(cfg)
     before = _snapshot(policy)
     with policy.dropout(seed=seed + 7_919 * ranks.rank):
-        _optimizer_step(policy, optimizer, train, loss_of, sft_cfg, record_grad_norms=True,
-                        result=result, ranks=ranks)
+        _fold(result, _optimizer_step(policy, optimizer, train, loss_of, sft_cfg,
+                                      record_grad_norms=True, ranks=ranks))
     result.metrics.update(weight_change(before, policy.trainable_parameters()))
-    result.metrics = {"sft/loss": ranks.sum([sum(losses)])[0], "sft/grad_norm": result.metrics.get("grad/norm", 0.0),
-                      "sft/tokens": float(total), **{k: v for k, v in result.metrics.items()
-                                                     if k.startswith("update/")}}
+    result.metrics = {"sft/loss": ranks.sum([sum(losses)])[0],
+                      "sft/grad_norm": result.metrics.get("grad/norm", 0.0),
+                      "sft/tokens": float(total),
+                      **{k: v for k, v in result.metrics.items() if k.startswith("update/")}}
     return result
 
 
