@@ -171,16 +171,17 @@ search() {
 # branch analysis of the first failed two-hop question of the last evaluation that answered right
 # after one search. The committed run was started with --sft-steps 100 --steps 3, stopped with
 # Ctrl-C after step 60 and resumed with --sft-steps 60 --steps 2 (each step's seeds depend only
-# on the run seed and the step, so this single command makes the same steps).
+# on the run seed and the step, so this single command makes the same steps). It kept the name it
+# was started with, "100 SFT steps", until the committed store's run was renamed to what it holds.
 search_sft() {
     local db="$OUT/search_sft60.duckdb" found run traj
     fresh search_sft60.duckdb
     timed "$PY" -m core.train --preset search-smollm2 --seed 0 --threads 2 --sft-steps 60 \
         --sft-eval-every 20 --steps 2 --eval-every 1 \
-        --name "search-smollm2: 100 SFT steps (held-out every 20), then GRPO" --db "$db" \
+        --name "search-smollm2: 60 SFT steps (held-out every 20), then GRPO" --db "$db" \
         --checkpoint-dir "$CKPT/search-v2"
     found=$("$PY" sample_runs/pick_failure.py --db "$db" \
-            --run-name "search-smollm2: 100 SFT steps (held-out every 20), then GRPO" \
+            --run-name "search-smollm2: 60 SFT steps (held-out every 20), then GRPO" \
             --kind one_hop_answer)
     read -r run traj <<<"$found"
     timed "$PY" -m core.branch --db "$db" --run "$run" --traj "$traj" --turns all --k 8 --seed 0

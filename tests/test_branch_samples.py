@@ -31,7 +31,7 @@ from storage import queries, turn_queries
 ROOT = Path(__file__).resolve().parent.parent
 STORE = str(ROOT / "sample_runs" / "branch_failures.duckdb")
 SEARCH = str(ROOT / "sample_runs" / "search_sft60.duckdb")
-SEARCH_RUN = "search-smollm2: 100 SFT steps (held-out every 20), then GRPO"
+SEARCH_RUN = "search-smollm2: 60 SFT steps (held-out every 20), then GRPO"
 CASES = {"frozenlake": (STORE, "frozenlake-branch", "hole"),
          "apps": (STORE, "apps-branch", "collateral_damage"),
          "search": (SEARCH, SEARCH_RUN, "one_hop_answer")}

@@ -694,3 +694,194 @@ def test_mismatch_store_holds_the_readme_figures():
     assert tok["text"] == "The" and round(tok["logprob"], 3) == -1.661
     assert round(tok["train_logprob"], 3) == -2.159
     assert round(math.exp(tok["train_logprob"] - tok["logprob"]), 2) == 0.61
+
+
+# -- README.md's workshop walkthrough: each figure read from the committed store -----------------
+# Every figure the walkthrough states is computed here from the store the step links to, and the
+# sentence that states it must be in the README as computed: a store remade, or a README edited,
+# can not leave the two apart.
+def walkthrough() -> str:
+    """README.md's "Workshop walkthrough" section, its line breaks and indents folded to spaces."""
+    import re
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index("## Workshop walkthrough")
+    end = text.index("\n## ", start + 1)
+    return re.sub(r"\s+", " ", text[start:end])
+
+
+def says(*phrases: str) -> None:
+    text = walkthrough()
+    missing = [p for p in phrases if p not in text]
+    assert not missing, f"README's walkthrough does not say {missing}"
+
+
+NUMBERS = {8: "eight", 9: "nine", 10: "ten", 11: "eleven", 12: "twelve", 13: "thirteen"}
+
+
+def test_walkthrough_step_1_counts_the_stores():
+    stores = sorted(RUNS.glob("*.duckdb"))
+    says(f"{NUMBERS[len(stores)]} real stores")
+
+
+def test_walkthrough_step_5_names_both_alarms_as_dynamics_draws_them():
+    """Dynamics draws a single-turn run's std+entropy alarms only (pages/dynamics.py); the GRPO
+    collapse run has two: where both fell under half their best, and again after a one-step
+    entropy rise."""
+    path = store("collapse_bandit.duckdb")
+    runs = the_runs("collapse_bandit.duckdb")
+    row = runs[[config_of(r)["algo"] == "grpo" for _, r in runs.iterrows()]].iloc[0]
+    wide = wide_metrics(path, row["run_id"])
+    assert _signals.single_turn(config_of(row))
+    alarms = _signals.collapse_alarms(wide, single_turn=True)
+    assert [(a["step"], a["kind"]) for a in alarms] == [(71, "std+entropy"), (79, "std+entropy")]
+    ent = wide["policy/entropy"]
+    half = _signals.COLLAPSE_DROP * ent.cummax()
+    assert ent[77] < half[77] and ent[78] >= half[78] and ent[79] < half[79]   # the one-step rise
+    success = wide["success/rate"].dropna()
+    assert (success.iloc[0], success.iloc[-1]) == (0.75, 0.0)
+    says(f"success falls {success.iloc[0]:.2f} -> {success.iloc[-1]:.0f}",
+         "The collapse alarm is drawn at step 71", "and again at 79 after entropy rose for one step"
+         " (78)", f"run={row['run_id']})")
+
+
+def test_walkthrough_step_6_opens_the_first_spike():
+    path = store("spike_frozenlake.duckdb")
+    run_id = the_runs("spike_frozenlake.duckdb")["run_id"].iloc[0]
+    sp = _signals.spike_threshold(wide_metrics(path, run_id)["grad/norm"])
+    first = int(sp.index[sp["spike"]][0])
+    ranked = queries.top_gradient_trajectories(path, run_id, first)
+    won = ranked["failure_class"] == "success"
+    assert won.iloc[0] and not won.iloc[1:].any()
+    prior = queries.trajectories(path, run_id)
+    assert not prior[(prior["split"] == "train") & (prior["step"] < first)]["success"].any()
+    says(f"jumps at step {first}", f"run={run_id}&spike={first}", "the first successful rollout on top")
+
+
+def test_walkthrough_step_10_counts_the_compare_figures():
+    from storage import evaldiff
+    path = store("search_smollm2.duckdb")
+    run_id = "20261129-233052-4ded2d"
+    d = evaldiff.diff(path, (run_id, 20), (run_id, 30))
+    gained, lost = d["counts"]["gained"], d["counts"]["lost"]
+    loops = d["transitions"].loc["repeated_action_loop"]
+    assert int(loops.sum()) == 15
+    says(f"{gained} gained, {lost} lost",
+         f"{int(loops.sum())} repeated-search loops became {int(loops['success'])} successes and "
+         f"{int(loops['wrong_answer_with_evidence'])} + {int(loops['wrong_answer_without_evidence'])}"
+         " wrong answers", f"run={run_id}&a={run_id}%3A20&b={run_id}%3A30")
+    aggregates = d["aggregates"].set_index("measure")
+    assert aggregates.loc["tool calls (searches) per task", "shift (B - A)"] < 0   # "fewer searches"
+
+
+def test_walkthrough_step_11_frozenlake_fall_and_search_continuations():
+    from storage import turn_queries
+    path, run_id, traj_id = store("branch_failures.duckdb"), "20261130-235147-407820", "s51-g1-r3"
+    turns = queries.turns(path, run_id, [traj_id]).sort_values("turn")
+    moves = [m.removeprefix("<answer>").removesuffix("</answer>") for m in turns["action"]]
+    assert moves == ["Down", "Up", "Up"] and "fell into a hole" in turns["observation"].iloc[-1]
+    est = turn_queries.branch_estimates(path, run_id, traj_id).set_index("turn")
+    assert list(est.index[est["a_hi"] < 0]) == [2] and (est["n"] == 8).all()
+    kids = turn_queries.branch_children(path, run_id, traj_id)
+    resampled = kids[(kids["turn"] == 2) & (kids["kind"] == "resample")]
+    last = queries.turns(path, run_id, list(resampled["child_traj_id"])).sort_values("turn")
+    last = last.groupby("traj_id")["observation"].last()
+    goal, hole = int(last.str.contains("reached the goal").sum()), int(last.str.contains("hole").sum())
+    says("8 continuations that resample the action (V) and 8 that keep it (Q)",
+         "walked Down, Up, then Up into the hole",
+         f"A = Q - V = {est.loc[2, 'a']:.3f} has its whole interval below 0",
+         f"of the {len(resampled)} moves resampled there {goal} reached the goal and {hole} fell in",
+         f"run={run_id}&step=51&traj={traj_id}&turn=2")
+    # the search episode answered one hop short: from the state after its first search (the
+    # continuations that keep turn 0, and those that resample turn 1) nearly all answer at once
+    path, run_id, traj_id = store(SFT60), "20261130-230302-7463a0", "e62-g14-r0"
+    traj = queries.trajectory(path, run_id, traj_id)
+    assert traj["task_id"] == "hq>city_country:Thoulek Holdings"
+    kids = turn_queries.branch_children(path, run_id, traj_id)
+    after = kids[((kids["turn"] == 0) & (kids["kind"] == "keep"))
+                 | ((kids["turn"] == 1) & (kids["kind"] == "resample"))]
+    answers = queries.trajectories(path, run_id).set_index("traj_id").loc[after["child_traj_id"]]
+    at_once = int(((answers["answer"] == traj["answer"]) & (answers["num_turns"] == 2)).sum())
+    says(f"{at_once} of {len(after)} continuations answer the bridge city at once",
+         "Thoulek Holdings is headquartered?", f"run={run_id}&step=62&traj={traj_id}&turn=1")
+
+
+def test_walkthrough_step_12_states_the_groups_range():
+    from storage import turn_queries
+    path = store(SFT60)
+    run_id = queries.runs(path)["run_id"].iloc[0]
+    trajs = queries.trajectories(path, run_id, step=61)
+    group = trajs[trajs["group_id"] == "s61-g0"]["traj_id"].tolist()
+    sig = turn_queries.turn_signals(path, run_id, group)
+    prob = sig[sig["name"] == "answer_prob"].pivot_table(index="traj_id", columns="turn",
+                                                         values="value")
+    turns = queries.turns(path, run_id, ["s61-g0-r0"]).set_index("turn")["action"]
+    says(f"All {len(group)} rollouts of the group jump at the second query "
+         f"({prob[1].min():.2f}-{prob[1].max():.2f})", f"lifts it to {prob.loc['s61-g0-r0', 1]:.3f}",
+         f"is {max(prob.loc['s61-g0-r0', -1], prob.loc['s61-g0-r0', 0]):.3f} before any turn")
+    assert "<search>Rurer city country</search>" in turns[0]
+    assert "<search>currency of Skeso</search>" in turns[1]
+
+
+def test_walkthrough_step_13_states_the_groups_advantages():
+    """GRPO's flat advantage per rollout and the information-gain credit per turn, as the README
+    gives them, from the run's stored turn advantages and rewards."""
+    path = store(CREDIT)
+    run_id = "20261201-022035-e5eaa1"
+    runs = the_runs(CREDIT).set_index("run_id")
+    assert runs.loc[run_id, "name"] == "credit info_gain seed 0"
+    group = queries.trajectories(path, run_id, step=63)
+    group = group[group["group_id"] == "s63-g2"].set_index("traj_id")
+    turns = queries.turns(path, run_id, list(group.index))
+    first = turns[turns["turn"] == 0].set_index("traj_id")["advantage"].round(2)
+    last = turns.sort_values("turn").groupby("traj_id")["advantage"].last().round(2)  # GRPO's
+    solved = group.index[group["success"]]
+    scored_0 = group.index[group["reward"] == 0]
+    assert len(solved) == 3 and len(scored_0) == 4
+    assert set(last[solved]) == {1.2} and set(last[scored_0]) == {-0.79}
+    partial = group.index[(group["reward"] > 0) & ~group["success"]]
+    assert list(partial) == ["s63-g2-r7"] and round(group.loc["s63-g2-r7", "reward"], 2) == 0.2
+    comp = queries.rewards(path, run_id, ["s63-g2-r7"]).set_index("component")["value"]
+    assert comp["process"] == 1.0 and comp["outcome"] == 0.0
+    one_search = group.index[~group["success"] & (group["num_turns"] == 2)]
+    assert len(one_search) == 3
+    missed = [t for t in scored_0 if t not in one_search]
+    assert missed == ["s63-g2-r4"]
+    assert set(first[list(one_search) + missed]) == {-1.33} and first["s63-g2-r7"] == -1.0
+    sig = queries.turn_signals(path, run_id, list(solved))
+    prob = sig[sig["name"] == "answer_prob"].pivot_table(index="traj_id", columns="turn",
+                                                         values="value").round(3)
+    assert prob.nunique().max() == 1
+    p = prob.iloc[0]
+    says(f"{len(solved)} of {len(group)} solved",
+         f"+{last[solved[0]]:.2f} solved, {last[scored_0[0]]:.2f} scored 0, "
+         f"{last['s63-g2-r7']:.2f} for r7 (wrong, with the {group.loc['s63-g2-r7', 'reward']:.1f} "
+         "retrieval reward)",
+         f"it is {p[-1]:.3f} before any turn, {p[0]:.3f} after the first search and {p[1]:.3f} after "
+         "the second", f"the first search gets {first[missed[0]]:.2f} in the three rollouts that "
+         f"then answered and in r4, {first['s63-g2-r7']:.2f} in r7",
+         f"run={run_id}&step=63&group=s63-g2")
+
+
+def test_walkthrough_step_14_states_the_tokens_logprobs():
+    import math
+    path = store("mismatch_bf16.duckdb")
+    run = queries.runs(path).set_index("name").loc["sampled bf16, correction none", "run_id"]
+    tok = queries.tokens(path, run, "s34-g0-r1").set_index("pos").loc[561]
+    says(f"first token \"{tok['text']}\" was sampled at logprob {tok['logprob']:.3f} in bf16 and "
+         f"gets {tok['train_logprob']:.3f} from the fp32 update, a ratio of "
+         f"{math.exp(tok['train_logprob'] - tok['logprob']):.2f}",
+         f"run={run}&step=34&traj=s34-g0-r1&turn=2")
+
+
+def test_sample_run_names_state_the_sft_steps_they_hold():
+    """A run named "N SFT steps" (or "from SFT N") has sft_steps N: the search_sft60 run was named
+    "100 SFT steps" while it holds 60 (it was started with 100 and stopped after 60)."""
+    import re
+    checked = 0
+    for path in sorted(RUNS.glob("*.duckdb")):
+        for _, row in queries.runs(str(path)).iterrows():
+            said = re.findall(r"\b(\d+) SFT steps\b|\bfrom SFT (\d+)\b", str(row["name"]))
+            for n in {int(a or b) for a, b in said}:
+                assert config_of(row)["sft_steps"] == n, (path.name, row["name"])
+                checked += 1
+    assert checked >= 15
