@@ -10,6 +10,7 @@ import streamlit as st
 from pages import _clusterjob, _common as c
 from pages import _panels
 from storage import queries
+from storage.failures import DESCRIPTIONS
 
 c.ensure_app()
 MAX_BARS = 100
@@ -116,6 +117,22 @@ def task_history(store: str, run_id: str, last_step: int, task: str):
     return queries.task_history(store, run_id, task)
 
 
+def class_meanings(counts) -> None:
+    """The run's classes, how many trajectories each, and what each means (storage/failures.py):
+    open by itself for an evaluation (every trajectory held out: an imported evaluation log,
+    whose classes -- wrong answer, refused, limit, sample error -- are not a trainer's)."""
+    per = counts.groupby("failure_class", as_index=False)["n"].sum().sort_values(
+        "n", ascending=False)
+    per["share"] = per["n"] / per["n"].sum() * 100
+    per["meaning"] = [DESCRIPTIONS.get(k, "A class this version's rules do not define (set by "
+                                          "the imported file).") for k in per["failure_class"]]
+    per = per[["failure_class", "n", "share", "meaning"]]
+    evaluation = set(counts["split"].dropna()) <= {"eval"}
+    with st.expander(f"What the {len(per)} classes of this run mean", expanded=evaluation):
+        st.markdown("\n".join(f"- **{c.safe_label(k)}** · {n} ({share:.0f}%): {meaning}"
+                               for k, n, share, meaning in per.itertuples(index=False)))
+
+
 pick = c.picked()
 st.title("Failures")
 counts = c.read_or_stop(c.load_failure_counts, pick.store, pick.run_id, pick.last_step)
@@ -138,6 +155,7 @@ right.plotly_chart(px.bar(per_step, x="step", y="n", color="failure_class", heig
                           title="Failure classes per step" if width == 1
                           else f"Failure classes per {width} steps"), key="fail_per_step")
 
+class_meanings(counts)
 cluster_panel(pick)
 
 # -- facets and search -----------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import json
 import streamlit as st
 
 from pages import _common as c
-from pages import _branches, _info_gain, _panels, _tokens
+from pages import _branches, _calls, _info_gain, _panels, _tokens
 
 c.ensure_app()
 pick = c.picked()
@@ -38,6 +38,10 @@ if c.text_of(row.get("prompt")):
 
 # -- turn by turn ----------------------------------------------------------------------------------
 turns = c.load_turns(pick.store, pick.run_id, (traj_id,))
+ERROR_SAID_BY = ("A tool or the evaluation reported an error on this turn:"
+                 if str(pick.run.get("source") or "").startswith(("import:inspect",
+                                                                   "import:messages"))
+                 else "The environment reported an error on this turn:")
 n = len(turns)
 if st.session_state.get("_replay_traj") != (pick.run_id, traj_id):
     st.session_state["_replay_traj"] = (pick.run_id, traj_id)
@@ -55,7 +59,8 @@ def show_turn(t: dict) -> None:
                     + (" · invalid" if t["action_valid"] is False
                        and c.text_of(t["action_type"]) != "invalid" else "")
                     + (" · cut by the token limit" if t["action_truncated"] else ""))
-        st.code(c.readable(t["action"]) or "", language=None, wrap_lines=True)
+        if not _calls.show_action(t):
+            st.code(c.readable(t["action"]) or "", language=None, wrap_lines=True)
     with right:
         st.markdown("**Observation**" + (" · truncated" if t["obs_truncated"] else ""))
         st.code(c.readable(t["observation"]) or "(none)", language=None, wrap_lines=True)
@@ -63,7 +68,7 @@ def show_turn(t: dict) -> None:
         st.caption("Chat-template markers (`<|im_start|>`, `<|im_end|>`, ...) are hidden in this "
                    "text; the token view below shows every token.")
     if c.text_of(t["error"]):
-        st.error("The environment reported an error on this turn:")
+        st.error(ERROR_SAID_BY)
         st.code(t["error"], language=None, wrap_lines=True)
     if c.text_of(t["state_diff"]):
         st.markdown("**State diff** (rows the action changed: changed fields first)")
@@ -157,6 +162,7 @@ with right:
     if c.text_of(row.get("golds")):
         st.markdown("**Gold**")
         st.code(c.text_of(row["golds"]), language=None)
+_calls.sample_panel(row.get("info"))
 tests = c.load_tests(pick.store, pick.run_id, (traj_id,))
 if not tests.empty:
     st.markdown(f"**Tests** · {int(tests['passed'].sum())} of {len(tests)} passed")

@@ -3,10 +3,11 @@
 #
 #   bash sample_runs/make.sh            every run below (about 33 minutes on 2 CPU cores)
 #   bash sample_runs/make.sh spike      only the named ones: collapse spike apps careless credit
-#                                       import branches search (careless: only the imported run of
-#                                       apps_tiny; search, search_sft, search_credit: SmolLM2,
-#                                       an hour or more each, and mismatch: SmolLM2, about 25
-#                                       minutes; never by default)
+#                                       import branches inspect search (careless: only the
+#                                       imported run of apps_tiny; inspect: needs inspect-ai;
+#                                       search, search_sft, search_credit: SmolLM2, an hour or
+#                                       more each, and mismatch: SmolLM2, about 25 minutes;
+#                                       never by default)
 #
 # Each store is rebuilt from scratch (the old file is removed first). Checkpoints go under runs/
 # (ignored by git), never next to the stores. Every command is the one sample_runs/README.md
@@ -332,15 +333,33 @@ with db.writing('$db') as con:
     compact mismatch_bf16.duckdb
 }
 
-ALL=(collapse spike apps credit import_run branches)
+# -- 11. an Inspect AI evaluation: two agents on the same six questions, imported ------------------
+# Needs inspect-ai (.venv/bin/pip install --no-deps -r requirements-inspect.txt). Two real .eval
+# logs written by Inspect with its offline mockllm model under two names and real Python tools
+# (sample_runs/agents/inspect_agents.py says what each agent does), imported as a directory: one
+# run per task and model. A few seconds.
+inspect_run() {
+    local logs=runs/inspect_agents
+    fresh inspect_agents.duckdb
+    rm -rf "$logs"
+    mkdir -p runs
+    TIKTOKEN_CACHE_DIR=runs/no-tokenizer INSPECT_DISPLAY=none \
+        timed "$PY" sample_runs/agents/inspect_agents.py --out "$logs"
+    timed "$PY" -m storage.io import "$logs" --format inspect --db "$OUT/inspect_agents.duckdb" \
+        --run-id inspect-agents
+    compact inspect_agents.duckdb
+}
+
+ALL=(collapse spike apps credit import_run branches inspect_run)
 if [ $# -gt 0 ]; then
     ALL=()
     for name in "$@"; do
         case "$name" in
             import) ALL+=(import_run) ;;
+            inspect) ALL+=(inspect_run) ;;
             collapse|spike|apps|careless|credit|branches|search|search_sft|search_credit|mismatch)
                 ALL+=("$name") ;;
-            *) echo "unknown run '$name' (collapse spike apps careless credit import branches search search_sft search_credit mismatch)" >&2
+            *) echo "unknown run '$name' (collapse spike apps careless credit import branches inspect search search_sft search_credit mismatch)" >&2
                exit 2 ;;
         esac
     done

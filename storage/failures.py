@@ -15,6 +15,11 @@ explains the others:
  2. success             solved: nothing else needs explaining.
  2a. sample_error       the harness raised (finish reason ``error``: an Inspect sample's tool,
                         model API or scorer crashed): whatever the agent did was cut off by it.
+ 2b. refused            the model declined the task: the log says so (finish reason ``refused``:
+                        a refusal the provider marked; ``content_filter``: its filter stopped
+                        the output), or its final words are a refusal ("I can't help with
+                        that", "I'm sorry, but I cannot assist ...": ``REFUSAL``, read only
+                        at the start of a final answer, so giving up on a task is not one).
  3. format_error        no parseable action where it mattered (every action unparseable, or the
                         episode ended on one): the model never got to use the environment.
  4. invalid_action      it ended on (or only made) actions that parsed but were refused
@@ -32,21 +37,34 @@ explains the others:
  7. no_answer           it ran out of turns or context (or the env failed) without answering.
  8. unmet_state_test    a unit test on the final state failed (stateful envs): more precise than
                         any answer-level class below.
- 9. answered_without_search  it answered without a single successful search or tool call.
+ 9. answered_without_search  it answered without a single successful search or tool call
+                        (unless the log says no tool was offered: ``info.tools_offered`` false).
 10. wrong_answer_with_evidence     wrong although a gold answer was in the retrieved evidence
                         (info.retrieved_gold): a reading failure.
-11. wrong_answer_without_evidence  wrong and the evidence never held the answer: a search failure.
+11. wrong_answer_without_evidence  wrong and the evidence never held the answer
+                        (info.retrieved_gold false): a search failure.
+11a. wrong_answer       wrong, with no record of what was retrieved (an evaluation log, a chat
+                        trace, an apps episode): the grader said no, and that is all we know.
 12. unsolved            none of the above: ended without success for a reason the rules do not
                         name (a grid agent that fell into a hole).
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any, Callable, Mapping, Sequence
 
 from storage.protocol import PROPER_ENDINGS, TOOL_ACTIONS, parse_action
 
 Turns = Sequence[Mapping[str, Any]]
+REFUSED = frozenset({"refused", "content_filter"})
+REFUSAL = re.compile(
+    r"(?:<think>.*?</think>\s*)?\W*(?:(?:I'?m|I am) (?:sorry|afraid)|Sorry|I apologi[sz]e)?"
+    r"[,.!]?\s*(?:but\s+)?I (?:(?:must|have to) (?:decline|refuse)|(?:can(?:not|'t|’t| not)|"
+    r"won(?:'t|’t)|will not|(?:am|'m) (?:not able|unable) to) (?:help|assist|comply|fulfil|"
+    r"fulfill|engage|provide (?:that|this|any|instructions|assistance|help)|do that|do this))\b",
+    re.IGNORECASE | re.DOTALL)
+"""A refusal at the start of an answer; "I could not work it out" (giving up) is not one."""
 
 
 # ---- what one turn was ---------------------------------------------------------------------------
@@ -106,6 +124,13 @@ def sample_error(turns, success, finish, answer, info) -> bool:
     return finish == "error"
 
 
+def refused(turns, success, finish, answer, info) -> bool:
+    if finish in REFUSED:
+        return True
+    last = turns[-1] if turns else None
+    return bool(last) and _kind(last) == "answer" and bool(REFUSAL.match(last.get("action") or ""))
+
+
 def format_error(turns, success, finish, answer, info) -> bool:
     if not turns:
         return False
@@ -147,7 +172,8 @@ def unmet_state_test(turns, success, finish, answer, info) -> bool:
 
 
 def answered_without_search(turns, success, finish, answer, info) -> bool:
-    return answer is not None and not any(not _tool_failed(t) for t in _tool_calls(turns))
+    return answer is not None and info.get("tools_offered") is not False \
+        and not any(not _tool_failed(t) for t in _tool_calls(turns))
 
 
 def wrong_answer_with_evidence(turns, success, finish, answer, info) -> bool:
@@ -155,6 +181,10 @@ def wrong_answer_with_evidence(turns, success, finish, answer, info) -> bool:
 
 
 def wrong_answer_without_evidence(turns, success, finish, answer, info) -> bool:
+    return answer is not None and "retrieved_gold" in info
+
+
+def wrong_answer(turns, success, finish, answer, info) -> bool:
     return answer is not None
 
 
@@ -166,6 +196,7 @@ RULES: tuple[tuple[str, Callable[..., bool]], ...] = (
     ("collateral_damage", collateral_damage),
     ("success", succeeded),
     ("sample_error", sample_error),
+    ("refused", refused),
     ("format_error", format_error),
     ("invalid_action", invalid_action),
     ("repeated_action_loop", repeated_action_loop),
@@ -176,6 +207,7 @@ RULES: tuple[tuple[str, Callable[..., bool]], ...] = (
     ("answered_without_search", answered_without_search),
     ("wrong_answer_with_evidence", wrong_answer_with_evidence),
     ("wrong_answer_without_evidence", wrong_answer_without_evidence),
+    ("wrong_answer", wrong_answer),
     ("unsolved", unsolved),
 )
 FAILURE_CLASSES: tuple[str, ...] = tuple(name for name, _ in RULES)
@@ -185,6 +217,8 @@ DESCRIPTIONS: dict[str, str] = {
     "success": "The task was solved: the answer or the final state passed the grader.",
     "sample_error": "The evaluation harness raised an error during the episode (a tool, the "
                     "model API or the scorer crashed), so it never finished.",
+    "refused": "The model declined the task (in its own words, or the provider's refusal or "
+               "content filter stopped it) instead of trying it.",
     "format_error": "The model's output could not be parsed as an action, so it never really "
                     "used the environment.",
     "invalid_action": "The actions parsed but the environment refused them (empty query, illegal "
@@ -203,6 +237,8 @@ DESCRIPTIONS: dict[str, str] = {
                                   "retrieved evidence: a reading failure.",
     "wrong_answer_without_evidence": "The answer was wrong and the retrieved evidence never "
                                      "contained it: a search failure.",
+    "wrong_answer": "The agent answered and the grader marked the answer wrong (the log holds "
+                    "no record of retrieved evidence to tell a reading from a search failure).",
     "unsolved": "The episode ended without success for a reason none of the other rules name.",
 }
 

@@ -65,6 +65,10 @@ CASES = {
                           "answered", "done", {"collateral": True}),
     "sample_error": ([turn("<tool>{}</tool>", "ok", kind="tool")], False, "error", None, {}),
     "limit_exceeded": ([search("a"), search("b", "other")], False, "message_limit", None, {}),
+    "refused": ([turn("I'm sorry, but I can't help with that.", kind="answer")], False,
+                "answered", "I'm sorry, but I can't help with that.", {"tools_offered": True}),
+    "wrong_answer": ([turn("add(x=2, y=3)", "add -> 5", kind="tool"),
+                      turn("The answer is 6", kind="answer")], False, "answered", "6", {}),
     "unsolved": ([turn("<answer>Up</answer>", "grid 1", kind="move"),
                   turn("<answer>Left</answer>", "grid 2 (fell in a hole)", kind="move")],
                  False, "done", None, {}),
@@ -107,6 +111,16 @@ def test_every_class_has_a_case():
     # a context that filled up, and a crashed env
     ([search("q")], False, "context_full", None, {}, "no_answer"),
     ([], False, "env_error", None, {}, "no_answer"),
+    # evaluation logs: a refusal the provider marked, a content filter, giving up is no refusal
+    ([turn("Let me check.", kind="answer")], False, "refused", None, {}, "refused"),
+    ([], False, "content_filter", None, {}, "refused"),
+    ([turn("I could not work it out, sorry about that.", kind="answer")], False, "answered",
+     "I could not work it out, sorry about that.", {}, "answered_without_search"),
+    # a wrong answer without tools, where none was offered (a QA eval): a wrong answer
+    ([turn("Paris", kind="answer")], False, "answered", "Paris", {"tools_offered": False},
+     "wrong_answer"),
+    # a wrong answer with no record of what was retrieved (a verl dump): not a search failure
+    ([search("Osk river"), answer("Lenna")], False, "answered", "Lenna", {}, "wrong_answer"),
     # answering after a refused search: the last tool call failed and nothing succeeded after it
     ([turn("<search></search>", INVALID_FEEDBACK, valid=False, error="empty search query"),
       answer("Varno")], False, "answered", "Varno", {}, "tool_error_unrecovered"),

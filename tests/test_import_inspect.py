@@ -111,6 +111,12 @@ def test_eval_log_is_one_trajectory_per_sample_and_epoch(logs, tmp_path, capsys)
     errored = turns[turns.traj_id == "errored:epoch1"].iloc[-1]
     assert "sample error" in errored.error and "backend is down" in errored.error
     assert (turns[turns.traj_id == "limited:epoch1"].action.str.contains(r"add\(x=")).all()
+    call = _q(store, "SELECT parsed FROM turns WHERE run_id = ? AND traj_id = 'solved:epoch1' "
+                     "AND turn = 0", [run_id]).parsed[0]
+    (data,) = json.loads(call)["tool_calls"]  # the call as data, for Replay
+    assert (data["function"], data["arguments"]) == ("add", {"x": 2, "y": 3})
+    info = json.loads(t.loc["solved:epoch1", "info"])
+    assert info["tools_offered"] and info["inspect"]["tools"] == ["add", "divide", "crash"]
     # tokens: prompt, actions and observations in order; nothing trained
     tok = _q(store, "SELECT role, text, trained FROM tokens WHERE run_id = ? AND traj_id = ? "
                     "ORDER BY pos", [run_id, "solved:epoch1"])
@@ -201,6 +207,29 @@ def test_a_cut_log_imports_its_whole_samples_and_names_the_cut_one(logs, tmp_pat
     cfg = json.loads(_q(store, "SELECT config FROM runs").config[0])
     assert cfg["env"] == "inspect:arith"  # from _journal/start.json: header.json was cut off
     assert finished(log) and not finished(cut)  # what a follower waits for
+
+
+def test_refusals_marked_in_the_log_finish_refused(logs, tmp_path):
+    out, _ = logs
+    log = _one(out / "eval")
+    with Archive(log) as archive:
+        solved = json.loads(archive.read("samples/solved_epoch_1.json"))
+        failed = json.loads(archive.read("samples/failed_epoch_2.json"))
+    said = [{"type": "text", "text": "I will not do this.", "refusal": True}]
+    marked = dict(solved, messages=solved["messages"][:1] + [
+        {"role": "assistant", "content": said}], scores={"includes": {"value": "I"}})
+    stopped = json.loads(json.dumps(failed))  # the provider's stop details say refusal
+    stopped["output"]["choices"][0]["stop_details"] = {"type": "refusal", "category": "cyber"}
+    edited = tmp_path / "refusals.eval"
+    _rewrite(log, edited, {"samples/solved_epoch_1.json": json.dumps(marked).encode(),
+                           "samples/failed_epoch_2.json": json.dumps(stopped).encode()})
+    store = tmp_path / "s.duckdb"
+    import_inspect(edited, store)
+    t = _q(store, "SELECT traj_id, finish_reason, failure_class FROM trajectories"
+           ).set_index("traj_id")
+    assert t.loc["solved:epoch1"].tolist() == ["refused", "refused"]
+    assert t.loc["failed:epoch2"].tolist() == ["refused", "refused"]
+    assert t.loc["failed:epoch1", "failure_class"] == "tool_error_unrecovered"  # left as it was
 
 
 def test_bad_members_fail_alone_naming_the_sample(logs, tmp_path, capsys):

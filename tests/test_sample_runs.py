@@ -696,6 +696,61 @@ def test_mismatch_store_holds_the_readme_figures():
     assert round(math.exp(tok["train_logprob"] - tok["logprob"]), 2) == 0.61
 
 
+# -- 11. two agents evaluated with Inspect AI -----------------------------------------------------
+INSPECT = "inspect_agents.duckdb"
+CLASSES = {  # sample -> (careful, hasty), as sample_runs/agents/inspect_agents.py scripts them
+    "total": ("success", "answered_without_search"), "kiwi": ("tool_error_unrecovered", "success"),
+    "discount": ("limit_exceeded", "wrong_answer"), "weight": ("success", "success"),
+    "pastime": ("refused", "success"), "stock": ("sample_error", "sample_error")}
+
+
+def inspect_runs() -> dict[str, str]:
+    runs = the_runs(INSPECT)
+    assert set(runs["source"]) == {"import:inspect"}
+    return dict(zip(runs["name"], runs["run_id"]))
+
+
+def test_inspect_store_holds_every_evaluation_failure_class():
+    path, runs = store(INSPECT), inspect_runs()
+    assert set(runs) == {"shop_desk · mockllm/careful", "shop_desk · mockllm/hasty"}
+    got = {}
+    for side, name in enumerate(("careful", "hasty")):
+        trajs = queries.trajectories(path, runs[f"shop_desk · mockllm/{name}"])
+        assert (trajs["split"] == "eval").all() and len(trajs) == 6
+        for task, cls in zip(trajs["task_id"], trajs["failure_class"]):
+            got.setdefault(task, [None, None])[side] = cls
+        m = wide_metrics(path, runs[f"shop_desk · mockllm/{name}"]).iloc[0]
+        solved = sum(CLASSES[t][side] == "success" for t in CLASSES)
+        assert m["eval/success"] == pytest.approx(solved / 6)
+        assert m["inspect/includes/accuracy"] == pytest.approx(solved / 5)  # without the errored
+    assert {t: tuple(c) for t, c in got.items()} == CLASSES
+    # the tool calls are kept as data: the hasty agent's retry of the kiwi lookup
+    hasty = runs["shop_desk · mockllm/hasty"]
+    kiwi = queries.trajectories(path, hasty).set_index("task_id").loc["kiwi", "traj_id"]
+    turns = queries.turns(path, hasty, [kiwi])
+    calls = [json.loads(p)["tool_calls"][0] for p in turns["parsed"].dropna()]
+    assert [(c["function"], c["arguments"]) for c in calls] == [
+        ("catalogue", {"item": "kiwi"}), ("catalogue", {"item": "kiwi fruit"})]
+    assert "no item named 'kiwi'" in turns["error"].iloc[0]
+
+
+def test_inspect_store_clusters_with_the_real_job(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+    copy = tmp_path / INSPECT
+    shutil.copy(store(INSPECT), copy)
+    run = inspect_runs()["shop_desk · mockllm/careful"]
+    done = subprocess.run([sys.executable, "-m", "core.clusters", "--db", str(copy), "--run", run,
+                           "--encoder", "static"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    read = queries.failure_clusters(str(copy), run)
+    assert read["clusters"]["size"].sum() == 4 == len(read["members"])  # its four failures
+    assert set(read["members"]["failure_class"]) == {"tool_error_unrecovered", "limit_exceeded",
+                                                     "refused", "sample_error"}
+
+
 # -- README.md's workshop walkthrough: each figure read from the committed store -----------------
 # Every figure the walkthrough states is computed here from the store the step links to, and the
 # sentence that states it must be in the README as computed: a store remade, or a README edited,
@@ -885,3 +940,15 @@ def test_sample_run_names_state_the_sft_steps_they_hold():
                 assert config_of(row)["sft_steps"] == n, (path.name, row["name"])
                 checked += 1
     assert checked >= 15
+
+
+def test_walkthrough_step_15_pairs_the_two_agents():
+    path, runs = store(INSPECT), inspect_runs()
+    careful, hasty = runs["shop_desk · mockllm/careful"], runs["shop_desk · mockllm/hasty"]
+    d = queries.eval_diff(path, (careful, 0), (hasty, 0))
+    counts = d["counts"]
+    kiwi = queries.trajectories(path, hasty).set_index("task_id").loc["kiwi", "traj_id"]
+    says(f"the same {len(d['paired'])} samples: careful {d['solved']['A']} solved, hasty "
+         f"{d['solved']['B']}; {counts['gained']} gained, {counts['lost']} lost",
+         f"run={careful}&a={careful}%3A0&b={hasty}%3A0",
+         f"run={hasty}&step=0&traj={kiwi.replace('/', '%2F').replace(':', '%3A')}&turn=1")

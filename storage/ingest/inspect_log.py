@@ -24,8 +24,12 @@ One trajectory per sample and epoch:
   the primary scorer's value — the headline scorer, else the first — and success is that value
   being correct (1.0). A value of a type Inspect's ``Value`` does not allow fails the sample.
 * ``finish_reason``: ``error`` (the sample errored), ``{type}_limit`` (a token, message, time,
-  working, context, turn or cost limit cut it), else from the final output's stop reason
-  (``stop`` -> ``answered``/``done``, ``model_length`` -> ``context_full``, others as named).
+  working, context, turn or cost limit cut it), ``refused`` (the last assistant message has a
+  ``refusal`` part, or the output's ``stop_details`` type is ``refusal``), else from the final
+  output's stop reason (``stop`` -> ``answered``/``done``, ``model_length`` -> ``context_full``,
+  others as named).
+* ``info.tools_offered``: whether the model was offered any tool (its model events' tool lists;
+  absent when the log has no events), and ``info.inspect.tools`` their names.
 * ``info.inspect``: sample id, epoch, uuid, scores (value, answer, explanation), usage summed
   over models and per model, times, error, limit, metadata. ``response_tokens`` is the eval
   model's output tokens.
@@ -42,7 +46,8 @@ from typing import Any, Iterator
 
 from storage.ingest.inspect_scores import primary_scorer, score_components
 from storage.interchange import LineError
-from storage.ingest.messages import MAX_MESSAGES, content_text, render_call, turns_of
+from storage.ingest.messages import (MAX_MESSAGES, content_text, ended_refusing, refused_in,
+                                     render_call, turns_of)
 from storage.recorder import clean_json
 from storage.ingest.zip_members import (MAX_MEMBER_BYTES, MAX_TOTAL_BYTES, Archive, MemberError,
                                  ZipError)
@@ -82,16 +87,16 @@ def inspect_message(m: Any, where: str, attachments: dict) -> dict:
     for i, c in enumerate(m.get("tool_calls") or []):
         if not isinstance(c, dict) or not isinstance(c.get("function"), str):
             raise LineError(f"{where}.tool_calls[{i}] must be an object naming its function")
-        bad = c.get("parse_error")
+        bad, arguments = c.get("parse_error"), _resolve(c.get("arguments"), attachments)
         calls.append({"id": c.get("id"), "name": c["function"], "bad": bad if bad else None,
-                      "text": render_call(c["function"], _resolve(c.get("arguments"),
-                                                                   attachments))})
+                      "text": render_call(c["function"], arguments), "arguments": arguments})
     error = m.get("error")
     if isinstance(error, dict):  # ToolCallError: a type (timeout, permission, ...) and a message
         kind = error.get("type")
         error = f"{'' if kind in (None, 'unknown') else f'{kind}: '}{error.get('message') or ''}"
     return {"role": m["role"], "text": text, "name": m.get("function"),
-            "call_id": m.get("tool_call_id"), "calls": calls, "error": error or None}
+            "call_id": m.get("tool_call_id"), "calls": calls, "error": error or None,
+            "refused": refused_in(m.get("content"))}
 
 
 # -- one sample ------------------------------------------------------------------------------------
@@ -105,17 +110,32 @@ def _usage(model_usage: Any) -> dict[str, float]:
     return total
 
 
-def _finish(sample: dict, answer: str | None) -> str:
+def _finish(sample: dict, answer: str | None, refused: bool) -> str:
     if sample.get("error"):
         return "error"
     limit = sample.get("limit")
     if isinstance(limit, dict) and isinstance(limit.get("type"), str):
         return f"{limit['type']}_limit"
     choices = (sample.get("output") or {}).get("choices") or [{}]
-    reason = choices[0].get("stop_reason") if isinstance(choices[0], dict) else None
+    choice = choices[0] if isinstance(choices, list) and isinstance(choices[0], dict) else {}
+    reason, details = choice.get("stop_reason"), choice.get("stop_details")
+    if refused or (isinstance(details, dict) and details.get("type") == "refusal"):
+        return "refused"  # marked by the model or its provider (storage/failures.py: refused)
     if reason in STOP_REASONS:
         return STOP_REASONS[reason]
     return "answered" if answer else "done"
+
+
+def offered_tools(events: Any) -> list[str] | None:
+    """Names of the tools the model was offered (its first call to the model that lists any),
+    [] when it was called without tools, None when the log has no model call (no events)."""
+    calls = [e for e in events if isinstance(e, dict) and e.get("event") == "model"] \
+        if isinstance(events, list) else []
+    for event in calls:
+        tools = event.get("tools")
+        if isinstance(tools, list) and tools:
+            return [str(t.get("name")) for t in tools if isinstance(t, dict)][:100]
+    return [] if calls else None
 
 
 def _short_id(value: Any, limit: int = 200) -> str:
@@ -138,8 +158,8 @@ def sample_record(sample: Any, log: "InspectLog", prefix: str = "") -> dict:
         messages = [{"role": "user", "content": given}] if isinstance(given, str) else given or []
     if not isinstance(messages, list) or len(messages) > MAX_MESSAGES:
         raise LineError(f"messages must be a list of at most {MAX_MESSAGES}")
-    prompt, turns = turns_of([inspect_message(m, f"messages[{i}]", attachments)
-                              for i, m in enumerate(messages)])
+    normal = [inspect_message(m, f"messages[{i}]", attachments) for i, m in enumerate(messages)]
+    prompt, turns = turns_of(normal)
     notes: list[str] = []
     error = sample.get("error")
     if error and turns:  # what cut the episode short, beside the turn it cut (not in its text:
@@ -180,6 +200,7 @@ def sample_record(sample: Any, log: "InspectLog", prefix: str = "") -> dict:
         answer = output.get("completion") if isinstance(output.get("completion"), str) else None
     answer = answer if isinstance(answer, str) and answer else None
     usage, model_usage = _usage(sample.get("model_usage")), sample.get("model_usage") or {}
+    tools = offered_tools(sample.get("events"))
     own_usage = model_usage.get(log.model) if isinstance(model_usage, dict) else None
     out_tokens = (own_usage or {}).get("output_tokens", usage.get("output_tokens", 0))
     notes.append("an evaluation log: no token was trained (tokens are whitespace pieces of the "
@@ -192,13 +213,15 @@ def sample_record(sample: Any, log: "InspectLog", prefix: str = "") -> dict:
                   "traceback": (error.get("traceback") or "")[-4000:]}
         if isinstance(error, dict) else error, "limit": sample.get("limit"),
         "error_retries": len(sample.get("error_retries") or []), "metadata": sample.get("metadata"),
-        "log": log.path.name, "eval_id": log.spec.get("eval_id")}
+        "log": log.path.name, "eval_id": log.spec.get("eval_id"), "tools": tools}
     task = _short_id(sid)
     rec = {"traj_id": f"{prefix}{task}:epoch{epoch}", "task_id": task, "group_id": task,
            "step": 0, "split": "eval", "prompt": prompt, "turns": turns, "reward": outcome,
            "rewards": {"outcome": outcome, **components}, "success": success,
-           "finish_reason": _finish(sample, answer),
+           "finish_reason": _finish(sample, answer, ended_refusing(normal)),
            "info": clean_json({"inspect": inspect_info, "import_notes": notes})}
+    if tools is not None:
+        rec["info"]["tools_offered"] = bool(tools)
     if isinstance(out_tokens, int) and 0 <= out_tokens < 2 ** 31:
         rec["response_tokens"] = out_tokens
     if answer is not None:

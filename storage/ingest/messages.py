@@ -27,7 +27,12 @@ messages up to the next assistant message are its observation, each as ``name ->
 that calls tools has action type ``tool`` (so the failure rules see tool use), else ``answer``.
 A call whose arguments are not valid JSON (OpenAI sends them as a string) or that the framework
 says it could not parse makes the action invalid; a tool result marked as an error is the turn's
-``error``. A content part other than text (an image) is shown as ``[image]``.
+``error``. A content part other than text (an image) is shown as ``[image]``. The calls are also
+kept as data in the turn's ``parsed``: ``{"tool_calls": [{"id", "function", "arguments"}]}``.
+A conversation whose last assistant message is a marked refusal (OpenAI's ``refusal`` field,
+shown in the text; Inspect's ``refusal`` content part) finishes ``refused``; a line's ``tools``
+(the request's tool list) says whether any tool was offered (``info.tools_offered``), which the
+failure rules read (storage/failures.py).
 """
 from __future__ import annotations
 
@@ -38,6 +43,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from storage.interchange import MAX_LINE_BYTES, LineError, parse_json
+from storage.protocol import render_call
 
 MAX_MESSAGES = 10_000
 MAX_MESSAGE_CHARS = 4_000_000
@@ -72,19 +78,6 @@ def content_text(content: Any) -> str:
     return "".join(out)
 
 
-def _value(v: Any) -> str:
-    if isinstance(v, str) and "\n" in v:
-        return f'"""\n{v}\n"""'  # code and commands stay readable: no \n escapes
-    return json.dumps(v, ensure_ascii=False)
-
-
-def render_call(name: str, arguments: Any) -> str:
-    """``name(x=2, y=3)``; arguments that are not an object are shown whole."""
-    if isinstance(arguments, dict):
-        return f"{name}({', '.join(f'{k}={_value(v)}' for k, v in arguments.items())})"
-    return f"{name}({'' if arguments is None else _value(arguments)})"
-
-
 def _openai_call(call: Any, where: str) -> dict:
     """OpenAI ``{"id", "type": "function", "function": {"name", "arguments": "<JSON text>"}}``."""
     if not isinstance(call, dict):
@@ -99,10 +92,12 @@ def _openai_call(call: Any, where: str) -> dict:
             args = json.loads(raw) if raw.strip() else {}
         except ValueError as exc:
             bad = f"arguments of {name} are not valid JSON: {exc}"
-            return {"id": call.get("id"), "name": name, "text": f"{name}({raw})", "bad": bad}
+            return {"id": call.get("id"), "name": name, "text": f"{name}({raw})", "bad": bad,
+                    "arguments": raw}
     else:
         args = raw
-    return {"id": call.get("id"), "name": name, "text": render_call(name, args), "bad": bad}
+    return {"id": call.get("id"), "name": name, "text": render_call(name, args), "bad": bad,
+            "arguments": args}
 
 
 def openai_message(m: Any, where: str) -> dict:
@@ -118,6 +113,9 @@ def openai_message(m: Any, where: str) -> dict:
         raise LineError(f"{where}: {exc}") from None
     if isinstance(m.get("reasoning_content"), str) and m["reasoning_content"]:
         text = f"<think>{m['reasoning_content']}</think>\n{text}"
+    refusal = m.get("refusal") if isinstance(m.get("refusal"), str) else ""
+    if refusal:  # OpenAI's refusal field: the model declined, in these words
+        text = "\n".join(filter(None, [text, refusal]))
     calls = m.get("tool_calls") or []
     if not isinstance(calls, list):
         raise LineError(f"{where}.tool_calls must be a list")
@@ -125,7 +123,19 @@ def openai_message(m: Any, where: str) -> dict:
         calls = [*calls, {"function": m["function_call"]}]
     return {"role": role, "text": text, "name": m.get("name"), "call_id": m.get("tool_call_id"),
             "calls": [_openai_call(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls)],
-            "error": None}
+            "error": None, "refused": bool(refusal) or refused_in(m.get("content"))}
+
+
+def refused_in(content: Any) -> bool:
+    """Whether a message's content parts mark a refusal (Inspect's ``ContentText.refusal``)."""
+    return isinstance(content, list) and any(isinstance(p, dict) and p.get("refusal") is True
+                                             for p in content)
+
+
+def ended_refusing(messages: list[dict]) -> bool:
+    """Whether the last assistant message of normalised ``messages`` is a marked refusal."""
+    said = [m for m in messages if m["role"] == "assistant"]
+    return bool(said) and bool(said[-1].get("refused"))
 
 
 # -- a conversation as turns -----------------------------------------------------------------------
@@ -133,8 +143,9 @@ def turns_of(messages: list[dict]) -> tuple[str, list[dict]]:
     """(prompt, turns) of normalised messages ``{role, text, name, calls, error}`` (see above)."""
     prompt, turns, called = [], [], {}
     for i, m in enumerate(messages):
-        if len(m["text"]) > MAX_MESSAGE_CHARS:
-            raise LineError(f"message {i} ({m['role']}) holds {len(m['text'])} characters, over "
+        size = len(m["text"]) + sum(len(c["text"]) for c in m["calls"])
+        if size > MAX_MESSAGE_CHARS:
+            raise LineError(f"message {i} ({m['role']}) holds {size} characters, over "
                             f"the limit of {MAX_MESSAGE_CHARS}")
         if m["role"] == "assistant":
             called.update({c["id"]: c["name"] for c in m["calls"] if c.get("id")})
@@ -142,6 +153,10 @@ def turns_of(messages: list[dict]) -> tuple[str, list[dict]]:
             parts = [m["text"]] * bool(m["text"]) + [c["text"] for c in m["calls"]]
             turn = {"action": "\n".join(parts), "observation": "",
                     "action_type": "tool" if m["calls"] else "answer", "action_valid": not bad}
+            if m["calls"]:  # the calls as data: Replay shows each as a call, name and arguments
+                turn["parsed"] = {"tool_calls": [{"id": c.get("id"), "function": c["name"],
+                                                  "arguments": c.get("arguments")}
+                                                 for c in m["calls"]]}
             if bad:
                 turn["action_type"], turn["error"] = "invalid", "; ".join(bad)
             turns.append(turn)
@@ -175,7 +190,8 @@ def messages_record(obj: Any, default_id: str) -> dict:
         raise LineError("field 'messages' must be a non-empty list of messages")
     if len(msgs) > MAX_MESSAGES:
         raise LineError(f"{len(msgs)} messages, over the limit of {MAX_MESSAGES}")
-    prompt, turns = turns_of([openai_message(m, f"messages[{i}]") for i, m in enumerate(msgs)])
+    normal = [openai_message(m, f"messages[{i}]") for i, m in enumerate(msgs)]
+    prompt, turns = turns_of(normal)
     notes = []
     rec = {k: obj[k] for k in KNOWN_KEYS - {"messages"} if obj.get(k) is not None}
     rec.update(prompt=prompt, turns=turns, traj_id=str(rec.get("traj_id", default_id)))
@@ -184,6 +200,8 @@ def messages_record(obj: Any, default_id: str) -> dict:
         rec["group_id"] = str(rec["group_id"])
     last = turns[-1] if turns else None
     final = content_text(msgs[-1].get("content")) if msgs[-1].get("role") == "assistant" else ""
+    if msgs[-1].get("role") == "assistant" and ended_refusing(normal):
+        rec.setdefault("finish_reason", "refused")  # the model's refusal field, not a guess
     if last and last["action_type"] == "answer" and final.strip():
         rec.setdefault("finish_reason", "answered")  # it ended on its own words, no call pending
         rec.setdefault("answer", final)  # without the reasoning
@@ -197,6 +215,8 @@ def messages_record(obj: Any, default_id: str) -> dict:
     if "info" in rec and not isinstance(rec["info"], dict):
         raise LineError(f"field 'info' must be an object, got {type(rec['info']).__name__}")
     info = dict(rec.get("info") or {})
+    if isinstance(obj.get("tools"), list):  # the request's tool list: whether any was offered
+        info["tools_offered"] = bool(obj["tools"])
     extra = {k: v for k, v in obj.items() if k not in KNOWN_KEYS}
     if extra:
         info["extra"] = extra
