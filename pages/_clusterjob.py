@@ -53,3 +53,22 @@ def launch(store: str, run_id: str) -> dict:
            "started_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     (logs / (stem + ".job")).write_text(json.dumps(job))
     return {**job, "phase": "starting", "alive": True}
+
+
+def progress(job: dict) -> tuple[float, str]:
+    """(fraction done, what the job is doing) for its progress bar. The job writes ``total`` as
+    the texts it still has to embed: with every text cached it is 0, which read "0 of 0 texts
+    embedded" while the job went on to cluster the cached vectors."""
+    phase = str(job.get("phase") or "starting")
+    total, done, cached = (int(job.get(k) or 0) for k in ("total", "done", "cached"))
+    if phase == "embedding" and total:
+        note = f" ({cached} more already embedded, cached)" if cached else ""
+        return done / total, f"Embedding: {done} of {total} texts embedded{note}"
+    if phase == "embedding":
+        return 1.0, (f"All {cached} texts already embedded (cached): clustering next"
+                     if cached else "Embedding: no text to embed")
+    if phase == "clustering":
+        return 1.0, "Clustering the embedded failures (k-means, k = 2..12 by silhouette)"
+    if phase == "reading":
+        return 0.0, "Reading the run's failing trajectories"
+    return (1.0 if phase == "done" else 0.0), phase.capitalize()

@@ -110,12 +110,26 @@ def changed_first(diff):
     return out
 
 
+@st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
+def load_columns(store: str):
+    """The store's tables and columns (a store's schema changes only with its version)."""
+    return queries.table_columns(store)
+
+
 def sql_box(pick: Pick) -> None:
     """A read-only SQL console over the store's tables, with a row and a time limit."""
     st.caption(f"Read-only: one SELECT at a time, at most {MAX_ROWS} rows and "
                f"{MAX_BYTES // 2 ** 20} MB of result, {MEMORY_LIMIT} of working memory, stopped "
-               f"after {TIME_LIMIT_S:g} s. Tables: runs, metrics, trajectories, rewards, turns, tokens, "
-               "grad_stats, test_results, tags.")
+               f"after {TIME_LIMIT_S:g} s.")
+    try:
+        schema = load_columns(pick.store)
+    except db.StoreError:
+        schema = None
+    if schema is not None and not schema.empty:
+        # as text (escaped, wrapped, copyable): a column list too long for a table cell
+        with st.expander(f"Tables and their columns ({len(schema)} tables)", expanded=True):
+            st.code("\n".join(f"{t}: {cols}" for t, cols in schema.itertuples(index=False)),
+                    language=None, wrap_lines=True)
     run_literal = pick.run_id.replace("'", "''")
     default = (f"SELECT failure_class, count(*) AS n\nFROM trajectories\n"
                f"WHERE run_id = '{run_literal}'\nGROUP BY ALL ORDER BY n DESC")

@@ -125,9 +125,15 @@ st.dataframe(shown, key="cmp_tasks", hide_index=True,
 
 # -- one task side by side -------------------------------------------------------------------------
 st.subheader("Where the two trajectories of a task diverge")
-tasks = (changed if not changed.empty else paired)["task_id"].tolist() + \
-    [t for t in paired["task_id"] if t not in set(changed["task_id"])]
-task = c.url_select("Task", tasks, key="cmp_task", param="task", format_func=str)
+tasks = list(dict.fromkeys(changed["task_id"].tolist() + paired["task_id"].tolist()))
+# Each task is marked with what happened to it, so the picker itself lists gained and lost ones.
+CHANGE_MARKS = {"gained": "▲ gained", "lost": "▼ lost", "kept": "solved in both",
+                "unsolved": "solved in neither"}
+marks = {t: CHANGE_MARKS.get(ch, str(ch)) for t, ch in zip(paired["task_id"], paired["change"])}
+task = c.url_select("Task", tasks, key="cmp_task", param="task",
+                    format_func=lambda t: f"{marks.get(t, '')} · {t}",
+                    help=f"Gained and lost tasks first ({counts['gained']} gained, "
+                         f"{counts['lost']} lost), then the others.")
 row = paired[paired["task_id"] == task].iloc[0]
 turns = d["turns"]
 ta = turns[(turns["side"] == "A") & (turns["traj_id"] == row["traj_a"])].reset_index(drop=True)

@@ -2,18 +2,17 @@
 and a read-only SQL box."""
 from __future__ import annotations
 
-import re
-
 import plotly.express as px
 import streamlit as st
 
 from pages import _clusterjob, _common as c
-from pages import _panels
+from pages import _failfilters, _panels
 from storage import queries
 from storage.failures import DESCRIPTIONS
 
 c.ensure_app()
 MAX_BARS = 100
+SHOWN_ROWS = 500  # rows of the results table; the count and the export cover every match
 
 
 # Cached per (store, run, last_step, facets): a rerun (selecting a row, typing a tag) re-reads
@@ -23,7 +22,17 @@ def search(store: str, run_id: str, last_step: int, text: str, classes: tuple | 
            step_range: tuple[int, int], splits: tuple | None, success: bool | None):
     return queries.search_trajectories(store, run_id, text=text, step_range=step_range,
                                        classes=list(classes) if classes else None,
-                                       splits=list(splits) if splits else None, success=success)
+                                       splits=list(splits) if splits else None, success=success,
+                                       limit=SHOWN_ROWS)
+
+
+@st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
+def count(store: str, run_id: str, last_step: int, text: str, classes: tuple | None,
+          step_range: tuple[int, int], splits: tuple | None, success: bool | None) -> int:
+    """How many match, when more than the table shows."""
+    return queries.count_trajectories(store, run_id, text=text, step_range=step_range,
+                                      classes=list(classes) if classes else None,
+                                      splits=list(splits) if splits else None, success=success)
 
 
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
@@ -54,15 +63,13 @@ def cluster_panel(pick: c.Pick) -> None:
             now = _clusterjob.state(pick.store, pick.run_id) or {}
             if not now.get("alive"):
                 st.rerun(scope="app")
-            total, done = int(now.get("total") or 0), int(now.get("done") or 0)
-            st.progress(done / total if total else 0.0,
-                        text=f"{now.get('phase', 'starting')}: {done} of {total} texts embedded"
-                             + (f" ({now['cached']} cached)" if now.get("cached") else ""))
+            fraction, text = _clusterjob.progress(now)
+            st.progress(fraction, text=text)
         with right:
             progress()
     elif job and job.get("phase") == "failed":
         right.error("The cluster job failed:")
-        right.code(str(job.get("error", "")), language=None)
+        right.code(str(job.get("error", "")), language=None, wrap_lines=True)
     if table.empty:
         if not running:
             right.info("Not computed yet for this run: Compute clusters embeds its failing "
@@ -139,59 +146,64 @@ counts = c.read_or_stop(c.load_failure_counts, pick.store, pick.run_id, pick.las
 if counts.empty:
     c.stop("This run recorded no trajectories (metrics only): nothing to classify.")
 
+# The filters' state first (from a link, this session's copy, or the defaults): the counts below
+# are of the splits they pick (branch continuations are left out unless picked).
+classes = sorted(counts["failure_class"].unique())
+splits = sorted(counts["split"].dropna().unique())
+first, last = int(counts["step"].min()), int(counts["step"].max())
+view = _failfilters.restore(pick, classes, splits, first, last)
+counted_splits = st.session_state["fail_splits"] or splits     # none picked: every split
+counted = counts[counts["split"].isin(counted_splits) | counts["split"].isna()]
+left_out = int(counts["n"].sum() - counted["n"].sum())
+
 # -- counts ----------------------------------------------------------------------------------------
 left, right = st.columns(2)
-shown = counts.assign(failure_class=counts["failure_class"].map(c.plot_text))
-per_class = shown.groupby("failure_class", as_index=False)["n"].sum().sort_values("n")
+shown = counted.assign(failure_class=counted["failure_class"].map(c.plot_text))
+# Solved trajectories are a bar of their own no more: on a run that learns they outnumber every
+# failure class together and squash the bars that matter; the title says how many.
+failed = shown[shown["failure_class"] != "success"]
+per_class = failed.groupby("failure_class", as_index=False)["n"].sum().sort_values("n")
+solved_n = int(shown.loc[shown["failure_class"] == "success", "n"].sum())
 left.plotly_chart(px.bar(per_class, x="n", y="failure_class", orientation="h", height=320,
-                         title="Trajectories per failure class"), key="fail_per_class")
+                         title=f"Failed trajectories per class ({solved_n} solved not drawn)"),
+                  key="fail_per_class")
 # One bar per step drew ~20k SVG bars on the 3,125-step bench run (seconds of browser time):
 # long runs get one bar per `width` steps, labelled by the bin's first step.
-first, last = int(counts["step"].min()), int(counts["step"].max())
 width = max(1, -(-(last - first + 1) // MAX_BARS))  # ceil: at most MAX_BARS bars
 binned = shown.assign(step=(shown["step"] - first) // width * width + first)
 per_step = binned.groupby(["step", "failure_class"], as_index=False)["n"].sum()
 right.plotly_chart(px.bar(per_step, x="step", y="n", color="failure_class", height=320,
                           title="Failure classes per step" if width == 1
                           else f"Failure classes per {width} steps"), key="fail_per_step")
+if left_out:
+    st.caption(f"Counted: the splits picked below ({', '.join(map(c.safe_label, counted_splits))})"
+               f"; {left_out} trajectories of other splits (branch continuations unless picked) "
+               "are left out.")
 
 class_meanings(counts)
-cluster_panel(pick)
 
-# -- facets and search -----------------------------------------------------------------------------
-# Streamlit drops a widget's state when a run of another page does not draw it, so a visit to
-# Replay reset the filters and the selection: the page keeps a copy per run and restores it when
-# the widgets come back without state (Back from Replay) or another run is picked.
-classes = sorted(counts["failure_class"].unique())
-splits = sorted(counts["split"].dropna().unique())
-lo, hi = first, last
-view = {"fail_classes": [k for k in classes if k != "success"], "fail_splits": splits,
-        "fail_outcome": "any", "fail_search": ""} | ({"fail_steps": (lo, hi)} if hi > lo else {})
-here = (pick.store, pick.run_id)
-kept = st.session_state.setdefault("_fail_kept", {}).get(here, {})
-if st.session_state.get("_fail_view_of") != here or any(k not in st.session_state for k in view):
-    st.session_state.update({k: kept.get(k, default) for k, default in view.items()})
-    st.session_state["fail_classes"] = [k for k in st.session_state["fail_classes"] if k in classes]
-    st.session_state["fail_splits"] = [k for k in st.session_state["fail_splits"] if k in splits]
-    if hi > lo:
-        a, b = st.session_state["fail_steps"]
-        st.session_state["fail_steps"] = (max(lo, min(a, hi)), min(hi, max(b, lo)))
-st.session_state["_fail_view_of"] = here
-
+# -- find trajectories: facets and search ----------------------------------------------------------
+# Above the clusters, under a heading of their own: drawn under the cluster-members table they
+# looked as if they filtered it. Each filter that differs from its default is in the URL.
+st.subheader("Find trajectories")
 f1, f2, f3 = st.columns(3)
-chosen = f1.multiselect("Failure class", classes, key="fail_classes")
-chosen_splits = f2.multiselect("Split", splits, key="fail_splits")
-outcome = f3.radio("Outcome", ["any", "solved", "failed"], key="fail_outcome", horizontal=True)
-step_range = st.slider("Steps", lo, hi, key="fail_steps") if hi > lo else (lo, hi)
-text = st.text_input("Search text", key="fail_search", placeholder="e.g. capital of")
+f1.multiselect("Failure class", classes, key="fail_classes")
+f2.multiselect("Split", splits, key="fail_splits",
+               help="Branch continuations (split 'branch') are left out unless picked.")
+f3.radio("Outcome", list(_failfilters.OUTCOMES), key="fail_outcome", horizontal=True)
+if first < last:
+    st.slider("Steps", first, last, key="fail_steps")
+st.text_input("Search text", key="fail_search", placeholder="e.g. capital of")
 st.caption("Searches the prompt and every turn's action and observation (case-insensitive "
            "substring; not the answer, tags or notes). A trajectory is listed when it matches the "
            "search and every filter above.")
-st.session_state["_fail_kept"][here] = kept = {**kept, **{k: st.session_state[k] for k in view}}
-found = search(pick.store, pick.run_id, pick.last_step, text.strip(), tuple(chosen) or None,
-               tuple(int(x) for x in step_range), tuple(chosen_splits) or None,
-               {"any": None, "solved": True, "failed": False}[outcome])
-st.caption(f"{len(found)} trajectories match" + (" (first 500 shown)" if len(found) >= 500 else "")
+kept = _failfilters.publish(pick, view)
+matching = _failfilters.current(view, first, last)
+found = search(pick.store, pick.run_id, pick.last_step, **matching)
+total = len(found) if len(found) < SHOWN_ROWS else \
+    count(pick.store, pick.run_id, pick.last_step, **matching)
+st.caption(f"{total} trajectories match" + (f" (first {SHOWN_ROWS} shown; export writes all)"
+                                            if total > len(found) else "")
            + ". Select a row to read it and tag it.")
 found["replay"] = [c.replay_url(pick, s, t) for s, t in zip(found["step"], found["traj_id"])]
 ids = found["traj_id"].tolist()
@@ -207,15 +219,7 @@ event = st.dataframe(
 rows = [r for r in (event.selection.rows if event else []) if r < len(found)]
 kept["opened"] = found["traj_id"].iloc[rows[0]] if rows else None
 
-d1, d2 = st.columns(2)
-file_stem = re.sub(r"[^A-Za-z0-9._-]", "_", pick.run_id)
-for box, fmt, mime in ((d1, "jsonl", "application/jsonl"),
-                       (d2, "parquet", "application/vnd.apache.parquet")):
-    box.download_button(f"Export matches as {fmt.upper() if fmt == 'jsonl' else 'Parquet'}",
-                        key=f"fail_export_{fmt}", disabled=not ids, mime=mime,
-                        file_name=f"{file_stem}-trajectories.{fmt}",
-                        data=lambda fmt=fmt: queries.export_trajectories(pick.store, pick.run_id,
-                                                                         ids, fmt))
+_failfilters.export_buttons(pick, matching, total)
 if rows:
     _panels.trajectory_panel(pick, found.iloc[rows[0]].to_dict())
 
@@ -223,6 +227,8 @@ tagged = queries.tags(pick.store, pick.run_id)
 if not tagged.empty:
     with st.expander(f"Tags and notes in this run ({len(tagged)})"):
         st.dataframe(tagged, key="fail_all_tags", hide_index=True)
+
+cluster_panel(pick)
 
 # -- one task across steps -------------------------------------------------------------------------
 st.subheader("One task across steps")

@@ -287,9 +287,33 @@ def failure_counts(path: str | Path, run_id: str) -> pd.DataFrame:
 def search_trajectories(path: str | Path, run_id: str, text: str = "",
                         classes: list[str] | None = None, step_range: tuple[int, int] | None = None,
                         splits: list[str] | None = None, success: bool | None = None,
-                        limit: int = 500) -> pd.DataFrame:
-    """Trajectories matching the facets; ``text`` is searched (case-insensitive substring, as a
-    parameter: never spliced into SQL) in every turn's action and observation and in the prompt."""
+                        limit: int | None = 500) -> pd.DataFrame:
+    """Trajectories matching the facets, the first ``limit`` (None: all); ``text`` is searched
+    (case-insensitive substring, as a parameter: never spliced into SQL) in every turn's action
+    and observation and in the prompt."""
+    where, params = _facets(run_id, text, classes, step_range, splits, success)
+    sql = f"""SELECT t.step, t.traj_id, t.group_id, t.task_id, t.split, t.reward, t.success,
+                     t.num_turns, t.finish_reason,
+                     coalesce(t.failure_class, CASE WHEN t.success THEN 'success'
+                              ELSE 'unclassified' END) AS failure_class
+              FROM trajectories t WHERE {where}
+              ORDER BY t.step, t.group_id, t.traj_id"""
+    if limit is None:
+        return _read(path, sql, params)
+    return _read(path, sql + " LIMIT ?", params + [int(limit)])
+
+
+def count_trajectories(path: str | Path, run_id: str, text: str = "",
+                       classes: list[str] | None = None, step_range: tuple[int, int] | None = None,
+                       splits: list[str] | None = None, success: bool | None = None) -> int:
+    """How many trajectories ``search_trajectories`` would list without its limit."""
+    where, params = _facets(run_id, text, classes, step_range, splits, success)
+    return int(_read(path, f"SELECT count(*) AS n FROM trajectories t WHERE {where}",
+                     params)["n"].iloc[0])
+
+
+def _facets(run_id, text, classes, step_range, splits, success) -> tuple[str, list]:
+    """The WHERE clause (over ``trajectories t``) and parameters of the search's facets."""
     where = ["t.run_id = ?"]
     params: list = [run_id]
     if classes:
@@ -313,13 +337,20 @@ def search_trajectories(path: str | Path, run_id: str, text: str = "",
               AND (contains(lower(u.action), lower(?))
                    OR contains(lower(u.observation), lower(?)))))""")
         params += [text, text, text]
-    sql = f"""SELECT t.step, t.traj_id, t.group_id, t.task_id, t.split, t.reward, t.success,
-                     t.num_turns, t.finish_reason,
-                     coalesce(t.failure_class, CASE WHEN t.success THEN 'success'
-                              ELSE 'unclassified' END) AS failure_class
-              FROM trajectories t WHERE {' AND '.join(where)}
-              ORDER BY t.step, t.group_id, t.traj_id LIMIT ?"""
-    return _read(path, sql, params + [int(limit)])
+    return " AND ".join(where), params
+
+
+def table_columns(path: str | Path) -> pd.DataFrame:
+    """The store's tables and views with their columns in order, for the SQL box:
+    (table, columns), ``columns`` as "name TYPE, ..." (the schema's own bookkeeping left out)."""
+    return _read(path, """
+        SELECT table_name AS "table",
+               string_agg(column_name || ' ' || data_type, ', ' ORDER BY ordinal_position)
+                   AS columns
+        FROM information_schema.columns
+        WHERE table_catalog = current_database() AND table_schema = 'main'
+          AND NOT starts_with(table_name, '_')
+        GROUP BY table_name ORDER BY table_name""")
 
 
 def task_history(path: str | Path, run_id: str, task_id: str) -> pd.DataFrame:

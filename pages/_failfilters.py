@@ -1,0 +1,164 @@
+"""Failures' filters (failure class, split, outcome, steps, search text): their state across
+visits and in the URL, and the export of everything they match.
+
+A filtered view is a link: each filter that differs from its default is a URL parameter
+(``classes`` and ``splits`` repeated, ``outcome``, ``steps`` as ``A-B``, ``q``), adopted when it
+comes from outside (a pasted link) and written back when a widget changes. Branch continuations
+(split ``branch``: the resampled and kept rollouts of a branch job, tens per analysed turn) are
+left out by default, as solved trajectories are from the class filter.
+
+Streamlit drops a widget's state when a run of another page does not draw it, so a visit to
+Replay reset the filters: a copy per run is kept and restored when the widgets come back without
+state (Back from Replay) or another run is picked.
+"""
+from __future__ import annotations
+
+import re
+
+import streamlit as st
+
+from pages._common import Pick
+from storage import queries
+
+OUTCOMES = {"any": None, "solved": True, "failed": False}
+PARAMS = {"fail_classes": "classes", "fail_splits": "splits", "fail_outcome": "outcome",
+          "fail_steps": "steps", "fail_search": "q"}
+"""Widget key -> URL parameter."""
+HIDDEN_SPLITS = ("branch",)
+"""Splits left out unless picked: branch continuations are a job's samples, not the run's."""
+
+
+def defaults(classes: list[str], splits: list[str], lo: int, hi: int) -> dict:
+    """Each filter's value when nothing picked it: every class but ``success``, every split but
+    branch continuations, any outcome, every step, no text."""
+    view = {"fail_classes": [k for k in classes if k != "success"],
+            "fail_splits": [s for s in splits if s not in HIDDEN_SPLITS] or list(splits),
+            "fail_outcome": "any", "fail_search": ""}
+    return view | ({"fail_steps": (lo, hi)} if hi > lo else {})
+
+
+def _encode(key: str, value) -> list[str] | str:
+    if key in ("fail_classes", "fail_splits"):
+        return list(value) or [""]          # an empty pick (every class) still differs
+    if key == "fail_steps":
+        return f"{int(value[0])}-{int(value[1])}"
+    return str(value)
+
+
+def _decode(key: str, raw: list[str], classes: list[str], splits: list[str], lo: int, hi: int):
+    """A URL value for widget ``key``, or None when it is not one the widget can show."""
+    if key == "fail_classes":
+        return [k for k in classes if k in raw]
+    if key == "fail_splits":
+        return [s for s in splits if s in raw]
+    one = raw[-1] if raw else ""
+    if key == "fail_outcome":
+        return one if one in OUTCOMES else None
+    if key == "fail_steps":
+        found = re.fullmatch(r"\s*(-?\d+)\s*-\s*(-?\d+)\s*", one)
+        if not found:
+            return None
+        a, b = sorted((int(found.group(1)), int(found.group(2))))
+        return (max(lo, min(a, hi)), min(hi, max(b, lo)))
+    return one[:200]
+
+
+def restore(pick: Pick, classes: list[str], splits: list[str], lo: int, hi: int) -> dict:
+    """Before the filter widgets are drawn: their state from a link that came from outside, else
+    this session's copy for the run, else the defaults. Returns the defaults."""
+    view = defaults(classes, splits, lo, hi)
+    here = (pick.store, pick.run_id)
+    kept = st.session_state.setdefault("_fail_kept", {}).get(here, {})
+    if st.session_state.get("_fail_view_of") != here or any(k not in st.session_state
+                                                            for k in view):
+        st.session_state.update({k: kept.get(k, default) for k, default in view.items()})
+    st.session_state["_fail_view_of"] = here
+    seen = st.session_state.setdefault("_url_seen", {})
+    for key, param in PARAMS.items():
+        if key not in view:
+            continue
+        raw = st.query_params.get_all(param)
+        if not raw:
+            seen.pop(param, None)
+            continue
+        if seen.get(param) == raw:
+            continue                        # this session wrote it: the widget's state rules
+        seen[param] = raw
+        value = _decode(key, raw, classes, splits, lo, hi)
+        if value is not None:
+            st.session_state[key] = value
+    # values kept from an earlier visit may name classes or steps this run no longer has
+    st.session_state["fail_classes"] = [k for k in st.session_state["fail_classes"]
+                                        if k in classes]
+    st.session_state["fail_splits"] = [k for k in st.session_state["fail_splits"] if k in splits]
+    if st.session_state.get("fail_outcome") not in OUTCOMES:
+        st.session_state["fail_outcome"] = "any"
+    if hi > lo:
+        a, b = st.session_state["fail_steps"]
+        st.session_state["fail_steps"] = (max(lo, min(a, hi)), min(hi, max(b, lo)))
+    return view
+
+
+def publish(pick: Pick, view: dict) -> dict:
+    """After the widgets: every filter that differs from its default into the URL (the others
+    out of it), and this session's copy for the run updated. Returns the copy."""
+    here = (pick.store, pick.run_id)
+    seen = st.session_state.setdefault("_url_seen", {})
+    for key, param in PARAMS.items():
+        value = st.session_state.get(key)
+        differs = key in view and _same(key, value) != _same(key, view[key])
+        if not differs:
+            if param in st.query_params:
+                del st.query_params[param]
+            seen.pop(param, None)
+            continue
+        raw = _encode(key, value)
+        listed = raw if isinstance(raw, list) else [raw]
+        if st.query_params.get_all(param) != listed:   # only a change is written
+            st.query_params[param] = raw
+        seen[param] = listed
+    kept = st.session_state["_fail_kept"].setdefault(here, {})
+    kept.update({k: st.session_state[k] for k in view})
+    return kept
+
+
+def _same(key: str, value):
+    """A filter value in a form that compares equal when it means the same."""
+    if key in ("fail_classes", "fail_splits"):
+        return tuple(sorted(value or ()))
+    if key == "fail_steps":
+        return tuple(int(v) for v in value) if value else None
+    return value
+
+
+def current(view: dict, lo: int, hi: int) -> dict:
+    """The search's arguments for the filters as set now."""
+    return {"text": str(st.session_state.get("fail_search") or "").strip(),
+            "classes": tuple(st.session_state.get("fail_classes") or ()) or None,
+            "step_range": tuple(int(x) for x in st.session_state["fail_steps"])
+            if "fail_steps" in view else (lo, hi),
+            "splits": tuple(st.session_state.get("fail_splits") or ()) or None,
+            "success": OUTCOMES[st.session_state.get("fail_outcome", "any")]}
+
+
+def export_buttons(pick: Pick, matching: dict, total: int) -> None:
+    """JSONL and Parquet downloads of every trajectory the filters match (all ``total`` of them,
+    not only the rows the table shows). The filters are bound when the buttons are drawn, so the
+    file holds the matches the page showed next to the button."""
+    stem = re.sub(r"[^A-Za-z0-9._-]", "_", pick.run_id)
+    store, run_id, frozen = pick.store, pick.run_id, dict(matching)
+
+    def data(fmt: str):
+        def build() -> bytes:
+            found = queries.search_trajectories(store, run_id, limit=None, **frozen)
+            return queries.export_trajectories(store, run_id, found["traj_id"].tolist(), fmt)
+        return build
+
+    d1, d2 = st.columns(2)
+    for box, fmt, mime in ((d1, "jsonl", "application/jsonl"),
+                           (d2, "parquet", "application/vnd.apache.parquet")):
+        box.download_button(f"Export matches as {fmt.upper() if fmt == 'jsonl' else 'Parquet'}",
+                            key=f"fail_export_{fmt}", disabled=not total, mime=mime,
+                            file_name=f"{stem}-trajectories.{fmt}", data=data(fmt),
+                            help=f"All {total} trajectories the filters match, with their turns "
+                                 "and reward components.")
