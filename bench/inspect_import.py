@@ -8,7 +8,10 @@ arguments and answers, so it has 8 messages, its events and its usage (given wit
 so mockllm never loads a tokenizer). Then imports it into a fresh store ``--repeats`` times,
 each in a child process, and prints samples/s (wall, from the child's own perf_counter) and the
 child's peak RSS (ru_maxrss). The baseline row is the same child importing nothing (Python, duckdb,
-pyarrow and storage imported, the store prepared) — what the product costs before a sample.
+pyarrow and storage imported, the store prepared) — what the product costs before a sample. The
+``follow`` rows take the same log the way ``python -m storage.io follow DIR --format inspect``
+does (storage/ingest/follow_logs.py: the file opened inside the directory, its digest, then its
+samples), in a child of their own too.
 """
 from __future__ import annotations
 
@@ -64,10 +67,17 @@ inspect_eval(task, model=get_model("mockllm/model", custom_outputs=outputs), log
 CHILD = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
+from storage.ingest.follow import Follower
 from storage.ingest.inspect_import import import_inspect
 from storage.migrations import prepare
 if sys.argv[1] == "-":
     prepare(sys.argv[2]); n = 0
+elif sys.argv[1].startswith("follow:"):
+    follower = Follower(sys.argv[1][len("follow:"):], sys.argv[2], "inspect", log=lambda m: None)
+    assert follower.poll_once() == 0 and follower.poll_once() == 1  # held still, then read
+    n = follower.report.trajectories
+    assert not follower.report.failed and not follower.report.errors, follower.report.errors
+    follower.finish(); follower.close()
 else:
     result = import_inspect(sys.argv[1], sys.argv[2])
     n = sum(r.imported for r in result.reports)
@@ -112,9 +122,10 @@ def main() -> None:
         print(f"{'baseline':<10} {0:>8} {base['seconds']:>8.2f} {'':>10} "
               f"{base['peak_rss_mb']:>12.0f}")
         for i in range(args.repeats):
-            r = child(str(log), Path(tmp) / f"s{i}.duckdb")
-            print(f"{'import':<10} {r['imported']:>8} {r['seconds']:>8.2f} "
-                  f"{r['imported'] / r['seconds']:>10.0f} {r['peak_rss_mb']:>12.0f}")
+            for kind, source in (("import", str(log)), ("follow", f"follow:{log.parent}")):
+                r = child(source, Path(tmp) / f"{kind}{i}.duckdb")
+                print(f"{kind:<10} {r['imported']:>8} {r['seconds']:>8.2f} "
+                      f"{r['imported'] / r['seconds']:>10.0f} {r['peak_rss_mb']:>12.0f}")
     print(f"(children's ru_maxrss, this process: "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB)")
 
