@@ -37,14 +37,19 @@ explains the others:
  7. no_answer           it ran out of turns or context (or the env failed) without answering.
  8. unmet_state_test    a unit test on the final state failed (stateful envs): more precise than
                         any answer-level class below.
- 9. answered_without_search  it answered without a single successful search or tool call
-                        (unless the log says no tool was offered: ``info.tools_offered`` false).
+ 9. answered_without_search  it answered without a single successful search or tool call, where
+                        the environment has one: the log says a tool was offered
+                        (``info.tools_offered``), or, with no such record, the episode called one
+                        or answered in Search-R1's ``<answer>`` vocabulary, which comes with its
+                        search. A bandit's pull (action ``pull``) or a grid's move has no tool to
+                        skip: such an answer that missed is a ``wrong_answer``.
 10. wrong_answer_with_evidence     wrong although a gold answer was in the retrieved evidence
                         (info.retrieved_gold): a reading failure.
 11. wrong_answer_without_evidence  wrong and the evidence never held the answer
                         (info.retrieved_gold false): a search failure.
 11a. wrong_answer       wrong, with no record of what was retrieved (an evaluation log, a chat
-                        trace, an apps episode): the grader said no, and that is all we know.
+                        trace, an apps episode, a bandit's pull): the grader said no, and that is
+                        all we know.
 12. unsolved            none of the above: ended without success for a reason the rules do not
                         name (a grid agent that fell into a hole).
 """
@@ -171,8 +176,16 @@ def unmet_state_test(turns, success, finish, answer, info) -> bool:
     return _failed_tests(info.get("tests"))
 
 
+def _offers_tools(turns: Turns, info: Mapping[str, Any]) -> bool:
+    """Whether the episode's environment had a search or tool action (rule 9)."""
+    offered = info.get("tools_offered")
+    if offered is not None:
+        return bool(offered)
+    return any(_kind(t) in TOOL_ACTIONS or _kind(t) == "answer" for t in turns)
+
+
 def answered_without_search(turns, success, finish, answer, info) -> bool:
-    return answer is not None and info.get("tools_offered") is not False \
+    return answer is not None and _offers_tools(turns, info) \
         and not any(not _tool_failed(t) for t in _tool_calls(turns))
 
 

@@ -239,3 +239,15 @@ def test_compare_task_picker_marks_gained_and_lost_tasks(page, server):
         goto(page, url, "compare", "Compare", store, run, a=f"{run}:20", b=f"{run}:30", task=task)
         assert picker.input_value() == f"{marks[change]} · {task}"
     no_exception(page)
+
+
+def test_the_bandits_failures_are_not_said_to_have_skipped_a_search(page, server):
+    """The bandit has no search to skip: its missed pulls are wrong answers."""
+    url = server[0]
+    store, run = BANDIT
+    goto(page, url, "failures", "Failures", store, run)
+    per_class = chart(page, "fail_per_class")
+    classes = {y for trace in per_class["data"] for y in trace["y"]}
+    assert classes == {"wrong_answer", "format_error"}, classes
+    assert "answered_without_search" not in page.locator(".st-key-fail_classes").inner_text()
+    no_exception(page)
