@@ -18,6 +18,7 @@ import pandas as pd
 import streamlit as st
 
 from pages import _common as c
+from pages import _runlist
 from storage import db, queries
 
 st.set_page_config(page_title="Agentic-RL inspector", layout="wide")
@@ -104,7 +105,9 @@ def run_picker(with_step: bool) -> None:
     labels = run_labels(readable.to_dict("records"), readable["store"].nunique() > 1)
     _adopt_run_from_url(options)
     if st.session_state.get("pick_run") not in options:
-        st.session_state["pick_run"] = options[0]
+        # no link named a run: the newest worth opening (not a cross-evaluation, not empty)
+        st.session_state["pick_run"] = options[_runlist.worth_opening(
+            readable.reset_index(drop=True))]
     store, run_id = st.sidebar.selectbox(
         "Run", options, key="pick_run", format_func=labels.__getitem__,
         help="name · created (UTC) · short run id · status (· store, when there are several)")

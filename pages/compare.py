@@ -15,6 +15,7 @@ from pages import _evaljob
 from storage import queries
 
 c.ensure_app()
+CLASS_WIDTH = 215  # px: the longest class name (wrong_answer_without_evidence) whole
 
 
 @st.cache_data(ttl=c.RUN_TTL_S * 6, max_entries=c.MAX_ENTRIES, show_spinner=False)
@@ -118,8 +119,10 @@ shown = table if show_all else table[table["change"].isin(["gained", "lost"])]
 st.dataframe(shown, key="cmp_tasks", hide_index=True,
              column_order=["change", "task_id", "class_a", "class_b", "replay_a", "replay_b",
                            "seed"],
-             column_config={"class_a": st.column_config.TextColumn("class in A"),
-                            "class_b": st.column_config.TextColumn("class in B"),
+             column_config={"class_a": st.column_config.TextColumn("class in A",
+                                                                   width=CLASS_WIDTH),
+                            "class_b": st.column_config.TextColumn("class in B",
+                                                                   width=CLASS_WIDTH),
                             "replay_a": st.column_config.LinkColumn("A", display_text="open"),
                             "replay_b": st.column_config.LinkColumn("B", display_text="open")})
 

@@ -13,6 +13,7 @@ from storage.failures import DESCRIPTIONS
 c.ensure_app()
 MAX_BARS = 100
 SHOWN_ROWS = 500  # rows of the results table; the count and the export cover every match
+CLASS_WIDTH = 215  # px: the longest class name (wrong_answer_without_evidence) whole
 
 
 # Cached per (store, run, last_step, facets): a rerun (selecting a row, typing a tag) re-reads
@@ -92,7 +93,8 @@ def cluster_panel(pick: c.Pick) -> None:
                  column_config={"share": st.column_config.NumberColumn("share %"),
                                 "replay": st.column_config.LinkColumn(
                                     "most central", display_text="open in Replay"),
-                                "classes": st.column_config.TextColumn("failure classes")})
+                                "classes": st.column_config.TextColumn("failure classes",
+                                                                       width="large")})
     names = {int(r.cluster): f"{int(r.cluster)}: {str(r.terms)[:40]}" for r in table.itertuples()}
     if per_step["step"].nunique() > 1:
         lines = per_step.assign(cluster=per_step["cluster"].map(
@@ -214,7 +216,8 @@ event = st.dataframe(
                   "task_id", "group_id", "split", "finish_reason"],
     selection_default={"selection": {"rows": [ids.index(opened)], "columns": []}}
     if opened in ids else None,
-    column_config={"failure_class": st.column_config.TextColumn("failure class"),
+    column_config={"failure_class": st.column_config.TextColumn("failure class",
+                                                                width=CLASS_WIDTH),
                    "replay": st.column_config.LinkColumn("Replay", display_text="open")})
 rows = [r for r in (event.selection.rows if event else []) if r < len(found)]
 kept["opened"] = found["traj_id"].iloc[rows[0]] if rows else None

@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from pages import _common as c
+from pages import _runlist
 from storage import queries
 
 c.ensure_app()
@@ -72,18 +73,29 @@ if table.empty:
            + " is listed here; start a run on the Train page or with `python -m core.train`.")
 
 frame = run_frame(table)
-# What tells runs apart first, then the key metrics, in the width of a laptop window (1280 px);
-# the rest is a sideways scroll away.
-order = ["run", "status", "env", "algo", *[f"last {m}" for m in SPARK_METRICS], *SPARK_METRICS,
-         "model", "source", "last step", "created", "store", "run_id"]
-st.dataframe(frame, key="runs_table", hide_index=True, column_order=order, column_config={
-    name: st.column_config.LineChartColumn(name, width="small") for name in SPARK_METRICS
-} | {"run_id": st.column_config.TextColumn("run_id", width="small"),
-     # fixed widths: a long name or a user's env module path would push the rest out of view
-     "run": st.column_config.TextColumn("run", width=240),
-     "env": st.column_config.TextColumn("env", width=100)})
-st.caption("A 'running' run whose trainer has not written for "
-           f"{queries.STALE_AFTER_S // 60} minutes is shown as 'interrupted'.")
+experiments = {(r["store"], r["run_id"]): _runlist.experiment_of(
+    r["name"], r["run_id"], queries.run_config(r["config"])) for r in table.to_dict("records")}
+frame["experiment"] = [experiments[key] for key in zip(frame["store"], frame["run_id"])]
+# One folding section per store, the sidebar's run's open (every one when there are few); in
+# it a table per experiment (cross-evaluations last). The tables are HTML that fits the window:
+# a 27-run store no longer crowds the top, and long names wrap instead of being cut.
+picked = st.session_state.get("pick_run")
+grouped = _runlist.groups(frame)
+for store, experiments in grouped:
+    n = sum(len(rows) for _, rows in experiments)
+    envs = sorted({str(e) for _, rows in experiments for e in rows["env"].dropna()})
+    label = (f"{c.safe_label(store, 80)} · {n} run{'s' * (n != 1)}"
+             + (f" · {c.safe_label(', '.join(envs), 60)}" if envs else ""))
+    open_ = len(grouped) <= 2 or (picked is not None and picked[0] == store)
+    with st.expander(label, expanded=open_):
+        for experiment, rows in experiments:
+            if len(experiments) > 1:
+                st.markdown(f"**{c.safe_label(experiment)}** · {len(rows)} run"
+                            f"{'s' * (len(rows) != 1)}")
+            st.html(_runlist.table_html(rows, picked))
+st.caption("Stores fold open and shut; a run's name opens it on Dynamics. A 'running' run whose "
+           f"trainer has not written for {queries.STALE_AFTER_S // 60} minutes is shown as "
+           "'interrupted'.")
 
 st.subheader("Compare runs")
 labels = {i: f"{r['run']} ({r['run_id']})" for i, r in frame.iterrows()}

@@ -13,7 +13,9 @@ import urllib.parse
 
 import pytest
 
+from pages import _runlist
 from storage import queries
+from storage.recorder import Recorder
 from tests.app_fixtures import RUN_NAMES, SCRIPT_TEXT, SCRIPT_TRAJ, make_demo_store
 from tests.browser_harness import ROOT, browser_fixtures, scratch_dir, served_app
 from tests.test_browser import _stop_job, _trainer_available, no_exception, settle
@@ -24,9 +26,23 @@ SAMPLES = "sample_runs"
 # A search group of 8 rollouts whose actions run to hundreds of characters.
 SEARCH_STORE, SEARCH_RUN, SEARCH_STEP, SEARCH_GROUP = (
     "sample_runs/search_smollm2.duckdb", "20261129-215645-4187b5", 21, "s21-g0")
-KEY_COLUMNS = ("run", "status", "env", "algo", "last reward/mean", "last success/rate")
 PEFT_WARNING = "save_embedding_layers"
 LIVE_MARKUP = "[data-testid=stMain] [data-testid=stHtml] :is(script, img, b)"  # the page's HTML
+
+
+def _record_cross_evaluation(path) -> None:
+    """A trained run, then a cross-evaluation of its checkpoint: one evaluation step, no reward
+    curve, recorded last (as core/jobs/evaluation.py's runs are, after the runs they pair)."""
+    rec = Recorder(path)
+    trained = rec.start_run({"env": "bandit", "model": "tiny", "algo": "grpo"}, name="trained")
+    for step in range(1, 4):
+        rec.record_step(step, metrics={"reward/mean": 0.2 * step, "success/rate": 0.1 * step})
+    rec.finish("finished")
+    rec = Recorder(path)
+    rec.start_run({"env": "bandit", "model": "tiny", "algo": "grpo",
+                   "cross_eval": {"checkpoint_run": trained}}, name="trained@3 on other@3's tasks")
+    rec.record_step(3, metrics={"eval/success": 0.5})
+    rec.finish("finished")
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +54,7 @@ def server():
     (ROOT / runs).mkdir(parents=True)
     (ROOT / stores).mkdir(parents=True)
     demo = dict(zip(RUN_NAMES, make_demo_store(ROOT / stores / "demo.duckdb")))
+    _record_cross_evaluation(ROOT / stores / "xeval.duckdb")   # the newest run of all
     dirs = (SAMPLES, str(stores), str(runs))
     with served_app(base, dirs, runs) as url:
         try:
@@ -58,40 +75,39 @@ def goto(page, url: str, path: str, title: str, **params) -> None:
     page.wait_for_timeout(1000)          # tables and charts draw after the script has run
 
 
-def grid_columns(grid) -> dict:
-    """Of a st.dataframe (locator): the header labels the grid drew (its accessibility table
-    holds only the columns inside the visible region, a partly visible one included), its first
-    data row's text, and whether it scrolls sideways."""
-    grid.locator("[role=columnheader]").first.wait_for(state="attached", timeout=30_000)
-    return grid.evaluate("""d => {
-        const s = d.querySelector('.dvn-scroller');
-        const rows = [...d.querySelectorAll('[role=row]')];
-        return {headers: [...d.querySelectorAll('[role=columnheader]')].map(e => e.textContent),
-                first_row: rows.length > 1 ? rows[1].textContent : '',
-                scrolls: s.scrollWidth > s.clientWidth + 1};
-    }""")
-
-
-def newest_run(dirs: tuple[str, ...]) -> dict:
-    table = queries.all_runs(queries.discover_stores(dirs, root=ROOT))
-    return table.sort_values("created_at").iloc[-1].to_dict()
-
-
 # -- runs ------------------------------------------------------------------------------------------
-def test_runs_newest_first_with_key_columns_in_view_and_the_newest_picked(page, server):
+def test_runs_grouped_by_store_readable_in_the_window_and_a_run_worth_opening_picked(page, server):
+    """The first page with no link: the sidebar picks the newest run worth opening (the newest of
+    all, a cross-evaluation with no reward curve, is passed over), its store's section is open,
+    and in it every column fits the 1280 px window: no table scrolls sideways, no cell cuts its
+    text (the run names included)."""
     url, _, _, dirs = server
     goto(page, url, "", "Runs")                          # the first page, no link parameters
-    newest = newest_run(dirs)
+    table = queries.all_runs(queries.discover_stores(dirs, root=ROOT))
+    table = table[table["run_id"].notna()].reset_index(drop=True)
+    want = table.iloc[_runlist.worth_opening(table)].to_dict()
+    assert table.iloc[0]["name"].startswith("trained@3")  # the newest: a cross-evaluation
+    assert want["name"] == "trained"
     picker = page.locator('[data-testid="stSidebar"]').get_by_role("combobox", name="Run")
-    assert picker.input_value().startswith(newest["name"] + " · "), picker.input_value()
-    assert f"run={newest['run_id']}" in page.url
-    grid = grid_columns(page.locator("[data-testid=stDataFrame]").first)   # the runs table
-    assert grid["first_row"].startswith(newest["name"]), grid["first_row"]
-    shown = grid["headers"]
-    missing = [c for c in KEY_COLUMNS if c not in shown]
-    assert not missing, f"{missing} need a sideways scroll; in view: {shown}"
-    if grid["scrolls"]:   # the last column in view may be cut by the edge: a key one must not be
-        assert shown[-1] not in KEY_COLUMNS, shown
+    assert picker.input_value().startswith(want["name"] + " · "), picker.input_value()
+    assert f"run={want['run_id']}" in page.url
+    sections = page.locator("[data-testid=stExpander]")
+    assert sections.count() == table["store"].nunique()
+    opened = page.locator("[data-testid=stExpander] details[open]")
+    assert opened.count() >= 1
+    grid = opened.first.locator("table.run-list").first
+    heads = grid.locator("th").all_inner_texts()
+    assert [h.strip() for h in heads][:5] == ["run", "status", "env", "algo", "model"], heads
+    fits = grid.evaluate("""t => {
+        const box = t.parentElement.getBoundingClientRect();
+        const cut = [...t.querySelectorAll('td, th')].filter(
+            c => c.scrollWidth > c.clientWidth + 1).map(c => c.textContent);
+        return {right: t.getBoundingClientRect().right, box: box.right, width: innerWidth, cut};
+    }""")
+    assert fits["right"] <= min(fits["box"], fits["width"]) + 1, fits
+    assert fits["cut"] == [], fits["cut"]
+    row = grid.locator("tr", has_text="shown in the sidebar")
+    assert row.count() == 1 and want["run_id"] in row.inner_text()
     no_exception(page)
 
 

@@ -1,10 +1,12 @@
-"""Runs newest first and the newest picked, the Groups grid a row per rollout (escaped), and the
+"""Runs newest first in a folding section per store, the newest worth opening picked (not a
+cross-evaluation), the Groups grid a row per rollout (escaped), and the
 Train page's job panel (eval/success with losses on their own axis, links to the run), through
 Streamlit's AppTest; tests/test_browser_clarity.py checks the same in a real browser window.
 """
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import urllib.parse
@@ -12,7 +14,8 @@ import urllib.parse
 import pandas as pd
 import pytest
 
-from pages import _grid, _jobs
+from pages import _common as c
+from pages import _grid, _jobs, _runlist
 from storage.recorder import Recorder
 from tests.app_fixtures import SCRIPT_TEXT, SCRIPT_TRAJ
 from tests.test_pages import app, demo, texts  # noqa: F401  (fixtures)
@@ -35,17 +38,54 @@ def test_runs_are_newest_first_across_stores_and_the_newest_is_picked(app, tmp_p
     at = app("runs", store_dir=str(tmp_path))
     assert not at.exception
     assert at.session_state["pick_run"] == (str(tmp_path / "b.duckdb"), newer)
-    table = next(f.value for f in at.dataframe if "run" in f.value.columns)
-    assert table["run"].tolist() == ["newer", "older"]
-    assert table["run_id"].tolist() == [newer, older]
+    # one folding section per store, the newest run's store first
+    labels = [e.label for e in at.expander]
+    assert [label.split(" · ")[0] for label in labels] == [
+        c.safe_label(str(tmp_path / name), 80) for name in ("b.duckdb", "a.duckdb")], labels
+    assert older != newer
 
 
-def test_runs_table_puts_the_key_columns_first(app):
-    at = app("runs")
-    frame = next(f for f in at.dataframe if "run" in f.value.columns)
-    order = list(frame.proto.column_order)
-    assert order[:6] == ["run", "status", "env", "algo", "last reward/mean",
-                         "last success/rate"], order
+def test_a_newer_cross_evaluation_is_not_the_default_pick(app, tmp_path):
+    """The default pick is a run worth opening: a cross-evaluation (one evaluation of another
+    run's checkpoint, no reward curve) recorded after it is passed over."""
+    trained = _record(tmp_path / "a.duckdb", "trained")
+    rec = Recorder(tmp_path / "a.duckdb")
+    rec.start_run({"env": "bandit", "model": "tiny", "algo": "grpo",
+                   "cross_eval": {"checkpoint_run": trained}}, name="trained@5 on other@5's tasks")
+    rec.record_step(5, metrics={"eval/success": 0.5})
+    rec.finish("finished")
+    at = app("runs", store_dir=str(tmp_path))
+    assert not at.exception
+    assert at.session_state["pick_run"] == (str(tmp_path / "a.duckdb"), trained)
+
+
+def test_run_list_tables_put_the_key_columns_first_and_escape_names():
+    frame = pd.DataFrame([{"run": "<b>x</b> ![](http://h/i.png)", "status": "finished",
+                           "env": "search", "algo": "grpo", "model": "tiny",
+                           "reward/mean": [0.1, 0.3, 0.2], "last reward/mean": 0.2,
+                           "success/rate": [0.0], "last success/rate": 0.0, "last step": 3,
+                           "created": pd.Timestamp("2026-01-02 03:04"), "store": "s.duckdb",
+                           "run_id": "r1", "experiment": "x"}])
+    page = _runlist.table_html(frame, picked=("s.duckdb", "r1"))
+    heads = re.findall(r"<th[^>]*>([^<]*)</th>", page)
+    assert heads[:7] == ["run", "status", "env", "algo", "model", "reward/mean",
+                         "success/rate"], heads
+    assert "<b>" not in page and "&lt;b&gt;x&lt;/b&gt;" in page and "<img alt" in page
+    assert page.count("<img") == 1                      # one sparkline: success has one point
+    assert 'href="dynamics?store=s.duckdb&amp;run=r1"' in page
+    assert "shown in the sidebar" in page
+
+
+def test_experiments_group_a_stores_runs_with_cross_evaluations_last():
+    assert _runlist.experiment_of("credit grpo seed 0", "r", {}) == "credit"
+    assert _runlist.experiment_of("search-smollm2: 60 SFT steps", "r", {}) == "search"
+    assert _runlist.experiment_of("credit grpo@64 on x", "xeval-1", {}) == "cross-evaluations"
+    assert _runlist.experiment_of(None, "run-7", {}) == "run"
+    frame = pd.DataFrame({"store": ["s", "s", "s", "t"], "run_id": ["1", "2", "3", "4"],
+                          "experiment": ["cross-evaluations", "credit", "credit", "x"]})
+    groups = _runlist.groups(frame)
+    assert [store for store, _ in groups] == ["s", "t"]
+    assert [e for e, _ in groups[0][1]] == ["credit", "cross-evaluations"]
 
 
 # -- groups ----------------------------------------------------------------------------------------
