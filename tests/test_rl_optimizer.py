@@ -8,6 +8,7 @@ step then halved it"). The trainer now starts the RL optimizer from SFT's second
 small step.
 """
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -15,13 +16,15 @@ import torch
 from core.config import PRESETS, ConfigError, TrainConfig, validate
 from core.credit.assign import assign
 from core.envs.base import make_env
+from core.learn.distributed import ONE
+from core.learn.update import (carry_second_moments, make_samples, policy_update, sft_update,
+                               weight_change)
 from core.model.policy import load_policy
 from core.rollout.engine import rollout
 from core.rollout.sampling import Sampling
 from core.rollout.sft import demonstrations
-from core.run.trainer import _Run
-from core.learn.update import (carry_second_moments, make_samples, policy_update, sft_update,
-                         weight_change)
+from core.run.steps import build, evaluate, rl_step, sft_step
+from core.run.trainer import first_step
 from storage.recorder import NullRecorder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -125,22 +128,21 @@ def test_trainer_starts_rl_from_sft_second_moments(tmp_path):
     cfg = TrainConfig(env="search", model="tiny", algo="grpo", sft_steps=2, steps=1,
                       group_size=2, tasks_per_step=1, max_turns=1, max_new_tokens=8,
                       eval_every=0, db=str(tmp_path / "x.duckdb"), cost_per_token=0.01)
-    run = _Run(cfg, NullRecorder(), progress=False)
-    run.start()
-    run.sft_step(1)
-    run.sft_step(2)
+    run = build(cfg, ONE)
+    assert first_step(run, NullRecorder(), "r") == -1
+    sft_step(run, 1)
+    sft_step(run, 2)
     sft_v = {p: s["exp_avg_sq"].clone() for p, s in run.sft_opt.state.items()}
     assert not run.rl_opt.state
-    run.rl_step(3)
+    rl_step(run, 3)
     assert run.rl_opt.state.keys() == sft_v.keys()
     for p, s in run.rl_opt.state.items():
         assert int(s["step"]) == 3  # the carried count goes on
         # v = beta2 * v_sft + (1 - beta2) * g^2 >= beta2 * v_sft
         assert bool((s["exp_avg_sq"] >= 0.999 * sft_v[p] - 1e-20).all())
-    fresh = _Run(cfg.replace(rl_moments="fresh"), NullRecorder(), progress=False)
-    fresh.start()
-    fresh.sft_step(1)
-    fresh.rl_step(2)
+    fresh = build(cfg.replace(rl_moments="fresh"), ONE)
+    sft_step(fresh, 1)
+    rl_step(fresh, 2)
     assert all(int(s["step"]) == 1 for s in fresh.rl_opt.state.values())
 
 
@@ -157,11 +159,10 @@ def test_one_rl_step_at_a_high_lr_keeps_the_sft_format_only_from_sft_moments(tmp
     cfg = TrainConfig.from_dict({**PRESETS["workshop-demo"], "lr": 1e-2, "steps": 1,
                                  "eval_tasks": 16, "db": str(tmp_path / "unused.duckdb"),
                                  "checkpoint_dir": str(tmp_path / "ckpt")})
-    run = _Run(cfg, NullRecorder(), progress=False)
-    run.start()
+    run = build(cfg, ONE)
     for step in range(1, cfg.sft_steps + 1):
-        run.sft_step(step)
-    assert run.evaluate(cfg.sft_steps).metrics["eval/valid_action_ratio"] >= 0.9
+        sft_step(run, step)
+    assert evaluate(run, cfg.sft_steps).metrics["eval/valid_action_ratio"] >= 0.9
     params = run.policy.trainable_parameters()
     after_sft = [p.detach().clone() for p in params]
     sft_state = copy.deepcopy(run.sft_opt.state_dict())
@@ -171,9 +172,9 @@ def test_one_rl_step_at_a_high_lr_keeps_the_sft_format_only_from_sft_moments(tmp
             for p, s in zip(params, after_sft):
                 p.copy_(s)
         run.sft_opt.load_state_dict(copy.deepcopy(sft_state))
-        run.rl_opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-        run.cfg = cfg.replace(rl_moments=mode)
-        run.rl_step(cfg.sft_steps + 1)  # the same rollouts both times (same policy and seed)
-        valid[mode] = run.evaluate(cfg.sft_steps + 1).metrics["eval/valid_action_ratio"]
+        run = dataclasses.replace(run, cfg=cfg.replace(rl_moments=mode),
+                                  rl_opt=torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0))
+        rl_step(run, cfg.sft_steps + 1)  # the same rollouts both times (same policy and seed)
+        valid[mode] = evaluate(run, cfg.sft_steps + 1).metrics["eval/valid_action_ratio"]
     assert valid["fresh"] <= 0.5, valid  # the fault: one step, the format is gone
     assert valid["sft"] >= 0.9, valid

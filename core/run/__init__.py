@@ -1,6 +1,7 @@
 """A run: the loop that takes every stage in turn, and what it does around its steps.
 
-    trainer     the training run: SFT warm start, then RL steps, each stage recorded
+    trainer     the training run: SFT warm start, then RL steps, each step recorded
+    steps       one step (RL, SFT, held-out evaluation) as a function of the run's Setup
     collection  a run whose policy is an endpoint: episodes collected and recorded, no update
     schedule    which tasks each step draws, its seed, when held-out evaluation runs
     records     trajectories to the store's table rows

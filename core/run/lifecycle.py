@@ -7,11 +7,20 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
+from dataclasses import dataclass
 from typing import Callable
 
 from tqdm import tqdm
 
 from storage.db import StoreError
+
+
+@dataclass
+class StopFlag:
+    """What Ctrl-C tells a run's loop: stop after the current step; and what the run tells the
+    handler: the final status is being written."""
+    stop_requested: bool = False
+    finishing: bool = False
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ def _hold() -> None:
 
 
 def _install(kind: str, step: int) -> None:
-    import core.run.trainer as trainer
+    import core.run.steps as trainer  # where a step calls rollout and policy_update
     import storage.recorder as recorder
     if kind == "hold-write":
         insert = recorder.insert_frame
