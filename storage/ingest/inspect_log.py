@@ -146,11 +146,9 @@ def _short_id(value: Any, limit: int = 200) -> str:
     return f"{text[:limit - 13]}~{hashlib.sha1(text.encode('utf-8', 'replace')).hexdigest()[:12]}"
 
 
-def sample_record(sample: Any, log: "InspectLog", prefix: str = "") -> dict:
-    """The generic record of one sample (see the module docstring), or LineError."""
-    if not isinstance(sample, dict) or "id" not in sample:
-        raise LineError("a sample must be an object with an id")
-    sid, epoch = sample["id"], sample.get("epoch", 1)
+def _messages(sample: dict) -> list[dict]:
+    """The sample's messages, normalised (``inspect_message``); a sample that errored before any
+    generation has only its input."""
     attachments = sample.get("attachments") or {}
     messages = sample.get("messages") or []
     if not messages:  # errored before any generation: the input is all there is
@@ -158,14 +156,13 @@ def sample_record(sample: Any, log: "InspectLog", prefix: str = "") -> dict:
         messages = [{"role": "user", "content": given}] if isinstance(given, str) else given or []
     if not isinstance(messages, list) or len(messages) > MAX_MESSAGES:
         raise LineError(f"messages must be a list of at most {MAX_MESSAGES}")
-    normal = [inspect_message(m, f"messages[{i}]", attachments) for i, m in enumerate(messages)]
-    prompt, turns = turns_of(normal)
-    notes: list[str] = []
-    error = sample.get("error")
-    if error and turns:  # what cut the episode short, beside the turn it cut (not in its text:
-        message = error.get("message") if isinstance(error, dict) else error  # no model saw it)
-        turns[-1]["error"] = "; ".join(filter(None, [turns[-1].get("error"),
-                                                     f"sample error: {message}"]))
+    return [inspect_message(m, f"messages[{i}]", attachments) for i, m in enumerate(messages)]
+
+
+def _scores(sample: dict, log: "InspectLog", notes: list[str]) -> tuple:
+    """(reward components, the scores kept in info, the primary scorer, outcome, success, the
+    primary scorer's answer) of a sample; what was assumed is appended to ``notes``. The outcome
+    is the mean of the primary scorer's values, success all of them correct (1.0)."""
     scores = sample.get("scores") or {}
     if not isinstance(scores, dict):
         raise LineError(f"scores must be an object, got {type(scores).__name__}")
@@ -194,6 +191,23 @@ def sample_record(sample: Any, log: "InspectLog", prefix: str = "") -> dict:
             notes.append(f"outcome is the mean of scorer {primary!r}'s {len(own)} values; "
                          "success is all of them correct")
         answer = scores[primary].get("answer")
+    return components, kept, primary, outcome, success, answer
+
+
+def sample_record(sample: Any, log: "InspectLog", prefix: str = "") -> dict:
+    """The generic record of one sample (see the module docstring), or LineError."""
+    if not isinstance(sample, dict) or "id" not in sample:
+        raise LineError("a sample must be an object with an id")
+    sid, epoch = sample["id"], sample.get("epoch", 1)
+    normal = _messages(sample)
+    prompt, turns = turns_of(normal)
+    notes: list[str] = []
+    error = sample.get("error")
+    if error and turns:  # what cut the episode short, beside the turn it cut (not in its text:
+        message = error.get("message") if isinstance(error, dict) else error  # no model saw it)
+        turns[-1]["error"] = "; ".join(filter(None, [turns[-1].get("error"),
+                                                     f"sample error: {message}"]))
+    components, kept, primary, outcome, success, answer = _scores(sample, log, notes)
     output = sample.get("output") or {}
     if not isinstance(answer, str) and turns and turns[-1]["action_type"] == "answer":
         # no scorer's answer: the final words, if the model ended on words and not on a call

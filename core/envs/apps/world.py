@@ -202,7 +202,8 @@ def _at(rng: random.Random, day: datetime, lo_hour: int = 8, hi_hour: int = 19) 
 
 def generate_world(seed: int) -> World:
     """A fresh world from ``seed``: 30-60 people, ~80% of them contacts, a calendar from 10 days
-    ago to 14 days ahead, 40-60 mails, notes, todos, wallet history over ~4 months."""
+    ago to 14 days ahead, 40-60 mails, notes, todos, wallet history over ~4 months. Each app is
+    filled in turn from the one ``rng``, so the order of the calls below is part of the world."""
     rng = random.Random(seed)
     now = datetime(2024, 1, 8, 9, 0) + timedelta(days=rng.randrange(0, 330),
                                                  minutes=30 * rng.randrange(0, 8))
@@ -213,7 +214,17 @@ def generate_world(seed: int) -> World:
     store = Store()
     world = World(store, now, me, people, rng)
     today = now.replace(hour=0, minute=0)
+    _contacts(rng, store, people)
+    _calendar(rng, store, people, today)
+    _mail(rng, store, people, me, now)
+    _notes(rng, store, now)
+    _todos(rng, store, now, today)
+    _wallet(rng, store, people, me, now)
+    store.log.clear()  # generation is not part of any episode's diff
+    return world
 
+
+def _contacts(rng: random.Random, store: Store, people: list) -> None:
     for p in people:
         if rng.random() < 0.8:
             bday = datetime(1960 + rng.randrange(45), 1, 1) + timedelta(days=rng.randrange(365))
@@ -221,6 +232,9 @@ def generate_world(seed: int) -> World:
                                       "email": p["email"], "phone": p["phone"],
                                       "relationship": rng.choice(RELATIONSHIPS),
                                       "birthday": bday.strftime("%Y-%m-%d")})
+
+
+def _calendar(rng: random.Random, store: Store, people: list, today: datetime) -> None:
     for _ in range(rng.randrange(20, 31)):
         start = _at(rng, today + timedelta(days=rng.randrange(-10, 15)))
         who = rng.sample(people, rng.randrange(0, 4))
@@ -229,6 +243,9 @@ def generate_world(seed: int) -> World:
             "end": fmt_time(start + timedelta(minutes=rng.choice((30, 60, 90)))),
             "location": rng.choice(LOCATIONS), "description": "",
             "attendees": [p["email"] for p in who]})
+
+
+def _mail(rng: random.Random, store: Store, people: list, me: dict, now: datetime) -> None:
     for _ in range(rng.randrange(40, 61)):
         p = rng.choice(people)
         sent = now - timedelta(minutes=rng.randrange(30, 60 * 24 * 30))
@@ -242,11 +259,17 @@ def generate_world(seed: int) -> World:
                     + " ".join(rng.sample(SENTENCES, 2)),
             "sent_at": fmt_time(sent), "is_read": int(outgoing or rng.random() < 0.7),
             "starred": int(rng.random() < 0.1), "in_reply_to": None})
+
+
+def _notes(rng: random.Random, store: Store, now: datetime) -> None:
     for title in rng.sample(NOTE_TITLES, rng.randrange(4, 8)):
         made = fmt_time(now - timedelta(days=rng.randrange(1, 90)))
         store.insert("notes", {"title": title, "body": f"{title}: " + rng.choice(SENTENCES),
                                "tags": rng.sample(["home", "work", "ideas", "misc"], 1),
                                "created_at": made, "updated_at": made})
+
+
+def _todos(rng: random.Random, store: Store, now: datetime, today: datetime) -> None:
     for title in rng.sample(TODO_TITLES, rng.randrange(6, 11)):
         done = rng.random() < 0.3
         due = today + timedelta(days=rng.randrange(-5, 10), hours=rng.choice((9, 12, 17)))
@@ -255,6 +278,9 @@ def generate_world(seed: int) -> World:
                                "completed": int(done),
                                "completed_at": fmt_time(now - timedelta(hours=3)) if done
                                else None})
+
+
+def _wallet(rng: random.Random, store: Store, people: list, me: dict, now: datetime) -> None:
     store.insert("wallet", {"balance_cents": rng.randrange(800_00, 3000_00)})
     for _ in range(rng.randrange(25, 41)):
         p = rng.choice(people)
@@ -272,5 +298,3 @@ def generate_world(seed: int) -> World:
             "amount_cents": rng.randrange(5_00, 90_00), "description": rng.choice(PAY_REASONS),
             "status": rng.choice(("paid", "declined", "pending")),
             "created_at": fmt_time(now - timedelta(days=rng.randrange(2, 40)))})
-    store.log.clear()  # generation is not part of any episode's diff
-    return world
