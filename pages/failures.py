@@ -50,8 +50,20 @@ def cluster_panel(pick: c.Pick) -> None:
     done_at = str(job.get("at", "")) if job and job.get("phase") == "done" else ""
     found = c.read_or_stop(load_clusters, pick.store, pick.run_id, pick.last_step, done_at)
     table, per_step, members = found["clusters"], found["per_step"], found["members"]
+    right = _cluster_job(pick, job, running, computed=not table.empty)
+    if table.empty:
+        if not running:
+            right.info("Not computed yet for this run: Compute clusters embeds its failing "
+                       "trajectories (or run `python -m core.clusters --db STORE --run RUN`).")
+        return
+    _cluster_views(pick, table, per_step, members)
+
+
+def _cluster_job(pick: c.Pick, job: dict | None, running: bool, computed: bool):
+    """The (Re)compute button, the running job's progress or the failed job's error; returns
+    the column beside the button, for what is said next."""
     left, right = st.columns([1, 3])
-    if left.button("Recompute clusters" if not table.empty else "Compute clusters",
+    if left.button("Recompute clusters" if computed else "Compute clusters",
                    key="cluster_start", disabled=running,
                    help="Embeds this run's failing trajectories (actions, observation starts, "
                         "errors) in a separate process, caches the vectors in the store and "
@@ -71,11 +83,11 @@ def cluster_panel(pick: c.Pick) -> None:
     elif job and job.get("phase") == "failed":
         right.error("The cluster job failed:")
         right.code(str(job.get("error", "")), language=None, wrap_lines=True)
-    if table.empty:
-        if not running:
-            right.info("Not computed yet for this run: Compute clusters embeds its failing "
-                       "trajectories (or run `python -m core.clusters --db STORE --run RUN`).")
-        return
+    return right
+
+
+def _cluster_views(pick: c.Pick, table, per_step, members) -> None:
+    """The clusters' table, their share of each step's failures, and one cluster's members."""
     first = table.iloc[0]
     score = "" if first["silhouette"] != first["silhouette"] else \
         f", silhouette {first['silhouette']:.2f}"
