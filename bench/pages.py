@@ -27,13 +27,22 @@ Then, on Replay, ``--repeats`` changes of the token view's 'Colour by' and click
 ended (target <= 0.5 s), and the server's CPU seconds over the whole benchmark are printed.
 ``--watcher`` overrides ``server.fileWatcherType`` (.streamlit/config.toml sets "none"), to
 measure what watching the checkout costs.
+
+``--walkthrough`` times instead every link of README's workshop walkthrough on the committed
+sample stores (the app serving sample_runs/, as ``make run`` does): one cold round, then
+``--repeats`` warm rounds, order rotated. There a load also waits until every plotly chart on the
+page has drawn its SVG, since that is what a reader waits for. ``--load N`` runs N busy-looping
+processes beside the app and the browser for the whole measurement (load N on top of what the
+machine already runs), so that "<= 2 s warm at load 4" can be checked on any machine.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -53,6 +62,17 @@ LOADED_JS = """title => {
     return heading && app && app.dataset.testScriptState === 'notRunning'
         && !document.querySelector('[data-testid="stSkeleton"]');
 }"""
+
+
+CHARTS_DRAWN_JS = """title => {
+    const app = document.querySelector('[data-testid="stApp"]');
+    const heading = [...document.querySelectorAll('h1')].some(h => h.innerText.trim() === title);
+    const charts = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')];
+    return heading && app && app.dataset.testScriptState === 'notRunning'
+        && !document.querySelector('[data-testid="stSkeleton"]')
+        && charts.every(c => c.querySelector('svg.main-svg'));
+}"""
+"""LOADED_JS, and every plotly chart drawn (the walkthrough mode's end of a load)."""
 
 
 def app_pages() -> list[tuple[str, str]]:
@@ -93,11 +113,12 @@ def browser_cpu() -> dict[int, float]:
     return out
 
 
-def load(page, url: str, title: str, timeout_s: float) -> float:
-    """Open ``url``; seconds until the page titled ``title`` has rendered and its script ended."""
+def load(page, url: str, title: str, timeout_s: float, done_js: str = LOADED_JS) -> float:
+    """Open ``url``; seconds until the page titled ``title`` has rendered and its script ended
+    (``done_js`` true)."""
     t0 = time.perf_counter()
     page.goto(url, wait_until="commit", timeout=timeout_s * 1e3)
-    page.wait_for_function(LOADED_JS, arg=title, polling=20, timeout=timeout_s * 1e3)
+    page.wait_for_function(done_js, arg=title, polling=20, timeout=timeout_s * 1e3)
     elapsed = time.perf_counter() - t0
     errors = page.locator('[data-testid="stException"]')
     if errors.count():
@@ -188,7 +209,20 @@ def main() -> None:
                         help="server.fileWatcherType for the served app (default: the config's)")
     parser.add_argument("--shots", default=None,
                         help="directory for a screenshot of each page's first (cold) load")
+    parser.add_argument("--walkthrough", action="store_true",
+                        help="time README's walkthrough links on sample_runs/ instead")
+    parser.add_argument("--links", default=None,
+                        help="with --walkthrough: only links whose label ('5 dynamics') "
+                             "contains one of these comma-separated words")
+    parser.add_argument("--load", type=int, default=0,
+                        help="busy-looping processes to run beside the app while timing")
     args = parser.parse_args()
+    if args.walkthrough:
+        with busy(args.load):
+            walkthrough(args)
+        return
+    if args.load:
+        raise SystemExit("--load goes with --walkthrough")
     store = Path(args.store or big_store.DEFAULT_STORE).resolve()
     big_store.ensure(store, args.steps)
     pages = app_pages()
@@ -291,6 +325,83 @@ def main() -> None:
     print(f"streamlit server RSS: {rss_idle / 1024:.0f} MB after start, {rss_now / 1024:.0f} MB "
           f"after the loads, peak {rss_peak / 1024:.0f} MB (target <= 1024 MB)")
     print(f"streamlit server CPU: {cpu_used:.1f} s in {wall:.0f} s of loads")
+
+
+@contextlib.contextmanager
+def busy(n: int):
+    """``n`` processes spinning on one core each while the block runs (load n)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+WALKTHROUGH_LINK = re.compile(r"[(<]http://127\.0\.0\.1:8501/([a-z]*)(?:\?([^)>\s]+))?[)>]")
+
+
+def walkthrough_links() -> list[tuple[str, str, str]]:
+    """(label, path, query) of every deep link in README's walkthrough, in its order; the label
+    is the step's number and the link's page."""
+    text = (ROOT / "README.md").read_text()
+    out = []
+    for match in WALKTHROUGH_LINK.finditer(text):
+        before = text[:match.start()]
+        step = re.findall(r"^(\d+)\. ", before, flags=re.M)
+        label = f"{step[-1] if step else '?'} {match.group(1) or 'runs'}"
+        same = sum(1 for other, _, _ in out if other.split("#")[0] == label)
+        out.append((label + (f"#{same + 1}" if same else ""), match.group(1),
+                    match.group(2) or ""))
+    return out
+
+
+def walkthrough(args) -> None:
+    """Time each walkthrough link, cold then warm, on the app serving sample_runs/."""
+    links = walkthrough_links()
+    if args.links:
+        links = [link for link in links if any(w in link[0] for w in args.links.split(","))]
+    titles = dict(app_pages())
+    from playwright.sync_api import sync_playwright
+    with tempfile.TemporaryDirectory(prefix="agentrl-bench-walk-") as tmp:
+        env = dict(os.environ, AGENTRL_STORE_DIRS="sample_runs", AGENTRL_RUNS_DIR=tmp,
+                   STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
+        with open(Path(tmp) / "server.log", "wb") as log:
+            proc, url = start_app(env, log)
+            try:
+                times = {label: [] for label, _, _ in links}
+                cpus = {label: [] for label, _, _ in links}  # (browser, server) CPU seconds
+                with sync_playwright() as p:
+                    browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+                    context = browser.new_context(viewport={"width": 1400, "height": 900})
+                    page = context.new_page()
+                    for rnd in range(1 + args.repeats):
+                        k = rnd % len(links)
+                        for label, path, query in links[k:] + links[:k]:
+                            b0, s0 = browser_cpu(), cpu_s(proc.pid)
+                            times[label].append(load(page, f"{url}/{path}?{query}", titles[path],
+                                                     args.timeout, CHARTS_DRAWN_JS))
+                            b1 = browser_cpu()
+                            cpus[label].append((sum(v - b0.get(k, 0.0) for k, v in b1.items()),
+                                                cpu_s(proc.pid) - s0))
+                        print(f"round {rnd + 1} of {1 + args.repeats} done", file=sys.stderr,
+                              flush=True)
+                    browser.close()
+            finally:
+                stop_app(proc)
+    print(f"README walkthrough links on sample_runs/, load {args.load} added "
+          f"({os.cpu_count()} CPUs), {args.repeats} warm loads each, charts drawn")
+    print(f"{'step page':14s} {'cold ms':>8s} {'warm median':>12s} {'warm max':>9s} "
+          f"{'warm CPU ms: browser':>21s} {'server':>7s}")
+    for label, _, _ in links:
+        cold, warm = times[label][0], times[label][1:] or [float("nan")]
+        used = cpus[label][1:] or [(float("nan"),) * 2]
+        print(f"{label:14s} {1e3 * cold:8.0f} {1e3 * statistics.median(warm):12.0f} "
+              f"{1e3 * max(warm):9.0f} {1e3 * statistics.median(b for b, _ in used):21.0f} "
+              f"{1e3 * statistics.median(s for _, s in used):7.0f}")
+    worst = max(statistics.median(t[1:] or t) for t in times.values())
+    print(f"slowest warm median: {1e3 * worst:.0f} ms (target <= 2000 ms)")
 
 
 if __name__ == "__main__":

@@ -135,47 +135,88 @@ if pick.step is not None:
     st.caption(f"The grey dashed line on each chart marks step {pick.step}, the step picked in "
                "the sidebar (the one Replay and Groups show).")
 imported = c.text_of(pick.run.get("source")) not in (None, "trainer")
-# Row by row, not column by column: a caption under one chart keeps its neighbour level with it.
-ROWS = [
-    (dict(names=["reward/mean"], title="Reward (mean ± std)", key="dyn_reward",
-          band=("reward/mean", "reward/std")),
-     dict(names=["reward/group_std_mean", "reward/frac_zero_std"],
-          title="In-group reward std, zero-std groups", key="dyn_groupstd")),
-    (dict(names=["success/rate", "eval/success", "success/pass@G", "success/pass@g"],
-          title="Success", key="dyn_success"),
-     dict(names=["policy/kl", "policy/approx_kl"], key="dyn_kl",
-          title="KL (to the reference; approx. to the sampler)",
-          note=_signals.kl_reference_note(pick.config, imported=imported))),
-    (dict(names=["policy/entropy"], title="Entropy", key="dyn_entropy"),
-     dict(names=["response/length_mean"], title="Response length (tokens)", key="dyn_length")),
-    (dict(names=["policy/clipfrac", "policy/clipfrac_low", "policy/clipfrac_high"],
-          title="Clip fraction", key="dyn_clip"),
-     dict(names=["collapse/repeat_frac", "collapse/repeat_fail_frac"],
-          title="Repeated action sequences (all; failed only)", key="dyn_repeat")),
-    (dict(names=["env/turns_mean", "env/valid_action_ratio"], title="Turns and valid actions",
-          key="dyn_turns"),
-     dict(names=["sft/loss", "value/loss"], title="SFT and value loss", key="dyn_losses")),
-    (dict(names=["update/delta_rms"], title="Step size: RMS weight change per update",
-          key="dyn_delta",
-          note="A fresh AdamW's first step moves every weight by the learning rate; a step far "
-               "below the lr means the updates barely move the policy."
-               + (f" This run's RL lr: {pick.config['lr']:g}."
-                  if isinstance((pick.config or {}).get("lr"), (int, float)) else "")),
-     dict(names=["update/delta_rel"], title="Step size relative to the adapter's norm",
-          key="dyn_delta_rel")),
-    (dict(names=["mismatch/abs_mean", "mismatch/abs_p95"], key="dyn_mismatch",
-          title="Training-inference mismatch |lp_train - lp_sampler|",
-          note="The trainer's own logprob of each trained token against the sampler's, under "
-               "the same weights, before the update: both should agree."),
-     dict(names=["mismatch/ratio_out_frac", "mismatch/kl_k3"], key="dyn_mismatch_ratio",
-          title="Ratio outside [0.9, 1.1]; k3 KL(sampler || trainer)")),
+# The curves in order of interest. A full page load's browser time grows with each plotly chart
+# (bench/pages.py --walkthrough: about 40 ms of browser CPU per chart; 12-17 charts made Dynamics
+# the slowest walkthrough page at load 4), so the first paint draws the core curves, those of a
+# trainer that logs others (TRL: W&B's default panels), every curve an alarm points at and the
+# mismatch curves of a run whose sampler and trainer disagree; the rest wait behind "All curves"
+# (a link parameter, curves=all) when there are more than six.
+trl = (pick.config or {}).get("trainer") == "trl.GRPOTrainer"
+# sampled and trained apart: some token's ratio left [0.9, 1.1] (an fp32 run's stays at zero)
+out_of_band = wide.get("mismatch/ratio_out_frac", pd.Series(dtype=float))
+mismatched = bool((out_of_band.fillna(0) > 0).any())
+reward_functions = sorted(n for n in wide.columns
+                          if n.startswith("trl/rewards/") and n.endswith("/mean"))
+CURVES = [
+    dict(names=["reward/mean"], title="Reward (mean ± std)", key="dyn_reward",
+         band=("reward/mean", "reward/std")),
+    dict(names=reward_functions, title="Mean reward per reward function", key="dyn_trl_rewards",
+         core=trl),
+    dict(names=["reward/group_std_mean", "reward/frac_zero_std"],
+         title="In-group reward std, zero-std groups", key="dyn_groupstd"),
+    dict(names=["success/rate", "eval/success", "success/pass@G", "success/pass@g"],
+         title="Success", key="dyn_success", core=not trl),  # a TRL run has no success signal
+    dict(names=["policy/kl", "policy/approx_kl"], key="dyn_kl",
+         title="KL (to the reference; approx. to the sampler)",
+         note=_signals.kl_reference_note(pick.config, imported=imported)),
+    dict(names=["policy/loss"], title="Loss", key="dyn_trl_loss", core=trl),
+    dict(names=["optim/lr"], title="Learning rate", key="dyn_trl_lr", core=trl),
+    dict(names=["policy/entropy"], title="Entropy", key="dyn_entropy", alarm="std+entropy"),
+    dict(names=["response/length_mean"], title="Response length (tokens)", key="dyn_length",
+         core=trl),
+    dict(names=["policy/clipfrac", "policy/clipfrac_low", "policy/clipfrac_high"],
+         title="Clip fraction", key="dyn_clip"),
+    dict(names=["collapse/repeat_frac", "collapse/repeat_fail_frac"],
+         title="Repeated action sequences (all; failed only)", key="dyn_repeat", alarm="repeats"),
+    dict(names=["env/turns_mean", "env/valid_action_ratio"], title="Turns and valid actions",
+         key="dyn_turns"),
+    dict(names=["sft/loss", "value/loss"], title="SFT and value loss", key="dyn_losses"),
+    dict(names=["update/delta_rms"], title="Step size: RMS weight change per update",
+         key="dyn_delta",
+         note="A fresh AdamW's first step moves every weight by the learning rate; a step far "
+              "below the lr means the updates barely move the policy."
+              + (f" This run's RL lr: {pick.config['lr']:g}."
+                 if isinstance((pick.config or {}).get("lr"), (int, float)) else "")),
+    dict(names=["update/delta_rel"], title="Step size relative to the adapter's norm",
+         key="dyn_delta_rel"),
+    dict(names=["time/step_s"], title="Step time (s)", key="dyn_trl_time", core=trl),
+    dict(names=["mismatch/abs_mean", "mismatch/abs_p95"], key="dyn_mismatch",
+         title="Training-inference mismatch |lp_train - lp_sampler|", alarm="mismatch",
+         core=mismatched,
+         note="The trainer's own logprob of each trained token against the sampler's, under "
+              "the same weights, before the update: both should agree."),
+    dict(names=["mismatch/ratio_out_frac", "mismatch/kl_k3"], key="dyn_mismatch_ratio",
+         title="Ratio outside [0.9, 1.1]; k3 KL(sampler || trainer)", alarm="mismatch",
+         core=mismatched),
 ]
-for row in ROWS:
-    for column, spec in zip(st.columns(2), row):
+CORE = {"dyn_reward", "dyn_groupstd", "dyn_success", "dyn_kl"}
+alarmed = {a["kind"] for a in alarms}
+recorded = [spec for spec in CURVES if any(n in wide.columns for n in spec["names"])]
+unrecorded = [spec for spec in CURVES if spec not in recorded and spec["names"]
+              and not spec["key"].startswith("dyn_trl")]
+FIRST_PAINT = 6  # charts: a run with few curves shows them all at once
+first = [spec for spec in recorded if len(recorded) <= FIRST_PAINT
+         or spec.get("core", spec["key"] in CORE) or spec.get("alarm") in alarmed]
+later = [spec for spec in recorded if spec not in first]
+c.adopt_url("curves", "dyn_all", cast=lambda raw: raw == "all")
+show_all = st.toggle(f"All curves ({len(later)} more)" if later else "All curves", key="dyn_all",
+                     disabled=not later,
+                     help="The first view draws the core curves and any an alarm points at; "
+                          "this adds every other curve the run recorded.")
+c.publish_url("curves", "all" if show_all else "core")
+if later and not show_all:
+    st.caption("Also recorded: " + "; ".join(spec["title"] for spec in later) + ".")
+shown = first + (later if show_all else [])
+# Row by row, not column by column: a caption under one chart keeps its neighbour level with it.
+for i in range(0, len(shown), 2):
+    for column, spec in zip(st.columns(2), shown[i:i + 2]):
         with column:
-            chart(**spec)
+            chart(**{k: v for k, v in spec.items() if k not in ("alarm", "core")})
+if unrecorded:
+    st.caption("Not recorded in this run: " + "; ".join(
+        f"{spec['title']}: not recorded ({', '.join(spec['names'])})" for spec in unrecorded) + ".")
 timings = [n for n in wide.columns if n.startswith("time/") and n != "time/step_s"]
-if timings:
+if timings and show_all:
     fig = go.Figure([go.Bar(x=wide.index, y=wide[n], name=c.plot_text(n)) for n in timings])
     fig.update_layout(barmode="stack")
     st.plotly_chart(framed(fig, "Phase timings (s)"), key="dyn_timings")

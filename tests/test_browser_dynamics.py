@@ -10,6 +10,7 @@ Run alone: ``.venv/bin/python -m pytest -q tests/test_browser_dynamics.py``.
 """
 from __future__ import annotations
 
+import re
 import urllib.parse
 from pathlib import Path
 
@@ -105,7 +106,7 @@ def _overlap(a, b) -> bool:
 # -- one x range -----------------------------------------------------------------------------------
 def test_step_charts_share_the_runs_range_and_line_up(page, server):
     url, _, _ = server
-    goto(page, url, "dynamics", "Dynamics", store=SAMPLE_STORE, run=SAMPLE_RUN)
+    goto(page, url, "dynamics", "Dynamics", store=SAMPLE_STORE, run=SAMPLE_RUN, curves="all")
     charts = step_charts(page, steps=(1, 21))
     assert len(charts) >= 10, [c["title"] for c in charts]
     ranges = {tuple(round(v, 6) for v in c["range"]) for c in charts}
@@ -203,4 +204,30 @@ def test_the_sidebar_step_is_marked_and_hidden_where_unused(page, server):
     page.get_by_role("heading", name="Replay", exact=True).first.wait_for(timeout=60_000)
     settle(page)
     assert _step_picker(page).input_value() == "8"        # kept through the other pages
+    no_exception(page)
+
+
+# -- the first paint -------------------------------------------------------------------------------
+COLLAPSE_STORE, COLLAPSE_RUN = "sample_runs/collapse_bandit.duckdb", "20261130-001943-c1079a"
+
+
+def test_the_first_paint_draws_the_core_and_alarmed_curves_then_all_on_demand(page, server):
+    """Walkthrough step 5's link: a page load's browser time grows with each chart, so the first
+    paint draws reward, group std, success, KL and the curves an alarm points at (entropy, for
+    this run's std+entropy alarms); 'All curves' draws every recorded one and puts curves=all in
+    the address, so the link opens the same view."""
+    url, _, _ = server
+    goto(page, url, "dynamics", "Dynamics", store=COLLAPSE_STORE, run=COLLAPSE_RUN)
+    first = [re.sub(r"<[^>]+>", "", c["title"]) for c in step_charts(page)]
+    assert first[:4] == ["Reward (mean ± std)", "In-group reward std, zero-std groups", "Success",
+                         "KL (to the reference; approx. to the sampler)"], first
+    assert "Entropy" in first
+    assert "Clip fraction" not in first and len(first) <= 7, first
+    page.get_by_text("All curves", exact=False).first.click()
+    settle(page)
+    page.wait_for_function("n => document.querySelectorAll('[data-testid=stPlotlyChart]').length"
+                           " > n", arg=len(first) + 1, timeout=30_000)
+    every = [re.sub(r"<[^>]+>", "", c["title"]) for c in step_charts(page)]
+    assert "Clip fraction" in every and set(first) <= set(every), every
+    assert "curves=all" in page.url
     no_exception(page)

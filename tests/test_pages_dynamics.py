@@ -41,7 +41,8 @@ def _kl_run(path, config: dict) -> str:
 
 # -- one x range -----------------------------------------------------------------------------------
 def test_every_step_chart_spans_the_runs_steps(app):
-    at = app("dynamics", store_dir="sample_runs", store=SAMPLE_STORE, run=SAMPLE_RUN)
+    at = app("dynamics", store_dir="sample_runs", store=SAMPLE_STORE, run=SAMPLE_RUN,
+             curves="all")
     charts = step_charts(at)
     assert len(charts) >= 10
     ranges = {tuple(c["layout"]["xaxis"].get("range") or ()) for c in charts}
@@ -168,3 +169,73 @@ def test_no_bare_string_after_the_docstring(script):
     stray = [n.lineno for n in body[1:] if isinstance(n, ast.Expr)
              and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)]
     assert stray == [], f"{script}: bare strings at lines {stray}"
+
+
+# -- the first paint -------------------------------------------------------------------------------
+def _titles(at) -> list[str]:
+    return [c["layout"]["title"]["text"] for c in step_charts(at) if c["layout"].get("title")]
+
+
+def _many_curves_run(path, config: dict, extra: dict) -> str:
+    """A run recording every curve of the page's list (and ``extra``) over steps 1-4."""
+    names = ["reward/mean", "reward/std", "reward/group_std_mean", "reward/frac_zero_std",
+             "success/rate", "policy/kl", "policy/entropy", "response/length_mean",
+             "policy/clipfrac", "collapse/repeat_frac", "env/turns_mean", "sft/loss",
+             "update/delta_rms", "update/delta_rel", "mismatch/abs_mean",
+             "mismatch/ratio_out_frac", "grad/norm", "time/step_s"]
+    rec = Recorder(path)
+    run_id = rec.start_run({"env": "bandit", "model": "tiny", "algo": "grpo", **config},
+                           name="many")
+    for step in range(1, 5):
+        rec.record_step(step, metrics={**{n: 0.1 * step for n in names},
+                                       "mismatch/ratio_out_frac": 0.0, **extra})
+    rec.finish("finished")
+    return run_id
+
+
+def test_a_run_with_many_curves_draws_the_core_ones_first_and_all_on_demand(app, tmp_path):
+    path = tmp_path / "many" / "many.duckdb"
+    path.parent.mkdir()
+    run_id = _many_curves_run(path, {}, {})
+    at = app("dynamics", store_dir=str(path.parent), store=str(path), run=run_id)
+    first = _titles(at)
+    assert first == ["Reward (mean ± std)", "In-group reward std, zero-std groups", "Success",
+                     "KL (to the reference; approx. to the sampler)"], first
+    assert any(t.startswith("Also recorded: Entropy; Response length")
+               for t in texts(at, "caption"))
+    every = _titles(app("dynamics", store_dir=str(path.parent), store=str(path), run=run_id,
+                        curves="all"))
+    assert {"Entropy", "Clip fraction", "Step size: RMS weight change per update",
+            "Training-inference mismatch |lp_train - lp_sampler|"} <= set(every), every
+    assert every[:4] == first
+
+
+def test_a_trl_run_opens_on_what_trl_users_chart(app, tmp_path):
+    """A TRL run's first view: mean reward per reward function, loss, learning rate, KL, response
+    length and step time (W&B's default panels for GRPOTrainer), not success, which TRL does not
+    log."""
+    path = tmp_path / "trl" / "trl.duckdb"
+    path.parent.mkdir()
+    run_id = _many_curves_run(path, {"trainer": "trl.GRPOTrainer", "loss_type": "dapo"},
+                              {"trl/rewards/format_reward/mean": 0.5,
+                               "trl/rewards/accuracy/mean": 0.25, "policy/loss": 0.01,
+                               "optim/lr": 1e-5})
+    at = app("dynamics", store_dir=str(path.parent), store=str(path), run=run_id)
+    first = _titles(at)
+    assert first == ["Reward (mean ± std)", "Mean reward per reward function",
+                     "In-group reward std, zero-std groups",
+                     "KL (to the reference; approx. to the sampler)", "Loss", "Learning rate",
+                     "Response length (tokens)", "Step time (s)"], first
+    rewards = next(c for c in step_charts(at)
+                   if c["layout"]["title"]["text"] == "Mean reward per reward function")
+    assert [t["name"] for t in rewards["data"]] == ["trl/rewards/accuracy/mean",
+                                                    "trl/rewards/format_reward/mean"]
+
+
+def test_mismatch_curves_come_first_when_the_sampler_and_trainer_disagree(app, tmp_path):
+    path = tmp_path / "mm" / "mm.duckdb"
+    path.parent.mkdir()
+    run_id = _many_curves_run(path, {}, {"mismatch/ratio_out_frac": 0.012})
+    first = _titles(app("dynamics", store_dir=str(path.parent), store=str(path), run=run_id))
+    assert "Training-inference mismatch |lp_train - lp_sampler|" in first
+    assert "Ratio outside [0.9, 1.1]; k3 KL(sampler || trainer)" in first
