@@ -243,19 +243,30 @@ if not tagged.empty:
     with st.expander(f"Tags and notes in this run ({len(tagged)})"):
         st.dataframe(tagged, key="fail_all_tags", hide_index=True)
 
-cluster_panel(pick)
-
-# -- one task across steps -------------------------------------------------------------------------
-st.subheader("One task across steps")
-tasks = task_ids(pick.store, pick.run_id, pick.last_step)
-if tasks:
-    task = st.selectbox("Task", tasks, key="fail_task", format_func=str)
-    history = task_history(pick.store, pick.run_id, pick.last_step, task)
-    solved = history[history["successes"] > 0]
-    st.caption("First solved at step " + str(int(solved["step"].iloc[0])) if not solved.empty
-               else "Never solved in this run.")
-    st.dataframe(history, key="fail_task_history", hide_index=True)
-
-# -- SQL -------------------------------------------------------------------------------------------
-st.subheader("SQL (read-only)")
-_panels.sql_box(pick)
+# -- clusters, one task across steps, SQL: tabs drawn only when open ----------------------------
+# Lazy tabs: only the open tab's script runs and is drawn. With all three on the page a load took
+# 0.4-0.6 s more browser CPU (bench/pages.py --walkthrough --links failures); the clusters, which
+# the walkthrough opens, come first. A link names another tab with tab=task or tab=sql.
+TABS = {"clusters": "Clusters of similar failures", "task": "One task across steps",
+        "sql": "SQL (read-only)"}
+asked = TABS.get(st.query_params.get("tab", ""), TABS["clusters"])
+clusters_tab, task_tab, sql_tab = st.tabs(list(TABS.values()), default=asked, key="fail_tab",
+                                          on_change="rerun")
+if clusters_tab.open:
+    with clusters_tab:
+        cluster_panel(pick)
+if task_tab.open:
+    with task_tab:
+        tasks = task_ids(pick.store, pick.run_id, pick.last_step)
+        if not tasks:
+            st.info("No task ids recorded in this run.")
+        else:
+            task = st.selectbox("Task", tasks, key="fail_task", format_func=str)
+            history = task_history(pick.store, pick.run_id, pick.last_step, task)
+            solved = history[history["successes"] > 0]
+            st.caption("First solved at step " + str(int(solved["step"].iloc[0]))
+                       if not solved.empty else "Never solved in this run.")
+            st.dataframe(history, key="fail_task_history", hide_index=True)
+if sql_tab.open:
+    with sql_tab:
+        _panels.sql_box(pick)

@@ -214,7 +214,12 @@ def test_a_cluster_job_on_cached_texts_says_so(page, server):
 def test_the_sql_box_lists_each_tables_columns(page, server):
     url, _, demo, names = server
     goto(page, url, "failures", "Failures", demo, names["demo-search-starpo"])
+    # a tab drawn only when open: the SQL box costs browser time on every load
+    assert page.get_by_text(re.compile(r"^Tables and their columns")).count() == 0
+    page.get_by_role("tab", name="SQL (read-only)").click()
     page.get_by_text(re.compile(r"^Tables and their columns \(\d+ tables\)")).wait_for()
+    page.locator("[data-testid=stMain] [data-testid=stCode]", has_text="trajectories:").first \
+        .wait_for(timeout=30_000)
     listing = "\n".join(page.locator("[data-testid=stMain] [data-testid=stCode]").all_inner_texts())
     assert "trajectories: run_id VARCHAR, step INTEGER, traj_id VARCHAR" in listing
     assert "turns: run_id VARCHAR" in listing and "failure_class VARCHAR" in listing

@@ -354,7 +354,7 @@ def _fingerprint(path: str) -> tuple:
 def test_sql_box_refuses_writes_and_leaves_the_store_unchanged(app, demo, sql):
     run = demo[2]["demo-search-starpo"]
     before = _fingerprint(demo[1])
-    at = app("failures", store=demo[1], run=run)
+    at = app("failures", store=demo[1], run=run, tab="sql")
     at.text_area(key="fail_sql").input(sql)
     at.button(key="fail_sql_run").click().run()
     assert not at.exception
@@ -365,7 +365,7 @@ def test_sql_box_refuses_writes_and_leaves_the_store_unchanged(app, demo, sql):
 
 def test_sql_box_runs_a_select(app, demo):
     run = demo[2]["demo-search-starpo"]
-    at = app("failures", store=demo[1], run=run)
+    at = app("failures", store=demo[1], run=run, tab="sql")
     at.button(key="fail_sql_run").click().run()                 # the default query
     result = shown_table(at, "n")
     assert int(result["n"].sum()) == 80                         # 10 steps x 8 rollouts
@@ -375,7 +375,7 @@ def test_sql_box_runs_a_select(app, demo):
     ("SELEC failure_class FROM trajectories", "Syntax error in the query:"),
     ("SELECT no_such_column FROM trajectories", "The query failed:")])
 def test_sql_box_tells_a_typo_from_a_refusal(app, demo, sql, heading):
-    at = app("failures", store=demo[1], run=demo[2]["demo-search-starpo"])
+    at = app("failures", store=demo[1], run=demo[2]["demo-search-starpo"], tab="sql")
     at.text_area(key="fail_sql").input(sql)
     at.button(key="fail_sql_run").click().run()
     assert not at.exception
@@ -384,11 +384,24 @@ def test_sql_box_tells_a_typo_from_a_refusal(app, demo, sql, heading):
 
 
 def test_failures_follows_a_task(app, demo):
-    at = app("failures", store=demo[1], run=demo[2]["demo-apps-rloo"])
+    at = app("failures", store=demo[1], run=demo[2]["demo-apps-rloo"], tab="task")
     history = shown_table(at, "rollouts")
     assert history["step"].tolist() == [0, 1, 2]
     assert any(t.startswith("First solved at step") or t.startswith("Never solved")
                for t in texts(at, "caption"))
+
+
+def test_failures_draws_only_the_open_tab(app, demo):
+    """The clusters' tab is open by default and the task history and SQL box are not drawn
+    until their tab is (each costs browser time on every load); tab=... in a link opens one."""
+    run = demo[2]["demo-apps-rloo"]
+    at = app("failures", store=demo[1], run=run)
+    assert any(s.value == "Clusters of similar failures" for s in at.subheader)
+    assert not [t for t in at.text_area if t.key == "fail_sql"]
+    assert not [f for f in at.dataframe if "rollouts" in f.value.columns]
+    at = app("failures", store=demo[1], run=run, tab="sql")
+    assert [t for t in at.text_area if t.key == "fail_sql"]
+    assert not any(s.value == "Clusters of similar failures" for s in at.subheader)
 
 
 # -- train -----------------------------------------------------------------------------------------
