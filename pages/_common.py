@@ -325,11 +325,27 @@ def load_failure_counts(store: str, run_id: str, last_step: int) -> pd.DataFrame
 
 
 def reward_components(store: str, run_id: str, traj_ids: list[str]) -> pd.DataFrame:
-    """Reward components as a wide table: one row per trajectory, one column per component."""
+    """Reward components as a wide table: one row per trajectory, one column per component.
+
+    A TRL run's components are its reward functions, in the trainer's order: the store also
+    holds the contract's outcome/format/cost/process, which restate them (``format_reward`` is
+    ``format`` again, storage/integrations/trl_rows.py), so those are not shown twice."""
     long = load_rewards(store, run_id, tuple(traj_ids))
     if long.empty:
         return pd.DataFrame(index=pd.Index(traj_ids, name="traj_id"))
-    return long.pivot_table(index="traj_id", columns="component", values="value", aggfunc="last")
+    wide = long.pivot_table(index="traj_id", columns="component", values="value", aggfunc="last")
+    functions = [f for f in trl_reward_functions(store, run_id) if f in wide.columns]
+    return wide[functions] if functions else wide
+
+
+def trl_reward_functions(store: str, run_id: str) -> list[str]:
+    """The reward functions' names of a run recorded from TRL's GRPOTrainer ([] otherwise)."""
+    table = run_table()
+    rows = table[(table["store"] == store) & (table["run_id"] == run_id)]
+    config = queries.run_config(rows["config"].iloc[0]) if not rows.empty else {}
+    if config.get("trainer") != "trl.GRPOTrainer":
+        return []
+    return [str(f) for f in config.get("reward_funcs") or []]
 
 
 def read_or_stop(fn, *args, **kwargs):

@@ -15,6 +15,23 @@ groups = c.read_or_stop(c.load_groups, pick.store, pick.run_id, pick.last_step, 
 if groups.empty:
     c.stop(f"Step {pick.step} recorded no groups.")
 
+functions = c.trl_reward_functions(pick.store, pick.run_id)
+if functions:
+    # TRL logs each step's completions as a table (prompt, completion, each reward function)
+    with st.expander(f"Every completion of step {pick.step}, as TRL logs them", expanded=True):
+        everyone = c.load_trajectories(pick.store, pick.run_id, pick.last_step, pick.step)
+        said = c.load_turns(pick.store, pick.run_id, tuple(everyone["traj_id"]))
+        completion = said.groupby("traj_id")["action"].agg(
+            lambda parts: "\n".join(str(p) for p in parts if p is not None))
+        table = everyone.set_index("traj_id")[["group_id", "prompt"]].assign(
+            completion=completion).join(c.reward_components(pick.store, pick.run_id,
+                                                            everyone["traj_id"].tolist()))
+        table = table.assign(reward=everyone.set_index("traj_id")["reward"],
+                             advantage=everyone.set_index("traj_id")["advantage"])
+        st.dataframe(table, key="groups_completions", column_config={
+            "prompt": st.column_config.TextColumn("prompt", width="medium"),
+            "completion": st.column_config.TextColumn("completion", width="large")})
+
 info = groups.set_index("group_id")
 group_id = c.url_select("Group (one task, its G rollouts)", groups["group_id"].tolist(),
                         key="group", param="group", format_func=str)

@@ -143,7 +143,7 @@ def run_list_rows(at: AppTest) -> dict[str, dict]:
     for block in at.html:
         if 'class="run-list"' not in block.value:
             continue
-        heads = re.findall(r"<th[^>]*>(.*?)</th>", block.value)
+        heads = re.findall(r"<th\b[^>]*>(.*?)</th>", block.value)  # not <thead>
         for tr in re.findall(r"<tr[^>]*>(.*?)</tr>", block.value)[1:]:
             cells = re.findall(r"<td[^>]*>(.*?)</td>", tr)
             text = [html_lib.unescape(re.sub(r"<[^>]+>", " ", c)).split() for c in cells]

@@ -5,6 +5,8 @@ TRL is optional (requirements-trl.txt; .ci/run installs it): without it these te
 """
 from __future__ import annotations
 
+import json
+
 import math
 from pathlib import Path
 
@@ -189,11 +191,53 @@ def test_pages_open_the_trl_run(trl_run, monkeypatch, page, params, expect):
                             **{k: str(v) for k, v in params.items()}})
     at = at.switch_page(f"pages/{page}.py").run()
     assert not at.exception, at.exception
-    shown = " ".join([str(e.value) for kind in ("markdown", "caption", "subheader", "info")
+    shown = " ".join([str(e.value) for kind in ("markdown", "caption", "subheader", "info",
+                                                 "html")
                       for e in getattr(at, kind)]
                      + [f.value.to_string() + " ".join(map(str, f.value.columns))
                         for f in at.dataframe])
     assert expect in shown
+
+
+def _open(trl_run, monkeypatch, page: str, **params) -> AppTest:
+    path, cb = trl_run
+    monkeypatch.setattr(app_test, "PagesManager", _NavigationPagesManager)
+    monkeypatch.setenv(queries.STORE_DIRS_ENV, str(path.parent))
+    monkeypatch.chdir(ROOT)
+    st.cache_data.clear()
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
+    at.query_params.update({"store": str(path), "run": cb.run_id,
+                            **{k: str(v) for k, v in params.items()}})
+    at = at.switch_page(f"pages/{page}.py").run()
+    assert not at.exception, at.exception
+    return at
+
+
+def test_groups_lists_the_steps_completions_with_each_reward_function_once(trl_run, monkeypatch):
+    """As TRL logs them: a row per completion of the step with its prompt, completion and each
+    reward function's value; the contract's components that restate them (format, outcome) are
+    not shown beside them, here nor in the group's credit table."""
+    at = _open(trl_run, monkeypatch, "groups", step=1, group="s1-g0")
+    table = next(f.value for f in at.dataframe if "completion" in f.value.columns)
+    assert len(table) == PROMPTS * G
+    assert {"prompt", "completion", "format_reward", "length_reward", "reward",
+            "advantage"} <= set(table.columns)
+    assert not {"format", "outcome", "cost", "process"} & set(table.columns)
+    assert table["completion"].str.len().gt(0).all()
+    credit = next(f.value for f in at.dataframe if "stored advantage" in " ".join(
+        map(str, f.value.columns)) or "format_reward" in f.value.columns and
+        "completion" not in f.value.columns)
+    assert "format_reward" in credit.columns and "format" not in credit.columns
+
+
+def test_dynamics_opens_a_trl_run_on_its_reward_functions(trl_run, monkeypatch):
+    at = _open(trl_run, monkeypatch, "dynamics")
+    specs = [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
+    titles = [f["layout"].get("title", {}).get("text") for f in specs]
+    assert "Mean reward per reward function" in titles, titles
+    rewards = specs[titles.index("Mean reward per reward function")]
+    assert {t["name"] for t in rewards["data"]} == {"trl/rewards/format_reward/mean",
+                                                    "trl/rewards/length_reward/mean"}
 
 
 # -- how a run ends without on_train_end ------------------------------------------------------
