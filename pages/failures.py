@@ -154,6 +154,32 @@ def class_meanings(counts) -> None:
                                for k, n, share, meaning in per.itertuples(index=False)))
 
 
+def count_charts(counted, left_out: int, first: int, last: int, counted_splits: list) -> None:
+    """Failed trajectories per class, and the classes per step (steps ``first``-``last``)."""
+    left, right = st.columns(2)
+    shown = counted.assign(failure_class=counted["failure_class"].map(c.plot_text))
+    # Solved trajectories are a bar of their own no more: on a run that learns they outnumber every
+    # failure class together and squash the bars that matter; the title says how many.
+    failed = shown[shown["failure_class"] != "success"]
+    per_class = failed.groupby("failure_class", as_index=False)["n"].sum().sort_values("n")
+    solved_n = int(shown.loc[shown["failure_class"] == "success", "n"].sum())
+    left.plotly_chart(px.bar(per_class, x="n", y="failure_class", orientation="h", height=320,
+                             title=f"Failed trajectories per class ({solved_n} solved not drawn)"),
+                      key="fail_per_class")
+    # One bar per step drew ~20k SVG bars on the 3,125-step bench run (seconds of browser time):
+    # long runs get one bar per `width` steps, labelled by the bin's first step.
+    width = max(1, -(-(last - first + 1) // MAX_BARS))  # ceil: at most MAX_BARS bars
+    binned = shown.assign(step=(shown["step"] - first) // width * width + first)
+    per_step = binned.groupby(["step", "failure_class"], as_index=False)["n"].sum()
+    right.plotly_chart(px.bar(per_step, x="step", y="n", color="failure_class", height=320,
+                              title="Failure classes per step" if width == 1
+                              else f"Failure classes per {width} steps"), key="fail_per_step")
+    if left_out:
+        st.caption(f"Counted: the splits picked below "
+                   f"({', '.join(map(c.safe_label, counted_splits))}); {left_out} trajectories "
+                   "of other splits (branch continuations unless picked) are left out.")
+
+
 pick = c.picked()
 st.title("Failures")
 counts = c.read_or_stop(c.load_failure_counts, pick.store, pick.run_id, pick.last_step)
@@ -171,37 +197,25 @@ counted = counts[counts["split"].isin(counted_splits) | counts["split"].isna()]
 left_out = int(counts["n"].sum() - counted["n"].sum())
 
 # -- counts ----------------------------------------------------------------------------------------
-left, right = st.columns(2)
-shown = counted.assign(failure_class=counted["failure_class"].map(c.plot_text))
-# Solved trajectories are a bar of their own no more: on a run that learns they outnumber every
-# failure class together and squash the bars that matter; the title says how many.
-failed = shown[shown["failure_class"] != "success"]
-per_class = failed.groupby("failure_class", as_index=False)["n"].sum().sort_values("n")
-solved_n = int(shown.loc[shown["failure_class"] == "success", "n"].sum())
-left.plotly_chart(px.bar(per_class, x="n", y="failure_class", orientation="h", height=320,
-                         title=f"Failed trajectories per class ({solved_n} solved not drawn)"),
-                  key="fail_per_class")
-# One bar per step drew ~20k SVG bars on the 3,125-step bench run (seconds of browser time):
-# long runs get one bar per `width` steps, labelled by the bin's first step.
-width = max(1, -(-(last - first + 1) // MAX_BARS))  # ceil: at most MAX_BARS bars
-binned = shown.assign(step=(shown["step"] - first) // width * width + first)
-per_step = binned.groupby(["step", "failure_class"], as_index=False)["n"].sum()
-right.plotly_chart(px.bar(per_step, x="step", y="n", color="failure_class", height=320,
-                          title="Failure classes per step" if width == 1
-                          else f"Failure classes per {width} steps"), key="fail_per_step")
-if left_out:
-    st.caption(f"Counted: the splits picked below ({', '.join(map(c.safe_label, counted_splits))})"
-               f"; {left_out} trajectories of other splits (branch continuations unless picked) "
-               "are left out.")
-
-class_meanings(counts)
+# A TRL run's completions are scored by its reward functions, not graded as agent episodes: the
+# taxonomy's classes (read from turns, answers and finish reasons) say nothing about them.
+trl_functions = c.trl_reward_functions(pick.store, pick.run_id)
+if trl_functions:
+    st.info("A TRL run: its completions are scored by its reward functions ("
+            + ", ".join(map(c.safe_label, trl_functions)) + "), not graded as agent episodes, so "
+            "no failure class applies. Search and filter them below by outcome, step and text; "
+            "Groups lists each step's completions with every reward function.")
+else:
+    count_charts(counted, left_out, first, last, counted_splits)
+    class_meanings(counts)
 
 # -- find trajectories: facets and search ----------------------------------------------------------
 # Above the clusters, under a heading of their own: drawn under the cluster-members table they
 # looked as if they filtered it. Each filter that differs from its default is in the URL.
 st.subheader("Find trajectories")
 f1, f2, f3 = st.columns(3)
-f1.multiselect("Failure class", classes, key="fail_classes")
+if not trl_functions:
+    f1.multiselect("Failure class", classes, key="fail_classes")
 f2.multiselect("Split", splits, key="fail_splits",
                help="Branch continuations (split 'branch') are left out unless picked.")
 f3.radio("Outcome", list(_failfilters.OUTCOMES), key="fail_outcome", horizontal=True)
@@ -224,8 +238,9 @@ ids = found["traj_id"].tolist()
 opened = kept.get("opened")
 event = st.dataframe(
     found, key="fail_results", hide_index=True, on_select="rerun", selection_mode="single-row",
-    column_order=["failure_class", "replay", "step", "traj_id", "reward", "success", "num_turns",
-                  "task_id", "group_id", "split", "finish_reason"],
+    column_order=[*(["failure_class"] if not trl_functions else []), "replay", "step",
+                  "traj_id", "reward", "success", "num_turns", "task_id", "group_id", "split",
+                  "finish_reason"],
     selection_default={"selection": {"rows": [ids.index(opened)], "columns": []}}
     if opened in ids else None,
     column_config={"failure_class": st.column_config.TextColumn("failure class",

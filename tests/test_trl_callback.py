@@ -230,6 +230,18 @@ def test_groups_lists_the_steps_completions_with_each_reward_function_once(trl_r
     assert "format_reward" in credit.columns and "format" not in credit.columns
 
 
+def test_failures_does_not_classify_a_trl_runs_completions(trl_run, monkeypatch):
+    """The taxonomy reads agent episodes (turns, answers, finish reasons); a TRL completion is
+    scored by reward functions instead: no class chart, filter or column, and the page says why."""
+    at = _open(trl_run, monkeypatch, "failures")
+    said = [t.value for t in at.info if "no failure class applies" in t.value]
+    assert said and "format" in said[0] and "length" in said[0], [t.value for t in at.info]
+    assert not at.get("plotly_chart")
+    assert not [m for m in at.multiselect if m.key == "fail_classes"]
+    results = next(f for f in at.dataframe if "traj_id" in f.value.columns)
+    assert "failure_class" not in list(results.proto.column_order)
+
+
 def test_dynamics_opens_a_trl_run_on_its_reward_functions(trl_run, monkeypatch):
     at = _open(trl_run, monkeypatch, "dynamics")
     specs = [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
