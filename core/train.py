@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     ranks = None
     try:
         if _world() > 1:  # started by torchrun: rank 0 resolves, the others receive
+            # deferred: torch.distributed, only under torchrun
             from core.learn.distributed import Ranks, check
             ranks = Ranks.from_env()
             cfg, error = _resolved_on_rank0(args, ranks, check)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import re
 from dataclasses import dataclass
+from urllib.parse import urlencode
 
 import pandas as pd
 import streamlit as st
@@ -36,6 +37,7 @@ def ensure_app() -> None:
     (``/replay?...``) would run the page without app.py's sidebar picker. This switches that mode
     off and reruns, and app.py then routes the same URL itself.
     """
+    # deferred: Streamlit's internals, read once on the first run
     from streamlit.runtime.pages_manager import PagesManager
     if PagesManager.uses_pages_directory:
         PagesManager.uses_pages_directory = False
@@ -261,7 +263,6 @@ def replay_link(pick: Pick, step: int, traj_id: str, label: str | None = None, k
 
 def replay_url(pick: Pick, step: int, traj_id: str) -> str:
     """Relative URL of a Replay view, for link columns of tables."""
-    from urllib.parse import urlencode
     return "replay?" + urlencode({"store": pick.store, "run": pick.run_id, "step": int(step),
                                   "traj": traj_id})
 

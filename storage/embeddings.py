@@ -72,6 +72,7 @@ def save_embeddings(path: str | Path, run_id: str, model: str, traj_ids: list[st
                     hashes: list[str], vectors: np.ndarray) -> None:
     """Store (replace) the vectors of ``traj_ids`` in one transaction."""
     prepare(path)
+    # deferred: pyarrow (large), only on the Arrow/Parquet path
     import pyarrow as pa
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     offsets = np.arange(0, vectors.size + 1, vectors.shape[1], dtype=np.int32)

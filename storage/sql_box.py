@@ -93,6 +93,7 @@ def run_query(store: str | Path, sql: str, max_rows: int = MAX_ROWS,
     ``timeout_s``, needs more memory than allowed or returns more than ``max_bytes``;
     db.StoreError for a store that cannot be read."""
     check_statement(sql)
+    # deferred: pyarrow (large), only on the Arrow/Parquet path
     import pyarrow as pa
     args = [sys.executable, "-m", "storage.sql_box", str(store), str(int(max_rows)),
             repr(float(timeout_s)), str(int(max_bytes))]
@@ -123,8 +124,10 @@ def run_query(store: str | Path, sql: str, max_rows: int = MAX_ROWS,
 
 def _serve(store: str, sql: str, max_rows: int, timeout_s: float, max_bytes: int) -> int:
     """The child's side: run ``sql`` under the limits, write the rows as Arrow IPC to stdout."""
+    # deferred: pyarrow (large), only on the Arrow/Parquet path
     import pyarrow as pa
     try:
+        # deferred: POSIX-only, and only where a query's memory is capped
         import resource
         resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
     except (ImportError, ValueError, OSError):  # not POSIX, or a lower hard limit already
@@ -184,6 +187,7 @@ def _lock_down(con: duckdb.DuckDBPyConnection, store: Path) -> None:
 
 def _fetch(con, sql: str, max_rows: int, max_bytes: int):
     """((batches, schema), truncated): at most max_rows rows; SqlRefused past max_bytes."""
+    # deferred: pyarrow (large), only on the Arrow/Parquet path
     import pyarrow as pa
     rel = con.sql(sql)
     if rel is None:  # a statement that ran instead of returning rows (never passes check_statement)

@@ -282,6 +282,7 @@ def record(result: Result) -> None:
 def run_job(job: Job, progress=None, device: str = "auto") -> Result:
     """Load the policy as it was (on ``device``: auto is CUDA when torch sees a GPU), run every
     continuation in one batch, score and estimate."""
+    # deferred: torch, only when a model runs (importing this module stays torch-free)
     import torch
 
     t0 = time.perf_counter()

@@ -84,6 +84,7 @@ def cluster(vectors: np.ndarray, k_max: int = K_MAX, seed: int = 0
     random sample of that size and only the chosen k is fitted on all (10,000 vectors: ~5 s
     instead of ~60 s). Labels are renumbered by cluster size, largest 0. Fewer than 3 distinct
     vectors: one cluster (silhouette NaN)."""
+    # deferred: scikit-learn, only when clusters are computed
     from sklearn.cluster import KMeans
     from sklearn.metrics import silhouette_score
     n = len(vectors)
@@ -131,6 +132,7 @@ def distinguishing_terms(texts: Sequence[str], labels: np.ndarray, top: int = 6
     w(t, c) = tf(t, c) / |c| * log(1 + A / f(t)), with tf the term's count in c, |c| the
     cluster's word count, A the mean word count per cluster and f(t) the term's count over all
     clusters. The ``top`` terms by weight name what sets the cluster apart."""
+    # deferred: scikit-learn, only when clusters are computed
     from sklearn.feature_extraction.text import CountVectorizer
     classes = sorted(set(int(x) for x in labels))
     docs = [" ".join(t for t, l in zip(texts, labels) if l == c) for c in classes]

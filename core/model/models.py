@@ -97,6 +97,7 @@ def _gguf_source(model: str) -> tuple[Path, str, Path]:
 def load_tokenizer(model: str = "tiny"):
     """SmolLM2's tokenizer (for tiny and smollm2-135m, cached from the GGUF), a GGUF file's
     (cached the same way) or a local dir's."""
+    # deferred: peft and transformers take seconds to import; only building a model needs them
     from transformers import AutoTokenizer
     if model not in ("tiny", "smollm2-135m") and not is_gguf(model):
         if not Path(model).is_dir():
@@ -125,6 +126,7 @@ def load_tokenizer(model: str = "tiny"):
 
 def _dequantized(folder: Path, name: str, cached: Path) -> nn.Module:
     """The GGUF file ``folder/name`` as an fp32 model, converted once into ``cached``."""
+    # deferred: peft and transformers take seconds to import; only building a model needs them
     from transformers import AutoModelForCausalLM
     if not (cached / "model.safetensors").is_file():
         net = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
@@ -139,6 +141,7 @@ def _dequantized(folder: Path, name: str, cached: Path) -> nn.Module:
 
 def load_base_model(model: str, vocab_size: int) -> nn.Module:
     """The frozen base network, fp32, eval mode."""
+    # deferred: peft and transformers take seconds to import; only building a model needs them
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
     if model == "tiny":
         config = LlamaConfig(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2,
@@ -181,6 +184,7 @@ def linear_targets(base: nn.Module) -> list[str]:
     """The names (last path component) of every linear layer of ``base`` but its output head:
     what ``lora_targets=all-linear`` wraps. ``nn.Linear`` and GPT-2's ``Conv1D`` (a linear
     layer with transposed weights, which peft wraps too); sorted, so the record is stable."""
+    # deferred: peft and transformers take seconds to import; only building a model needs them
     from transformers.pytorch_utils import Conv1D
     head = base.get_output_embeddings()
     names = {name.rsplit(".", 1)[-1] for name, m in base.named_modules()

@@ -141,6 +141,7 @@ class Policy:
         """Make the KL reference a frozen copy of the trained adapter as it is now (or the saved
         reference adapter ``state``, from ``reference_state``, on resume): a second LoRA adapter
         that is never trained. Calling it again replaces the copy."""
+        # deferred: peft and transformers take seconds to import; only building a model needs them
         from peft import get_peft_model_state_dict, set_peft_model_state_dict
         if state is None:
             state = get_peft_model_state_dict(self.model, save_embedding_layers=False)
@@ -164,6 +165,7 @@ class Policy:
         """The frozen reference adapter's weights (for checkpoints), None without one."""
         if not self.has_reference:
             return None
+        # deferred: peft and transformers take seconds to import; only building a model needs them
         from peft import get_peft_model_state_dict
         return get_peft_model_state_dict(self.model, adapter_name=REFERENCE,
                                          save_embedding_layers=False)
@@ -216,6 +218,7 @@ def load_policy(model: str = "tiny", *, lora_rank: int = 16, lora_alpha: int = 3
                 device: torch.device | str = "cpu") -> Policy:
     """Base model + tokenizer + fresh LoRA adapters (initialised from ``seed``) on ``device``.
     ``lora_targets``: comma-separated module names or ``all-linear`` (``linear_targets``)."""
+    # deferred: peft and transformers take seconds to import; only building a model needs them
     from peft import LoraConfig, get_peft_model
     tokenizer = load_tokenizer(model)
     base = load_base_model(model, vocab_size=len(tokenizer))
@@ -229,6 +232,7 @@ def load_policy(model: str = "tiny", *, lora_rank: int = 16, lora_alpha: int = 3
         raise ValueError(f"lora_targets: modules {missing} not found in model {model!r}; it has "
                          f"these linear layers: {', '.join(linear_targets(base))} "
                          f"(or use {ALL_LINEAR})")
+    # deferred: peft and transformers take seconds to import; only building a model needs them
     from transformers.pytorch_utils import Conv1D
     wrapped = [m for n, m in base.named_modules() if n.rsplit(".", 1)[-1] in targets]
     # GPT-2's Conv1D keeps its weight transposed (in, out): LoRA must know (peft would else

@@ -56,6 +56,7 @@ def continue_all(policy, env, items: list[Start], sampling, seed: int, progress=
     """Run every unfinished continuation to its episode's end in ONE batch (the rollout engine of
     core/rollout/engine.py: shared KV cache, left-padded chunks, rows leave as their episodes end).
     Rows start at different turns; each carries its own turn counter. Returns the trajectories."""
+    # deferred: torch, only when a model runs (importing this module stays torch-free)
     import torch
 
     # on the policy's device, like core/rollout/engine.py (each device reproducible on its own)

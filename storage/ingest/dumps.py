@@ -248,6 +248,7 @@ def trl_record(row: dict, traj_id: str, default_step: int, reward_cols: list[str
 
 def read_trl(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[str, Any]]:
     """(where, generic record or LineError) for every logged completion of a TRL run."""
+    # deferred: pyarrow (large), only on the Arrow/Parquet path
     import pyarrow.parquet as pq
     root = Path(path)
     for file in _files(root, "completions_*.parquet"):

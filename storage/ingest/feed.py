@@ -99,6 +99,7 @@ def verl_items(fd: int, name: str, size: int, max_line_bytes: int) -> Iterator[I
 def trl_items(fd: int, name: str) -> Iterator[Item]:
     """TRL completions of a Parquet file, as storage/ingest/dumps.py's ``read_trl``, a row group
     batch at a time instead of the whole table."""
+    # deferred: pyarrow (large), only on the Arrow/Parquet path
     import pyarrow as pa
     import pyarrow.parquet as pq
     stem = Path(name).stem

@@ -226,6 +226,7 @@ class Archive:
             if not inflater.eof:
                 raise MemberError(f"{where}: deflate data ends before its end marker")
         elif member.method == ZSTD:
+            # deferred: pyarrow (large), only on the Arrow/Parquet path
             import pyarrow as pa
             try:
                 stream = pa.CompressedInputStream(pa.PythonFile(data, mode="r"), "zstd")

@@ -232,6 +232,7 @@ class RecorderCallback(TrainerCallback):
             truncated=[not row[:n] or row[n - 1] not in eos for row, n in zip(ids, lengths)],
             sampling_logps=_rows(sampling), ref_logps=_rows(output.get("ref_per_token_logps")),
             index_base=self._next_index)
+        # deferred: torch, only when a model runs (importing this module stays torch-free)
         import torch
         output[INDEX_KEY] = torch.arange(self._next_index, self._next_index + n_local)
         for i in range(n_local):

@@ -96,6 +96,7 @@ def run_config(trainer, args, model) -> dict:
     names = list(getattr(trainer, "reward_func_names", []))
     weights = getattr(trainer, "reward_weights", None)
     try:
+        # deferred: TRL is optional (requirements-trl.txt)
         import trl
         version = trl.__version__
     except ImportError:

@@ -77,6 +77,7 @@ class Retriever:
         # parallel training processes then ran out of CUDA memory). Its top-k runs on the CPU
         # here; a user who sets JAX_PLATFORMS keeps theirs.
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        # deferred: bm25s and its numpy/scipy, only when the retriever is built
         import bm25s
         self.bm25s = bm25s
         self.docs = list(docs)

@@ -215,6 +215,7 @@ SAFE_BUILTINS = (
 
 
 def user_globals(guard: bool, out: _Output, apis) -> dict:
+    # in the sandboxed child only, after its limits are set
     import builtins
     if guard:
         table = {k: getattr(builtins, k) for k in SAFE_BUILTINS}
