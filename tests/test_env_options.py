@@ -48,14 +48,19 @@ def test_options_reach_the_environment():
 
 
 def test_eval_env_options_fix_the_heldout_set_while_the_rl_mix_changes():
-    from core.run.trainer import _Run
-    from storage.recorder import NullRecorder
+    from core.config import Environments
+    from core.run.schedule import Schedule
     base = TrainConfig(env="search", model="tiny", env_options="two_hop_frac=0.75", eval_tasks=20,
                        steps=0, threads=1)
     moved = base.replace(env_options="two_hop_frac=0.25", eval_env_options="two_hop_frac=0.75")
-    first, second = _Run(base, NullRecorder(), False), _Run(moved, NullRecorder(), False)
-    assert second.env.two_hop_frac == 0.25 and second.eval_env.two_hop_frac == 0.75
-    assert [t.task_id for t in second.eval_tasks] == [t.task_id for t in first.eval_tasks]
+
+    def held_out(cfg):
+        envs = Environments(cfg)
+        return envs, Schedule(cfg, envs.train, envs.sft, envs.eval).eval_tasks
+
+    (_, first), (envs, second) = held_out(base), held_out(moved)
+    assert envs.train.two_hop_frac == 0.25 and envs.eval.two_hop_frac == 0.75
+    assert [t.task_id for t in second] == [t.task_id for t in first] and len(first) == 20
 
 
 # ---- declared options: unknown names and out-of-bounds values are refused by name ------------
