@@ -10,7 +10,8 @@ metrics. The run id is derived from (checkpoint run, snapshot step, task run, ta
 the same job again replaces its earlier result instead of adding a twin; a job killed before
 its write leaves nothing.
 
-Torch-free: the Compare page reads ``cross_evaluations`` and ``adapter_steps`` from here.
+Torch-free: the Compare page reads ``cross_evaluations`` and ``adapter_steps`` from here, and the
+branch and evaluation jobs find a run's adapter snapshots with ``adapter_home``.
 """
 from __future__ import annotations
 
@@ -104,12 +105,27 @@ def cross_evaluations(path: str | Path) -> pd.DataFrame:
     return pd.DataFrame(out, columns=cols)
 
 
+def adapter_home(path: str | Path, run_id: str, config: dict) -> Path:
+    """The folder holding ``run_id``'s ``adapters/step-N.pt`` snapshots: ``checkpoint_dir/RUN``
+    when the run set a checkpoint_dir and that folder holds snapshots, else ``checkpoints/RUN``
+    next to the store -- the trainer's default, and where a store shipped with its adapters keeps
+    them (the sample stores do: their runs trained into a checkpoint_dir that is not committed).
+    When neither holds any, the folder the run wrote to, so a refusal names where it looked."""
+    beside = Path(path).resolve().parent / "checkpoints" / run_id
+    if not config.get("checkpoint_dir"):
+        return beside
+    own = Path(config["checkpoint_dir"]) / run_id
+    return beside if not _steps(own) and _steps(beside) else own
+
+
 def adapter_steps(path: str | Path, run_id: str, config: dict) -> list[int]:
-    """Steps with a kept adapter snapshot of ``run_id``: the files ``adapters/step-N.pt`` in
-    core/model/checkpoint.py's checkpoint directory (``checkpoint_dir/RUN`` when the run set one, else
-    ``checkpoints/RUN`` next to the store). Torch-free, so the page can say what exists."""
-    folder = Path(config.get("checkpoint_dir") or Path(path).resolve().parent / "checkpoints")
-    adapters = folder / run_id / ADAPTERS
+    """Steps with a kept adapter snapshot of ``run_id`` in ``adapter_home``, ascending.
+    Torch-free, so the page can say what exists."""
+    return _steps(adapter_home(path, run_id, config))
+
+
+def _steps(home: Path) -> list[int]:
+    adapters = home / ADAPTERS
     steps = []
     for file in adapters.glob("step-*.pt") if adapters.is_dir() else []:
         try:

@@ -95,6 +95,18 @@ def branch_children(path: str | Path, run_id: str, traj_id: str) -> pd.DataFrame
             [run_id, traj_id]).df()
 
 
+def branch_snapshots(path: str | Path, run_id: str) -> list[int]:
+    """The adapter snapshot steps ``run_id``'s branch jobs continued with, ascending: what a
+    copy of the store must carry for its branch forms to run again."""
+    with db.reading(path) as con:
+        check_version(con, where=str(path))
+        if not _has_table(con, "branches"):
+            return []
+        rows = con.execute("SELECT DISTINCT checkpoint_step FROM branches WHERE run_id = ? "
+                           "ORDER BY 1", [run_id]).fetchall()
+    return [int(r[0]) for r in rows]
+
+
 def branch_parent(path: str | Path, run_id: str, child_traj_id: str) -> dict | None:
     """For a continuation: {traj_id (its parent), turn, kind, step}; None for any other."""
     with db.reading(path) as con:

@@ -309,6 +309,35 @@ def test_no_adapters_imported_runs_and_broken_replays_are_refused(run, tmp_path,
     assert _counts(copy) == before
 
 
+def test_a_store_shipped_with_its_adapters_beside_it_branches_although_its_checkpoint_dir_is_gone(
+        run, tmp_path):
+    """A run trained into a checkpoint_dir that did not travel with the store (the sample stores'
+    runs trained into an ignored folder) is continued from checkpoints/RUN/adapters/ next to the
+    store, where a copy ships the snapshots; the page and the job read the same folder."""
+    from storage import evalsets
+    db, run_id, traj = run
+    copy = tmp_path / "shipped.duckdb"
+    shutil.copy(db, copy)
+    gone = tmp_path / "trained-elsewhere"
+    with duckdb.connect(str(copy)) as con:
+        con.execute("UPDATE runs SET config = json_merge_patch(config, ?)",
+                    [json.dumps({"checkpoint_dir": str(gone)})])
+        config = json.loads(con.execute("SELECT config FROM runs").fetchone()[0])
+    assert evalsets.adapter_steps(copy, run_id, config) == []
+    with pytest.raises(branch.BranchError, match="trained-elsewhere"):
+        branch.prepare_job(str(copy), run_id, traj, "all", 2)
+    shipped = tmp_path / "checkpoints" / run_id / checkpoint.ADAPTERS
+    shipped.mkdir(parents=True)
+    shutil.copy(checkpoint.snapshot_path(db.parent / "checkpoints" / run_id, 0), shipped)
+    assert evalsets.adapter_steps(copy, run_id, config) == [0]
+    job = branch.prepare_job(str(copy), run_id, traj, "all", 2)
+    assert job.ckpt_dir == tmp_path / "checkpoints" / run_id and job.snapshot_step == 0
+    # a configured folder that holds snapshots is the one used
+    (gone / run_id / checkpoint.ADAPTERS).mkdir(parents=True)
+    shutil.copy(shipped / "step-0.pt", gone / run_id / checkpoint.ADAPTERS)
+    assert branch.prepare_job(str(copy), run_id, traj, "all", 2).ckpt_dir == gone / run_id
+
+
 # -- keep must estimate Q(s_t, a_t) on a stochastic world -------------------------------------------
 def _lake_returns(env, task, recorded, turn: int, keep: str, k: int = 64):
     """Returns of k resample and k keep continuations from ``turn`` with the lake's own planner as

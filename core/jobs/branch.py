@@ -59,7 +59,7 @@ from core.rollout.trajectory import Trajectory, Turn
 from core.rollout.transcript import prompt_ids, record_turn
 from core.run.records import step_tables
 from core.run.schedule import Schedule
-from storage import branches
+from storage import branches, evalsets
 from storage.db import StoreError
 
 MAX_K = 64
@@ -140,7 +140,7 @@ def prepare_job(db: str, run_id: str, traj_id: str, turns: str = "all", k: int =
     except Exception as exc:
         raise BranchError(f"the run's tasks cannot be drawn again: {exc}") from exc
     step = int(traj["step"])
-    ckpt_dir = checkpoint.checkpoint_dir(cfg.replace(db=str(db)), run_id)
+    ckpt_dir = evalsets.adapter_home(db, run_id, {"checkpoint_dir": cfg.checkpoint_dir})
     sampled_by = step if split == "eval" else max(step - 1, 0)
     snap = checkpoint.nearest_adapter(ckpt_dir, sampled_by)
     if snap is None:

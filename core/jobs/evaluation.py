@@ -161,7 +161,7 @@ def prepare_job(db: str, run_id: str, step: int, tasks_from: str, seed: int | No
             raise EvaluationError(f"task {row.task_id!r} drawn again asks something else than "
                                   "the record: the environment cannot be rebuilt as recorded")
         tasks.append(task)
-    ckpt_dir = checkpoint.checkpoint_dir(cfg_run.replace(db=str(db)), run_id)
+    ckpt_dir = evalsets.adapter_home(db, run_id, {"checkpoint_dir": cfg_run.checkpoint_dir})
     snap = checkpoint.nearest_adapter(ckpt_dir, step)
     if snap is None:
         raise EvaluationError(f"run {run_id!r} has no saved adapter at or before step {step} "
