@@ -127,12 +127,12 @@ def panel(pick: c.Pick, traj_id: str, row: dict, n_turns: int) -> None:
     st.caption("For each turn t: K continuations that sample a new action at t give V(s_t); K "
                "that keep the recorded action and sample after it give Q(s_t, a_t); A = Q - V. "
                "The turn with the lowest A < 0 is the one whose action lost the most.")
+    est = c.read_or_stop(load_estimates, pick.store, pick.run_id, traj_id)
     why_not = cannot_branch(pick)
     if why_not:  # say so before any form: the job would only fail
         st.info(why_not)
     else:
-        job_controls(pick, traj_id, n_turns)
-    est = c.read_or_stop(load_estimates, pick.store, pick.run_id, traj_id)
+        job_controls(pick, traj_id, n_turns, *next_job(est))
     if est.empty:
         st.info("Branch values not computed yet for this trajectory.")
         return
@@ -189,10 +189,25 @@ def verdict(est: pd.DataFrame) -> None:
         st.dataframe(shown, key="branch_candidates", hide_index=True)
         st.caption("K to tell: the continuations per kind at which this A's interval would "
                    "exclude 0 (half-widths shrink as 1/sqrt(K)); blank for jobs recorded before "
-                   "it was computed.")
+                   "it was computed. The branch form above is set to run them (at most "
+                   f"{MAX_K} per kind).")
 
 
-def job_controls(pick: c.Pick, traj_id: str, n_turns: int) -> None:
+def next_job(est: pd.DataFrame) -> tuple[int, str]:
+    """The branch form's K and turns: 8 and all; but where candidate turns (A < 0, interval
+    still reaching 0) wait for more continuations, the K that would tell them apart (the largest
+    of theirs, at most MAX_K) and those turns, so the next job is one click away."""
+    if est.empty or ((est["worst"] == 1.0) & (est["a_hi"] < 0)).any():
+        return 8, "all"
+    maybe = est[(est["a"] < 0) & ~(est["a_hi"] < 0) & est["k_needed"].notna()]
+    if maybe.empty:
+        return 8, "all"
+    k = int(min(MAX_K, max(int(maybe["k_needed"].max()), int(maybe["n"].max()) + 1)))
+    return k, ",".join(str(int(t)) for t in sorted(maybe["turn"]))
+
+
+def job_controls(pick: c.Pick, traj_id: str, n_turns: int, k_default: int = 8,
+                 turns_default: str = "all") -> None:
     job = current()
     mine = job is not None and job.get("traj_id") == traj_id and job.get("store") == pick.store \
         and job.get("run_id") == pick.run_id
@@ -204,8 +219,9 @@ def job_controls(pick: c.Pick, traj_id: str, n_turns: int) -> None:
         return
     with st.form("branch_form"):
         a, b, d = st.columns(3)
-        k = a.number_input("K (continuations per turn and kind)", 1, MAX_K, 8, key="branch_k")
-        turns = b.text_input("Turns to branch from", "all", key="branch_turns",
+        k = a.number_input("K (continuations per turn and kind)", 1, MAX_K, k_default,
+                           key="branch_k")
+        turns = b.text_input("Turns to branch from", turns_default, key="branch_turns",
                              help=f"all, or turn numbers 0..{max(n_turns - 1, 0)} with commas")
         seed = d.number_input("Seed", 0, 2 ** 31 - 1, 0, key="branch_seed")
         go_ = st.form_submit_button("Start the branch job")

@@ -127,7 +127,16 @@ def test_replay_names_no_turn_when_every_interval_reaches_zero(app, demo, tmp_pa
     assert any("every interval for A still reaches 0" in m for m in shown)
     cand = next(f.value for f in at.dataframe if "K to tell (per kind, about)" in f.value.columns)
     assert cand["turn"].tolist() == [0] and cand["a"].tolist() == [-0.25]
-    assert cand["K to tell (per kind, about)"].iloc[0] > 4
+    needed = int(cand["K to tell (per kind, about)"].iloc[0])
+    assert needed > 4
+    # with a snapshot to continue from, the form is set to run what would tell: one click away
+    folder = base / "checkpoints" / run / "adapters"
+    folder.mkdir(parents=True)
+    (folder / "step-0.pt").write_bytes(b"not an adapter")
+    at = app("replay", store_dir=str(base), store=store, run=run, step=STEP, traj=SCRIPT_TRAJ)
+    assert not at.exception
+    assert at.number_input(key="branch_k").value == min(needed, _branches.MAX_K)
+    assert at.text_input(key="branch_turns").value == "0"
 
 
 def test_groups_counts_where_values_fell(app, analysed):
