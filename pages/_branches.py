@@ -189,8 +189,8 @@ def verdict(est: pd.DataFrame) -> None:
         st.dataframe(shown, key="branch_candidates", hide_index=True)
         st.caption("K to tell: the continuations per kind at which this A's interval would "
                    "exclude 0 (half-widths shrink as 1/sqrt(K)); blank for jobs recorded before "
-                   "it was computed. The branch form above is set to run them (at most "
-                   f"{MAX_K} per kind).")
+                   "it was computed. The branch form above is set to run them; beyond "
+                   f"{MAX_K} per kind one job cannot tell.")
 
 
 def next_job(est: pd.DataFrame) -> tuple[int, str]:
@@ -202,7 +202,9 @@ def next_job(est: pd.DataFrame) -> tuple[int, str]:
     maybe = est[(est["a"] < 0) & ~(est["a_hi"] < 0) & est["k_needed"].notna()]
     if maybe.empty:
         return 8, "all"
-    k = int(min(MAX_K, max(int(maybe["k_needed"].max()), int(maybe["n"].max()) + 1)))
+    k = int(min(MAX_K, maybe["k_needed"].max()))
+    if k <= int(maybe["n"].max()):  # already at the most one job runs: the same job again
+        return 8, "all"             # would only repeat its numbers
     return k, ",".join(str(int(t)) for t in sorted(maybe["turn"]))
 
 

@@ -31,6 +31,15 @@ compact() {  # rewrite a finished store with small blocks (about 7x smaller in g
     "$PY" -m storage.compact "$OUT/$1"
 }
 
+ship_adapters() {  # copy the snapshots a store's branch jobs used next to it (DB RUN CKPT_DIR)
+    local step
+    for step in $("$PY" -c "from storage import turn_queries as t; import sys
+print(*t.branch_snapshots(sys.argv[1], sys.argv[2]))" "$1" "$2"); do
+        mkdir -p "$OUT/checkpoints/$2/adapters"
+        cp "$3/$2/adapters/step-$step.pt" "$OUT/checkpoints/$2/adapters/"
+    done
+}
+
 timed() {  # run a command, print its wall time
     local t0=$SECONDS
     "$@"
@@ -118,16 +127,23 @@ import_run() {
 # Two small runs into one store, each keeping an adapter snapshot after every step
 # (--adapter-every 1), so a trajectory of RL step s is continued by the very adapter that sampled
 # it. Then the first failure of each kind, found by a rule (pick_failure.py, not a typed id), is
-# branched at every turn with K = 8 (core/jobs/branch.py). The lake is 3x3 and not slippery (slip=0),
-# one move a turn: every fall is the policy's own move, and a pool of 4 lakes lets 50 SFT steps
-# teach the tiny model to walk them. The apps run knows one template (archive the read
-# newsletters, leave the unread ones) on 8 worlds: after 140 SFT steps it has the calls' form
-# but not which of the ids a search returned to archive, so at temperature 0.7 it sometimes
-# archives an unread one (about 1 rollout in 9 at the last SFT adapter): collateral damage.
+# branched at every turn (core/jobs/branch.py). The lake is 3x3 and slippery as RAGEN's
+# (slip=0.2: a move goes where intended 80% of the time), one move a turn, so a fall may be the
+# policy's move or the ice's: a keep continuation draws its kept move's slip afresh, which tells
+# them apart. A pool of 4 lakes lets 50 SFT steps teach the tiny model to walk them. The apps run
+# knows one template (archive the read newsletters, leave the unread ones) on 8 worlds: after
+# 140 SFT steps it has the calls' form but not which of the ids a search returned to archive, so
+# at temperature 0.7 it sometimes archives an unread one: collateral damage.
+# The adapter snapshots the two analyses continued with are copied next to the store
+# (checkpoints/RUN/adapters/, a few MB), so the app's branch form runs on them too.
 branches() {
-    local db="$OUT/branch_failures.duckdb" found run traj
+    local db="$OUT/branch_failures.duckdb" found run traj name kind k
+    if [ -f "$db" ]; then  # the old runs' shipped adapters go with them
+        for run in $("$PY" -c "from storage import queries; import sys
+print(*queries.runs(sys.argv[1])['run_id'])" "$db"); do rm -rf "${OUT:?}/checkpoints/$run"; done
+    fi
     fresh branch_failures.duckdb
-    timed "${TRAIN[@]}" --env frozenlake --env-options size=3,slip=0,actions_per_turn=1,max_actions=6 \
+    timed "${TRAIN[@]}" --env frozenlake --env-options size=3,slip=0.2,actions_per_turn=1,max_actions=6 \
         --algo grpo --task-pool 4 --group-size 8 --tasks-per-step 2 --max-turns 6 \
         --max-new-tokens 12 --sft-steps 50 --sft-lr 5e-3 --steps 3 --lr 1e-4 --eval-every 0 \
         --adapter-every 1 --seed 1 --name frozenlake-branch --db "$db" \
@@ -138,12 +154,14 @@ branches() {
         --sft-batch-size 2 --sft-lr 5e-3 --steps 2 --temperature 0.7 --eval-every 0 \
         --adapter-every 1 --seed 0 \
         --name apps-branch --db "$db" --checkpoint-dir "$CKPT/branch-apps"
-    for pick in frozenlake-branch:hole apps-branch:collateral_damage; do
-        found=$("$PY" sample_runs/pick_failure.py --db "$db" --run-name "${pick%%:*}" \
-                --kind "${pick#*:}")
+    # K = 64 on the lake (40 s): at K = 8 its V and Q of a late turn are often 0 and 0 by chance
+    for pick in frozenlake-branch:hole:64 apps-branch:collateral_damage:8; do
+        IFS=: read -r name kind k <<<"$pick"
+        found=$("$PY" sample_runs/pick_failure.py --db "$db" --run-name "$name" --kind "$kind")
         read -r run traj <<<"$found"
-        timed "$PY" -m core.branch --db "$db" --run "$run" --traj "$traj" --turns all --k 8 \
+        timed "$PY" -m core.branch --db "$db" --run "$run" --traj "$traj" --turns all --k "$k" \
             --seed 0
+        ship_adapters "$db" "$run" "$CKPT/branch-${name%%-*}"
     done
     compact branch_failures.duckdb
 }

@@ -32,8 +32,8 @@ from tests.browser_harness import ROOT, browser_fixtures, scratch_dir, served_ap
 from tests.test_browser import no_exception, settle
 
 pytestmark = pytest.mark.browser
-LAKE = ("sample_runs/branch_failures.duckdb", "20261130-235147-407820")
-"""FrozenLake run with a branch analysis: 48 continuations (split 'branch') among its rows."""
+LAKE = ("sample_runs/branch_failures.duckdb", "20261203-233011-02a957")
+"""FrozenLake run with a branch analysis: 512 continuations (split 'branch') among its rows."""
 BANDIT = ("sample_runs/collapse_bandit.duckdb", "20261130-001943-c1079a")
 """GRPO's collapse run: more failures than the table's 500 rows."""
 SEARCH = ("sample_runs/search_smollm2.duckdb", "20261129-233052-4ded2d")

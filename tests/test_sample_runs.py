@@ -829,23 +829,33 @@ def test_walkthrough_step_10_counts_the_compare_figures():
 
 
 def test_walkthrough_step_11_frozenlake_fall_and_search_continuations():
+    import json
     from storage import turn_queries
-    path, run_id, traj_id = store("branch_failures.duckdb"), "20261130-235147-407820", "s51-g1-r3"
+    path, run_id, traj_id = store("branch_failures.duckdb"), "20261203-233011-02a957", "s53-g1-r1"
     turns = queries.turns(path, run_id, [traj_id]).sort_values("turn")
-    moves = [m.removeprefix("<answer>").removesuffix("</answer>") for m in turns["action"]]
-    assert moves == ["Down", "Up", "Up"] and "fell into a hole" in turns["observation"].iloc[-1]
+    last = turns.iloc[-1]
+    fall = int(last["turn"])
+    (moved,) = json.loads(last["info"])["executed"]
+    assert "fell into a hole" in last["observation"]
     est = turn_queries.branch_estimates(path, run_id, traj_id).set_index("turn")
-    assert list(est.index[est["a_hi"] < 0]) == [2] and (est["n"] == 8).all()
+    assert (est["n"] == 64).all() and not (est["a_hi"] < 0).any()
     kids = turn_queries.branch_children(path, run_id, traj_id)
-    resampled = kids[(kids["turn"] == 2) & (kids["kind"] == "resample")]
-    last = queries.turns(path, run_id, list(resampled["child_traj_id"])).sort_values("turn")
-    last = last.groupby("traj_id")["observation"].last()
-    goal, hole = int(last.str.contains("reached the goal").sum()), int(last.str.contains("hole").sum())
-    says("8 continuations that resample the action (V) and 8 that keep it (Q)",
-         "walked Down, Up, then Up into the hole",
-         f"A = Q - V = {est.loc[2, 'a']:.3f} has its whole interval below 0",
-         f"of the {len(resampled)} moves resampled there {goal} reached the goal and {hole} fell in",
-         f"run={run_id}&step=51&traj={traj_id}&turn=2")
+    kept = kids[(kids["turn"] == fall) & (kids["kind"] == "keep")]
+    ends = queries.turns(path, run_id, list(kept["child_traj_id"])).sort_values("turn")
+    ends = ends.groupby("traj_id")["observation"].last()
+    goal, hole = int(ends.str.contains("reached the goal").sum()), int(ends.str.contains("hole").sum())
+    (candidate,) = est.index[est["a"] < 0]
+    assert not turns.set_index("turn").loc[candidate, "action_valid"]  # the malformed answer
+    says("64 continuations that resample the action (V) and 64 that",
+         f"meant {moved['intended']} and the ice took it {moved['actual']} into",
+         f"reached the goal {goal} times in {len(kept)} and fell in {hole} times",
+         f"(Q = {est.loc[fall, 'q']:.3f}, V = {est.loc[fall, 'v']:.3f})",
+         f"about {int(est.loc[candidate, 'k_needed'])} continuations per kind to tell",
+         f"run={run_id}&step=53&traj={traj_id}&turn={fall}")
+    apps = queries.runs(path).set_index("name").loc["apps-branch", "run_id"]
+    worst = turn_queries.branch_estimates(path, apps, "s141-g0-r6").set_index("turn")
+    worst = worst[worst["worst"] == 1.0].iloc[0]
+    says(f"A = {worst['a']:.3f} [{worst['a_lo']:.3f}, {worst['a_hi']:.3f}]")
     # the search episode answered one hop short: from the state after its first search (the
     # continuations that keep turn 0, and those that resample turn 1) nearly all answer at once
     path, run_id, traj_id = store(SFT60), "20261130-230302-7463a0", "e62-g14-r0"
