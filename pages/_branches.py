@@ -239,7 +239,7 @@ def job_controls(pick: c.Pick, traj_id: str, n_turns: int, k_default: int = 8,
             st.success("The last branch job on this trajectory finished.")
         elif tail.strip():
             st.error("The last branch job on this trajectory did not record anything:")
-            st.code(tail, language=None)
+            st.code(tail, language=None, wrap_lines=True)
 
 
 def _running() -> None:

@@ -355,7 +355,7 @@ def read_or_stop(fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except db.StoreError as exc:
         st.error("The store could not be read:")
-        st.code(str(exc), language=None)
+        st.code(str(exc), language=None, wrap_lines=True)
         st.stop()
 
 

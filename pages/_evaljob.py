@@ -117,7 +117,7 @@ def panel(store: str, run_id: str, a: tuple[str, int], b: tuple[str, int], on_do
         tail = _jobs.log_tail(job, lines=12)
         if RESULT_RE.search(tail) is None and tail.strip():
             st.error("The last cross-evaluation job recorded nothing:")
-            st.code(tail, language=None)
+            st.code(tail, language=None, wrap_lines=True)
 
 
 def _cannot(store: str, runs, run_id: str, step: int) -> str | None:

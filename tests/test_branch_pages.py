@@ -162,6 +162,9 @@ def test_a_job_launched_from_the_page_runs_apart_and_its_refusal_is_shown(app, d
     assert _branches.current()["exit"] != 0   # the snapshot is not a loadable adapter
     at.run()
     assert "The last branch job on this trajectory did not record anything:" in texts(at, "error")
+    # the job's error text wraps inside the page instead of running off it
+    (log,) = [c for c in at.code if c.value.startswith("error: ")]
+    assert log.proto.wrap_lines
     assert queries.branch_children(demo[1], demo[2]["demo-search-starpo"], SCRIPT_TRAJ).empty
 
 
