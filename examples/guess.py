@@ -107,3 +107,9 @@ class GuessEpisode:
 
     def expert_action(self) -> str:
         return f"<guess>{(self.lo + self.hi) // 2}</guess>"
+
+    def render(self) -> list[dict]:
+        """Optional: the state as a one-row table, which Replay shows before and after each
+        turn (SVG text or PNG bytes would be shown as a picture)."""
+        return [{"secret is at least": self.lo, "secret is at most": self.hi,
+                 "guesses left": self.env.max_guesses - self.guesses}]

@@ -18,7 +18,7 @@ from storage import db
 from storage.migrations import prepare
 from storage.recorder import insert_frame, to_frame
 
-CHILD_TABLES = ("trajectories", "rewards", "turns", "tokens", "test_results")
+CHILD_TABLES = ("trajectories", "rewards", "turns", "tokens", "test_results", "renders")
 
 
 def parent(path: str | Path, run_id: str, traj_id: str) -> dict | None:

@@ -139,8 +139,20 @@ def m006_train_logprob(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE tokens ADD COLUMN train_logprob DOUBLE")
 
 
+def m007_renders(con: duckdb.DuckDBPyConnection) -> None:
+    """An environment's own pictures of its state (the optional ``Episode.render()``): one row
+    per picture, ``turn`` -1 for the state after reset, t for the state after turn t's action.
+    ``kind`` is svg | png | table and ``body`` the SVG text, the PNG as base64 or the table's
+    rows as JSON, each already capped by the rollout. Stores recorded before have no such table:
+    readers return no pictures for them (Replay then draws grid worlds from their text)."""
+    con.execute("""
+        CREATE TABLE renders (
+            run_id VARCHAR, step INTEGER, traj_id VARCHAR, turn INTEGER, kind VARCHAR,
+            body VARCHAR)""")
+
+
 MIGRATIONS = [m001_initial, m002_imports, m003_turn_state, m004_turn_analyses,
-              m005_failure_clusters, m006_train_logprob]
+              m005_failure_clusters, m006_train_logprob, m007_renders]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -434,4 +434,5 @@ from storage.mismatch_queries import distribution as mismatch_distribution  # no
 from storage.mismatch_queries import ranking as mismatch_ranking  # noqa: E402,F401
 from storage.turn_queries import (BRANCH_SIGNALS, branch_children, branch_estimates, branch_parent,
                                   branch_worst_turns, eval_diff, evaluations, failure_clusters,
-                                  first_divergence, signal_by_turn, signal_names, turn_signals)  # noqa: E402,F401
+                                  first_divergence, renders, signal_by_turn, signal_names,
+                                  turn_signals)  # noqa: E402,F401

@@ -57,6 +57,27 @@ def signal_names(path: str | Path, run_id: str, source: str = "train") -> list[s
             [run_id, source]).fetchall()]
 
 
+# -- an environment's own pictures (renders, migration m007) --------------------------------------
+RENDER_READ_CAP = 300_000
+"""The largest picture body read back (the rollout keeps at most 200,000 bytes, 267,000 as PNG
+base64): a bigger one, in a store written by other means, is read as NULL with its size."""
+
+
+def renders(path: str | Path, run_id: str, traj_id: str) -> pd.DataFrame:
+    """The environment's pictures of one trajectory's states (turn, kind, body, size): turn -1
+    the state after reset. Empty for a store recorded before the table existed (schema < 7), or
+    an environment without ``render``."""
+    cols = ["turn", "kind", "body", "size"]
+    with db.reading(path) as con:
+        check_version(con, where=str(path))
+        if not _has_table(con, "renders"):
+            return pd.DataFrame(columns=cols)
+        return con.execute(
+            "SELECT turn, kind, CASE WHEN strlen(body) <= ? THEN body END AS body, "
+            "strlen(body) AS size FROM renders WHERE run_id = ? AND traj_id = ? "
+            "ORDER BY turn", [RENDER_READ_CAP, run_id, traj_id]).df()
+
+
 # -- branch-from-turn analyses (branches + turn_signals source 'branch', core/jobs/branch.py) -----------
 BRANCH_SIGNALS = ["v", "q", "a", "v_lo", "v_hi", "q_lo", "q_hi", "a_lo", "a_hi", "n", "k_needed",
                   "worst"]

@@ -23,6 +23,11 @@ Optional members (the rollout uses them when present):
     Environment.split_size(split)  how many distinct tasks ``tasks(split, n, seed)`` can return;
                                    None when they are generated without bound (``task_pool``)
     Episode.state_key()            the current state's key (the start's, before the first step)
+    Episode.render()               a picture of the current state for Replay: SVG text, PNG
+                                   bytes, or a table (a list of row dicts); None for none. Called
+                                   after reset and after every step; checked and capped
+                                   (core/envs/render.py); one that raises or is too big is a
+                                   note on the trajectory, never its end
 
 Everything is deterministic from (task, seed), so a recorded trajectory can be replayed.
 
@@ -108,6 +113,8 @@ class Episode(Protocol):
         ...
     # Optional: def state_key(self) -> str -- the current state's key (the start's after reset),
     # which anchors the first turn; later turns take the previous StepResult.state_key.
+    # Optional: def render(self) -> str | bytes | list[dict] | None -- the current state as SVG
+    # text, PNG bytes or table rows, for Replay (module docstring; core/envs/render.py).
 
 
 class Environment(Protocol):

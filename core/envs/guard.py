@@ -2,8 +2,8 @@
 trainer. Both episode loops (core/rollout/engine.py, core/run/collection.py) talk to their episodes only
 through a ``Guard``: they map its ``EnvError`` to a trajectory ended as ``env_error``.
 
-Every call into one episode (``env.episode``, ``reset``, ``state_key``, ``step``, ``outcome``)
-runs on that episode's own worker thread and is waited for at most ``timeout_s``
+Every call into one episode (``env.episode``, ``reset``, ``state_key``, ``step``, ``render``,
+``outcome``) runs on that episode's own worker thread and is waited for at most ``timeout_s``
 (``--env-step-timeout``). One thread per episode, not any free one, because objects an episode
 makes are often tied to the thread that made them (a ``sqlite3`` connection refuses any other
 thread: the apps env's world is one); an object the env's factory made in the main thread and
@@ -244,6 +244,16 @@ class GuardedEpisode:
         """The inner episode's ``state_key()``, None when it has none."""
         key_of = getattr(self.inner, "state_key", None)
         return self.call("state_key", key_of) if callable(key_of) else None
+
+    @property
+    def renders(self) -> bool:
+        """The inner episode offers ``render()`` (core/envs/render.py)."""
+        return callable(getattr(self.inner, "render", None))
+
+    def render(self):
+        """``render()`` as the episode returned it (unchecked: core/envs/render.py checks it).
+        Like every call, one past the deadline leaves the episode unable to take another."""
+        return self.call("render", self.inner.render)
 
     def step(self, action: str) -> StepResult:
         """``step(action)``, checked (module docstring) and its observation cut to the cap."""

@@ -46,7 +46,8 @@ from core.envs.base import Environment, Task, observation_role
 from core.envs.guard import CUT_KEY, EnvError, GuardedEpisode
 from core.model.kv_cache import Batch
 from core.model.policy import Policy, token_logprobs, token_texts
-from core.rollout.episode import execute, final_reason, grade, open_episodes, step_failed
+from core.rollout.episode import (execute, final_reason, grade, open_episodes, record_render,
+                                  step_failed)
 from core.rollout.sampling import Sampling
 from core.rollout.transcript import append_tokens, prompt_ids, record_turn
 from core.rollout.trajectory import Trajectory, Turn
@@ -271,6 +272,7 @@ def _act(row: _Row, turn: int, sampling: Sampling, tok, env: Environment,
                                   state_key=row.state_key, role=observation_role(env))
     if CUT_KEY in result.info:  # cut by bytes before the token cut could see it
         traj.turns[-1].obs_truncated = True
+    record_render(traj, row.episode, turn)
     row.state_key = result.state_key
     row.pending = _unfed(row, obs_ids)
     reason = final_reason(reason, final)

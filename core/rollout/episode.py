@@ -8,6 +8,10 @@ episode here, so the seeds, the ids, the final-answer rule and the finish reason
     final turn     with final_answer_turn, one extra turn after max_turns in which only an answer
                    is executed (Search-R1); it ends as final_answer, or max_turns without one
     env failure    a step or grade that fails ends that trajectory as env_error, not the run
+    pictures       an episode with ``render()`` is drawn after reset and after every step; a
+                   picture that fails or breaks a cap is a note in ``trajectories.info``, never
+                   the episode's end (but a render past the deadline leaves its episode unable
+                   to take another call, as any call would)
 """
 from __future__ import annotations
 
@@ -15,10 +19,13 @@ from dataclasses import dataclass
 
 from core.envs.base import Outcome, StepResult, Task
 from core.envs.guard import EnvError, Guard, GuardedEpisode
+from core.envs.render import checked_render
 from core.rollout.trajectory import Trajectory, Turn
 
 FINAL_ONLY_ANSWER = ("final-answer turn: only an answer is accepted; the action was not "
                      "executed")
+MAX_RENDER_NOTES = 8
+"""Notes on pictures not kept, per trajectory; ``render_failures`` counts them all."""
 
 
 def episode_seed(seed: int, g: int, r: int) -> int:
@@ -50,6 +57,7 @@ def open_episodes(guard: Guard, tasks: list[Task], group_size: int, seed: int, p
                               task=task, split=split, info={"episode_seed": ep_seed})
             if episode.prompt_cut_bytes:  # it will end as context_full: say why
                 traj.info["prompt_cut_bytes"] = episode.prompt_cut_bytes
+            record_render(traj, episode, -1)
             opened.append(Opened(traj, episode, first, initial_state_key(episode)))
     return opened
 
@@ -61,6 +69,26 @@ def initial_state_key(episode) -> str | None:
         return None
     key = key_of()
     return None if key is None else str(key)
+
+
+def record_render(traj: Trajectory, episode: GuardedEpisode, turn: int) -> None:
+    """Keep the episode's picture of its state after ``turn`` (-1: after reset) in
+    ``traj.renders`` when it offers ``render()``. A render that raises, returns something
+    unusable or too big is not kept: ``traj.info`` notes why (``render_notes``, the first
+    ``MAX_RENDER_NOTES``; ``render_failures``, all of them) and the episode goes on."""
+    if not episode.renders:
+        return
+    try:
+        picture = checked_render(episode.render())
+    except EnvError as exc:
+        picture = f"render failed: {exc.text}"
+    if isinstance(picture, str):
+        traj.info["render_failures"] = traj.info.get("render_failures", 0) + 1
+        notes = traj.info.setdefault("render_notes", [])
+        if len(notes) < MAX_RENDER_NOTES:
+            notes.append({"turn": turn, "note": picture[:500]})
+    elif picture is not None:
+        traj.renders.append({"turn": turn, "kind": picture.kind, "body": picture.body})
 
 
 def execute(episode: GuardedEpisode, action: str, final: bool, state_key: str | None

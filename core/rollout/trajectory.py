@@ -76,6 +76,10 @@ class Trajectory:
     advantage: float = 0.0
     filtered: bool = False
     failure_class: str | None = None
+    renders: list[dict[str, Any]] = field(default_factory=list)
+    """The episode's own pictures of its state (``Episode.render()``, core/envs/render.py):
+    ``{"turn", "kind", "body"}``, turn -1 the state after reset, turn t the state after turn t's
+    action. Empty for an env without ``render``."""
     info: dict[str, Any] = field(default_factory=dict)
     """The rollout's own extras (episode seed; ``token_entropy``, which has its own column),
     recorded as ``trajectories.info``. The stages after rewards do not write here: they return

@@ -43,7 +43,7 @@ from core.endpoint.client import (PREFIX, ChatClient, EndpointError, EndpointRef
 from core.envs.guard import CUT_KEY, EnvError
 from core.rollout.diagnostics import rollout_metrics
 from core.rollout.episode import (Opened, end_reason, execute, final_reason, grade, open_episodes,
-                                  step_failed)
+                                  record_render, step_failed)
 from core.rollout.sampling import Sampling
 from core.rollout.trajectory import Trajectory, Turn
 from core.run.lifecycle import record_and_exit, stop_on_sigint
@@ -285,6 +285,7 @@ def _act(ep: _Episode, env, reply: Reply, sampling: Sampling) -> bool:
         obs_truncated=CUT_KEY in result.info,
         latency_s=time.perf_counter() - t0, step_reward=result.reward, action_tokens=len(rows),
         state_key=ep.state_key, info={**(result.info or {}), "endpoint": info}))
+    record_render(traj, ep.episode, turn)
     ep.state_key = result.state_key
     if result.done:
         return _finish(ep, final_reason(end_reason(result), final))

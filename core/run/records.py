@@ -1,4 +1,5 @@
-"""Trajectories -> rows of the store's tables (trajectories, rewards, turns, tokens, test_results).
+"""Trajectories -> rows of the store's tables (trajectories, rewards, turns, tokens, test_results,
+renders).
 
 Rows come out as column dicts (one list per column), the cheapest shape for one bulk insert per
 table per step. What the stages after the rollout computed (per-turn advantages, per-token
@@ -160,6 +161,18 @@ def test_rows(trajs: Sequence[Trajectory]) -> dict[str, list]:
     return dict(cols)
 
 
+def render_rows(trajs: Sequence[Trajectory]) -> dict[str, list]:
+    """The episodes' own pictures (``Trajectory.renders``), one row per kept picture."""
+    cols: dict[str, list] = defaultdict(list)
+    for t in trajs:
+        for r in t.renders:
+            cols["traj_id"].append(t.traj_id)
+            cols["turn"].append(int(r["turn"]))
+            cols["kind"].append(r["kind"])
+            cols["body"].append(r["body"])
+    return dict(cols)
+
+
 def step_tables(trajs: Sequence[Trajectory], results: StageResults | None = None,
                 ) -> dict[str, dict[str, list]]:
     """Every per-trajectory table of one step, ready for ``Recorder.record_step``: the
@@ -170,6 +183,7 @@ def step_tables(trajs: Sequence[Trajectory], results: StageResults | None = None
             "turns": turn_rows(trajs, results.turn_advantages),
             "tokens": token_rows(trajs, results.token_values),
             "test_results": test_rows(trajs),
+            "renders": render_rows(trajs),
             "turn_signals": _signal_columns(results.turn_signals)}
 
 
