@@ -128,6 +128,11 @@ def views() -> list[tuple[str, str, str, dict]]:
                     {"store": _store("branch_failures.duckdb"), "run": run_id,
                      "step": int(traj["step"]), "traj": traj_id,
                      "turn": int(traj["num_turns"]) - 1}))
+        # the same fall as pictures: the lake before and after the turn, with the path walked
+        out.append(("replay-frozenlake-board.png", "replay", "Replay",
+                    {"store": _store("branch_failures.duckdb"), "run": run_id,
+                     "step": int(traj["step"]), "traj": traj_id,
+                     "turn": int(traj["num_turns"]) - 1}))
     if search:
         # Failure clusters and checkpoint A vs B on the search run (SFT, then 10 GRPO steps)
         rid = _runs(search)["run_id"].iloc[0]
@@ -206,6 +211,7 @@ def _focus(page, name: str) -> None:
                "groups-credit.png": "Credit: stored advantage vs. what each estimator would give",
                "failures-clusters.png": "Clusters of similar failures",
                "replay-branches.png": "Branches: which turn lost the reward?",
+               "replay-frozenlake-board.png": "Turns",
                }.get(name)
     if heading:
         page.get_by_role("heading", name=heading).first.evaluate(

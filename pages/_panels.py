@@ -1,5 +1,5 @@
 """Panels of the Failures page: the selected trajectory, tags/notes (also Replay's) and the SQL
-box; and Replay's reading order of a state diff."""
+box."""
 from __future__ import annotations
 
 import streamlit as st
@@ -86,28 +86,6 @@ def _save_tag(pick: Pick, traj_id: str, tag: str, note: str, drawn_here: bool) -
     else:
         load_tags.clear()
         st.success("Saved.")
-
-
-def changed_first(diff):
-    """A state diff in reading order: each updated row as ``changed`` (field -> {before, after},
-    the fields the action changed) ahead of ``unchanged`` (field -> value). Rows inserted or
-    deleted (one side missing) and entries of any other shape are kept as recorded."""
-    if not isinstance(diff, list):
-        return diff
-    out = []
-    for entry in diff:
-        before, after = (entry.get("before"), entry.get("after")) if isinstance(entry, dict) \
-            else (None, None)
-        if not (isinstance(before, dict) and isinstance(after, dict)):
-            out.append(entry)
-            continue
-        fields = list(dict.fromkeys([*before, *after]))
-        changed = {f: {"before": before.get(f), "after": after.get(f)} for f in fields
-                   if f not in before or f not in after or before[f] != after[f]}
-        unchanged = {f: before[f] for f in fields if f not in changed}
-        head = {k: v for k, v in entry.items() if k not in ("before", "after")}
-        out.append({**head, "changed": changed, "unchanged": unchanged})
-    return out
 
 
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)

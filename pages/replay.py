@@ -6,7 +6,7 @@ import json
 import streamlit as st
 
 from pages import _common as c
-from pages import _branches, _calls, _info_gain, _panels, _tokens
+from pages import _boards, _branches, _calls, _info_gain, _panels, _states, _tokens
 
 c.ensure_app()
 pick = c.picked()
@@ -43,6 +43,9 @@ ERROR_SAID_BY = ("A tool or the evaluation reported an error on this turn:"
                                                                    "import:messages"))
                  else "The environment reported an error on this turn:")
 n = len(turns)
+# pictures of each state: the env's own (schema 7), else a grid world's board read from its text
+renders = c.read_or_stop(_states.load_renders, pick.store, pick.run_id, traj_id)
+boards = _boards.trajectory_boards(row.get("prompt"), turns.to_dict("records"))
 if st.session_state.get("_replay_traj") != (pick.run_id, traj_id):
     st.session_state["_replay_traj"] = (pick.run_id, traj_id)
     st.session_state["turn"] = 0  # a new trajectory starts at its first turn (unless linked)
@@ -52,7 +55,8 @@ def move(delta: int) -> None:
     st.session_state["turn"] = min(max(int(st.session_state.get("turn") or 0) + delta, 0), n - 1)
 
 
-def show_turn(t: dict) -> None:
+def show_turn(t: dict, k: int) -> None:
+    _states.pictures(boards, renders, k, row.get("info"), t.get("info"))
     left, right = st.columns(2)
     with left:
         st.markdown(f"**Action** · {c.safe_label(t['action_type'])}"
@@ -62,7 +66,10 @@ def show_turn(t: dict) -> None:
         if not _calls.show_action(t):
             st.code(c.readable(t["action"]) or "", language=None, wrap_lines=True)
     with right:
-        st.markdown("**Observation**" + (" · truncated" if t["obs_truncated"] else ""))
+        shows = _states.env_turn(c.readable(t["observation"]))
+        st.markdown("**Observation**" + (f" · the environment's turn {shows} state (what the "
+                                         "next turn acts on)" if shows is not None else "")
+                    + (" · truncated" if t["obs_truncated"] else ""))
         st.code(c.readable(t["observation"]) or "(none)", language=None, wrap_lines=True)
     if any(c.readable(t[k]) != c.text_of(t[k]) for k in ("action", "observation")):
         st.caption("Chat-template markers (`<|im_start|>`, `<|im_end|>`, ...) are hidden in this "
@@ -71,11 +78,7 @@ def show_turn(t: dict) -> None:
         st.error(ERROR_SAID_BY)
         st.code(t["error"], language=None, wrap_lines=True)
     if c.text_of(t["state_diff"]):
-        st.markdown("**State diff** (rows the action changed: changed fields first)")
-        try:
-            st.json(_panels.changed_first(json.loads(t["state_diff"])), expanded=True)
-        except ValueError:
-            st.code(t["state_diff"], language=None)
+        _states.diff_table(t["state_diff"])
     info, key = c.text_of(t.get("info")), c.text_of(t.get("state_key"))
     if info or key:  # NULL in runs recorded before these were stored
         with st.expander("Step info (what the environment reported for this turn)"):
@@ -103,9 +106,14 @@ def turn_player() -> None:
     else:
         turn = 0
     c.publish_url("turn", turn)
-    # One numbering everywhere: the stored turn index, as in links, Groups and Failures.
-    st.caption(f"Turn {turn} of {n} (numbered from 0, as in links and the other pages)")
-    show_turn(turns.iloc[turn].to_dict())
+    # One numbering everywhere: the stored turn index, as in links, Groups, Failures and the
+    # branch panel below. An environment that numbers its own turns (RAGEN's grid worlds start
+    # at 'Turn 1') is named beside it, so the observation's 'Turn k' never seems to disagree.
+    t = turns.iloc[turn].to_dict()
+    shows = _states.env_turn(c.readable(t["observation"]))
+    st.caption(f"Turn {turn} of {n} (numbered from 0, as in links and the other pages)"
+               + (f" · the environment's turn {shows - 1}" if shows else ""))
+    show_turn(t, turn)
 
 
 st.subheader("Turns")
