@@ -166,3 +166,16 @@ def test_an_old_store_reads_without_pictures_and_migrates_to_record_them(tmp_pat
     assert cols == ["run_id", "step", "traj_id", "turn", "kind", "body"] and kept > 0
     assert queries.renders(str(old), run, traj).empty
     assert prepare(old) == []                                              # applied once
+
+
+def test_only_a_guarded_episode_is_asked_for_its_picture():
+    from core.envs.guard import Guard
+    from core.rollout.episode import record_render
+    from core.rollout.trajectory import Trajectory
+    env, task = Env(), Task(task_id="t", prompt="p")
+    traj = Trajectory("a", "g", task)
+    record_render(traj, Episode(task, "raises"), 0)          # unguarded (a branch's replay)
+    assert traj.renders == [] and "render_notes" not in traj.info
+    with Guard(env) as guard:
+        record_render(traj, guard.open(task, 0), -1)         # seed 0: svg
+    assert [r["kind"] for r in traj.renders] == ["svg"]

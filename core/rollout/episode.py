@@ -75,8 +75,9 @@ def record_render(traj: Trajectory, episode: GuardedEpisode, turn: int) -> None:
     """Keep the episode's picture of its state after ``turn`` (-1: after reset) in
     ``traj.renders`` when it offers ``render()``. A render that raises, returns something
     unusable or too big is not kept: ``traj.info`` notes why (``render_notes``, the first
-    ``MAX_RENDER_NOTES``; ``render_failures``, all of them) and the episode goes on."""
-    if not episode.renders:
+    ``MAX_RENDER_NOTES``; ``render_failures``, all of them) and the episode goes on. Only a
+    guarded episode is asked (a branch job's unguarded replay is not: nothing bounds it)."""
+    if not (isinstance(episode, GuardedEpisode) and episode.renders):
         return
     try:
         picture = checked_render(episode.render())
