@@ -97,3 +97,31 @@ def test_a_frozenlake_turn_shows_the_lake_and_numbers_agree_with_the_environment
             settle(page)
     no_exception(page)
     assert "the cells walked so far" in page.locator("[data-testid=stMain]").inner_text()
+
+
+def test_an_apps_state_diff_reads_as_a_table_of_changed_fields(page, server):
+    """The first update the apps sample store recorded: one table row per changed field, with
+    its before and after, not a JSON tree."""
+    import json
+
+    from pages._states import DIFF_COLUMNS, diff_rows
+    store = "sample_runs/apps_tiny.duckdb"
+    for run_id in queries.runs(str(ROOT / store))["run_id"]:
+        trajs = queries.trajectories(str(ROOT / store), run_id)
+        turns = queries.turns(str(ROOT / store), run_id, trajs["traj_id"].tolist())
+        hits = turns[turns["state_diff"].fillna("").str.contains('"op": "update"')]
+        if not hits.empty:
+            break
+    hit = hits.iloc[0]
+    step = int(trajs.set_index("traj_id").loc[hit["traj_id"], "step"])
+    _open(page, server, store, run_id, step, hit["traj_id"], int(hit["turn"]))
+    table = page.locator("table.state-table").first
+    table.wait_for(timeout=30_000)
+    assert [c.inner_text() for c in table.locator("th").all()] == DIFF_COLUMNS
+    expected = diff_rows(json.loads(hit["state_diff"]))
+    cells = table.locator("tbody tr").first.locator("td").all()
+    first = expected[0]
+    assert [c.inner_text() for c in cells][:4] == [first["table"], str(first["row"]),
+                                                  first["change"], first["field"]]
+    assert table.locator("tbody tr").count() == len(expected)
+    no_exception(page)
