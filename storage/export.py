@@ -32,7 +32,9 @@ from storage.interchange import from_rows
 from storage.migrations import SCHEMA_VERSION
 from storage.recorder import STEP_TABLES, check_run_id, clean_json
 
-TRAJ_KEYED = ("trajectories", "rewards", "turns", "tokens", "test_results")
+TRAJ_KEYED = ("trajectories", "rewards", "turns", "tokens", "test_results", "turn_signals",
+              "renders")
+"""Tables keyed by trajectory: a filtered export keeps only the rows of the trajectories picked."""
 PARQUET_FORMAT = "agentic-rl-store/parquet"
 
 

@@ -384,6 +384,24 @@ def test_partitioned_export_is_read_by_duckdb_pandas_and_the_store_reader(tmp_pa
         Recorder(out)
 
 
+def test_a_filtered_partitioned_export_keeps_only_the_picked_trajectories_rows(tmp_path):
+    """Every trajectory-keyed table, pictures and turn signals included, follows the filter."""
+    src = tmp_path / "src.duckdb"
+    rec = Recorder(src)
+    run_id = rec.start_run({"env": "guess", "model": "tiny", "algo": "grpo"}, name="pics")
+    trajs = [{"traj_id": t, "group_id": "g", "task_id": "q", "reward": float(ok), "success": ok,
+              "num_turns": 1, "split": "train"} for t, ok in (("won", True), ("lost", False))]
+    rec.record_step(0, trajectories=trajs,
+                    renders=[{"traj_id": t, "turn": k, "kind": "table", "body": "[]"}
+                             for t in ("won", "lost") for k in (-1, 0)],
+                    turn_signals=[{"traj_id": t, "turn": 0, "name": "q", "value": 1.0,
+                                   "source": "branch"} for t in ("won", "lost")])
+    rec.finish()
+    counts = export_partitioned(src, tmp_path / "parts", filters=Filters(success=True))
+    assert counts["trajectories"] == 1 and counts["renders"] == 2 and counts["turn_signals"] == 1
+    assert set(pd.read_parquet(tmp_path / "parts" / "renders")["traj_id"]) == {"won"}
+
+
 # -- verl ---------------------------------------------------------------------------------------------
 def test_verl_dump_import(tmp_path, capsys):
     store, code = _import(tmp_path, "--format", "verl", source=FIXTURES / "verl")
