@@ -44,6 +44,17 @@ def _replay(store: str, run_id: str, step: int, traj_id: str, turn: int | None =
     return "replay?" + urlencode(params | ({"turn": int(turn)} if turn is not None else {}))
 
 
+def _relation(a: str, b: str) -> str:
+    """What the pair is: one run before and after training, or two runs side by side."""
+    (run_a, step_a), (run_b, step_b) = _parse(a), _parse(b)
+    if run_a == run_b:
+        order = "after" if step_b > step_a else "before"
+        return (f"One run at two steps: B (step {step_b}) is {abs(step_b - step_a)} steps {order} "
+                f"A (step {step_a}). Gained: solved at B's step and not at A's.")
+    return ("Two runs side by side (two checkpoints, agents or models on the same tasks): "
+            "gained means solved by B and not by A, lost the reverse.")
+
+
 pick = c.picked()
 st.title("Compare")
 st.caption("Two held-out evaluations side by side: tasks gained and lost, how failures changed, "
@@ -62,14 +73,17 @@ options = list(names)
 own = [o for o in options if _parse(o)[0] == pick.run_id] or options[:1]
 others = [o for o in options if o != own[0]]
 left, right = st.columns(2)
-a = c.url_select("A (before)", options, key="cmp_a", param="a",
+# Plain "A" and "B": two steps of one run are before and after, but two imported logs (two
+# agents or models on the same samples) are not, and the caption below says which it is.
+a = c.url_select("A", options, key="cmp_a", param="a",
                  default=own[0], container=left, format_func=names.__getitem__)
-b = c.url_select("B (after)", options, key="cmp_b", param="b",
+b = c.url_select("B", options, key="cmp_b", param="b",
                  default=own[-1] if len(own) > 1 else (others or own)[-1], container=right,
                  format_func=names.__getitem__)
 if a == b:
     c.stop("A and B are the same evaluation: pick two." if len(options) > 1 else
            "This store holds one evaluation only: Compare needs two.")
+st.caption(_relation(a, b))
 try:
     d = load_diff(pick.store, a, b)
 except ValueError as exc:

@@ -92,6 +92,8 @@ def test_compare_page_reproduces_the_sample_and_keeps_its_deep_link(app):
     assert metrics["gained"] == "13" and metrics["lost"] == "0"
     assert metrics["solved in A"] == "10 / 100" and metrics["solved in B"] == "23 / 100"
     assert not at.warning                                    # same tasks and seeds
+    assert any(cap.value.startswith("One run at two steps: B (step 30) is 10 steps after A")
+               for cap in at.caption)
     tasks = next(f.value for f in at.dataframe if "change" in f.value.columns)
     assert sorted(tasks["change"].unique()) == ["gained"] and len(tasks) == 13
     assert at.query_params["a"] == f"{RUN}:20" and at.query_params["b"] == f"{RUN}:30"

@@ -73,6 +73,8 @@ def test_compare_pairs_the_two_agents_sample_by_sample(sample_app):
     assert not at.exception
     metrics = {m.label: m.value for m in at.metric}
     assert (metrics["solved in A"], metrics["solved in B"]) == ("2 / 6", "3 / 6")
+    assert (at.selectbox(key="cmp_a").label, at.selectbox(key="cmp_b").label) == ("A", "B")
+    assert any(cap.value.startswith("Two runs side by side") for cap in at.caption)
     assert (metrics["gained"], metrics["lost"]) == ("2", "1")
     tasks = shown_table(at, "change", "task_id", "class_a", "class_b")
     assert sorted(zip(tasks["change"], tasks["task_id"], tasks["class_a"], tasks["class_b"])) == [
