@@ -118,7 +118,7 @@ st.caption(f"Paired on task and episode seed: {counts['gained']} gained, {counts
            if cov["seeded"] else "Paired on task id (no episode seeds recorded).")
 
 # -- transitions -----------------------------------------------------------------------------------
-st.subheader("Failure class before and after")
+st.subheader("Failure class in A and in B")
 st.caption("Rows: the class of a task's trajectory in A; columns: in B. 'success' is a class, "
            "so the 'success' column holds the gained tasks and the 'success' row the lost ones.")
 st.dataframe(d["transitions"], key="cmp_transitions")
