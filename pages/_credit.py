@@ -12,6 +12,10 @@ page passes one group, so every row shares one group id:
              A_turn = A_episode(GRPO) + w * A_step. With the run's gigpo_norm "none"
              (verl-agent's mean_norm) both are only centred: A_episode(Dr.GRPO), G_t - mean.
 
+    igpo     the group's stored information gains g_{i,k} (turns 0..T_i-2) and outcomes R_i,
+             each z-scored over the group with the population std; turn rewards w*zg, the last
+             turn's zo; A_{i,k} = r_{i,k} + gamma A_{i,k+1} (IGPO's released trainer).
+
 ``convention`` says which convention produced the stored advantages the page shows beside them.
 
 Step rewards r_t are the turns' ``step_reward``; the trajectory's reward not accounted for by
@@ -170,3 +174,32 @@ def _turn_credit_lines(config: dict) -> list[str]:
                         "keyed on state and action text, the plain mean outcome (the form before "
                         "AgentPRM's)"))
     return lines
+
+
+IGPO_GAMMAS = (1.0, 0.0)
+"""IGPO's released scripts accumulate with gamma 1; gamma 0 leaves each turn its own reward."""
+
+
+def igpo_table(trajs: pd.DataFrame, gains: pd.DataFrame, weight: float = 1.0) -> pd.DataFrame:
+    """One group's turn advantages as IGPO's released trainer computes them
+    (``algorithms.igpo_turn_advantages``) from its stored gains (turn_signals ``info_gain``:
+    traj_id, turn, value) and rewards, for each gamma of ``IGPO_GAMMAS``; a row per turn
+    (traj_id, turn, gain, one "A, γ = ..." column per gamma). A gain not recorded (NaN) gets no
+    gain reward, as IGPO's code does; the last turn has no gain (its reward is the outcome)."""
+    by = {(str(r.traj_id), int(r.turn)): float(r.value) for r in gains.itertuples()}
+    rows, lists = [], []
+    for t in trajs.itertuples():
+        n = int(t.num_turns or 0)
+        g = [by.get((str(t.traj_id), k), float("nan")) for k in range(max(n - 1, 0))]
+        lists.append(g)
+        rows += [{"traj_id": t.traj_id, "turn": k, "gain": g[k] if k < len(g) else None}
+                 for k in range(n)]
+    out = pd.DataFrame(rows, columns=["traj_id", "turn", "gain"])
+    rewards = trajs["reward"].fillna(0.0).astype(float).tolist()
+    for gamma in IGPO_GAMMAS:
+        adv, _ = algorithms.igpo_turn_advantages(lists, rewards, [0] * len(lists), gamma,
+                                                 gain_weight=weight)
+        out[f"A, γ = {gamma:g}"] = [a for row, t in zip(adv, trajs.itertuples())
+                                    for a in row[:int(t.num_turns or 0)]]
+    return out
+

@@ -917,13 +917,25 @@ def test_walkthrough_step_13_states_the_groups_advantages():
                                                          values="value").round(3)
     assert prob.nunique().max() == 1
     p = prob.iloc[0]
+    # IGPO's released form, as the Groups page computes it from the stored gains (gamma 1)
+    from pages import _credit
+    gains = queries.turn_signals(path, run_id, list(group.index), names=["info_gain"])
+    igpo = _credit.igpo_table(group.reset_index(), gains).set_index(["traj_id", "turn"])[
+        "A, γ = 1"].round(2)
+    assert {igpo[(t, 1)] for t in solved} == {3.11} and {igpo[(t, 0)] for t in solved} == {2.54}
+    assert {igpo[(t, 0)] for t in one_search} == {-1.40}
+    stored = turns.set_index(["traj_id", "turn"])["advantage"].round(2)
     says(f"{len(solved)} of {len(group)} solved",
          f"+{last[solved[0]]:.2f} solved, {last[scored_0[0]]:.2f} scored 0, "
          f"{last['s63-g2-r7']:.2f} for r7 (wrong, with the {group.loc['s63-g2-r7', 'reward']:.1f} "
          "retrieval reward)",
-         f"it is {p[-1]:.3f} before any turn, {p[0]:.3f} after the first search and {p[1]:.3f} after "
-         "the second", f"the first search gets {first[missed[0]]:.2f} in the three rollouts that "
-         f"then answered and in r4, {first['s63-g2-r7']:.2f} in r7",
+         f"{p[-1]:.3f} before any turn, {p[0]:.3f} after the first search, {p[1]:.3f} after "
+         "the second",
+         f"gives their second query +{igpo[(solved[0], 1)]:.2f}, their first "
+         f"+{igpo[(solved[0], 0)]:.2f}; the first search gets {igpo[(one_search[0], 0)]:.2f} in "
+         f"the three rollouts that then answered, {igpo[(missed[0], 0)]:.2f} in r4, "
+         f"{igpo[('s63-g2-r7', 0)]:.2f} in r7",
+         f"(second query {stored[(solved[0], 1)]:.2f}, first {stored[(solved[0], 0)]:.2f})",
          f"run={run_id}&step=63&group=s63-g2")
 
 
