@@ -36,16 +36,9 @@ def env_picture_html(kind, body, label: str) -> str | None:
     if not isinstance(body, str):
         return None
     alt = html.escape(label, quote=True)
-    if kind == "svg":
-        data = base64.b64encode(body.encode("utf-8", "replace")).decode("ascii")
-        return _img("image/svg+xml", data, alt)
-    if kind == "png":
-        try:
-            raw = base64.b64decode(body, validate=True)
-        except (binascii.Error, ValueError):
-            return None
-        return _img("image/png", base64.b64encode(raw).decode("ascii"), alt) \
-            if raw.startswith(b"\x89PNG\r\n\x1a\n") else None
+    if kind in ("svg", "png"):
+        uri = _data_uri(kind, body)
+        return None if uri is None else _img_uri(uri, alt)
     if kind == "table":
         try:
             rows = json.loads(body)
@@ -59,7 +52,11 @@ def env_picture_html(kind, body, label: str) -> str | None:
 
 
 def _img(mime: str, data: str, alt: str, cls: str = "env-picture") -> str:
-    return (f'<img class="{cls}" alt="{alt}" src="data:{mime};base64,{data}" '
+    return _img_uri(f"data:{mime};base64,{data}", alt, cls)
+
+
+def _img_uri(uri: str, alt: str, cls: str = "env-picture") -> str:
+    return (f'<img class="{cls}" alt="{alt}" src="{uri}" '
             'style="max-width:100%;max-height:320px;border:1px solid #ddd"/>')
 
 
@@ -139,6 +136,76 @@ def render_notes(info, k: int) -> list[str]:
         return []
     return [str(n.get("note"))[:500] for n in notes or [] if isinstance(n, dict)
             and n.get("turn") in (k - 1, k)]
+
+
+FILMSTRIP_MAX = 24
+"""The most states the filmstrip shows at once: a window around the current turn."""
+
+
+def filmstrip_html(boards, renders: pd.DataFrame, n: int, current: int) -> str | None:
+    """Every state of a trajectory of ``n`` turns as a row of small images: the start, then the
+    state after each stored turn, from the environment's own SVG/PNG pictures when it stored
+    them, else the grid world's boards; the current turn's two states outlined (solid: after
+    its action). A window of ``FILMSTRIP_MAX`` around ``current``; None when there is nothing
+    to draw (fewer than two pictures)."""
+    frames: dict[int, str] = {}  # state index i: 0 the start, i the state after turn i - 1
+    pictured = renders[renders["kind"].isin(["svg", "png"])] if not renders.empty else renders
+    if not pictured.empty:
+        for r in pictured.to_dict("records"):
+            i = int(r["turn"]) + 1
+            uri = _data_uri(r["kind"], r["body"])
+            if 0 <= i <= n and uri:
+                frames[i] = uri
+    elif boards is not None:
+        board, states = boards
+        for i, entry in enumerate(states[:n + 1]):
+            if entry is not None:
+                state, path = entry
+                svg = _boards.board_svg(board, state, path, f"state {i}")
+                frames[i] = "data:image/svg+xml;base64," + base64.b64encode(
+                    svg.encode("utf-8")).decode("ascii")
+    if len(frames) < 2:
+        return None
+    lo = max(0, min(current + 1 - FILMSTRIP_MAX // 2, n + 1 - FILMSTRIP_MAX))
+    cells = []
+    for i in range(lo, min(n + 1, lo + FILMSTRIP_MAX)):
+        if i not in frames:
+            continue
+        name = "start" if i == 0 else f"after {i - 1}"
+        ring = ("2px solid #d62728" if i == current + 1 else
+                "2px dashed #d62728" if i == current else "1px solid #ddd")
+        cells.append(f'<figure style="margin:0;text-align:center">'
+                     f'<img class="frame" alt="{html.escape(name, quote=True)}" '
+                     f'src="{frames[i]}" style="height:56px;border:{ring}"/>'
+                     f'<figcaption style="font-size:0.7rem;color:#666">{name}</figcaption></figure>')
+    return ('<div class="filmstrip" style="display:flex;gap:0.4rem;overflow-x:auto;'
+            'align-items:flex-end;padding-bottom:0.3rem">' + "".join(cells) + "</div>")
+
+
+def _data_uri(kind, body) -> str | None:
+    """A stored SVG or PNG picture as a data URI (None for a body that is not what it says:
+    not text, not base64, or bytes without PNG's signature)."""
+    if not isinstance(body, str):
+        return None
+    if kind == "svg":
+        return "data:image/svg+xml;base64," + base64.b64encode(
+            body.encode("utf-8", "replace")).decode("ascii")
+    if kind != "png":
+        return None
+    try:
+        raw = base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    if not raw.startswith(b"\x89PNG\r\n\x1a\n"):
+        return None
+    return "data:image/png;base64," + base64.b64encode(raw).decode("ascii")
+
+
+def filmstrip(boards, renders: pd.DataFrame, n: int, current: int) -> None:
+    """The trajectory's states in one row above the turn (``filmstrip_html``), when there are any."""
+    strip = filmstrip_html(boards, renders, n, current)
+    if strip:
+        st.html(strip)
 
 
 def pictures(boards, renders: pd.DataFrame, k: int, info=None, step_info=None) -> None:

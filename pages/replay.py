@@ -109,6 +109,7 @@ def turn_player() -> None:
     # One numbering everywhere: the stored turn index, as in links, Groups, Failures and the
     # branch panel below. An environment that numbers its own turns (RAGEN's grid worlds start
     # at 'Turn 1') is named beside it, so the observation's 'Turn k' never seems to disagree.
+    _states.filmstrip(boards, renders, n, turn)
     t = turns.iloc[turn].to_dict()
     shows = _states.env_turn(c.readable(t["observation"]))
     st.caption(f"Turn {turn} of {n} (numbered from 0, as in links and the other pages)"

@@ -161,3 +161,49 @@ def test_frozenlake_slips_are_named_from_the_step_info():
     assert _boards.slips(info) == ["Right went Up"]
     assert _boards.executed_moves(info) == ["Up", "Down", "Up"]
     assert _boards.slips(None) == [] and _boards.slips("{broken") == []
+
+
+def _lake_boards(steps: int = 6):
+    env = FrozenLake(slip=0.5, size=4)
+    ep = env.episode(env.tasks("train", 1, 3)[0], seed=7)
+    turns = []
+    for _ in range(steps):
+        result = ep.step(ep.expert_action())
+        turns.append({"observation": result.observation, "info": json.dumps(result.info)})
+        if result.done:
+            break
+    return _boards.trajectory_boards(ep.reset(), turns), len(turns)
+
+
+def test_the_filmstrip_shows_every_state_and_outlines_the_current_turn():
+    import pandas as pd
+    boards, n = _lake_boards()
+    strip = _states.filmstrip_html(boards, pd.DataFrame(), n, current=1)
+    alts = re.findall(r'alt="([^"]+)"', strip)
+    assert alts == ["start"] + [f"after {k}" for k in range(n)]         # n turns: n + 1 states
+    frames = re.findall(r'<img class="frame" alt="([^"]+)"[^>]*border:([^"]+)"', strip)
+    rings = dict(frames)
+    assert rings["after 1"].startswith("2px solid") and rings["after 0"].startswith("2px dashed")
+    assert all(r.startswith("1px") for a, r in frames if a not in ("after 0", "after 1"))
+
+
+def test_the_filmstrip_prefers_the_environment_pictures_and_drops_bad_ones():
+    import pandas as pd
+    svg = '<svg xmlns="http://www.w3.org/2000/svg" width="4" height="4"></svg>'
+    renders = pd.DataFrame({"turn": [-1, 0, 1, 2], "kind": ["svg", "png", "svg", "table"],
+                            "body": [svg, base64.b64encode(b"not a png").decode(), svg, "[]"]})
+    strip = _states.filmstrip_html(None, renders, 3, current=0)
+    assert re.findall(r'alt="([^"]+)"', strip) == ["start", "after 1"]  # the bad PNG and the table left out
+    assert "<svg" not in strip                                          # only as data URIs
+    assert _states.filmstrip_html(None, renders.iloc[:1], 3, current=0) is None  # one picture: no strip
+
+
+def test_a_long_trajectory_s_filmstrip_is_a_window_around_the_turn():
+    import pandas as pd
+    svg = '<svg xmlns="http://www.w3.org/2000/svg" width="4" height="4"></svg>'
+    n = 100
+    renders = pd.DataFrame({"turn": range(-1, n), "kind": "svg", "body": svg})
+    alts = re.findall(r'alt="([^"]+)"', _states.filmstrip_html(None, renders, n, current=60))
+    assert len(alts) == _states.FILMSTRIP_MAX and "after 60" in alts and "after 59" in alts
+    alts = re.findall(r'alt="([^"]+)"', _states.filmstrip_html(None, renders, n, current=99))
+    assert alts[-1] == "after 99" and len(alts) == _states.FILMSTRIP_MAX

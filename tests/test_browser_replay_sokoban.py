@@ -1,7 +1,8 @@
 """Replay draws a Sokoban trajectory in a real headless Chromium: a store recorded at test time
 from the scripted expert solving a level (no sample store holds Sokoban) shows, at every turn, the
 level before and after the move as images that load; on the last turn every box stands on a
-target, drawn as such, and the turn headings name the environment's own turns.
+target, drawn as such, the turn headings name the environment's own turns, and a filmstrip
+shows every state in one row.
 
 Run alone: ``.venv/bin/python -m pytest -q tests/test_browser_replay_sokoban.py``.
 """
@@ -94,6 +95,13 @@ def test_a_solved_sokoban_level_is_drawn_turn_by_turn(page, server):
     assert before.count(f'fill="{_boards.BOX_ON}"') == n_boxes - 1
     main = page.locator("[data-testid=stMain]").inner_text()
     assert "a box (green on a target)" in main                 # the Sokoban legend
+    # the filmstrip: every state in one row, the last move's result outlined
+    frames = page.locator("img.frame")
+    assert [frames.nth(i).get_attribute("alt") for i in range(frames.count())] == \
+        ["start"] + [f"after {k}" for k in range(n)]
+    assert "solid" in frames.nth(n).get_attribute("style")
+    page.wait_for_function("() => [...document.querySelectorAll('img.frame')]"
+                           ".every(i => i.complete && i.naturalWidth > 0)", timeout=30_000)
     # the first turn draws the start, and Prev walks back to it
     page.get_by_role("slider", name="Turn").focus()
     page.keyboard.press("Home")
