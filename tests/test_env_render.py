@@ -179,3 +179,24 @@ def test_only_a_guarded_episode_is_asked_for_its_picture():
     with Guard(env) as guard:
         record_render(traj, guard.open(task, 0), -1)         # seed 0: svg
     assert [r["kind"] for r in traj.renders] == ["svg"]
+
+
+def test_sft_demonstrations_are_drawn_like_rollouts():
+    """The scripted expert's episodes (SFT's demonstrations) keep their pictures too: the guess
+    example's interval after reset and after every guess, written with the step's tables."""
+    from core.model.policy import load_policy
+    from core.rollout.sft import demonstrations
+    from examples.guess import Factory
+    env = Factory(high=16)
+    pol = load_policy("tiny", seed=0)
+    demos = demonstrations(env, env.tasks("train", 2, 0), pol.tokenizer,
+                           Sampling(max_turns=6, max_context=512), seed=0, id_prefix="s0")
+    assert demos and all(d.outcome.success for d in demos)
+    for d in demos:
+        assert [r["turn"] for r in d.renders] == list(range(-1, len(d.turns)))
+        assert {r["kind"] for r in d.renders} == {"table"}
+        first, last = json.loads(d.renders[0]["body"])[0], json.loads(d.renders[-1]["body"])[0]
+        assert (first["secret is at least"], first["secret is at most"]) == (1, 16)
+        assert last["secret is at least"] == last["secret is at most"]   # found
+    rows = step_tables(demos)["renders"]
+    assert len(rows["traj_id"]) == sum(len(d.turns) + 1 for d in demos)

@@ -8,7 +8,9 @@ are the rollout's masks: only action tokens are trained, observations never are.
 Demonstrations come from train-split tasks only; the held-out tasks are never shown. The expert's
 episodes are called through the run's guard (core/envs/guard.py: a deadline on every call, byte
 caps); a demonstration whose env call fails is left out, named on stderr, and SFT stops with the
-env's error only when none is left.
+env's error only when none is left. An episode with ``render()`` is drawn after reset and after
+every step, as a rollout is (core/rollout/episode.py ``record_render``), so Replay shows the
+expert's states too.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from typing import Sequence
 from core.envs.base import Environment, Task, observation_role
 from core.envs.guard import EnvError, GuardedEpisode
 from core.model.policy import token_texts
-from core.rollout.episode import initial_state_key
+from core.rollout.episode import initial_state_key, record_render
 from core.rollout.sampling import Sampling
 from core.rollout.transcript import append_tokens, prompt_ids, record_turn
 from core.rollout.trajectory import Trajectory
@@ -34,6 +36,7 @@ def demonstration(env: Environment, task: Task, tokenizer, sampling: Sampling, s
     traj = Trajectory(traj_id=traj_id, group_id=group_id, task=task, split="sft",
                       info={"episode_seed": seed})
     append_tokens(traj, prompt_ids(tokenizer, env.system_prompt, episode.reset()), "prompt", -1)
+    record_render(traj, episode, -1)  # pictures as a rollout's (a guarded episode's) are kept
     reason, key = None, initial_state_key(episode)
     for turn in range(sampling.max_turns):
         action = (episode.call("expert_action", episode.inner.expert_action)
@@ -43,6 +46,7 @@ def demonstration(env: Environment, task: Task, tokenizer, sampling: Sampling, s
         result = episode.step(action)
         _, reason = record_turn(traj, tokenizer, turn, action, ids, None, result, sampling,
                                 state_key=key, role=observation_role(env))
+        record_render(traj, episode, turn)
         key = result.state_key
         if reason is not None:
             break
