@@ -12,6 +12,8 @@ With Inspect's offline ``mockllm`` model, whose outputs a function here chooses,
   ``style``, a dict value {"short": "yes"/"no", "calls": number of tool calls / 4}.
 * ``OUT_DIR/set/``: an eval of two tasks into one directory, ``arith`` and ``count`` (one sample,
   two epochs, cut by a token limit of 100): a directory import makes one run of each.
+* ``OUT_DIR/rescored/``: the ``.eval`` log scored again by Inspect's ``score`` with ``lenient``
+  (every sample correct), its scores overwritten, as ``inspect score`` rewrites a log.
 
 Token counts: every output carries its usage, so mockllm never counts tokens itself; its counter
 loads tiktoken's o200k_base file, a download this machine cannot make. Prints a JSON summary of
@@ -134,9 +136,29 @@ def summary(log_dir: Path) -> dict:
     return out
 
 
+@scorer(metrics=[mean()])
+def lenient():
+    """Every sample correct: a rescoring that changes what ``includes`` said of the failures."""
+    async def score(state: TaskState, target: Target) -> Score:
+        return Score(value="C", answer=state.output.completion[:40], explanation="lenient")
+    return score
+
+
+def rescore(log_dir: Path, out_dir: Path) -> None:
+    """The ``.eval`` log of ``log_dir`` scored again by ``lenient`` (Inspect's own ``score``,
+    as ``inspect score`` does, its scores overwritten), written to ``out_dir`` under its name."""
+    from inspect_ai import score
+    from inspect_ai.log import write_eval_log
+    (info,) = list_eval_logs(str(log_dir))
+    log = score(read_eval_log(info.name), lenient(), action="overwrite", display="none")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_eval_log(log, str(out_dir / Path(info.name).name))
+
+
 if __name__ == "__main__":
     out = Path(sys.argv[1])
     run(arith(), out / "eval", "eval")
     run(arith(), out / "json", "json")
     run([arith(), count()], out / "set", "eval")
-    print(json.dumps({d: summary(out / d) for d in ("eval", "json", "set")}))
+    rescore(out / "eval", out / "rescored")
+    print(json.dumps({d: summary(out / d) for d in ("eval", "json", "set", "rescored")}))

@@ -176,6 +176,16 @@ def test_a_log_written_in_versions_reads_only_new_samples_and_restarts(logs, tmp
     assert _polls(again, 3) == 0 and again.report.trajectories == 0
     _rewrite(good, target, {})  # rewritten after the eval (deflate now): read, nothing doubled
     assert _polls(again) == 1 and (again.report.trajectories, again.report.skipped) == (0, 8)
+    assert again.report.rescored == 0                   # the same scores: nothing rescored
+    # `inspect score` rewrites the log with new scores: each sample takes them, the old kept
+    tmp = d / ".inspect_tmp_2.writing"
+    tmp.write_bytes(_one(out / "rescored").read_bytes())
+    os.replace(tmp, target)
+    assert _polls(again) == 1 and (again.report.skipped, again.report.rescored) == (16, 8)
+    assert "(8 rescored)" in said[-1]
+    assert query(db, "SELECT count(*) FROM trajectories WHERE success") == [(8,)]
+    assert query(db, "SELECT count(*) FROM trajectories WHERE (info->'$.rescored') IS NOT NULL") \
+        == [(8,)]
     again.finish()
     again.close()
     assert query(db, "SELECT count(*), count(DISTINCT traj_id) FROM trajectories") == [(8, 8)]

@@ -324,3 +324,39 @@ def test_import_file_returns_the_one_run_of_a_log(logs, tmp_path):
     assert (report.run_id, report.imported, report.failed) == ("mine", 8, 0)
     with pytest.raises(ValueError, match="holds 2 runs"):
         ingest.import_file(out / "set", store, "inspect")
+
+
+def test_a_rescored_log_updates_the_scores_and_keeps_the_old_ones(logs, tmp_path, capsys):
+    """``inspect score`` rewrites a log with new scores (here Inspect's own ``score`` with a
+    scorer that marks every sample correct). Importing it into the run of the first import gives
+    the samples already there the new scores, reward and class; the scoring they replace stays
+    in ``info.rescored``; turns and tokens are untouched; importing it again changes nothing."""
+    out, summary = logs
+    store = tmp_path / "s.duckdb"
+    assert _cli(_one(out / "eval"), store, "--run-id", "arith") == 0
+    before = _q(store, "SELECT * FROM trajectories WHERE run_id = 'arith'").set_index("traj_id")
+    n_turns = _q(store, "SELECT count(*) n FROM turns WHERE run_id = 'arith'").n[0]
+    n_tokens = _q(store, "SELECT count(*) n FROM tokens WHERE run_id = 'arith'").n[0]
+    capsys.readouterr()
+    assert _cli(_one(out / "rescored"), store, "--run-id", "arith") == 0
+    # every sample's scores changed (includes and style -> lenient), so all 8 are rescored
+    assert "8 already present (skipped; 8 of them rescored)" in capsys.readouterr().out
+    after = _q(store, "SELECT * FROM trajectories WHERE run_id = 'arith'").set_index("traj_id")
+    assert len(after) == 8 and after["success"].all() and (after["reward"] == 1.0).all()
+    assert int((~before["success"]).sum()) == 6                      # 6 of them flipped
+    for t in before.index:
+        (old,) = json.loads(after.loc[t, "info"])["rescored"]
+        assert old["success"] == before.loc[t, "success"]
+        assert old["failure_class"] == before.loc[t, "failure_class"]
+        assert old["reward"] == before.loc[t, "reward"]
+        assert ("score/includes" in old["components"]) == bool(old["scores"])  # errored: unscored
+    assert set(after.loc[before.index[~before["success"]], "failure_class"]) == {"success"}
+    comp = _q(store, "SELECT traj_id, component, value FROM rewards WHERE run_id = 'arith'")
+    comp = comp.pivot(index="traj_id", columns="component", values="value")
+    assert (comp["score/lenient"] == 1.0).all() and "score/includes" not in comp
+    assert _q(store, "SELECT count(*) n FROM turns WHERE run_id = 'arith'").n[0] == n_turns
+    assert _q(store, "SELECT count(*) n FROM tokens WHERE run_id = 'arith'").n[0] == n_tokens
+    cfg = json.loads(_q(store, "SELECT config FROM runs WHERE run_id = 'arith'").config[0])
+    assert "lenient" in json.dumps(cfg["inspect"])                  # the log as it is now
+    assert _cli(_one(out / "rescored"), store, "--run-id", "arith") == 0
+    assert "8 already present (skipped), 0 replaced" in capsys.readouterr().out

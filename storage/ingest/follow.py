@@ -94,13 +94,16 @@ class FollowReport:
     files: int = 0           # whole files (verl, trl) or line ranges (jsonl) imported
     trajectories: int = 0
     skipped: int = 0         # trajectories already in the run
+    rescored: int = 0        # of those, Inspect samples whose rewritten log scored them anew
     failed: int = 0          # records that could not be imported (see the imports table)
     errors: list[str] = field(default_factory=list)
     stopped: str | None = None  # why it stopped by itself (the store went away)
 
     def summary(self, seconds: float) -> str:
         return (f"followed for {seconds:.0f} s: {self.files} imports, {self.trajectories} "
-                f"trajectories imported, {self.skipped} already present, {self.failed} failed "
+                f"trajectories imported, {self.skipped} already present"
+                + (f" ({self.rescored} rescored)" if self.rescored else "")
+                + f", {self.failed} failed "
                 f"-> run {self.run_id}")
 
 

@@ -20,7 +20,8 @@ Every log lands in the run of its task and model, ``{base}-{task}-{model}-{hash}
 trajectory ids ``import DIR`` gives (``{eval id}/{sample}:epoch{n}``): following and importing
 the directory agree, and a sample already in its run is skipped, never duplicated -- also when a
 log is rewritten after the eval (``inspect score``, a header edited in the viewer), which is
-imported again. Each import leaves an ``imports`` row ``{file}#0-{size}~{digest}`` (SHA-1 of
+imported again: a sample whose scores the rewrite changed takes the new ones, the old kept in its
+info (storage/ingest/import_batch.py ``_rescore``). Each import leaves an ``imports`` row ``{file}#0-{size}~{digest}`` (SHA-1 of
 the whole file, storage/ingest/tail.py), so a restarted follower leaves a log whose bytes are
 still the imported ones alone, and reads a changed one again (duplicates skipped).
 
@@ -113,11 +114,14 @@ class LogPoller:
         self.report.files += 1
         self.report.trajectories += report.imported
         self.report.skipped += report.skipped
+        self.report.rescored += report.rescored
         self.report.failed += report.failed
         for line in report.errors[:5]:
             self._error(name, line)
         state = "finished" if log.finished else "still being written"
         self.log(clean_text(f"imported {name} ({state}): {report.imported} new, "
-                            f"{report.skipped} already present, {report.failed} failed, "
+                            f"{report.skipped} already present"
+                            + (f" ({report.rescored} rescored)" if report.rescored else "")
+                            + f", {report.failed} failed, "
                             f"{len(skip)} taken before -> run {report.run_id}"))
         return 1

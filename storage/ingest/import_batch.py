@@ -5,6 +5,8 @@ recorded is never written into: refused before the first write and again inside 
 """
 from __future__ import annotations
 
+import json
+
 import duckdb
 import pyarrow as pa
 
@@ -87,14 +89,18 @@ def write_batch(db_path, run_id, fmt, run, batch, replace, report) -> None:
             report.fail(item[0], f"could not be stored: {type(exc).__name__}: {exc}")
 
 
-def _count(report: ImportReport, counts: tuple[int, int, int]) -> None:
+def _count(report: ImportReport, counts: tuple[int, ...]) -> None:
     report.imported += counts[0]
     report.replaced += counts[1]
     report.skipped += counts[2]
+    report.rescored += counts[3] if len(counts) > 3 else 0
 
 
-def _write_rows(con, run_id, fmt, run, batch, replace) -> tuple[int, int, int]:
-    """Insert a batch's rows; (new, replaced, skipped) trajectories."""
+def _write_rows(con, run_id, fmt, run, batch, replace) -> tuple[int, int, int, int]:
+    """Insert a batch's rows; (new, replaced, skipped, rescored) trajectories. With
+    ``run["rescore"]`` (an Inspect log, which ``inspect score`` may rewrite), a trajectory
+    already present whose scores changed takes the new ones (``_rescore``) and counts as both
+    skipped and rescored."""
     row = con.execute("SELECT coalesce(source, 'trainer') FROM runs WHERE run_id = ?",
                       [run_id]).fetchone()
     refuse_foreign(run_id, row and row[0])  # again inside the transaction: a trainer may have
@@ -107,13 +113,82 @@ def _write_rows(con, run_id, fmt, run, batch, replace) -> tuple[int, int, int]:
         for table in TRAJ_TABLES:
             con.execute(f"DELETE FROM {table} WHERE run_id = ? AND traj_id IN (SELECT unnest(?))",
                         [run_id, list(present)])
-    elif present:
+    rescored = 0
+    if present and not replace:
+        if run.get("rescore"):
+            rescored = _rescore(con, run_id, [rows for _, rows in batch
+                                              if rows["trajectories"][0]["traj_id"] in present])
         batch = [(w, rows) for w, rows in batch if rows["trajectories"][0]["traj_id"] not in present]
     for table in TRAJ_TABLES:
         _insert(con, table, [r for _, rows in batch for r in rows[table]], run_id)
     if replace:
-        return len(batch) - len(present), len(present), 0
-    return len(batch), 0, len(present)
+        return len(batch) - len(present), len(present), 0, 0
+    return len(batch), 0, len(present), rescored
+
+
+MAX_RESCORES_KEPT = 20
+"""Earlier scorings kept per trajectory in ``info.rescored`` (the oldest are dropped first)."""
+
+
+def _scoring(con, run_id: str, traj_id: str) -> tuple[dict, dict] | None:
+    """(what a rescoring changes, the stored info) of a stored trajectory."""
+    row = con.execute("SELECT reward, success, failure_class, info FROM trajectories "
+                      "WHERE run_id = ? AND traj_id = ?", [run_id, traj_id]).fetchone()
+    if row is None:
+        return None
+    info = json.loads(row[3]) if isinstance(row[3], str) else {}
+    components = dict(con.execute("SELECT component, value FROM rewards WHERE run_id = ? AND "
+                                  "traj_id = ? ORDER BY component", [run_id, traj_id]).fetchall())
+    return ({"reward": row[0], "success": row[1], "failure_class": row[2],
+             "components": components, "scores": (info.get("inspect") or {}).get("scores")},
+            info)
+
+
+def _rescore(con, run_id: str, items: list[dict]) -> int:
+    """Trajectories already stored whose scores the source now gives otherwise (a log rescored
+    after the evaluation): their reward components, reward, success, failure class and info take
+    the new values, and the scoring they replace is kept in ``info.rescored`` (nothing recorded
+    is lost). The turns and tokens are the sample's and stay. Returns how many changed."""
+    changed = 0
+    for rows in items:
+        new = rows["trajectories"][0]
+        tid = new["traj_id"]
+        stored = _scoring(con, run_id, tid)
+        if stored is None:
+            continue
+        old, old_info = stored
+        info = json.loads(new["info"]) if isinstance(new.get("info"), str) else dict(
+            new.get("info") or {})
+        now_scoring = {"reward": new["reward"], "success": new.get("success"),
+                       "failure_class": new.get("failure_class"),
+                       "components": {r["component"]: r["value"] for r in rows["rewards"]},
+                       "scores": (info.get("inspect") or {}).get("scores")}
+        if _same(old, now_scoring):
+            continue
+        history = list(old_info.get("rescored") or []) + [{**old, "replaced_at": now().isoformat()}]
+        info["rescored"] = history[-MAX_RESCORES_KEPT:]
+        con.execute("UPDATE trajectories SET reward = ?, success = ?, failure_class = ?, info = ? "
+                    "WHERE run_id = ? AND traj_id = ?",
+                    [new["reward"], new.get("success"), new.get("failure_class"), to_json(info),
+                     run_id, tid])
+        con.execute("DELETE FROM rewards WHERE run_id = ? AND traj_id = ?", [run_id, tid])
+        _insert(con, "rewards", rows["rewards"], run_id)
+        changed += 1
+    return changed
+
+
+def _same(old: dict, new: dict) -> bool:
+    """Whether two scorings agree (components compared as numbers, to 1e-12)."""
+    if (old["success"], old["failure_class"], old["scores"]) != (
+            new["success"], new["failure_class"], new["scores"]):
+        return False
+    if set(old["components"]) != set(new["components"]):
+        return False
+    values = [(old["reward"], new["reward"])] + [
+        (old["components"][k], new["components"][k]) for k in old["components"]]
+    return all((a is None and b is None) or (a is not None and b is not None
+                                             and abs(float(a) - float(b)) <= 1e-12)
+               for a, b in values)
 
 
 DERIVED_METRICS_SQL = """

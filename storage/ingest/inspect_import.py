@@ -178,8 +178,11 @@ def _state(runs, log, source: str, db_path, run_name, run_id, run_base) -> _Run:
             check_run_id(run_id) if run_id else default_run_id(log.path)
         refuse_foreign(rid, run_source(db_path, rid))  # before this run's first write
         name = run_name or f"{log.task} · {log.model}"
+        # rescore: a sample already in the run whose log now scores it otherwise (``inspect
+        # score`` rewrote the log) takes the new scores, the old kept in its info
         runs[key] = _Run(ImportReport(rid, source, FMT),
-                         {"name": name, "config": _config(log), "created": False})
+                         {"name": name, "config": _config(log), "created": False,
+                          "rescore": True, "refresh_config": True})
     else:
         runs[key].run["config"] = _config(log)  # the latest log of a task and model describes it
     return runs[key]

@@ -18,6 +18,8 @@ class ImportReport:
     imported: int = 0
     skipped: int = 0
     replaced: int = 0
+    rescored: int = 0
+    """Of the skipped: trajectories whose scores the source changed and that took the new ones."""
     failed: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -28,7 +30,9 @@ class ImportReport:
 
     def summary(self) -> str:
         return (f"{self.source}: {self.lines} records read, {self.imported} imported, "
-                f"{self.skipped} already present (skipped), {self.replaced} replaced, "
+                f"{self.skipped} already present (skipped"
+                + (f"; {self.rescored} of them rescored" if self.rescored else "")
+                + f"), {self.replaced} replaced, "
                 f"{self.failed} failed -> run {self.run_id}")
 
 
