@@ -51,10 +51,6 @@ def env_picture_html(kind, body, label: str) -> str | None:
     return None
 
 
-def _img(mime: str, data: str, alt: str, cls: str = "env-picture") -> str:
-    return _img_uri(f"data:{mime};base64,{data}", alt, cls)
-
-
 def _img_uri(uri: str, alt: str, cls: str = "env-picture") -> str:
     return (f'<img class="{cls}" alt="{alt}" src="{uri}" '
             'style="max-width:100%;max-height:320px;border:1px solid #ddd"/>')
@@ -63,8 +59,7 @@ def _img_uri(uri: str, alt: str, cls: str = "env-picture") -> str:
 def board_img(svg: str, label: str) -> str:
     """Our own board (pages/_boards.py) as an ``<img>``, like any picture: st.html drops inline
     SVG, and one way of showing pictures is one thing to keep safe."""
-    data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
-    return _img("image/svg+xml", data, html.escape(label, quote=True), "board")
+    return _img_uri(_data_uri("svg", svg), html.escape(label, quote=True), "board")
 
 
 def html_table(rows: list[dict], columns: list[str], caption: str = "") -> str:
@@ -161,9 +156,8 @@ def filmstrip_html(boards, renders: pd.DataFrame, n: int, current: int) -> str |
         for i, entry in enumerate(states[:n + 1]):
             if entry is not None:
                 state, path = entry
-                svg = _boards.board_svg(board, state, path, f"state {i}")
-                frames[i] = "data:image/svg+xml;base64," + base64.b64encode(
-                    svg.encode("utf-8")).decode("ascii")
+                frames[i] = _data_uri("svg", _boards.board_svg(board, state, path,
+                                                               f"state {i}"))
     if len(frames) < 2:
         return None
     lo = max(0, min(current + 1 - FILMSTRIP_MAX // 2, n + 1 - FILMSTRIP_MAX))

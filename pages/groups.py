@@ -8,7 +8,6 @@ from pages import _branches, _credit, _grid
 from storage import queries
 
 
-
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
 def _load_gains(store: str, run_id: str, traj_ids: tuple[str, ...]):
     """The group's stored information gains (traj_id, turn, value); empty when none was measured."""
@@ -109,20 +108,17 @@ if not turns.empty and _credit.finite_rewards(trajs):
                 + "): turns that acted from the same state share an anchor and are compared with "
                 "each other, whatever turn they reached it at (the env's state key; the "
                 "observation in runs without one).")
-    stored = turns[["traj_id", "turn", "advantage"]].rename(
+    stored_adv = turns[["traj_id", "turn", "advantage"]].rename(
         columns={"advantage": "stored turn advantage"})
-    if "state_key" in turns:
-        stored = stored.join(turns[["state_key"]])
+    stored = stored_adv.join(turns[["state_key"]]) if "state_key" in turns else stored_adv
     steps = steps.merge(stored, on=["traj_id", "turn"], how="left")
     shared = steps.groupby("anchor")["traj_id"].transform("size")
     st.dataframe(steps.assign(anchor_size=shared), key="groups_gigpo", hide_index=True)
 
-if not turns.empty and _credit.finite_rewards(trajs):
     gains = _load_gains(pick.store, pick.run_id, tuple(ids))
     if not gains.empty:
-        cfg = pick.config
-        weight = float(cfg.get("w_info_gain") or 1.0)
-        st.markdown(f"**IGPO** (information gain x {weight:g}), as its released trainer computes "
+        gain_weight = float(cfg.get("w_info_gain") or 1.0)
+        st.markdown(f"**IGPO** (information gain x {gain_weight:g}), as its released trainer computes "
                     "it from this group's stored gains: gains and outcomes z-scored apart over "
                     "the group (population std), the outcome the last turn's reward, each turn "
                     "credited with its discounted return; γ = 1 is IGPO's scripts, γ = 0 each "
@@ -131,10 +127,8 @@ if not turns.empty and _credit.finite_rewards(trajs):
                        f"{float(cfg.get('info_gain_gamma', 1.0)):g})." if "info_gain_type" in cfg else
                        "Computed here: this run did not train on it (its stored advantage is "
                        "named above)."))
-        table = _credit.igpo_table(trajs, gains, weight).merge(
-            turns[["traj_id", "turn", "advantage"]].rename(
-                columns={"advantage": "stored turn advantage"}), on=["traj_id", "turn"],
-            how="left")
+        table = _credit.igpo_table(trajs, gains, gain_weight).merge(
+            stored_adv, on=["traj_id", "turn"], how="left")
         st.dataframe(table, key="groups_igpo", hide_index=True)
 
 _branches.group_panel(pick, ids)

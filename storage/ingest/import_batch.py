@@ -89,11 +89,11 @@ def write_batch(db_path, run_id, fmt, run, batch, replace, report) -> None:
             report.fail(item[0], f"could not be stored: {type(exc).__name__}: {exc}")
 
 
-def _count(report: ImportReport, counts: tuple[int, ...]) -> None:
+def _count(report: ImportReport, counts: tuple[int, int, int, int]) -> None:
     report.imported += counts[0]
     report.replaced += counts[1]
     report.skipped += counts[2]
-    report.rescored += counts[3] if len(counts) > 3 else 0
+    report.rescored += counts[3]
 
 
 def _write_rows(con, run_id, fmt, run, batch, replace) -> tuple[int, int, int, int]:
@@ -130,18 +130,24 @@ MAX_RESCORES_KEPT = 20
 """Earlier scorings kept per trajectory in ``info.rescored`` (the oldest are dropped first)."""
 
 
-def _scoring(con, run_id: str, traj_id: str) -> tuple[dict, dict] | None:
-    """(what a rescoring changes, the stored info) of a stored trajectory."""
-    row = con.execute("SELECT reward, success, failure_class, info FROM trajectories "
-                      "WHERE run_id = ? AND traj_id = ?", [run_id, traj_id]).fetchone()
-    if row is None:
-        return None
-    info = json.loads(row[3]) if isinstance(row[3], str) else {}
-    components = dict(con.execute("SELECT component, value FROM rewards WHERE run_id = ? AND "
-                                  "traj_id = ? ORDER BY component", [run_id, traj_id]).fetchall())
-    return ({"reward": row[0], "success": row[1], "failure_class": row[2],
-             "components": components, "scores": (info.get("inspect") or {}).get("scores")},
-            info)
+def _scorings(con, run_id: str, traj_ids: list[str]) -> dict[str, tuple[dict, dict]]:
+    """(what a rescoring changes, the stored info) of each stored trajectory of ``traj_ids``,
+    read in two queries for the whole batch."""
+    rows = con.execute("SELECT traj_id, reward, success, failure_class, info FROM trajectories "
+                       "WHERE run_id = ? AND traj_id IN (SELECT unnest(?))",
+                       [run_id, traj_ids]).fetchall()
+    components: dict[str, dict] = {}
+    for tid, name, value in con.execute(
+            "SELECT traj_id, component, value FROM rewards WHERE run_id = ? AND traj_id IN "
+            "(SELECT unnest(?))", [run_id, traj_ids]).fetchall():
+        components.setdefault(tid, {})[name] = value
+    out = {}
+    for tid, reward, success, failure_class, raw in rows:
+        info = json.loads(raw) if isinstance(raw, str) else {}
+        out[tid] = ({"reward": reward, "success": success, "failure_class": failure_class,
+                     "components": components.get(tid, {}),
+                     "scores": (info.get("inspect") or {}).get("scores")}, info)
+    return out
 
 
 def _rescore(con, run_id: str, items: list[dict]) -> int:
@@ -149,14 +155,14 @@ def _rescore(con, run_id: str, items: list[dict]) -> int:
     after the evaluation): their reward components, reward, success, failure class and info take
     the new values, and the scoring they replace is kept in ``info.rescored`` (nothing recorded
     is lost). The turns and tokens are the sample's and stay. Returns how many changed."""
+    stored_by_id = _scorings(con, run_id, [rows["trajectories"][0]["traj_id"] for rows in items])
     changed = 0
     for rows in items:
         new = rows["trajectories"][0]
         tid = new["traj_id"]
-        stored = _scoring(con, run_id, tid)
-        if stored is None:
+        if tid not in stored_by_id:
             continue
-        old, old_info = stored
+        old, old_info = stored_by_id[tid]
         info = json.loads(new["info"]) if isinstance(new.get("info"), str) else dict(
             new.get("info") or {})
         now_scoring = {"reward": new["reward"], "success": new.get("success"),
