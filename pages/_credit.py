@@ -9,8 +9,10 @@ page passes one group, so every row shares one group id:
     gigpo    step level: turns acting from an identical observation (the previous turn's
              observation; the prompt for turn 0) form an anchor group; G_t = r_t + gamma G_{t+1};
              A_step = (G_t - mean_anchor) / (std_anchor + 1e-6); singleton or all-equal -> 0.
-             A_turn = A_episode(GRPO) + w * A_step. With the run's gigpo_norm "none"
-             (verl-agent's mean_norm) both are only centred: A_episode(Dr.GRPO), G_t - mean.
+             A_turn = A_episode + w * A_step, A_episode = (R_i - mean) / (std + 1e-6) over
+             one entry per turn (gigpo_episode_stats "steps", verl-agent's default) or per
+             trajectory ("trajectories", the paper's; runs recorded before the key). With the
+             run's gigpo_norm "none" (verl-agent's mean_norm) both are only centred.
 
     igpo     the group's stored information gains g_{i,k} (turns 0..T_i-2) and outcomes R_i,
              each z-scored over the group with the population std; turn rewards w*zg, the last
@@ -77,12 +79,16 @@ def step_rewards(turns: pd.DataFrame, reward: float) -> list[float]:
 
 
 def gigpo_steps(trajs: pd.DataFrame, turns: pd.DataFrame, gamma: float = 0.95,
-                weight: float = 1.0, norm: str = "std") -> pd.DataFrame:
+                weight: float = 1.0, norm: str = "std",
+                episode_stats: str = "trajectories") -> pd.DataFrame:
     """Per (traj_id, turn): anchor, return G_t, A_step and A_turn = A_episode + weight * A_step,
-    both normalised as the run's ``gigpo_norm`` (std: GRPO's episode term and std-scaled steps;
-    none: Dr. GRPO's episode term and centred steps, verl-agent's mean_norm)."""
-    episode_of = grpo if norm == "std" else dr_grpo
-    episode = dict(zip(trajs["traj_id"], episode_of(trajs["reward"].fillna(0.0))))
+    both normalised as the run's ``gigpo_norm`` (std: std-scaled; none: centred only,
+    verl-agent's mean_norm), the episode term over the run's ``gigpo_episode_stats``."""
+    n_turns = turns.groupby("traj_id")["turn"].count() if not turns.empty else pd.Series(dtype=int)
+    rewards = trajs["reward"].fillna(0.0).tolist()
+    episode = dict(zip(trajs["traj_id"], algorithms.gigpo_episode_advantages(
+        rewards, [int(n_turns.get(t, 0)) for t in trajs["traj_id"]], [0] * len(rewards),
+        cross_steps=episode_stats == "steps", normalize="std" if norm == "std" else "mean")))
     prompts = trajs["prompt"] if "prompt" in trajs else [None] * len(trajs)
     prompt = dict(zip(trajs["traj_id"], prompts))
     rows = []
@@ -144,6 +150,11 @@ def convention(config: dict | None, imported: bool = False) -> list[str]:
         lines.append(f"GiGPO normalisation {norm} ("
                      + ("mean_std_norm: divided by the group's std" if norm == "std" else
                         "mean_norm: centred only") + ", verl-agent's names)")
+        stats = config.get("gigpo_episode_stats", "trajectories")
+        lines.append(f"GiGPO episode term over {stats} ("
+                     + ("one entry per turn, verl-agent's compute_mean_std_cross_steps"
+                        if stats == "steps" else "one entry per trajectory, the paper's Eq. 3")
+                     + ")")
     lines += _turn_credit_lines(config)
     if float(config.get("min_abs_advantage") or 0) > 0:
         lines.append(f"LOOP's filter: rollouts with every |A| < {config['min_abs_advantage']:g} "

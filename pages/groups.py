@@ -99,7 +99,10 @@ if not turns.empty and _credit.finite_rewards(trajs):
     cfg = pick.config
     gamma, weight = float(cfg.get("gigpo_gamma", 0.95)), float(cfg.get("gigpo_weight", 1.0))
     norm = str(cfg.get("gigpo_norm", "std"))  # runs recorded before the field: std, then the only
-    steps = _credit.gigpo_steps(trajs, turns, gamma=gamma, weight=weight, norm=norm)
+    # runs recorded before gigpo_episode_stats existed took one entry per trajectory
+    stats = str(cfg.get("gigpo_episode_stats", "trajectories"))
+    steps = _credit.gigpo_steps(trajs, turns, gamma=gamma, weight=weight, norm=norm,
+                                episode_stats=stats)
     st.markdown(f"**GiGPO step level** (γ = {gamma:g}, w = {weight:g}, normalisation {norm}: "
                 + ("divided by the group's std, verl-agent's mean_std_norm" if norm == "std" else
                    "centred only, verl-agent's mean_norm")

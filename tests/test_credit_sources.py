@@ -31,7 +31,8 @@ def _two_paths():
 @pytest.mark.parametrize("norm", ["std", "none"])
 def test_gigpo_normalisation_by_hand(norm):
     trajs = _two_paths()
-    credit = assign(trajs, TrainConfig(algo="gigpo", gigpo_norm=norm, gigpo_gamma=0.95))
+    credit = assign(trajs, TrainConfig(algo="gigpo", gigpo_norm=norm, gigpo_gamma=0.95,
+                                       gigpo_episode_stats="trajectories"))
     # step returns (outcome on the last turn, gamma 0.95): a [0.95, 1.0], b [0, 0]
     # turn 0's anchor group {0.95, 0}: centred +-0.475, its unbiased std 0.95 / sqrt(2)
     # episode {1, 0}: centred +-0.5, its unbiased std 1 / sqrt(2); turn 1: groups of one -> 0
@@ -42,6 +43,31 @@ def test_gigpo_normalisation_by_hand(norm):
     assert credit.turn_advantages[0] == pytest.approx([episode + step, episode], rel=1e-5)
     assert credit.turn_advantages[1] == pytest.approx([-episode - step, -episode], rel=1e-5)
     assert credit.advantage[0] == pytest.approx(episode, rel=1e-5)
+
+
+def test_gigpo_episode_term_over_step_rows_as_verl_agent_releases_it():
+    """verl-agent's default (compute_mean_std_cross_steps=True): each turn is a row carrying its
+    trajectory's reward. A 1-turn success and a 3-turn failure: rows (1, 0, 0, 0), mean 0.25,
+    unbiased std 0.5 -> +1.5 and -0.5 (the paper's one-entry-per-trajectory form: +-0.7071)."""
+    win, loss = fake_trajectory("w", "g", 1, reward=1.0), fake_trajectory("l", "g", 3, reward=0.0)
+    for t in (win, loss):
+        for k, turn in enumerate(t.turns):
+            turn.state_key = f"{t.traj_id}{k}"       # no shared states: the step term is 0
+    credit = assign([win, loss], TrainConfig(algo="gigpo"))
+    assert TrainConfig().gigpo_episode_stats == "steps"
+    assert credit.advantage == pytest.approx([1.5, -0.5], rel=1e-5)
+    assert credit.turn_advantages[1] == pytest.approx([-0.5] * 3, rel=1e-5)
+    paper = assign([win, loss], TrainConfig(algo="gigpo", gigpo_episode_stats="trajectories"))
+    assert paper.advantage == pytest.approx([1 / math.sqrt(2), -1 / math.sqrt(2)], rel=1e-5)
+    # mean_norm: centred only, rows (1, 0, 0, 0) -> 0.75 and -0.25
+    centred = assign([win, loss], TrainConfig(algo="gigpo", gigpo_norm="none"))
+    assert centred.advantage == pytest.approx([0.75, -0.25])
+    # a group of a single row is not normalised there (mean 0, std 1): its raw reward
+    alone = fake_trajectory("s", "h", 1, reward=0.6)
+    alone.turns[0].state_key = "s0"
+    assert assign([alone], TrainConfig(algo="gigpo")).advantage == pytest.approx([0.6], rel=1e-5)
+    with pytest.raises(ConfigError, match="^gigpo_episode_stats="):
+        validate(TrainConfig(gigpo_episode_stats="rows"))
 
 
 def test_new_fields_are_validated_naming_themselves():

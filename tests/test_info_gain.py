@@ -122,17 +122,18 @@ def test_trajectories_without_gold_answers_are_skipped(tiny, search_trajs):
 # -- the dense credit -----------------------------------------------------------------------------
 def test_igpo_turn_advantages_by_hand_from_its_formula():
     # one task group: a (3 turns, gains 0.5 / 0.1, reward 1), b and c (2 turns, one gain, reward 0)
-    gains, outcomes = [[0.5, 0.1], [0.0], [0.2]], [1.0, 0.0, 0.0]
-    # gains z-scored over the group's four gains, population std: mean 0.2, var 0.14 / 4
-    sg = math.sqrt(0.14 / 4 + 1e-8) + 1e-6
-    zg = [[0.3 / sg, -0.1 / sg], [-0.2 / sg], [0.0]]
+    gains, outcomes = [[0.5, 0.1], [-0.1], [0.2]], [1.0, 0.0, 0.0]
+    # gains z-scored over the group's four gains, population std: mean 0.175, var 0.1875 / 4
+    m = 0.175
+    sg = math.sqrt(0.1875 / 4 + 1e-8) + 1e-6
+    zg = [[(0.5 - m) / sg, (0.1 - m) / sg], [(-0.1 - m) / sg], [(0.2 - m) / sg]]
     # outcomes z-scored apart: mean 1/3, var (4/9 + 1/9 + 1/9) / 3 = 2/9
     so = math.sqrt(2 / 9 + 1e-8) + 1e-6
     zo = [(2 / 3) / so, (-1 / 3) / so, (-1 / 3) / so]
     adv, skipped = igpo_turn_advantages(gains, outcomes, ["g"] * 3, gamma=1.0)
     # the outcome is the last turn's reward, and every turn sums its own and the later ones
     assert adv[0] == pytest.approx([zg[0][0] + zg[0][1] + zo[0], zg[0][1] + zo[0], zo[0]])
-    assert adv[0] == pytest.approx([2.483247, 0.879694, 1.414210], abs=1e-5)
+    assert adv[0] == pytest.approx([2.568906, 1.067802, 1.414210], abs=1e-5)
     assert adv[1] == pytest.approx([zg[1][0] + zo[1], zo[1]]) and skipped == 0
     # gamma discounts the outcome into earlier turns too; the weight scales the gains only
     adv, _ = igpo_turn_advantages(gains, outcomes, ["g"] * 3, gamma=0.5, gain_weight=0.5)
@@ -142,15 +143,29 @@ def test_igpo_turn_advantages_by_hand_from_its_formula():
     assert adv[0][2] == pytest.approx(math.sqrt(2), abs=1e-5)
 
 
+def test_igpo_leaves_exact_zero_gains_out_of_its_statistics_as_the_release_does():
+    """The release picks gain positions by ``reward != 0``: a gain of exactly 0 is neither in the
+    group's mean and std nor rewarded. Gains (0.5, 0.1 | 0.0 | 0.2): statistics over 0.5, 0.1,
+    0.2 only (mean 0.8/3, population var 0.0866667/3); b's turn 0 gets r = 0."""
+    adv, skipped = igpo_turn_advantages([[0.5, 0.1], [0.0], [0.2]], [1.0, 0.0, 0.0], ["g"] * 3,
+                                        gamma=1.0)
+    sg = math.sqrt(0.0866667 / 3 + 1e-8) + 1e-6
+    zo = (-1 / 3) / (math.sqrt(2 / 9 + 1e-8) + 1e-6)
+    assert skipped == 0
+    assert adv[1] == pytest.approx([0.0 + zo, zo], abs=1e-5)        # the zero gain adds nothing
+    assert adv[2][0] == pytest.approx((0.2 - 0.8 / 3) / sg + zo, abs=1e-5)
+    assert adv[0] == pytest.approx([1.806440, 0.433633, 1.414210], abs=1e-4)
+
+
 def test_igpo_skips_a_nan_gain_and_counts_it():
-    adv, skipped = igpo_turn_advantages([[float("nan"), 0.4], [0.0]], [1.0, 0.0], ["g", "g"],
+    adv, skipped = igpo_turn_advantages([[float("nan"), 0.4], [0.1]], [1.0, 0.0], ["g", "g"],
                                         gamma=1.0)
     assert skipped == 1
-    # the group's statistics come from the finite gains 0.4 and 0.0 alone: z = +-1 (nearly)
-    s = math.sqrt(0.04 + 1e-8) + 1e-6
+    # the group's statistics come from the finite gains 0.4 and 0.1 alone: z = +-1 (nearly)
+    s = math.sqrt(0.0225 + 1e-8) + 1e-6
     zo = 0.5 / (math.sqrt(0.25 + 1e-8) + 1e-6)
-    assert adv[0] == pytest.approx([0.0 + 0.2 / s + zo, 0.2 / s + zo, zo])
-    assert adv[1] == pytest.approx([-0.2 / s - zo, -zo])
+    assert adv[0] == pytest.approx([0.0 + 0.15 / s + zo, 0.15 / s + zo, zo])
+    assert adv[1] == pytest.approx([-0.15 / s - zo, -zo])
     with pytest.raises(ValueError, match="outcomes"):
         igpo_turn_advantages([[0.1]], [float("nan")], ["g"], gamma=1.0)
 

@@ -49,6 +49,95 @@ def test_truncated_and_masked_importance_sampling_by_hand():
         tis_weights(train, sampler, 0.5)
 
 
+# verl's rollout correction, the issue's example: trainer [-1, -1, -1], sampler [-1.5, -1.2, -4],
+# C = 2, A = 1, token-mean. d = (0.5, 0.2, 3), r = (e^0.5, e^0.2, e^3): the third leaves [1/2, 2].
+VERL_TRAIN = torch.tensor([[-1.0, -1.0, -1.0]])
+VERL_SAMPLER = torch.tensor([[-1.5, -1.2, -4.0]])
+
+
+def _corrected_loss(kind, level="token"):
+    """The update's loss on the example after ``correct_rollout`` (the trainer's path)."""
+    from core.rollout.trajectory import Trajectory
+    from core.learn.mismatch import correct_rollout
+    from core.learn.update import Sample
+    traj = Trajectory(traj_id="t", group_id="g", task=None, turns=[])
+    traj.trained = [True] * 3
+    s = Sample(traj=traj, ids=torch.tensor([[1, 2, 3]]), mask=torch.ones(1, 3, dtype=torch.bool),
+               old_logprobs=VERL_SAMPLER.clone())
+    s.train_logprobs = VERL_TRAIN.clone()
+    cfg = TrainConfig(rollout_correction=kind, rollout_is_cap=2.0, rollout_correction_level=level)
+    metrics = correct_rollout([s], cfg)
+    loss, _ = policy_loss(VERL_TRAIN.clone().requires_grad_(), s.old_logprobs,
+                          torch.ones(1, 3), s.mask, is_weights=s.is_weights)
+    return float(loss.detach()), metrics, s
+
+
+def test_mis_weights_kept_tokens_by_their_ratio_as_verl_does():
+    loss, metrics, s = _corrected_loss("mis")
+    # -(e^0.5 + e^0.2) / 2: the rejected token leaves the loss and its denominator
+    assert loss == pytest.approx(-(math.exp(0.5) + math.exp(0.2)) / 2) and round(loss, 4) == -1.4351
+    assert s.mask.tolist() == [[True, True, False]] and s.traj.trained == [True, True, False]
+    assert metrics["rollout_corr/masked_frac"] == pytest.approx(1 / 3)
+    assert metrics["rollout_corr/weight_max"] == pytest.approx(math.exp(0.5), rel=1e-6)
+    # rejection alone keeps the same tokens with weight 1: the old "mis"
+    loss, metrics, s = _corrected_loss("rs")
+    assert loss == pytest.approx(-1.0) and s.is_weights is None
+    assert metrics == {"rollout_corr/masked_frac": pytest.approx(1 / 3)}
+    # token TIS: every token, the third truncated at C
+    loss, metrics, _ = _corrected_loss("tis")
+    assert loss == pytest.approx(-(math.exp(0.5) + math.exp(0.2) + 2.0) / 3)
+    assert metrics["rollout_corr/truncated_frac"] == pytest.approx(1 / 3)
+
+
+def test_sequence_level_tis_weights_the_row_by_its_summed_ratio():
+    # sum d = 3.7: min(e^3.7, 2) = 2 on every token (verl's sequence TIS), not token weights
+    loss, metrics, s = _corrected_loss("tis", "sequence")
+    assert s.is_weights.tolist() == [[2.0, 2.0, 2.0]] and loss == pytest.approx(-2.0)
+    assert metrics["rollout_corr/truncated_frac"] == 1.0
+    # a row inside the cap takes exp(sum d) on every token: d = (0.1, -0.3) -> e^-0.2
+    w = tis_weights(torch.tensor([[-1.0, -1.0, 0.0]]), torch.tensor([[-1.1, -0.7, -5.0]]), 2.0,
+                    torch.tensor([[True, True, False]]), "sequence")
+    assert w[0].tolist() == pytest.approx([math.exp(-0.2)] * 3)
+    # sequence MIS: e^3.7 leaves the band, the whole row goes
+    _, metrics, s = _corrected_loss("mis", "sequence")
+    assert s.mask.tolist() == [[False] * 3] and metrics["rollout_corr/masked_frac"] == 1.0
+
+
+def test_verls_probability_space_metrics_by_hand():
+    train = torch.tensor([-0.1, -1.0, -2.0, -0.5])
+    sampler = torch.tensor([-0.2, -1.0, -1.5, -9.0])
+    mask = torch.tensor([True, True, True, False])
+    m = mismatch_metrics(train, sampler, mask)
+    p_t = [math.exp(x) for x in (-0.1, -1.0, -2.0)]
+    p_s = [math.exp(x) for x in (-0.2, -1.0, -1.5)]
+    diff = [abs(a - b) for a, b in zip(p_t, p_s)]
+    mean = sum(diff) / 3
+    assert m["training/rollout_probs_diff_max"] == pytest.approx(max(diff))
+    assert m["training/rollout_probs_diff_mean"] == pytest.approx(mean)
+    assert m["training/rollout_probs_diff_std"] == pytest.approx(
+        math.sqrt(sum((x - mean) ** 2 for x in diff) / 2))               # unbiased, as torch.std
+    import numpy as np
+    assert m["training/rollout_actor_probs_pearson_corr"] == pytest.approx(
+        float(np.corrcoef(p_t, p_s)[0, 1]))
+    # one token: no correlation to report, the rest still there
+    one = mismatch_metrics(train[:1], sampler[:1], mask[:1])
+    assert "training/rollout_actor_probs_pearson_corr" not in one
+    assert one["training/rollout_probs_diff_std"] == 0.0
+
+
+def test_non_finite_logprobs_are_counted_not_averaged():
+    train = torch.tensor([-1.0, float("nan"), -2.0, float("-inf"), -0.5])
+    sampler = torch.tensor([-1.0, -1.0, -2.2, -1.0, float("inf")])
+    mask = torch.ones(5, dtype=torch.bool)
+    m = mismatch_metrics(train, sampler, mask)
+    assert m["mismatch/nonfinite_tokens"] == 3.0
+    assert m["mismatch/abs_mean"] == pytest.approx(0.1)
+    assert all(math.isfinite(v) for v in m.values())
+    assert distribution(train, sampler, mask)["tokens"] == 2
+    only_bad = mismatch_metrics(train[1:2], sampler[1:2], mask[1:2])
+    assert only_bad == {"mismatch/nonfinite_tokens": 1.0}
+
+
 def test_the_weights_multiply_each_tokens_policy_gradient_loss():
     lp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     old, adv = lp.detach().clone(), torch.tensor([[1.0, 1.0]])
@@ -69,13 +158,13 @@ def test_correction_settings_are_validated():
 # -- a real step ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def steps(tmp_path_factory):
-    """(store, run id) of one real tiny-model RL step per correction: none, tis, mis (token level
+    """(store, run id) of one real tiny-model RL step per correction: none, tis, rs (token level
     with a cap so close to 1 that fp32 rounding between the passes decides); and one sampled
     under bf16 autocast (the update in fp32)."""
     base = tmp_path_factory.mktemp("mismatch")
     return {"none": one_rl_step(base, "none"),
             "tis": one_rl_step(base, "tis", rollout_correction="tis"),
-            "mis": one_rl_step(base, "mis", rollout_correction="mis", rollout_is_cap=1.000001),
+            "rs": one_rl_step(base, "rs", rollout_correction="rs", rollout_is_cap=1.000001),
             "bf16": one_rl_step(base, "bf16", rollout_dtype="bf16")}
 
 
@@ -103,14 +192,14 @@ def test_a_step_records_the_trainers_logprob_and_the_metrics(steps):
     assert got["mismatch/abs_mean"] < 1e-3 and got["mismatch/ratio_out_frac"] == 0.0
 
 
-def test_tis_and_mis_steps_record_their_correction(steps):
+def test_tis_and_rejection_steps_record_their_correction(steps):
     db, run_id = steps["tis"]
     m = queries.metrics(db, run_id)
     names = set(m["name"])
     assert {"rollout_corr/weight_mean", "rollout_corr/truncated_frac", "mismatch/abs_mean"} <= names
     assert float(m[m["name"] == "rollout_corr/weight_mean"]["value"].iloc[-1]) == pytest.approx(
         1.0, abs=1e-2)
-    db, run_id = steps["mis"]
+    db, run_id = steps["rs"]
     m = queries.metrics(db, run_id)
     masked = float(m[m["name"] == "rollout_corr/masked_frac"]["value"].iloc[-1])
     # the recorded loss mask is the one the optimiser applied: masked tokens are not "trained"
@@ -124,7 +213,7 @@ def test_tis_and_mis_steps_record_their_correction(steps):
     assert actions - kept == sum(int((d.abs() > band).sum()) for d in out)
 
 
-def test_mis_narrows_the_loss_mask_and_the_trajectorys_trained_flags():
+def test_rejection_narrows_the_loss_mask_and_the_trajectorys_trained_flags():
     from core.rollout.trajectory import Trajectory
     from core.learn.mismatch import correct_rollout
     from core.learn.update import Sample
@@ -134,7 +223,7 @@ def test_mis_narrows_the_loss_mask_and_the_trajectorys_trained_flags():
                mask=torch.tensor([[False, True, True, True]]),
                old_logprobs=torch.tensor([[0.0, -1.0, -3.0, -1.0]]))   # the sampler's
     s.train_logprobs = torch.tensor([[0.0, -1.0, -1.0, -1.1]])         # d = 0, 2, -0.1
-    cfg = TrainConfig(rollout_correction="mis", rollout_is_cap=2.0)
+    cfg = TrainConfig(rollout_correction="rs", rollout_is_cap=2.0)
     metrics = correct_rollout([s], cfg)
     assert s.mask.tolist() == [[False, True, False, True]] and traj.trained == s.mask[0].tolist()
     assert metrics == {"rollout_corr/masked_frac": pytest.approx(1 / 3)}

@@ -140,9 +140,9 @@ def gigpo_step_advantages(step_rewards: list[list[float]], anchor_keys: list[lis
 
     ("std" is verl-agent's mode mean_std_norm, "mean" its mean_norm, chosen by ``gigpo_norm``.)
 
-    std_s is unbiased. A step group of one turn, or whose returns are all equal, gets 0 (verl-agent
-    leaves a singleton's return unnormalised; here a turn with nothing to compare against carries
-    no step-level signal). The trainer adds A = A_episode + w * A_step per turn.
+    std_s is unbiased. A step group of one turn, or whose returns are all equal, gets 0, as in
+    verl-agent's ``step_norm_reward`` (a singleton is centred on itself). The trainer adds
+    A = A_episode + w * A_step per turn, A_episode from ``gigpo_episode_advantages``.
     Shapes: step_rewards[i][t], anchor_keys[i][t] for trajectory i, turn t; group_ids length N
     -> list of N lists, one float per turn.
     """
@@ -180,6 +180,48 @@ def gigpo_step_advantages(step_rewards: list[list[float]], anchor_keys: list[lis
         for (i, t), v in zip(cells, values):
             adv[i][t] = (v - mean) / (std + EPS) if normalize == "std" else v - mean
     return adv
+
+
+def gigpo_episode_advantages(rewards: Sequence[float], turns: Sequence[int],
+                             group_ids: Sequence[Hashable], cross_steps: bool = True,
+                             normalize: str = "std") -> list[float]:
+    """GiGPO's episode advantage, as verl-agent's ``episode_norm_reward`` computes it:
+
+        A_episode,i = (R_i - mean_g) / (std_g + 1e-6)    ("std", its mean_std_norm)
+        A_episode,i =  R_i - mean_g                      ("mean", its mean_norm)
+
+    over the entries of trajectory i's task group g, std unbiased. ``cross_steps`` (verl-agent's
+    default, ``compute_mean_std_cross_steps=True``) gives each trajectory one entry per turn (a
+    step row there), so long trajectories weigh more in mean_g and std_g; False gives one entry
+    per trajectory (the paper's Eq. 3). A group with a single entry is not normalised: mean 0,
+    std 1, so it keeps its raw reward (verl-agent's rule); equal entries give 0. A trajectory
+    with no turns counts once.
+
+    A 1-turn success and a 3-turn failure: entries (1, 0, 0, 0), mean 0.25, std 0.5:
+
+    >>> [round(a, 4) for a in gigpo_episode_advantages([1.0, 0.0], [1, 3], ["g", "g"])]
+    [1.5, -0.5]
+    >>> [round(a, 4) for a in gigpo_episode_advantages([1.0, 0.0], [1, 3], ["g", "g"], False)]
+    [0.7071, -0.7071]
+    """
+    if normalize not in ("std", "mean"):
+        raise ValueError(f"normalize must be 'std' or 'mean', got {normalize!r}")
+    if not len(rewards) == len(turns) == len(group_ids):
+        raise ValueError(f"rewards ({len(rewards)}), turns ({len(turns)}) and group_ids "
+                         f"({len(group_ids)}) must have one entry per trajectory")
+    r = as_rewards(rewards, group_ids)
+    entries: dict[Hashable, list[float]] = {}
+    for x, n, gid in zip(r.tolist(), turns, group_ids):
+        entries.setdefault(gid, []).extend([x] * (max(1, int(n)) if cross_steps else 1))
+    stats = {}
+    for gid, values in entries.items():
+        if len(values) == 1:
+            stats[gid] = (0.0, 1.0)
+            continue
+        mean = math.fsum(values) / len(values)
+        stats[gid] = (mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1)))
+    return [(x - stats[g][0]) / (stats[g][1] + EPS) if normalize == "std" else x - stats[g][0]
+            for x, g in zip(r.tolist(), group_ids)]
 
 
 def info_gain_turn_advantages(gains: list[list[float]], group_ids: Sequence[Hashable],
@@ -230,6 +272,12 @@ def igpo_stats(values: Sequence[float]) -> tuple[float, float]:
     return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values) + 1e-8)
 
 
+def _counted_gain(x) -> bool:
+    """A gain IGPO's release normalises: finite and not exactly 0."""
+    x = float(x)
+    return math.isfinite(x) and x != 0.0
+
+
 def igpo_turn_advantages(gains: list[list[float]], outcomes: Sequence[float],
                          group_ids: Sequence[Hashable], gamma: float,
                          gain_weight: float = 1.0) -> tuple[list[list[float]], int]:
@@ -249,7 +297,11 @@ def igpo_turn_advantages(gains: list[list[float]], outcomes: Sequence[float],
     last turn has no gain); ``w`` is ``gain_weight`` (IGPO's information-gain weight, 1 there).
     A gain that is not finite (a NaN read of the gold answer) is left out of its group's
     statistics and its turn gets no gain reward (r = 0, IGPO's code does the same with a NaN
-    difference); the count of such turns is returned beside the advantages.
+    difference); the count of such turns is returned beside the advantages. A gain of exactly 0
+    is left out of the statistics the same way and gets r = 0, as the release does (it selects
+    gain positions by ``reward != 0``). One difference remains, at gamma < 1 only: the release
+    also drops such a turn's boundary, so its tokens take the next turn's A undiscounted, where
+    here they take gamma x A_{i,k+1}; at gamma = 1 (the release's scripts) the two agree.
 
     >>> adv, skipped = igpo_turn_advantages([[0.5], [0.1]], [1.0, 0.0], ["g", "g"], gamma=1.0)
     >>> [[round(a, 3) for a in row] for row in adv], skipped
@@ -265,7 +317,7 @@ def igpo_turn_advantages(gains: list[list[float]], outcomes: Sequence[float],
     pooled_g: dict[Hashable, list[float]] = {}
     pooled_r: dict[Hashable, list[float]] = {}
     for g, r, gid in zip(gains, outcomes, group_ids):
-        pooled_g.setdefault(gid, []).extend(float(x) for x in g if math.isfinite(float(x)))
+        pooled_g.setdefault(gid, []).extend(float(x) for x in g if _counted_gain(x))
         pooled_r.setdefault(gid, []).append(float(r))
     stats_g = {gid: igpo_stats(v) for gid, v in pooled_g.items()}
     stats_r = {gid: igpo_stats(v) for gid, v in pooled_r.items()}
@@ -274,11 +326,11 @@ def igpo_turn_advantages(gains: list[list[float]], outcomes: Sequence[float],
         (mg, sg), (mr, sr) = stats_g[gid], stats_r[gid]
         rewards = []
         for x in g:
-            if math.isfinite(float(x)):
+            if _counted_gain(x):
                 rewards.append(gain_weight * (float(x) - mg) / (sg + EPS))
             else:
                 rewards.append(0.0)
-                skipped += 1
+                skipped += not math.isfinite(float(x))
         rewards.append((float(r) - mr) / (sr + EPS))
         out.append(discounted_turn_sums([rewards], gamma)[0])
     return out, skipped

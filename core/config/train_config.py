@@ -209,6 +209,11 @@ class TrainConfig:
     verl-agent's algorithm.gigpo.mode (core_gigpo.py) does for both: "std" divides the centred
     value by the group's std (its mean_std_norm), "none" only centres it (its mean_norm, the
     default of verl-agent's config)."""
+    gigpo_episode_stats: str = "steps"
+    """GiGPO: what the episode term's group mean and std are taken over. "steps" (the default,
+    as verl-agent's released compute_mean_std_cross_steps=True, which its reported results
+    used): each trajectory counts once per turn, so long trajectories weigh more; "trajectories":
+    once each (the paper's Eq. 3). core/config/algorithms.py gigpo_episode_advantages."""
     gamma: float = 1.0
     """PPO/GAE discount over model tokens."""
     lam: float = 1.0
@@ -228,15 +233,18 @@ class TrainConfig:
     "bf16" whatever the device. The update keeps auto's. bf16 sampling against an fp32 update is
     the training-inference mismatch of bf16 inference engines, reproducible on a CPU."""
     rollout_correction: str = "none"
-    """Correct the sampler-trainer mismatch (core/learn/mismatch.py, verl's rollout correction):
-    "tis" weights each token's loss by min(pi_train / pi_sampler, rollout_is_cap); "mis" leaves
-    out tokens (or whole trajectories, rollout_correction_level) whose ratio leaves
-    [1 / cap, cap]. Either takes the PPO ratio against the trainer's own logprob and costs one
-    scoring pass per trajectory. "none": the ratio is against the sampler's logprob, as before."""
+    """Correct the sampler-trainer mismatch (core/learn/mismatch.py, verl's rollout correction),
+    with r = pi_train / pi_sampler per token (or exp of the summed log-ratios of a trajectory,
+    rollout_correction_level "sequence"): "tis" weights each token's loss by min(r, cap); "mis"
+    by r where r lies in [1 / cap, cap] and leaves the other tokens (or trajectories) out of the
+    loss; "rs" leaves the same ones out and trains the rest with weight 1 (rejection only). Each
+    takes the PPO ratio against the trainer's own logprob and costs one scoring pass per
+    trajectory. "none": the ratio is against the sampler's logprob, as before."""
     rollout_is_cap: float = 2.0
-    """C of the rollout correction: the TIS truncation and the MIS band [1/C, C]."""
+    """C of the rollout correction: the TIS truncation and the MIS/RS band [1/C, C]."""
     rollout_correction_level: str = "token"
-    """Where "mis" masks: each "token", or each "sequence" by exp(sum of its log-ratios)."""
+    """Where the correction's ratio is taken: each "token", or each "sequence" by exp(sum of its
+    log-ratios), broadcast over the trajectory's tokens (verl's rollout_is/rollout_rs levels)."""
 
     # -- rewards -------------------------------------------------------------------------------
     outcome_metric: str = "em"

@@ -129,6 +129,8 @@ def _check_optimiser(cfg: TrainConfig, need) -> None:
     need(0 <= cfg.gigpo_gamma <= 1, "gigpo_gamma", "must be in [0, 1]")
     need(cfg.gigpo_norm in GIGPO_NORMS, "gigpo_norm",
          "must be std (divide by the group's std) or none (only centre)")
+    need(cfg.gigpo_episode_stats in ("steps", "trajectories"), "gigpo_episode_stats",
+         "must be steps (one entry per turn, verl-agent's default) or trajectories (the paper's)")
     need(0 <= cfg.gamma <= 1, "gamma", "must be in [0, 1]")
     need(0 <= cfg.lam <= 1, "lam", "must be in [0, 1]")
     need(cfg.vf_coef >= 0, "vf_coef", "must be >= 0")
@@ -148,8 +150,8 @@ def _check_credit(cfg: TrainConfig, need) -> None:
          "must be in (0, 86400] seconds (one env.step / outcome call's deadline)")
     need(cfg.rollout_dtype in ("auto", "fp32", "bf16"), "rollout_dtype",
          "must be auto, fp32 or bf16")
-    need(cfg.rollout_correction in ("none", "tis", "mis"), "rollout_correction",
-         "must be none, tis or mis")
+    need(cfg.rollout_correction in ("none", "tis", "mis", "rs"), "rollout_correction",
+         "must be none, tis, mis or rs")
     need(cfg.rollout_is_cap >= 1, "rollout_is_cap", "must be >= 1 (the band is [1/C, C])")
     need(cfg.rollout_correction_level in ("token", "sequence"), "rollout_correction_level",
          "must be token or sequence")

@@ -36,8 +36,8 @@ import torch
 
 from core.config import algorithms
 from core.credit.advantages import anchor_key, drop_small, gae, gigpo_step_advantages, starpo_s_keep
-from core.config.algorithms import (discounted_turn_sums, info_gain_turn_advantages,
-                                    spa_turn_advantages)
+from core.config.algorithms import (discounted_turn_sums, gigpo_episode_advantages,
+                                    info_gain_turn_advantages, spa_turn_advantages)
 from core.rollout.trajectory import Trajectory
 
 
@@ -122,11 +122,13 @@ def anchor_keys(traj: Trajectory) -> list[str]:
 def gigpo(trajs: Sequence[Trajectory], cfg, values=None) -> Credit:
     """GiGPO: episode advantage plus ``gigpo_weight`` x the anchor-state step advantage, both
     normalised as ``gigpo_norm`` says, as verl-agent's ``mode`` does for both (core_gigpo.py):
-    "std" (its mean_std_norm: the episode term is GRPO's) or "none" (its mean_norm: centred
-    only, the episode term Dr. GRPO's)."""
+    "std" (its mean_std_norm) or "none" (its mean_norm: centred only); the episode term's
+    statistics over turns or trajectories as ``gigpo_episode_stats`` says."""
     norm = getattr(cfg, "gigpo_norm", "std")
-    episode = (algorithms.grpo if norm == "std" else algorithms.dr_grpo)(
-        [t.reward for t in trajs], [t.group_id for t in trajs]).tolist()
+    episode = gigpo_episode_advantages(
+        [t.reward for t in trajs], [len(t.turns) for t in trajs], [t.group_id for t in trajs],
+        cross_steps=getattr(cfg, "gigpo_episode_stats", "steps") == "steps",
+        normalize="std" if norm == "std" else "mean")
     steps = gigpo_step_advantages([step_rewards(t) for t in trajs], [anchor_keys(t) for t in trajs],
                                   [t.group_id for t in trajs], gamma=cfg.gigpo_gamma,
                                   normalize="std" if norm == "std" else "mean")

@@ -2,7 +2,7 @@
 
     losses       policy and value losses, aggregations, KL (pure functions with formulas)
     update       one optimiser step over a batch of trajectories (RL and SFT)
-    mismatch     sampler-versus-trainer logprob statistics and rollout correction (TIS, MIS)
+    mismatch     sampler-versus-trainer logprob statistics and rollout correction (TIS, MIS, RS)
     distributed  several ranks: splitting batches into whole groups, gathering the step
 """
 from core.faces import lazy_face

@@ -57,7 +57,7 @@ class Sample:
     """The trainer's own logprobs under the weights that sampled (before any step of this
     update; core/learn/mismatch.py); None where not computed."""
     is_weights: torch.Tensor | None = None
-    """Rollout correction's truncated importance weights (``--rollout-correction tis``)."""
+    """Rollout correction's importance weights (``--rollout-correction tis|mis``), detached."""
     old_values: torch.Tensor | None = None
     """The value head's estimates before the update (PPO's GAE input): the value clip's anchor."""
 
