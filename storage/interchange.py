@@ -46,21 +46,33 @@ Rules, so every page can show an imported run:
   numeric field may instead hold the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``: that is
   how export writes those numbers, so every file we export imports again. Integers inside JSON
   fields (``info``, ``golds``, ...) are kept exactly, however long.
+* A token's log-probabilities (``logprob``, ``train_logprob``, ``ref_logprob``,
+  ``new_logprob``) must be finite and <= 0: NaN, +-Infinity (as numbers or strings) and values
+  above ``LOGPROB_SLACK`` fail the line, naming the token; one up to ``LOGPROB_SLACK`` above 0 (a
+  float32 log-softmax of a near-certain token) is stored as 0.0. ``-Infinity`` is refused too:
+  a sampler gives it only for a token it could not have sampled, and one such value made a
+  step's mismatch metrics NaN. (core/endpoint/reply.py checks a server's logprobs the same way.)
+* Sizes: at most ``MAX_TURNS`` turns and ``MAX_TRAJECTORY_TOKENS`` given tokens per line (else
+  the line fails, naming the count); tokens rebuilt from text are capped per text and per
+  trajectory, the cut recorded (storage/token_rows.py).
 """
 from __future__ import annotations
 
 import json
 import math
-import re
 from collections import deque
 from typing import Any, Callable, Iterator
 
 from storage.recorder import NON_FINITE, clean_json
+from storage.token_rows import MAX_TRAJECTORY_TOKENS, TokenRows, pieces
 
 ROLES = ("prompt", "action", "observation")
 STANDARD_COMPONENTS = ("outcome", "format", "cost", "process")
 MAX_ID_CHARS = 256
 MAX_LINE_BYTES = 16 * 1024 * 1024
+MAX_TURNS = 10_000
+LOGPROB_SLACK = 1e-4
+"""A float32 log-softmax of a near-certain token can print a hair above 0; this much is kept."""
 
 
 class LineError(ValueError):
@@ -84,6 +96,18 @@ def read_json_lines(path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tupl
                 continue
             if line.strip():
                 yield lineno, parse_json(line)
+
+
+def guarded(name: str, items: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """``items`` ((where, record or LineError) of one file named ``name``) until reading the file
+    breaks off: any exception out of the reader (an unreadable file, a directory named like one,
+    MemoryError) then ends it with one last item, (``name``, LineError saying why), so that file
+    fails alone, named, and the import goes on with the next."""
+    try:
+        yield from items
+    except Exception as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{exc}"
+        yield name, LineError(f"could not be read: {type(exc).__name__}: {why}")
 
 
 def _refuse_constant(name: str):
@@ -110,6 +134,8 @@ def parse_json(line: bytes) -> Any:
         return LineError(f"not valid JSON: {exc}")
     except RecursionError:
         return LineError("JSON nested too deeply")
+    except MemoryError:
+        return LineError("out of memory parsing the line")
 
 
 # -- validation -----------------------------------------------------------------------------------
@@ -121,6 +147,8 @@ def _check(value: Any, kind: str, where: str) -> Any:
     """``value`` if it is of ``kind``, else LineError naming the field."""
     if kind == "num" and isinstance(value, str) and value in NON_FINITE:
         return NON_FINITE[value]  # as export writes the numbers JSON has no literal for
+    if kind == "lp":
+        return _logprob(value, where)
     ok = {
         "str": isinstance(value, str),
         "id": isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS,
@@ -152,6 +180,23 @@ def _check(value: Any, kind: str, where: str) -> Any:
     return value
 
 
+def _logprob(value: Any, where: str) -> float:
+    """``value`` as a log-probability (finite, <= 0; up to LOGPROB_SLACK above 0 read as 0.0),
+    else LineError naming the field and the value."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)) or (
+            isinstance(value, str) and value not in NON_FINITE):
+        raise LineError(f"field '{where}' must be a number, got {_type_name(value)}")
+    try:
+        number = NON_FINITE[value] if isinstance(value, str) else float(value)
+    except OverflowError:
+        number = math.inf if value > 0 else -math.inf
+    if not math.isfinite(number) or number > LOGPROB_SLACK:
+        shown = value if isinstance(value, str) else repr(number)
+        raise LineError(f"field '{where}' must be a log-probability (finite and <= 0), got "
+                        f"{shown}")
+    return min(number, 0.0)
+
+
 # field -> (kind, required); a None value of an optional field means "absent"
 TOP_FIELDS = {
     "traj_id": ("id", True), "task_id": ("id", True), "turns": ("list", True),
@@ -173,9 +218,9 @@ TURN_FIELDS = {
 TEST_FIELDS = {"name": ("id", True), "passed": ("bool", True), "detail": ("str", False)}
 TOKEN_FIELDS = {
     "text": ("str", True), "role": ("str", True), "trained": ("bool", False),
-    "logprob": ("num", False), "token_id": ("int", False), "turn": ("sint", False),
-    "advantage": ("num", False), "entropy": ("num", False), "new_logprob": ("num", False),
-    "ref_logprob": ("num", False), "value": ("num", False), "train_logprob": ("num", False),
+    "logprob": ("lp", False), "token_id": ("int", False), "turn": ("sint", False),
+    "advantage": ("num", False), "entropy": ("num", False), "new_logprob": ("lp", False),
+    "ref_logprob": ("lp", False), "value": ("num", False), "train_logprob": ("lp", False),
 }
 """``logprob`` is the sampler's; ``train_logprob`` the trainer's own under the same weights (the
 training-inference mismatch, core/learn/mismatch.py, is their difference)."""
@@ -223,6 +268,10 @@ def validate(obj: Any) -> dict:
     """A normalised trajectory record, or LineError saying which field is wrong and how."""
     refuse_non_finite(obj)
     rec = _fields(obj, TOP_FIELDS, "", keep_extra=True)
+    for name, limit in (("turns", MAX_TURNS), ("tokens", MAX_TRAJECTORY_TOKENS)):
+        if len(rec.get(name, ())) > limit:
+            raise LineError(f"field '{name}' holds {len(rec[name])} entries, over the limit of "
+                            f"{limit} per trajectory")
     rec["turns"] = [_fields(t, TURN_FIELDS, f"turns[{i}].", False) for i, t in enumerate(rec["turns"])]
     if "tokens" in rec:
         rec["tokens"] = [_fields(t, TOKEN_FIELDS, f"tokens[{i}].", False)
@@ -241,11 +290,6 @@ def validate(obj: Any) -> dict:
 
 
 # -- to table rows ------------------------------------------------------------------------------------
-def pieces(text: str) -> list[str]:
-    """Whitespace-led pieces whose concatenation is exactly ``text``."""
-    return re.findall(r"\s*\S+|\s+", text)
-
-
 def reward_components(rec: dict, notes: list[str]) -> dict[str, float]:
     given = rec.get("rewards")
     if not given:
@@ -259,44 +303,43 @@ def reward_components(rec: dict, notes: list[str]) -> dict[str, float]:
     return out
 
 
-def _derived_tokens(rec: dict) -> list[dict]:
-    toks = [{"text": p, "role": "prompt", "turn": -1} for p in pieces(rec.get("prompt") or "")]
+def _texts(rec: dict) -> list[tuple[str, str, int]]:
+    """(text, role, turn) of the context in order: the prompt, then each turn's action and
+    observation."""
+    texts = [(rec.get("prompt") or "", "prompt", -1)]
     for i, turn in enumerate(rec["turns"]):
-        toks += [{"text": p, "role": "action", "turn": i} for p in pieces(turn["action"])]
-        toks += [{"text": p, "role": "observation", "turn": i}
-                 for p in pieces(turn.get("observation") or "")]
-    return toks
+        texts += [(turn["action"], "action", i), (turn.get("observation") or "", "observation", i)]
+    return texts
 
 
 def _json(value: Any) -> str | None:
     return None if value is None else json.dumps(clean_json(value), ensure_ascii=False)
 
 
-def to_rows(rec: dict, classify: Callable | None = None) -> dict[str, list[dict]]:
+def to_rows(rec: dict, classify: Callable | None = None) -> dict[str, Any]:
     """Rows for trajectories, rewards, turns, tokens and test_results (without run_id) of one
-    valid record."""
+    valid record: lists of dicts, but ``tokens``, a ``TokenRows`` (storage/token_rows.py) that
+    makes its rows as they are written."""
     step, tid = rec.get("step", 0), rec["traj_id"]
     notes: list[str] = []
     info = dict(rec.get("info") or {})
     if rec.get("extra"):
         info["extra"] = rec["extra"]
     components = reward_components(rec, notes)
-    tokens, derived = rec.get("tokens"), "tokens" not in rec
-    if derived:
-        tokens = _derived_tokens(rec)
+    advantage = rec.get("advantage")
+    if "tokens" in rec:  # given tokens carry their own advantages, or none
+        token_rows = TokenRows(tid, step, given=rec["tokens"])
+    else:
+        token_rows = TokenRows.rebuilt(tid, step, _texts(rec), advantage)
         notes.append("tokens rebuilt from text (whitespace pieces; no token ids or logprobs)")
+        if token_rows.cuts:
+            info["token_rows_cut"] = token_rows.cuts[:100]
+            notes.append(f"token rows capped in {len(token_rows.cuts)} text(s): each one's last "
+                         "row holds the rest of its text whole (storage/token_rows.py)")
     turns = [{"traj_id": tid, "step": step, "turn": i, "observation": "", **t}
              for i, t in enumerate(rec["turns"])]
     for t in turns:
         t["parsed"], t["state_diff"] = _json(t.get("parsed")), _json(t.get("state_diff"))
-    advantage = rec.get("advantage")
-    token_rows = []
-    for pos, tok in enumerate(tokens):
-        trained = tok.get("trained", tok["role"] == "action")
-        row = {"traj_id": tid, "step": step, "pos": pos, **tok, "trained": trained}
-        if derived and trained:
-            row["advantage"] = advantage  # given tokens carry their own advantages, or none
-        token_rows.append(row)
     tests = [{"traj_id": tid, "step": step, "name": t["name"], "passed": t["passed"],
               "detail": t.get("detail")} for t in rec.get("tests", [])]
     failure_class = rec.get("failure_class")
@@ -316,8 +359,7 @@ def to_rows(rec: dict, classify: Callable | None = None) -> dict[str, list[dict]
             "rank": rec.get("rank", 0), "prompt": rec.get("prompt"), "answer": rec.get("answer"),
             "golds": _json(rec.get("golds")), "failure_class": failure_class,
             "filtered": rec.get("filtered", False), "grad_norm": rec.get("grad_norm"),
-            "response_tokens": rec.get("response_tokens",
-                                       sum(1 for t in token_rows if t["trained"])),
+            "response_tokens": rec.get("response_tokens", token_rows.trained()),
             "info": _json(info or None)}
     rewards = [{"traj_id": tid, "step": step, "component": c, "value": v}
                for c, v in components.items()]

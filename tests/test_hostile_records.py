@@ -178,25 +178,32 @@ def test_verl_scores_and_fields_no_double_holds_fail_their_line(tmp_path, capsys
     assert q(store, "SELECT lines, imported, failed FROM imports")[0] == (6, 2, 4)
 
 
-def test_an_import_that_breaks_off_is_marked_failed_with_its_import_record(tmp_path, capsys):
+def test_a_dump_file_that_cannot_be_read_fails_alone_and_the_rest_import(tmp_path, capsys):
     dump = tmp_path / "verl"
     dump.mkdir()
     _jsonl(dump / "1.jsonl", [{"input": "Q?", "output": "<answer>4</answer>", "score": 1.0}] * 3)
-    (dump / "2.jsonl").mkdir()  # named like a dump file, unreadable as one: reading stops there
+    (dump / "2.jsonl").mkdir()  # named like a dump file, unreadable as one: it fails alone
+    _jsonl(dump / "3.jsonl", [{"input": "Q?", "output": "<answer>5</answer>", "score": 0.0}])
     store = tmp_path / "s.duckdb"
     args = ["import", str(dump), "--db", str(store), "--format", "verl", "--run-id", "cut"]
-    assert io.main(args) == 2
-    assert "error:" in capsys.readouterr().err
-    status, error = q(store, "SELECT status, error FROM runs WHERE run_id = 'cut'")[0]
-    assert status == "failed" and "2.jsonl" in error
-    (lines, imported, errors), = q(store, "SELECT lines, imported, errors FROM imports")
-    assert (lines, imported) == (3, 3) and "2.jsonl" in errors
+    assert io.main(args) == 1
+    assert "error: 2.jsonl: could not be read: IsADirectoryError" in capsys.readouterr().err
+    assert q(store, "SELECT status, error FROM runs WHERE run_id = 'cut'")[0] == ("finished", None)
+    assert sorted(r[0] for r in q(store, "SELECT traj_id FROM trajectories")) == [
+        "1:1", "1:2", "1:3", "3:1"]
+    (lines, imported, failed, errors), = q(store, "SELECT lines, imported, failed, errors "
+                                                  "FROM imports")
+    assert (lines, imported, failed) == (5, 4, 1) and "2.jsonl" in errors
 
 
-def _run_with_non_finite_numbers(store) -> str:
+def _run_with_non_finite_numbers(store, logprob: float = -0.25) -> str:
+    """A trainer's run holding every non-finite number a store can; its one sampled token's
+    ``logprob`` as given (the hostile trajectory's -inf is no log-probability: an import refuses
+    it, see the test after the next)."""
     rec = Recorder(store)
     run_id = rec.start_run({"env": "search", "model": "tiny", "algo": "grpo", "clip": math.inf})
     traj = _hostile_trajectory()
+    traj.logprobs = [None, logprob, -0.5]
     traj.advantage, traj.failure_class = math.nan, "unsolved"
     traj.info.update(big=HUGE, nan=math.nan)
     rec.record_step(0, **step_tables([traj]))
@@ -227,9 +234,22 @@ def test_every_export_of_non_finite_and_huge_numbers_imports_again(tmp_path):
     copy = tmp_path / "copy.duckdb"
     info = json.loads(q(copy, "SELECT info FROM trajectories WHERE traj_id = 'old'")[0][0])
     assert (info["x"], info["y"]) == ("-Infinity", "NaN")
-    assert q(copy, "SELECT logprob FROM tokens WHERE traj_id = 'h' AND pos = 1")[0][0] == -math.inf
+    assert q(copy, "SELECT logprob FROM tokens WHERE traj_id = 'h' AND pos = 1")[0][0] == -0.25
     assert json.loads(q(copy, "SELECT info FROM trajectories WHERE traj_id = 'h'")[0][0]
                       )["big"] == HUGE
+
+
+@pytest.mark.parametrize("logprob", [-math.inf, math.inf, 0.5])
+def test_an_exported_logprob_that_is_no_log_probability_fails_its_line_by_name(tmp_path,
+                                                                                logprob):
+    src = tmp_path / "src.duckdb"
+    run_id = _run_with_non_finite_numbers(src, logprob)
+    export_jsonl(src, run_id, tmp_path / "out.jsonl")
+    report = ingest.import_file(tmp_path / "out.jsonl", tmp_path / "copy.duckdb", run_id="copy")
+    shown = {-math.inf: "-Infinity", math.inf: "Infinity", 0.5: "0.5"}[logprob]
+    assert (report.imported, report.failed) == (1, 1)
+    assert report.errors == [f"line 1: field 'tokens[1].logprob' must be a log-probability "
+                             f"(finite and <= 0), got {shown}"]
 
 
 # -- point 4: a trainer's run is not an import target ---------------------------------------------

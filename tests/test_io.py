@@ -142,7 +142,7 @@ def test_a_trajectory_that_fails_to_store_is_reported_and_leaves_nothing(tmp_pat
     Recorder(store)
     recs = [ingest.to_rows(validate({"traj_id": f"t{i}", "task_id": "q", "turns": [{"action": "a"}],
                                  "reward": 1.0})) for i in range(3)]
-    recs[1]["tokens"][0]["trained"] = "maybe"  # slipped past validation: the database refuses it
+    recs[1]["tokens"].fixed["trained"] = "maybe"  # past validation: the database refuses it
     report = ingest.ImportReport("r", "f", "jsonl")
     run = {"name": "r", "config": None, "created": False}
     import_batch.write_batch(store, "r", "jsonl", run,

@@ -31,7 +31,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
-from storage.interchange import MAX_LINE_BYTES, LineError, read_json_lines
+from storage.interchange import MAX_LINE_BYTES, LineError, guarded, read_json_lines
 
 INFO_RE = re.compile(r"<information>.*?</information>", re.DOTALL)
 ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
@@ -164,17 +164,20 @@ def verl_record(obj: Any, traj_id: str, default_step: int) -> dict:
 def read_verl(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[str, Any]]:
     """(where, generic record or LineError) for every sample of a verl rollout dump."""
     root = Path(path)
-    for file in _files(root, "*.jsonl"):
-        name = _name(file, root)
-        for lineno, obj in read_json_lines(file, max_line_bytes):
-            where = f"{file.name}:{lineno}"
-            if isinstance(obj, LineError):
-                yield where, obj
-                continue
-            try:
-                yield where, verl_record(obj, f"{name}:{lineno}", _step_from_name(file))
-            except LineError as exc:
-                yield where, exc
+    for file in _files(root, "*.jsonl"):  # one unreadable file fails alone, named
+        yield from guarded(file.name, _verl_lines(file, _name(file, root), max_line_bytes))
+
+
+def _verl_lines(file: Path, name: str, max_line_bytes: int) -> Iterator[tuple[str, Any]]:
+    for lineno, obj in read_json_lines(file, max_line_bytes):
+        where = f"{file.name}:{lineno}"
+        if isinstance(obj, LineError):
+            yield where, obj
+            continue
+        try:
+            yield where, verl_record(obj, f"{name}:{lineno}", _step_from_name(file))
+        except LineError as exc:
+            yield where, exc
 
 
 # -- TRL -------------------------------------------------------------------------------------------------
@@ -248,32 +251,35 @@ def trl_record(row: dict, traj_id: str, default_step: int, reward_cols: list[str
 
 def read_trl(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[str, Any]]:
     """(where, generic record or LineError) for every logged completion of a TRL run."""
+    root = Path(path)
+    for file in _files(root, "completions_*.parquet"):  # one unreadable file fails alone, named
+        yield from guarded(file.name, _trl_rows(file, _name(file, root)))
+
+
+def _trl_rows(file: Path, name: str) -> Iterator[tuple[str, Any]]:
     # deferred: pyarrow (large), only on the Arrow/Parquet path
     import pyarrow.parquet as pq
-    root = Path(path)
-    for file in _files(root, "completions_*.parquet"):
-        name = _name(file, root)
+    try:
+        frame = pq.read_table(file).to_pandas()
+    except Exception as exc:
+        yield file.name, LineError(f"not a readable Parquet file: {exc}")
+        return
+    missing = [c for c in ("prompt", "completion") if c not in frame.columns]
+    if missing:
+        yield file.name, LineError(f"missing column(s) {missing}; found {list(frame.columns)}")
+        return
+    reward_cols = [c for c in frame.columns if c not in ("step", "advantage", "reward")
+                   and frame[c].dtype.kind in "fiu"]
+    if "reward" not in frame.columns and not reward_cols:
+        yield file.name, LineError("no reward column (neither 'reward' nor a numeric "
+                                   "reward-function column)")
+        return
+    for i, row in enumerate(frame.to_dict("records")):
+        where = f"{file.name}:row {i}"
         try:
-            frame = pq.read_table(file).to_pandas()
-        except Exception as exc:
-            yield file.name, LineError(f"not a readable Parquet file: {exc}")
-            continue
-        missing = [c for c in ("prompt", "completion") if c not in frame.columns]
-        if missing:
-            yield file.name, LineError(f"missing column(s) {missing}; found {list(frame.columns)}")
-            continue
-        reward_cols = [c for c in frame.columns if c not in ("step", "advantage", "reward")
-                       and frame[c].dtype.kind in "fiu"]
-        if "reward" not in frame.columns and not reward_cols:
-            yield file.name, LineError("no reward column (neither 'reward' nor a numeric "
-                                       "reward-function column)")
-            continue
-        for i, row in enumerate(frame.to_dict("records")):
-            where = f"{file.name}:row {i}"
-            try:
-                yield where, trl_record(row, f"{name}:{i}", _step_from_name(file), reward_cols)
-            except LineError as exc:
-                yield where, exc
+            yield where, trl_record(row, f"{name}:{i}", _step_from_name(file), reward_cols)
+        except LineError as exc:
+            yield where, exc
 
 
 READERS = {"verl": read_verl, "trl": read_trl}

@@ -23,6 +23,7 @@ from storage.ingest.dumps import trl_record, verl_record
 from storage.ingest.import_batch import write_batch
 from storage.ingest.messages import messages_record
 from storage.interchange import LineError, parse_json, to_rows, validate
+from storage.token_rows import BatchSize
 
 APPENDED = ("jsonl", "messages")  # formats followed a complete line at a time
 BATCH_RECORDS = 200
@@ -63,6 +64,8 @@ def _converted(obj: Any, at: int, record: Callable[[Any, int], Any] | None) -> A
         return record(obj, at)
     except LineError as exc:
         return exc
+    except Exception as exc:  # a reader tripping on one record fails that record only
+        return LineError(f"could not be read: {type(exc).__name__}: {exc}")
 
 
 def appended_items(fmt: str, fd: int, name: str, start: int, stop: int, max_line_bytes: int,
@@ -87,12 +90,8 @@ def verl_items(fd: int, name: str, size: int, max_line_bytes: int) -> Iterator[I
             continue
         if not line.strip():
             continue
-        obj = parse_json(line)
-        if not isinstance(obj, LineError):
-            try:
-                obj = verl_record(obj, f"{stem}:{lineno}", step_of(stem))
-            except LineError as exc:
-                obj = exc
+        obj = _converted(parse_json(line), lineno,
+                         lambda o, n: verl_record(o, f"{stem}:{n}", step_of(stem)))
         yield where, obj, len(line)
 
 
@@ -121,14 +120,21 @@ def trl_items(fd: int, name: str) -> Iterator[Item]:
             yield name, LineError("no reward column (neither 'reward' nor a numeric "
                                   "reward-function column)"), 0
             return
-        row = 0
-        for batch in parquet.iter_batches(batch_size=BATCH_RECORDS):
-            for values in batch.to_pandas().to_dict("records"):
+        row, batches = 0, parquet.iter_batches(batch_size=BATCH_RECORDS)
+        while True:
+            try:
+                batch = next(batches, None)
+                if batch is None:
+                    return
+                rows = batch.to_pandas().to_dict("records")
+            except Exception as exc:  # a corrupt row group: the rest of this file fails, named
+                yield name, LineError(f"could not be read from row {row} on: "
+                                      f"{type(exc).__name__}: {exc}"), 0
+                return
+            for values in rows:
                 where = f"{name}:row {row}"
-                try:
-                    yield where, trl_record(values, f"{stem}:{row}", step_of(stem), reward_cols), 0
-                except LineError as exc:
-                    yield where, exc, 0
+                yield where, _converted(values, row, lambda v, n: trl_record(
+                    v, f"{stem}:{n}", step_of(stem), reward_cols)), 0
                 row += 1
 
 
@@ -137,7 +143,7 @@ def write_records(items: Iterable[Item], db_path, fmt: str, run_id: str, run: di
     """Validate each record and write them in bounded batches into ``run_id``, counting into
     ``report`` (an ``ImportReport``); a bad record fails alone. ``check`` runs before each write
     (the follower's: is the store still the one it started with)."""
-    first_seen, batch, held = {}, [], 0
+    first_seen, batch, held, rows_held = {}, [], 0, BatchSize(BATCH_RECORDS)
     for where, obj, size in items:
         report.lines += 1
         try:
@@ -152,14 +158,16 @@ def write_records(items: Iterable[Item], db_path, fmt: str, run_id: str, run: di
                 run["config"] = rec["run"]
             batch.append((where, to_rows(rec, classify)))
             held += size
+            rows_held.add(batch[-1][1])
         except LineError as exc:
             report.fail(where, str(exc))
         except Exception as exc:  # a reader or rule tripping on a record fails that one only
             report.fail(where, f"could not be read: {type(exc).__name__}: {exc}")
-        if len(batch) >= BATCH_RECORDS or held >= BATCH_BYTES:
+        if rows_held.full() or held >= BATCH_BYTES:
             check()
             write_batch(db_path, run_id, fmt, run, batch, False, report)
             batch, held = [], 0
+            rows_held.clear()
     if batch:
         check()
         write_batch(db_path, run_id, fmt, run, batch, False, report)

@@ -14,11 +14,13 @@ from storage.failures import classify
 from storage.ingest.dumps import READERS
 from storage.ingest.import_batch import RunNotImportable, finish_import, refuse_foreign, run_source, write_batch
 from storage.ingest.inspect_import import import_inspect
-from storage.interchange import MAX_LINE_BYTES, LineError, read_json_lines, to_rows, validate
+from storage.interchange import (MAX_LINE_BYTES, LineError, guarded, read_json_lines, to_rows,
+                                 validate)
 from storage.ingest.messages import read_messages
 from storage.ingest.report import ImportReport, default_run_id
 from storage.migrations import prepare
 from storage.recorder import check_run_id, clean_text
+from storage.token_rows import BatchSize
 
 FORMATS = ("jsonl", "verl", "trl")
 IMPORT_FORMATS = FORMATS + ("inspect", "messages")
@@ -58,8 +60,8 @@ def guess_format(source: Path) -> str:
 
 
 def _read_generic(path: Path, max_line_bytes: int) -> Iterator[tuple[str, Any]]:
-    for lineno, obj in read_json_lines(path, max_line_bytes):
-        yield f"line {lineno}", obj
+    yield from guarded(path.name, (
+        (f"line {lineno}", obj) for lineno, obj in read_json_lines(path, max_line_bytes)))
 
 
 def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
@@ -86,7 +88,7 @@ def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
     refuse_foreign(run_id, run_source(db_path, run_id))
     report = ImportReport(run_id, source.name, fmt)
     reader = IMPORT_READERS.get(fmt, _read_generic)
-    first_seen, batch = {}, []
+    first_seen, batch, size = {}, [], BatchSize(batch_size)
     run = {"name": run_name or source.stem, "config": None, "created": False}
     try:
         for where, obj in reader(source, max_line_bytes):
@@ -102,13 +104,15 @@ def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
                 if run["config"] is None and "run" in rec:
                     run["config"] = rec["run"]
                 batch.append((where, to_rows(rec, classify)))
+                size.add(batch[-1][1])
             except LineError as exc:
                 report.fail(where, str(exc))
             except Exception as exc:  # a reader or rule tripping on a line fails that line only
                 report.fail(where, f"could not be read: {type(exc).__name__}: {exc}")
-            if len(batch) >= batch_size:
+            if size.full():
                 write_batch(db_path, run_id, fmt, run, batch, replace, report)
                 batch = []
+                size.clear()
         if batch:
             write_batch(db_path, run_id, fmt, run, batch, replace, report)
             batch = []

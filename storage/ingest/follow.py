@@ -72,7 +72,8 @@ from storage import db
 
 from storage.ingest import feed, tail
 from storage.ingest.follow_logs import LogPoller, is_log
-from storage.ingest.import_batch import finish_import, refuse_foreign, run_source
+from storage.ingest.import_batch import (finish_import, record_failure, refuse_foreign,
+                                         run_source)
 from storage.interchange import MAX_LINE_BYTES
 from storage.migrations import prepare
 from storage.ingest.pollers import MAX_TRIES, Pollers, Tracked
@@ -111,11 +112,11 @@ def _latest_sources(db_path, run_id: str, fmt: str) -> list[tuple[str, str]]:
     """(run, source) of the run's imports, oldest first; for ``inspect`` those of every run of
     the directory (``{base}-{task}-{model}-{hash}``, storage/ingest/inspect_import.py)."""
     where = "run_id = ?" if fmt != "inspect" else \
-        "starts_with(run_id, ? || '-') AND format = 'inspect'"
-    base = run_id if fmt != "inspect" else run_id[:70]
-    with db.reading(db_path) as con:
+        "(starts_with(run_id, ? || '-') OR run_id = ?) AND format = 'inspect'"
+    base = [run_id] if fmt != "inspect" else [run_id[:70], run_id]  # run_id: logs that failed
+    with db.reading(db_path) as con:                                 # before naming their run
         return con.execute(f"SELECT run_id, source FROM imports WHERE {where} "
-                           "ORDER BY imported_at, rowid", [base]).fetchall()
+                           "ORDER BY imported_at, rowid", base).fetchall()
 
 
 def _set_running(db_path, run_id: str, status: str = "running") -> None:
@@ -126,6 +127,8 @@ def _set_running(db_path, run_id: str, status: str = "running") -> None:
 
 class Follower(Pollers, LogPoller):
     """Polls ``directory`` and imports what is complete; ``poll_once`` does one round."""
+
+    store_gone = StoreGone
 
     def __init__(self, directory, db_path, fmt: str, run_id: str | None = None,
                  run_name: str | None = None, log: Callable[[str], None] = print,
@@ -158,7 +161,8 @@ class Follower(Pollers, LogPoller):
             if parsed:
                 name, _, end, check = parsed
                 self.files[name] = Tracked(offset=end, check=check, scanned=end)
-                self.run_ids.add(rid)
+                if fmt != "inspect" or rid != self.run_id:  # (an Inspect log that failed)
+                    self.run_ids.add(rid)
             elif fmt not in feed.APPENDED + ("inspect",):
                 self.files[source] = Tracked(offset=None)
 
@@ -217,8 +221,12 @@ class Follower(Pollers, LogPoller):
                 poll = self._poll_appended if self.fmt in feed.APPENDED else \
                     self._poll_log if self.fmt == "inspect" else self._poll_whole
                 made += poll(path, st, root)
+            except StoreGone:
+                raise
             except OSError as exc:  # an unreadable file (EIO, a permission) does not stop the rest
                 self._tell_once(path.name, f"not read: {exc}")
+            except Exception as exc:  # whatever else one file raises: it fails alone, said once
+                self._tell_once(path.name, f"not read: {type(exc).__name__}: {exc}")
         for name, t in self.files.items():  # rotated away, deleted, or DIR gone: its last lines
             if t.fd is not None and name not in present and not self.should_stop():
                 made += self._drain(name, t)
@@ -237,13 +245,19 @@ class Follower(Pollers, LogPoller):
             report.source = tail.source_name(name, start, end, check)
             self.check_store()
             finish_import(self.db, self.run_id, self.fmt, run, report, live=True)
-        except Exception as exc:
+        except StoreGone:
+            raise
+        except (db.StoreError, OSError) as exc:
             self.check_store()  # the store went away under the write: that is why, stop
-            if not isinstance(exc, (db.StoreError, OSError)):
-                raise
             self.tries[attempt] = self.tries.get(attempt, 0) + 1  # a lock held too long: again
             if self.tries[attempt] >= MAX_TRIES:
                 self._error(name, f"given up after {MAX_TRIES} tries: {exc}")
+            return 0
+        except Exception as exc:  # anything else reading it: this file fails alone, is
+            self.check_store()    # remembered (never tried again as it is) and said once
+            self.tries[attempt] = MAX_TRIES
+            self._failed_file(name, start, report, run, f"could not be imported: "
+                                                       f"{type(exc).__name__}: {exc}", where)
             return 0
         self.tries.pop(attempt, None)
         self.report.files += 1
@@ -259,6 +273,21 @@ class Follower(Pollers, LogPoller):
         self.log(clean_text(f"imported {label}: {report.imported} new, {report.skipped} "
                             f"already present, {report.failed} failed"))
         return 1
+
+    def _failed_file(self, name: str, start: int, report: ImportReport, run: dict,
+                     message: str, where: Callable[[], tuple[int, str]]) -> None:
+        """Say why ``name`` failed, and record it in ``imports`` (its source marked as far as
+        it was read), so a restarted follower does not read that version again."""
+        self._error(name, message)
+        report.fail(name, message)
+        try:
+            report.source = tail.source_name(name, start, *where())
+            if run_source(self.db, self.run_id) is None:  # nothing of it written: no run yet
+                record_failure(self.db, self.run_id, self.fmt, report.source, report.errors)
+            else:
+                finish_import(self.db, self.run_id, self.fmt, run, report, live=True)
+        except Exception as exc:  # the failure is said; a restart would read the file again
+            self.log(f"error: could not record the failure of {name}: {exc}")
 
     def _tell_once(self, name: str, message: str) -> None:
         if name not in self.told:

@@ -38,7 +38,8 @@ from pathlib import Path
 from storage import db
 from storage.ingest import tail
 from storage.ingest.inspect_import import import_log
-from storage.ingest.inspect_log import InspectLog
+from storage.ingest.import_batch import record_failure
+from storage.ingest.inspect_log import InspectLog, opening_error
 from storage.ingest.pollers import MAX_TRIES, Tracked, stat_key
 from storage.recorder import clean_text
 
@@ -81,8 +82,8 @@ class LogPoller:
         name = path.name
         try:
             log = InspectLog(path, fp=os.fdopen(os.dup(fd), "rb"))
-        except (ValueError, OSError) as exc:
-            self._error(name, f"not read: {exc}")  # said once per version of the file
+        except Exception as exc:  # any exception opening it (RecursionError, MemoryError)
+            self._unreadable(name, tail.source_name(name, 0, *mark), opening_error(path, exc))
             self.files[name] = Tracked(*now_seen, offset=mark[0], check=mark[1])
             return 0
         with log:
@@ -94,6 +95,17 @@ class LogPoller:
                 taken = None if log.finished else (eval_id, frozenset(log.keys) if made else skip)
                 self.files[name] = Tracked(*now_seen, offset=mark[0], check=mark[1], taken=taken)
         return made
+
+    def _unreadable(self, name: str, source: str, message: str) -> None:
+        """Say why the log ``name`` failed (once per version of the file) and record it in
+        ``imports`` under the follower's base run id, so a restarted follower leaves this
+        version alone too (storage/ingest/follow.py reads those rows back)."""
+        self._error(name, f"not read: {message}")
+        try:
+            self.check_store()
+            record_failure(self.db, self.run_id, "inspect", source, [clean_text(message)])
+        except (db.StoreError, OSError) as exc:
+            self.log(f"error: could not record the failure of {name}: {exc}")
 
     def _import_log(self, name: str, log: InspectLog, skip: frozenset, source: str) -> int:
         """``import_log``, with the follower's rules: a lock held too long is tried again (at
@@ -108,6 +120,14 @@ class LogPoller:
             self.tries[attempt] = self.tries.get(attempt, 0) + 1
             if self.tries[attempt] >= MAX_TRIES:
                 self._error(name, f"given up after {MAX_TRIES} tries: {exc}")
+            return 0
+        except Exception as exc:  # anything else: this log fails alone, is not tried again as
+            if isinstance(exc, self.store_gone):  # it is (nor after a restart), and is said
+                raise
+            self.check_store()
+            self.tries[attempt] = MAX_TRIES
+            self._unreadable(name, source, f"could not be imported: {type(exc).__name__}: "
+                                           f"{exc}")
             return 0
         self.tries.pop(attempt, None)
         self.run_ids.add(report.run_id)

@@ -6,6 +6,8 @@ recorded is never written into: refused before the first write and again inside 
 from __future__ import annotations
 
 import json
+from itertools import islice
+from typing import Iterator
 
 import duckdb
 import pyarrow as pa
@@ -13,6 +15,7 @@ import pyarrow as pa
 from storage import db
 from storage.ingest.report import ImportReport
 from storage.recorder import clean_column, clean_text, now, to_json
+from storage.token_rows import ROW_CHUNK
 
 TRAJ_TABLES = ("trajectories", "rewards", "turns", "tokens", "test_results")
 ARROW_TYPES = {"VARCHAR": pa.string(), "JSON": pa.string(), "INTEGER": pa.int32(),
@@ -55,6 +58,13 @@ def _insert(con, table: str, rows: list[dict], run_id: str) -> None:
     con.register("_import_rows", arrow)
     con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _import_rows")
     con.unregister("_import_rows")
+
+
+def _insert_chunks(con, table: str, rows: Iterator[dict], run_id: str) -> None:
+    """``_insert`` of ``rows`` ``ROW_CHUNK`` at a time, inside the caller's transaction: a
+    batch's token rows are never all held at once."""
+    while chunk := list(islice(rows, ROW_CHUNK)):
+        _insert(con, table, chunk, run_id)
 
 
 def _ensure_run(con, run_id: str, fmt: str, run: dict) -> None:
@@ -120,7 +130,10 @@ def _write_rows(con, run_id, fmt, run, batch, replace) -> tuple[int, int, int, i
                                               if rows["trajectories"][0]["traj_id"] in present])
         batch = [(w, rows) for w, rows in batch if rows["trajectories"][0]["traj_id"] not in present]
     for table in TRAJ_TABLES:
-        _insert(con, table, [r for _, rows in batch for r in rows[table]], run_id)
+        if table == "tokens":  # made and inserted a chunk at a time (storage/token_rows.py)
+            _insert_chunks(con, table, (r for _, rows in batch for r in rows[table]), run_id)
+        else:
+            _insert(con, table, [r for _, rows in batch for r in rows[table]], run_id)
     if replace:
         return len(batch) - len(present), len(present), 0, 0
     return len(batch), 0, len(present), rescored
@@ -213,16 +226,24 @@ SELECT $run, step, 'eval/success', avg(success::DOUBLE) FROM trajectories
 WHERE run_id = $run AND split = 'eval' AND success IS NOT NULL GROUP BY step
 UNION ALL
 SELECT $run, step, name, value FROM (UNPIVOT (
-    SELECT step, avg(abs(d)) AS "mismatch/abs_mean", quantile_cont(abs(d), 0.95) AS "mismatch/abs_p95",
-           avg((d < ln(0.9) OR d > ln(1.1))::DOUBLE) AS "mismatch/ratio_out_frac",
-           avg(exp(d) - 1 - d) AS "mismatch/kl_k3"
-    FROM (SELECT step, train_logprob - logprob AS d FROM tokens WHERE run_id = $run AND trained
-          AND train_logprob IS NOT NULL AND logprob IS NOT NULL)
+    SELECT step, avg(abs(d)) FILTER (ok) AS "mismatch/abs_mean",
+           quantile_cont(abs(d), 0.95) FILTER (ok) AS "mismatch/abs_p95",
+           avg((d < ln(0.9) OR d > ln(1.1))::DOUBLE) FILTER (ok) AS "mismatch/ratio_out_frac",
+           avg(exp(d) - 1 - d) FILTER (ok) AS "mismatch/kl_k3",
+           count(*) FILTER (NOT ok)::DOUBLE AS "mismatch/nonfinite_tokens"
+    FROM (SELECT step, train_logprob - logprob AS d,
+                 isfinite(train_logprob) AND isfinite(logprob) AS ok
+          FROM tokens WHERE run_id = $run AND trained AND train_logprob IS NOT NULL
+          AND logprob IS NOT NULL)
     GROUP BY step) ON COLUMNS(* EXCLUDE step) INTO NAME name VALUE value)
 """
 """Metrics an import derives from its rows, as the trainer records them: rewards, success,
 turns and lengths per step, held-out success, and (core/learn/mismatch.py) the training-inference
-mismatch of the steps whose tokens carry both the sampler's and the trainer's logprob."""
+mismatch of the steps whose tokens carry both the sampler's and the trainer's logprob. As the
+trainer does, the mismatch is taken over the tokens whose two logprobs are finite; the others
+(a NaN or infinite logprob, kept in stores written before the import refused them) are counted
+beside it, ``mismatch/nonfinite_tokens``, instead of making every metric of their step NaN (a
+step whose tokens are all such has only the count)."""
 
 
 def finish_import(db_path, run_id, fmt, run, report, stopped: str | None = None,
@@ -254,3 +275,12 @@ def finish_import(db_path, run_id, fmt, run, report, stopped: str | None = None,
                     [run_id, clean_text(report.source), fmt, now(), report.lines,
                      report.imported, report.skipped, report.failed,
                      to_json(report.errors[:100])])
+
+
+def record_failure(db_path, run_id: str, fmt: str, source: str, errors: list[str]) -> None:
+    """An ``imports`` row for a file that could not be imported at all (a follower's log that
+    does not open): what a restarted follower reads to leave that version of it alone. No run
+    is touched (it may not exist: nothing of the file was read)."""
+    with db.writing(db_path) as con:
+        con.execute("INSERT INTO imports VALUES (?, ?, ?, ?, 0, 0, 0, 1, ?)",
+                    [run_id, clean_text(source), fmt, now(), to_json(errors[:100])])

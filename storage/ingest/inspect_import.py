@@ -37,15 +37,17 @@ from storage import db
 from storage.failures import classify
 from storage.ingest.import_batch import (RunNotImportable, finish_import, refuse_foreign, run_source,
                                   write_batch)
-from storage.ingest.inspect_log import USAGE_KEYS, InspectLog, log_files, log_metrics, sample_record
+from storage.ingest.inspect_log import (USAGE_KEYS, InspectLog, log_files, log_metrics,
+                                        opening_error, sample_record)
 from storage.interchange import LineError, to_rows, validate
 from storage.ingest.report import ImportReport, default_run_id
 from storage.migrations import prepare
 from storage.recorder import check_run_id, clean_text
 from storage.ingest.zip_members import MAX_MEMBER_BYTES, MAX_TOTAL_BYTES
+from storage.token_rows import BatchSize
 
 FMT = "inspect"
-MAX_BATCH_TOKENS = 500_000  # rows of one batch's tokens, whatever the batch's sample count
+BATCH_SAMPLES = 200
 
 
 @dataclass
@@ -54,7 +56,7 @@ class _Run:
     run: dict
     first_seen: dict = field(default_factory=dict)
     batch: list = field(default_factory=list)
-    tokens: int = 0
+    size: BatchSize = field(default_factory=lambda: BatchSize(BATCH_SAMPLES))
     metrics: dict = field(default_factory=dict)
 
 
@@ -109,10 +111,11 @@ def import_inspect(source, db_path, run_name: str | None = None, run_id: str | N
         for path in logs:
             try:
                 log = InspectLog(path, max_member_bytes, max_total_bytes)
-            except (ValueError, OSError) as exc:
+            except Exception as exc:  # any exception opening it (RecursionError, MemoryError):
+                why = opening_error(path, exc)  # this log fails alone, named
                 if not source.is_dir():
-                    raise ValueError(str(exc)) from None
-                result.errors.append(clean_text(f"{path.name}: could not be read: {exc}"))
+                    raise ValueError(why) from None
+                result.errors.append(clean_text(f"{path.name}: could not be read: {why}"))
                 continue
             with log:
                 state = _state(runs, log, source.name, db_path, run_name, run_id, run_base)
@@ -160,13 +163,30 @@ def _prefix(log: InspectLog, run_base: str | None) -> str:
 def _read(db_path, state: _Run, log: InspectLog, prefix: str, replace: bool, batch_size: int,
           skip: frozenset[str] | set[str] = frozenset(),
           check: Callable[[], None] = lambda: None) -> None:
-    """Every sample of ``log`` (but those in ``skip``) into ``state``'s run, in batches."""
-    for where, sample in log.samples(skip):
+    """Every sample of ``log`` (but those in ``skip``) into ``state``'s run, in batches. Reading
+    that breaks off (any exception out of the log: a member, the file itself) fails the rest of
+    this log alone, named, and keeps what was read; the store's errors stop the import."""
+    state.size.records = batch_size
+    samples = log.samples(skip)
+    while True:
+        try:
+            where, sample = next(samples)
+        except StopIteration:
+            break
+        except Exception as exc:  # not one sample: the log itself (the store is not touched here)
+            state.report.fail(log.path.name, clean_text(
+                f"reading stopped: {type(exc).__name__}: {exc}; the samples after it are not "
+                "read"))
+            break
         _one(state, where, sample, log, prefix, classify)
-        if len(state.batch) >= batch_size or state.tokens >= MAX_BATCH_TOKENS:
+        if state.size.full():
             check()
             _flush(db_path, state, replace)
-    state.metrics = log_metrics(log)
+    try:
+        state.metrics = log_metrics(log)
+    except Exception as exc:  # a hostile header's results: the samples still count
+        state.report.errors.append(clean_text(f"{log.path.name}: metrics not read: "
+                                              f"{type(exc).__name__}: {exc}"))
     check()
     _flush(db_path, state, replace)
 
@@ -200,10 +220,9 @@ def _one(state: _Run, where: str, sample, log: InspectLog, prefix: str, classify
                             f"(first at {state.first_seen[rec['traj_id']]})")
         state.first_seen[rec["traj_id"]] = where
         rows = to_rows(rec, classify)
-        for tok in rows["tokens"]:  # an evaluation: nothing was trained
-            tok["trained"], tok["advantage"] = False, None
+        rows["tokens"].fixed.update(trained=False, advantage=None)  # an evaluation: none trained
         state.batch.append((where, rows))
-        state.tokens += len(rows["tokens"])
+        state.size.add(rows)
     except LineError as exc:
         report.fail(where, str(exc))
     except Exception as exc:  # a rule tripping on one sample fails that sample only
@@ -214,7 +233,8 @@ def _flush(db_path, state: _Run, replace: bool) -> None:
     if state.batch:
         write_batch(db_path, state.report.run_id, FMT, state.run, state.batch, replace,
                     state.report)
-    state.batch, state.tokens = [], 0
+    state.batch = []
+    state.size.clear()
 
 
 def _stopped(db_path, state: _Run, replace: bool, exc: BaseException) -> None:

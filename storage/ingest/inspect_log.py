@@ -46,11 +46,11 @@ from typing import Any, Iterator
 
 from storage.ingest.inspect_scores import primary_scorer, score_components
 from storage.interchange import LineError
-from storage.ingest.messages import (MAX_MESSAGES, content_text, ended_refusing, refused_in,
-                                     render_call, turns_of)
+from storage.ingest.messages import (MAX_MESSAGES, MAX_TRAJECTORY_CHARS, content_text,
+                                     ended_refusing, refused_in, render_call, turns_of)
 from storage.recorder import clean_json
-from storage.ingest.zip_members import (MAX_MEMBER_BYTES, MAX_TOTAL_BYTES, Archive, MemberError,
-                                 ZipError)
+from storage.ingest.zip_members import (MAX_MEMBER_BYTES, MAX_TOTAL_BYTES, Archive, ZipError,
+                                        check_parse_cost, json_error, parse_member)
 
 MAX_JSON_LOG_BYTES = 1024 ** 3
 SAMPLE_MEMBER = re.compile(r"^samples/(?P<id>.+)_epoch_(?P<epoch>\d+)\.json$")
@@ -62,32 +62,41 @@ ATTACHMENT = "attachment://"
 
 
 # -- messages --------------------------------------------------------------------------------------
-def _resolve(value: Any, attachments: dict) -> Any:
-    """``attachment://{hash}`` strings replaced by the text Inspect moved out of the message."""
+def _resolve(value: Any, attachments: dict, budget: list[int]) -> Any:
+    """``attachment://{hash}`` strings replaced by the text Inspect moved out of the message.
+    ``budget``: [characters the sample's references may still bring in]; one attachment named
+    many times is counted each time (LineError past it: a few KB could otherwise name a 4 MB
+    text thousands of times)."""
     if isinstance(value, str):
         if value.startswith(ATTACHMENT):
-            return attachments.get(value[len(ATTACHMENT):], value)
+            text = attachments.get(value[len(ATTACHMENT):], value)
+            budget[0] -= len(text) if isinstance(text, str) else 0
+            if budget[0] < 0:
+                raise LineError(f"its attachments, as its messages name them, hold more than "
+                                f"{MAX_TRAJECTORY_CHARS} characters")
+            return text
         return value
     if isinstance(value, list):
-        return [_resolve(v, attachments) for v in value]
+        return [_resolve(v, attachments, budget) for v in value]
     if isinstance(value, dict):
-        return {k: _resolve(v, attachments) for k, v in value.items()}
+        return {k: _resolve(v, attachments, budget) for k, v in value.items()}
     return value
 
 
-def inspect_message(m: Any, where: str, attachments: dict) -> dict:
-    """An Inspect ChatMessage, normalised as storage/ingest/messages.py's ``turns_of`` reads them."""
+def inspect_message(m: Any, where: str, attachments: dict, budget: list[int]) -> dict:
+    """An Inspect ChatMessage, normalised as storage/ingest/messages.py's ``turns_of`` reads them;
+    ``budget`` as ``_resolve`` takes it."""
     if not isinstance(m, dict) or not isinstance(m.get("role"), str):
         raise LineError(f"{where} must be a message object with a role")
     try:
-        text = content_text(_resolve(m.get("content"), attachments))
+        text = content_text(_resolve(m.get("content"), attachments, budget))
     except LineError as exc:
         raise LineError(f"{where}: {exc}") from None
     calls = []
     for i, c in enumerate(m.get("tool_calls") or []):
         if not isinstance(c, dict) or not isinstance(c.get("function"), str):
             raise LineError(f"{where}.tool_calls[{i}] must be an object naming its function")
-        bad, arguments = c.get("parse_error"), _resolve(c.get("arguments"), attachments)
+        bad, arguments = c.get("parse_error"), _resolve(c.get("arguments"), attachments, budget)
         calls.append({"id": c.get("id"), "name": c["function"], "bad": bad if bad else None,
                       "text": render_call(c["function"], arguments), "arguments": arguments})
     error = m.get("error")
@@ -156,7 +165,9 @@ def _messages(sample: dict) -> list[dict]:
         messages = [{"role": "user", "content": given}] if isinstance(given, str) else given or []
     if not isinstance(messages, list) or len(messages) > MAX_MESSAGES:
         raise LineError(f"messages must be a list of at most {MAX_MESSAGES}")
-    return [inspect_message(m, f"messages[{i}]", attachments) for i, m in enumerate(messages)]
+    budget = [MAX_TRAJECTORY_CHARS]
+    return [inspect_message(m, f"messages[{i}]", attachments, budget)
+            for i, m in enumerate(messages)]
 
 
 def _scores(sample: dict, log: "InspectLog", notes: list[str]) -> tuple:
@@ -282,9 +293,13 @@ class InspectLog:
                              "JSON log (read whole): convert it to .eval with `inspect log "
                              "convert --to eval` and import that")
         try:
-            obj = json.loads(f.read(limit + 1))
-        except (ValueError, RecursionError) as exc:
-            raise ValueError(f"{self.path.name}: not valid JSON ({exc})") from None
+            data = f.read(limit + 1)
+            check_parse_cost(data, f"{self.path.name}")
+            obj = json.loads(data)
+        except Exception as exc:  # bad JSON, too deep (RecursionError), MemoryError
+            raise ValueError(f"{self.path.name}: not valid JSON ({json_error(exc)})") from None
+        finally:
+            data = None
         if not isinstance(obj, dict):
             raise ValueError(f"{self.path.name}: not an Inspect log (not a JSON object)")
         self._inline = obj.pop("samples", None) or []
@@ -306,11 +321,11 @@ class InspectLog:
         for name in ("header.json", "_journal/start.json"):  # start.json: a log still running
             if name in self.archive.members:
                 try:
-                    header = json.loads(self.archive.read(name))
+                    header = parse_member(self.archive, name)
                     if isinstance(header, dict):
                         return header
                     errors.append(f"{name} is not an object")
-                except (MemberError, ValueError) as exc:
+                except Exception as exc:  # a member cut short, bad JSON, RecursionError...
                     errors.append(str(exc))
         self.archive.close()
         raise ValueError(f"{self.path.name}: no readable header.json or _journal/start.json"
@@ -349,17 +364,23 @@ class InspectLog:
                 continue
             where = f"{self.path.name}: sample {match['id']} epoch {match['epoch']}"
             try:
-                sample = json.loads(self.archive.read(name))
-            except MemberError as exc:
-                yield where, LineError(str(exc))
-                continue
+                sample = parse_member(self.archive, name)
             except ZipError as exc:  # over the total: what is left of the log stays unread
                 yield where, LineError(f"{exc}; this sample and those after it are not read")
                 return
-            except (ValueError, RecursionError) as exc:  # bad JSON, bad UTF-8
-                yield where, LineError(f"member {name}: not valid JSON ({exc})")
+            except Exception as exc:  # this member only: cut, bad JSON, too deep, too costly
+                yield where, LineError(str(exc))
                 continue
             yield where, sample
+
+
+def opening_error(path: Path, exc: BaseException) -> str:
+    """Why the log at ``path`` could not be opened, naming it by its name, never its full path."""
+    if isinstance(exc, OSError):
+        return f"{path.name}: {exc.strerror or type(exc).__name__}"
+    if isinstance(exc, ValueError) and str(exc).startswith(path.name):
+        return str(exc)
+    return f"{path.name}: {type(exc).__name__}: {exc}"
 
 
 def log_files(source: Path) -> list[Path]:

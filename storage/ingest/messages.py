@@ -42,11 +42,14 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
-from storage.interchange import MAX_LINE_BYTES, LineError, parse_json
+from storage.interchange import MAX_LINE_BYTES, LineError, guarded, parse_json
 from storage.protocol import render_call
 
 MAX_MESSAGES = 10_000
 MAX_MESSAGE_CHARS = 4_000_000
+MAX_TRAJECTORY_CHARS = 16 << 20
+"""Characters of one conversation's messages in all (a generic JSONL line holds at most its
+16 MiB; an Inspect sample's attachments could otherwise repeat one text thousands of times)."""
 KNOWN_KEYS = {"messages", "reward", "task_id", "group_id", "traj_id", "rewards", "success", "step",
               "split", "finish_reason", "answer", "info"}
 
@@ -140,18 +143,25 @@ def ended_refusing(messages: list[dict]) -> bool:
 
 # -- a conversation as turns -----------------------------------------------------------------------
 def turns_of(messages: list[dict]) -> tuple[str, list[dict]]:
-    """(prompt, turns) of normalised messages ``{role, text, name, calls, error}`` (see above)."""
-    prompt, turns, called = [], [], {}
+    """(prompt, turns) of normalised messages ``{role, text, name, calls, error}`` (see above).
+    LineError for a message of more than ``MAX_MESSAGE_CHARS`` or a conversation of more than
+    ``MAX_TRAJECTORY_CHARS``."""
+    prompt, turns, called, total, seen = [], [], {}, 0, []
     for i, m in enumerate(messages):
         size = len(m["text"]) + sum(len(c["text"]) for c in m["calls"])
         if size > MAX_MESSAGE_CHARS:
             raise LineError(f"message {i} ({m['role']}) holds {size} characters, over "
                             f"the limit of {MAX_MESSAGE_CHARS}")
+        total += size
+        if total > MAX_TRAJECTORY_CHARS:
+            raise LineError(f"messages 0-{i} hold more than {MAX_TRAJECTORY_CHARS} characters, "
+                            "the limit for one conversation")
         if m["role"] == "assistant":
             called.update({c["id"]: c["name"] for c in m["calls"] if c.get("id")})
             bad = [c["bad"] for c in m["calls"] if c["bad"]]
             parts = [m["text"]] * bool(m["text"]) + [c["text"] for c in m["calls"]]
-            turn = {"action": "\n".join(parts), "observation": "",
+            seen = []  # the observation's parts, joined once (not copied once per message)
+            turn = {"action": "\n".join(parts), "observation": seen,
                     "action_type": "tool" if m["calls"] else "answer", "action_valid": not bad}
             if m["calls"]:  # the calls as data: Replay shows each as a call, name and arguments
                 turn["parsed"] = {"tool_calls": [{"id": c.get("id"), "function": c["name"],
@@ -165,11 +175,13 @@ def turns_of(messages: list[dict]) -> tuple[str, list[dict]]:
         elif m["role"] in ("tool", "function"):
             name = m.get("name") or called.get(m.get("call_id")) or "tool"
             shown = "\n".join(filter(None, [m["text"], m.get("error") and f"error: {m['error']}"]))
-            turns[-1]["observation"] += f"{name} -> {shown}\n"
+            seen.append(f"{name} -> {shown}\n")
             if m.get("error"):
                 turns[-1]["error"] = "; ".join(filter(None, [turns[-1].get("error"), m["error"]]))
         else:
-            turns[-1]["observation"] += f"{m['role']}: {m['text']}\n"
+            seen.append(f"{m['role']}: {m['text']}\n")
+    for turn in turns:
+        turn["observation"] = "".join(turn["observation"])
     return "".join(prompt), turns
 
 
@@ -241,8 +253,13 @@ def _origin(path: Path) -> tuple[str, int]:
 
 def read_messages(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES
                   ) -> Iterator[tuple[str, Any]]:
-    """(where, generic record or LineError) for every conversation line of ``path``."""
+    """(where, generic record or LineError) for every conversation line of ``path``; reading
+    that breaks off ends with one LineError naming the file (``guarded``)."""
     path = Path(path)
+    yield from guarded(path.name, _conversations(path, max_line_bytes))
+
+
+def _conversations(path: Path, max_line_bytes: int) -> Iterator[tuple[str, Any]]:
     stem, base = _origin(path)
     with open(path, "rb") as f:
         lineno, offset = 0, 0

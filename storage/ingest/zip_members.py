@@ -13,16 +13,21 @@ Why not ``zipfile.ZipFile.open`` alone:
   the end record before zipfile parses the directory. The CRC-32 is checked at the end of each.
 
 Errors: ``ZipError`` (the archive as a whole) and ``MemberError`` (one member), both naming the
-file and, for a member, the member.
+file and, for a member, the member. ``parse_member`` reads a member as JSON, refusing one whose
+parse would cost more than ``MAX_PARSE_BYTES`` (``parse_cost``), and turns any exception out of
+the parse (RecursionError, MemoryError) into a ValueError naming the file and member.
 """
 from __future__ import annotations
 
 import io
+import json
+import re
 import struct
 import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 STORED, DEFLATED, ZSTD = 0, 8, 93
 MAX_MEMBER_BYTES = 256 * 1024 * 1024
@@ -129,6 +134,26 @@ def _walk_local_headers(fp, size: int) -> list[Member]:
     return members
 
 
+def _shared(members: list[Member]) -> dict[str, str]:
+    """Members whose data overlaps another's -> the name of one they overlap. In a sound zip each
+    member's bytes (its local header, then its data) end before the next member's start; entries
+    pointing into one another's bytes would have the same data inflated once per entry (a 1.2 MB
+    file whose entries all point at one 255 MiB member cost 106 s before the total stopped it).
+    The span of each is taken from its offset and compressed size only, a lower bound of its
+    true end, so a sound archive never has one."""
+    spans = sorted((m.offset, m.offset + LOCAL.size + max(m.compressed, 0), m.name)
+                   for m in members)
+    shared: dict[str, str] = {}
+    reach, owner = -1, ""
+    for start, end, name in spans:
+        if start < reach:
+            shared[name] = owner
+            shared.setdefault(owner, name)  # both sides are refused: neither is the sound one
+        if end > reach:
+            reach, owner = end, name
+    return shared
+
+
 class Archive:
     """The members of one zip file, read with caps. ``truncated``: no central directory was
     found, and the members come from the local headers (the last one may be cut)."""
@@ -165,6 +190,7 @@ class Archive:
                 truncated = True  # a damaged directory: the local headers may still be whole
         if found is None:
             found = _walk_local_headers(self.fp, self.size)
+        self.shared = _shared(found)
         # a name written twice (Inspect rewrites header.json in place): the later one counts
         return {m.name: m for m in found}, truncated
 
@@ -181,6 +207,10 @@ class Archive:
         """The member's bytes, or MemberError/ZipError naming the file, the member and why."""
         member = self.members[name]
         where = f"{self.path.name}: member {name}"
+        if name in self.shared:
+            raise MemberError(f"{where}: its data overlaps that of member {self.shared[name]} "
+                              "(directory entries that share their bytes, as zip bombs do): "
+                              "not read")
         if member.compressed < 0:
             raise MemberError(f"{where}: its sizes follow its data, and the archive is cut "
                               "short before its directory")
@@ -237,3 +267,64 @@ class Archive:
         else:
             raise MemberError(f"{where}: compression method {member.method} is not one this "
                               "reader knows (stored 0, deflate 8, zstd 93)")
+
+
+# -- members as JSON ------------------------------------------------------------------------------
+MAX_PARSE_BYTES = 1 << 30
+"""What parsing one member (or a ``.json`` log) may cost, as ``parse_cost`` estimates it."""
+
+
+WIDE_UTF8 = re.compile(rb"[\xc4-\xef]|\\u")       # a character above U+00FF, or an escape
+ASTRAL = re.compile(rb"[\xf0-\xf4]|\\u[dD][89abAB]")  # one above U+FFFF (a surrogate pair)
+
+
+def parse_cost(data: bytes | bytearray) -> int:
+    """An upper estimate of the memory ``json.loads(data)`` takes at its peak, in bytes, from a
+    count of what it makes: each object or list (``{``, ``[``: 56-64 bytes in CPython and a slot
+    in its parent, ~80 with growth), each string (a quote each side: ~50 bytes besides its
+    text), each value and key (a comma, a colon: a slot, a float of 24), and the text twice (the
+    decoded document and the strings cut from it) at 1, 2 or 4 bytes a character: CPython
+    stores a string at the width of its widest character, so one emoji makes an ASCII document
+    cost 8 times its size. JSON of ``{},`` costs ~25 times its size, one long ASCII string 2:
+    the counts tell them apart before anything is parsed. Brackets and quotes inside strings
+    count too, so the estimate errs high (checked shape by shape against tracemalloc:
+    tests/test_import_bounds.py)."""
+    width = 4 if ASTRAL.search(data) else 2 if WIDE_UTF8.search(data) else 1
+    containers = data.count(b"{") + data.count(b"[")
+    return (2 * width * len(data) + 80 * containers + 40 * data.count(b'"')
+            + 40 * data.count(b",") + 16 * data.count(b":") + (1 << 16))
+
+
+def check_parse_cost(data: bytes | bytearray, where: str, limit: int = MAX_PARSE_BYTES) -> None:
+    """ValueError naming ``where`` when parsing ``data`` would cost more than ``limit``."""
+    cost = parse_cost(data)
+    if cost > limit:
+        raise ValueError(f"{where}: {len(data)} bytes of JSON that would take about "
+                         f"{cost >> 20} MiB to parse (more than the limit of {limit >> 20} MiB: "
+                         "mostly tiny objects or lists)")
+
+
+def parse_member(archive: "Archive", name: str) -> Any:
+    """The JSON of one member, or an exception naming the file and the member: MemberError,
+    ZipError (the archive's total), ValueError (bad JSON or UTF-8, nested too deeply, too costly
+    to parse; MemoryError and RecursionError become it)."""
+    data = archive.read(name)
+    where = f"{archive.path.name}: member {name}"
+    try:
+        check_parse_cost(data, where)
+        return json.loads(data)
+    except ValueError as exc:
+        if str(exc).startswith(where):
+            raise
+        raise ValueError(f"{where}: not valid JSON ({exc})") from None
+    except Exception as exc:  # RecursionError, MemoryError: this member only
+        raise ValueError(f"{where}: not valid JSON ({json_error(exc)})") from None
+
+
+def json_error(exc: BaseException) -> str:
+    """What went wrong parsing JSON, said briefly."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    if isinstance(exc, MemoryError):
+        return "out of memory parsing it"
+    return f"{exc}" if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
