@@ -30,7 +30,7 @@ from typing import Any, Iterator
 MAX_TEXT_TOKENS = 32_768
 MAX_TRAJECTORY_TOKENS = 131_072
 MAX_BATCH_TOKENS = 500_000
-MAX_BATCH_CHARS = 64 << 20
+MAX_BATCH_CHARS = 8 << 20
 ROW_CHUNK = 50_000
 """Token rows built and inserted at a time (storage/ingest/import_batch.py)."""
 PIECE = re.compile(r"\s*\S+|\s+")
