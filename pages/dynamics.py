@@ -145,6 +145,7 @@ trl = (pick.config or {}).get("trainer") == "trl.GRPOTrainer"
 # sampled and trained apart: some token's ratio left [0.9, 1.1] (an fp32 run's stays at zero)
 out_of_band = wide.get("mismatch/ratio_out_frac", pd.Series(dtype=float))
 mismatched = bool((out_of_band.fillna(0) > 0).any())
+nonfinite = _mismatch.nonfinite_note(wide)  # tokens left out of the curves for a NaN/inf logprob
 reward_functions = sorted(n for n in wide.columns
                           if n.startswith("trl/rewards/") and n.endswith("/mean"))
 CURVES = [
@@ -182,18 +183,22 @@ CURVES = [
     dict(names=["time/step_s"], title="Step time (s)", key="dyn_trl_time", core=trl),
     dict(names=["mismatch/abs_mean", "mismatch/abs_p95"], key="dyn_mismatch",
          title="Training-inference mismatch |lp_train - lp_sampler|", alarm="mismatch",
-         core=mismatched,
+         core=mismatched or bool(nonfinite),
          note="The trainer's own logprob of each trained token against the sampler's, under "
-              "the same weights, before the update: both should agree."),
+              "the same weights, before the update: both should agree."
+              + (f" {nonfinite}" if nonfinite else "")),
     dict(names=["mismatch/ratio_out_frac", "mismatch/kl_k3"], key="dyn_mismatch_ratio",
          title="Ratio outside [0.9, 1.1]; k3 KL(sampler || trainer)", alarm="mismatch",
          core=mismatched),
+    dict(names=[_mismatch.NONFINITE], key="dyn_mismatch_nonfinite",
+         title="Trained tokens left out of the mismatch (a logprob not finite)",
+         alarm="mismatch", core=bool(nonfinite)),
 ]
 CORE = {"dyn_reward", "dyn_groupstd", "dyn_success", "dyn_kl"}
 alarmed = {a["kind"] for a in alarms}
 recorded = [spec for spec in CURVES if any(n in wide.columns for n in spec["names"])]
 unrecorded = [spec for spec in CURVES if spec not in recorded and spec["names"]
-              and not spec["key"].startswith("dyn_trl")]
+              and not spec["key"].startswith(("dyn_trl", "dyn_mismatch_nonfinite"))]
 FIRST_PAINT = 6  # charts: a run with few curves shows them all at once
 first = [spec for spec in recorded if len(recorded) <= FIRST_PAINT
          or spec.get("core", spec["key"] in CORE) or spec.get("alarm") in alarmed]
@@ -212,9 +217,16 @@ for i in range(0, len(shown), 2):
     for column, spec in zip(st.columns(2), shown[i:i + 2]):
         with column:
             chart(**{k: v for k, v in spec.items() if k not in ("alarm", "core")})
+
+
+def unrecorded_text(spec: dict) -> str:
+    if nonfinite and spec["key"] in ("dyn_mismatch", "dyn_mismatch_ratio"):  # measured, but no
+        return f"{spec['title']}: no trained token whose logprobs are both finite ({nonfinite})"
+    return f"{spec['title']}: not recorded ({', '.join(spec['names'])})"
+
+
 if unrecorded:
-    st.caption("Not recorded in this run: " + "; ".join(
-        f"{spec['title']}: not recorded ({', '.join(spec['names'])})" for spec in unrecorded) + ".")
+    st.caption("Not recorded in this run: " + "; ".join(map(unrecorded_text, unrecorded)) + ".")
 timings = [n for n in wide.columns if n.startswith("time/") and n != "time/step_s"]
 if timings and show_all:
     fig = go.Figure([go.Bar(x=wide.index, y=wide[n], name=c.plot_text(n)) for n in timings])

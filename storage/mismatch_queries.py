@@ -1,6 +1,11 @@
 """Reads of the training-inference mismatch (core/learn/mismatch.py) from ``tokens``: each trained
 token's d = train_logprob - logprob (the trainer's logprob against the sampler's, under the same
 weights). Stores recorded before ``train_logprob`` existed (schema < 6) read as empty.
+
+Only tokens whose two logprobs are finite enter the figures; the others (a NaN or infinite
+logprob: a trainer's NaN, or a store written before imports refused them) are counted beside
+them (``nonfinite``), as the per-step metrics do (core/learn/mismatch.py,
+storage/ingest/import_batch.py), so one such token no longer makes a whole step's figures NaN.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ BAND_LOG = (-0.10536051565782628, 0.09531017980432493)
 """log 0.9 and log 1.1: a ratio outside [0.9, 1.1] (core/learn/mismatch.py ``BAND``)."""
 
 _D = "(train_logprob - logprob)"
+_OK = "(isfinite(train_logprob) AND isfinite(logprob))"
 _WHERE = ("run_id = ? AND step = ? AND trained AND train_logprob IS NOT NULL "
           "AND logprob IS NOT NULL")
 
@@ -27,28 +33,45 @@ def _read(path: str | Path, sql: str, params: list, columns: list[str]) -> pd.Da
 
 
 def distribution(path: str | Path, run_id: str, step: int) -> pd.DataFrame:
-    """One row: the step's trained tokens with both logprobs (``tokens``), and mean, sd, p95, max
-    of |d| and the share whose ratio exp(d) lies outside [0.9, 1.1] (TRL issue 6789's table);
-    no row when the step has none."""
-    cols = ["tokens", "mean", "sd", "p95", "max", "out_of_band"]
+    """One row: the step's trained tokens with both logprobs finite (``tokens``), and mean, sd,
+    p95, max of |d| and the share whose ratio exp(d) lies outside [0.9, 1.1] (TRL issue 6789's
+    table) over them, and ``nonfinite``, the tokens left out (module docstring); no row when the
+    step has no token with both logprobs."""
+    cols = ["tokens", "mean", "sd", "p95", "max", "out_of_band", "nonfinite"]
     df = _read(path, f"""
-        SELECT count(*) AS tokens, avg(abs({_D})) AS mean, stddev_samp(abs({_D})) AS sd,
-               quantile_cont(abs({_D}), 0.95) AS p95, max(abs({_D})) AS max,
-               avg(CASE WHEN {_D} < ? OR {_D} > ? THEN 1.0 ELSE 0.0 END) AS out_of_band
+        SELECT count(*) FILTER ({_OK}) AS tokens,
+               avg(abs({_D})) FILTER ({_OK}) AS mean,
+               stddev_samp(abs({_D})) FILTER ({_OK}) AS sd,
+               quantile_cont(abs({_D}), 0.95) FILTER ({_OK}) AS p95,
+               max(abs({_D})) FILTER ({_OK}) AS max,
+               avg(CASE WHEN {_D} < ? OR {_D} > ? THEN 1.0 ELSE 0.0 END) FILTER ({_OK})
+                   AS out_of_band,
+               count(*) FILTER (NOT {_OK}) AS nonfinite
         FROM tokens WHERE {_WHERE}""", [*BAND_LOG, run_id, int(step)], cols)
-    return df[df["tokens"] > 0].reset_index(drop=True) if not df.empty else df
+    if df.empty:
+        return df
+    return df[df["tokens"] + df["nonfinite"] > 0].reset_index(drop=True)
 
 
 def ranking(path: str | Path, run_id: str, step: int, limit: int = 20) -> pd.DataFrame:
-    """The step's trajectories by their largest |d|: traj_id, the position and turn of that
-    token, its d, the trajectory's mean |d| and its share of tokens outside the band."""
-    cols = ["traj_id", "max_abs", "pos", "turn", "d", "mean_abs", "out_of_band", "tokens"]
+    """The step's trajectories, those with tokens left out (``nonfinite``, module docstring)
+    first, then by their largest finite |d|: traj_id, the position and turn of that token (of
+    the first token left out, where there is one), its d, the trajectory's mean |d| and its
+    share of tokens outside the band."""
+    cols = ["traj_id", "max_abs", "pos", "turn", "d", "mean_abs", "out_of_band", "tokens",
+            "nonfinite"]
     return _read(path, f"""
-        SELECT traj_id, max(abs({_D})) AS max_abs, arg_max(pos, abs({_D})) AS pos,
-               arg_max(turn, abs({_D})) AS turn, arg_max({_D}, abs({_D})) AS d,
-               avg(abs({_D})) AS mean_abs,
-               avg(CASE WHEN {_D} < ? OR {_D} > ? THEN 1.0 ELSE 0.0 END) AS out_of_band,
-               count(*) AS tokens
+        SELECT traj_id, max(abs({_D})) FILTER ({_OK}) AS max_abs,
+               coalesce(min(pos) FILTER (NOT {_OK}), arg_max(pos, abs({_D})) FILTER ({_OK}))
+                   AS pos,
+               coalesce(arg_min(turn, pos) FILTER (NOT {_OK}),
+                        arg_max(turn, abs({_D})) FILTER ({_OK})) AS turn,
+               coalesce(arg_min({_D}, pos) FILTER (NOT {_OK}),
+                        arg_max({_D}, abs({_D})) FILTER ({_OK})) AS d,
+               avg(abs({_D})) FILTER ({_OK}) AS mean_abs,
+               avg(CASE WHEN {_D} < ? OR {_D} > ? THEN 1.0 ELSE 0.0 END) FILTER ({_OK})
+                   AS out_of_band,
+               count(*) FILTER ({_OK}) AS tokens, count(*) FILTER (NOT {_OK}) AS nonfinite
         FROM tokens WHERE {_WHERE}
-        GROUP BY traj_id ORDER BY max_abs DESC, traj_id LIMIT ?""",
+        GROUP BY traj_id ORDER BY nonfinite DESC, max_abs DESC NULLS LAST, traj_id LIMIT ?""",
                  [*BAND_LOG, run_id, int(step), int(limit)], cols)
