@@ -296,7 +296,8 @@ def test_the_total_cap_stops_the_rest_with_a_clear_error(logs, tmp_path):
     sid, epoch = samples[3].name[len("samples/"):-len(".json")].split("_epoch_")
     assert report.errors == [
         f"{log.name}: sample {sid} epoch {epoch}: {log.name}: its members hold more than "
-        f"{room + 10} bytes uncompressed in all (the limit); this sample and those after it "
+        f"{room + 10} bytes uncompressed in all (the limit: 50 times its {log.stat().st_size} "
+        f"bytes, 134217728 at least, {room + 10} at most); this sample and those after it "
         "are not read"]
 
 
