@@ -31,7 +31,7 @@ from core.jobs import branch  # noqa: E402
 
 from core.model import checkpoint
 
-from core import train
+from core.commands import train
 from core.model.policy import policy_from_config  # noqa: E402
 from core.rollout.engine import rollout
 from core.rollout.sampling import Sampling

@@ -262,7 +262,7 @@ def child(fraction: float, argv: list[str]) -> int:
         import torch
         if torch.cuda.is_available():
             torch.cuda.set_per_process_memory_fraction(fraction, 0)
-    from core.train import main as train_main
+    from core.commands.train import main as train_main
     return train_main(argv)
 
 

@@ -1,66 +1,8 @@
-"""``agentrl``: one front door for the product's commands (declared in pyproject.toml).
-
-Each subcommand hands the rest of the command line to the module users' scripts already call,
-so ``agentrl train ARGS`` is ``python -m core.train ARGS`` and so on:
-
-    train     python -m core.train              train and record one run
-    branch    python -m core.branch             branch-from-turn continuations of a trajectory
-    evaluate  python -m core.evaluation         a checkpoint on another evaluation's tasks
-    clusters  python -m core.clusters           failure clusters of a run
-    import    python -m storage.io import       a dump, JSONL, TRL, Inspect or messages file
-    export    python -m storage.io export       one run to JSONL or Parquet
-    follow    python -m storage.io follow       import a folder's files as they appear
-    endpoint  python -m core.endpoint_server    a local model over the OpenAI-compatible protocol
-    app       streamlit run app.py              the web app (as ``make run`` serves it)
-"""
-from __future__ import annotations
-
-import importlib
-import subprocess
+"""``agentrl``'s entry point as pyproject.toml declares it (``core.cli:main``), and ``python -m
+core.cli``; the front door itself is core/commands/agentrl.py."""
 import sys
-from pathlib import Path
 
-COMMANDS = {
-    "train": ("core.train", []),
-    "branch": ("core.branch", []),
-    "evaluate": ("core.evaluation", []),
-    "clusters": ("core.clusters", []),
-    "import": ("storage.io", ["import"]),
-    "export": ("storage.io", ["export"]),
-    "follow": ("storage.io", ["follow"]),
-    "endpoint": ("core.endpoint_server", []),
-}
-APP = Path(__file__).resolve().parent.parent / "app.py"
-
-
-def _usage() -> str:
-    table = __doc__.split("\n\n")[2].rstrip('"\n')
-    return f"usage: agentrl COMMAND [ARGS...]  (agentrl COMMAND --help for its options)\n\n{table}"
-
-
-def _app(argv: list[str]) -> int:
-    """The web app, served by Streamlit with the same settings as ``make run``."""
-    cmd = [sys.executable, "-m", "streamlit", "run", str(APP), "--server.fileWatcherType", "none",
-           "--browser.gatherUsageStats", "false", *argv]
-    return subprocess.call(cmd, cwd=APP.parent)
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        print(_usage())
-        return 0 if argv else 2
-    command, rest = argv[0], argv[1:]
-    if command == "app":
-        return _app(rest)
-    if command not in COMMANDS:
-        print(f"agentrl: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
-        return 2
-    module, head = COMMANDS[command]
-    # Imported on use: each command's module loads only what that command needs (torch for
-    # training, none for import/export).
-    return importlib.import_module(module).main([*head, *rest]) or 0
-
+from core.commands.agentrl import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -23,7 +23,7 @@ import duckdb
 import numpy as np
 import pytest
 
-from core import branch as branch_cli
+from core.commands import branch as branch_cli
 from core.jobs import branch, branch_estimates, branch_export
 
 from core.model import checkpoint
@@ -176,7 +176,7 @@ def _counts(db: Path) -> dict:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """One RL step of the tiny model on FrozenLake, recorded with adapter snapshots."""
-    from core import train
+    from core.commands import train
     db = tmp_path_factory.mktemp("branch") / "store.duckdb"
     rc = train.main(["--env", "frozenlake", "--model", "tiny", "--algo", "grpo", "--steps", "1",
                      "--group-size", "2", "--tasks-per-step", "1", "--max-turns", "2",

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
-from core import clusters as clusters_cli
+from core.commands import clusters as clusters_cli
 from core.jobs import clusters, embedders
 from storage import queries
 

@@ -24,7 +24,7 @@ from urllib.parse import parse_qs
 import duckdb
 import pytest
 
-from core import evaluation as evaluation_cli
+from core.commands import evaluate as evaluation_cli
 from core.jobs import evaluation
 from storage import evaldiff, evalsets
 from tests.subprocesses import kill_at_first_progress
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def store(tmp_path_factory):
     """(store path, run A, run B): no RL step, each evaluated once at step 0 on 4 held-out tasks
     (seeds 0 and 1: different tasks), adapter snapshot of step 0 kept."""
-    from core import train
+    from core.commands import train
     db = tmp_path_factory.mktemp("xeval") / "store.duckdb"
     for seed, name in ((0, "alpha"), (1, "beta")):
         assert train.main(["--env", "frozenlake", "--model", "tiny", "--algo", "grpo",

@@ -11,7 +11,7 @@ import torch
 from core.model import device as devices
 from core.config import ConfigError, TrainConfig, validate
 from core.learn.distributed import Ranks
-from core.train import main
+from core.commands.train import main
 
 RUN = ["--env", "bandit", "--model", "tiny", "--steps", "1", "--group-size", "2",
        "--tasks-per-step", "1", "--max-turns", "1", "--max-new-tokens", "4", "--eval-every", "0",

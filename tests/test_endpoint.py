@@ -111,7 +111,7 @@ def test_bad_endpoint_configs_are_refused(model, name, match):
 
 
 def test_training_flags_are_refused_by_the_cli(tmp_path, capsys):
-    from core.train import main
+    from core.commands.train import main
     db = tmp_path / "x.duckdb"
     common = ["--env", "bandit", "--model", "openai:http://127.0.0.1:9/v1", "--model-name", "m",
               "--db", str(db)]
@@ -294,7 +294,7 @@ def test_faults_end_only_their_trajectory(url, server, tmp_path, capsys):
 
 
 def test_a_refused_key_or_no_server_is_said_before_any_run(url, tmp_path, monkeypatch, capsys):
-    from core.train import main
+    from core.commands.train import main
     wrong = "sk-wrong-key-55aa77"
     monkeypatch.setenv("AGENTRL_OPENAI_API_KEY", wrong)
     db = tmp_path / "refused.duckdb"

@@ -163,7 +163,7 @@ def test_a_redirect_to_another_origin_never_carries_the_key(hostile, tmp_path, m
     with pytest.raises(EndpointRefused, match="redirect from"):
         client(first.url).complete(MESSAGES, **ASK)
     # through the command line: said before any run is recorded
-    from core.train import main
+    from core.commands.train import main
     monkeypatch.setenv("AGENTRL_OPENAI_API_KEY", KEY)
     db = tmp_path / "redirect.duckdb"
     assert main(["--env", "bandit", "--model", f"openai:{first.url}", "--model-name", "m",

@@ -18,7 +18,7 @@ import pytest
 from core.serve.chat_request import (ChatRequest, RequestError, completion_budget, content_length,
                                parse_chat_request)
 from core.serve.client_watch import ClientWatch, client_gone
-from core.endpoint_server import main
+from core.commands.endpoint import main
 from core.serve.server import ChatModel, Limits, serve
 from core.serve.fault_plan import SEEN_BYTES, SEEN_MAX, FaultPlan
 

@@ -21,7 +21,7 @@ from core.envs import guard as guard_mod
 from core.envs.base import Outcome, StepResult, Task
 from core.envs.guard import (CUT_KEY, EnvError, EnvStuck, Guard, checked_outcome, checked_step,
                              cut_utf8, stuck_calls)
-from core.run.records import step_tables
+from core.run.step_rows import step_tables
 from core.rollout.engine import rollout
 from core.rollout.sampling import Sampling
 from core.credit.scoring import score_all

@@ -17,7 +17,7 @@ from core.envs.base import Outcome, StepResult, Task
 from core.envs.render import Picture, checked_render
 from core.rollout.engine import rollout
 from core.rollout.sampling import Sampling
-from core.run.records import step_tables
+from core.run.step_rows import step_tables
 from storage import queries
 from storage.migrations import SCHEMA_VERSION, prepare
 from storage.recorder import Recorder

@@ -6,7 +6,7 @@ from core.config import ConfigError, TrainConfig, validate
 from core.envs.base import Outcome, StepResult, Task, make_env
 from core.rollout.engine import rollout
 from core.rollout.sampling import Sampling
-from core.train import build_parser, resolve_config
+from core.commands.train import build_parser, resolve_config
 from core.rollout.trajectory import FINISH_REASONS
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

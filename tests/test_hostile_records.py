@@ -13,7 +13,7 @@ import os
 import pytest
 
 from core.envs.base import Task, make_env
-from core.run.records import step_tables
+from core.run.step_rows import step_tables
 from core.rollout.trajectory import Trajectory, Turn
 from storage import db, ingest, io
 from storage.export import export_jsonl

@@ -60,7 +60,7 @@ def test_policy_resolves_family(model_dirs):
 
 
 def test_a_directory_without_a_model_is_a_clear_error(tmp_path, capsys):
-    from core.train import main
+    from core.commands.train import main
     empty = tmp_path / "empty"
     empty.mkdir()
     args = ["--env", "bandit", "--steps", "1", "--db", str(tmp_path / "s.duckdb"), "--quiet"]

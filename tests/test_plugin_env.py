@@ -20,7 +20,7 @@ from streamlit.testing.v1 import AppTest
 from core.config import ConfigError, TrainConfig, validate
 from core.envs import plugins
 from core.envs.base import make_env
-from core.train import checked_env
+from core.commands.train import checked_env
 from examples.guess import Factory
 from pages import _jobs
 from storage import queries

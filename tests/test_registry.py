@@ -20,7 +20,7 @@ from core.config import algorithms
 
 from core.credit import assign as credit
 from core.config import ALGOS, GROUP_ALGOS, PRESETS, ConfigError, TrainConfig, validate
-from core.train import build_parser, resolve_config
+from core.commands.train import build_parser, resolve_config
 from pages import _credit, _jobs
 from tests.test_pages import app, demo, texts  # noqa: F401  (the Train page's AppTest fixtures)
 

@@ -7,7 +7,8 @@ from core.config import TrainConfig
 from core.credit.assign import assign
 from core.envs.base import make_env
 from core.model.policy import policy_from_config
-from core.run.records import StageResults, step_tables
+from core.run.stage_results import StageResults
+from core.run.step_rows import step_tables
 from core.rollout.engine import rollout
 from core.rollout.sampling import Sampling
 from core.learn.update import make_samples, policy_update, score_values

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from core.config import TrainConfig
-from core.train import build_parser, main, resolve_config
+from core.commands.train import build_parser, main, resolve_config
 from storage import queries
 
 ROOT = Path(__file__).resolve().parent.parent

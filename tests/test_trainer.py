@@ -249,7 +249,7 @@ def test_rewards_component_rows_for_every_trajectory(env):
 
 
 def test_token_rows_carry_the_mask_as_the_optimiser_applied_it():
-    from core.run.records import step_tables
+    from core.run.step_rows import step_tables
     kept, dropped, held_out = fake("a", "g", 1, 1.0), fake("b", "g", 1, 0.0), fake("c", "h", 1, 0.0)
     dropped.filtered = True
     held_out.split = "eval"

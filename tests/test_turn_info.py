@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from core.envs.base import make_env, observation_role
-from core.run.records import step_tables
+from core.run.step_rows import step_tables
 from core.rollout.episode import initial_state_key
 from core.rollout.sampling import Sampling
 from core.rollout.transcript import record_turn

@@ -57,7 +57,7 @@ from core.rollout.episode import grade
 from core.rollout.sampling import Sampling
 from core.rollout.trajectory import Trajectory, Turn
 from core.rollout.transcript import prompt_ids, record_turn
-from core.run.records import step_tables
+from core.run.step_rows import step_tables
 from core.run.schedule import Schedule
 from storage import branches, evalsets
 from storage.db import StoreError

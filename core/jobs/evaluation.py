@@ -46,7 +46,7 @@ from core.rollout.episode import initial_state_key
 from core.rollout.sampling import Sampling
 from core.rollout.trajectory import Trajectory
 from core.rollout.transcript import append_tokens, prompt_ids
-from core.run.records import step_tables
+from core.run.step_rows import step_tables
 from core.run.schedule import eval_sampling_seed, held_out_seed
 from storage import evalsets
 from storage.db import StoreError

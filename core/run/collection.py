@@ -18,7 +18,7 @@ stepped one call at a time, as in our own rollouts, through the same guard (core
 a deadline per call, observations cut by bytes, results checked; a failure ends the trajectory
 as ``env_error``, the error in ``trajectories.info.env_error``).
 
-The record is the trainer's (core/run/records.py), one transaction per step: prompt and observation
+The record is the trainer's (core/run/step_rows.py), a transaction per step: prompt and observation
 text as whitespace-led pieces without token ids, each action as the server's own tokens with the
 logprob it reported (``tokens.logprob``; the rest as pieces without one), ``trained`` false
 everywhere (no update used them). ``turns.info.endpoint`` keeps each request's latency,
@@ -47,7 +47,7 @@ from core.rollout.episode import (Opened, end_reason, execute, final_reason, gra
 from core.rollout.sampling import Sampling
 from core.rollout.trajectory import Trajectory, Turn
 from core.run.lifecycle import record_and_exit, stop_on_sigint
-from core.run.records import step_tables
+from core.run.step_rows import step_tables
 from core.run.schedule import Schedule, eval_sampling_seed
 from storage.recorder import Recorder
 

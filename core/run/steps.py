@@ -30,7 +30,7 @@ from core.rollout.diagnostics import entropy_mean, rollout_metrics, success_of
 from core.rollout.engine import rollout
 from core.rollout.sampling import Sampling
 from core.rollout.sft import demonstrations
-from core.run.records import StageResults
+from core.run.stage_results import StageResults
 from core.run.schedule import Schedule, eval_sampling_seed
 
 

@@ -27,7 +27,7 @@ from core.config import TrainConfig, validate
 from core.learn.distributed import ONE, Ranks, gather_step
 from core.model import checkpoint
 from core.run.lifecycle import StopFlag, stop_on_sigint
-from core.run.records import step_tables
+from core.run.step_rows import step_tables
 from core.run.schedule import TrainingError
 from core.run.steps import Setup, StepRecord, build, evaluate, rl_step, sft_step
 
@@ -68,7 +68,7 @@ def _loop(run: Setup, recorder, run_id: str, stop: StopFlag,
     cfg, ranks = run.cfg, run.ranks
     total = cfg.sft_steps + cfg.steps
     skipped = _Skips()
-    write = _Writer(run, recorder)
+    write_step = _StepWriter(run, recorder)
     try:
         done = first_step(run, recorder, run_id)
         with tqdm(total=total, initial=max(done, 0), disable=not progress,
@@ -76,7 +76,7 @@ def _loop(run: Setup, recorder, run_id: str, stop: StopFlag,
             if done < 0:  # the policy before any training: what step 1 and step 0's eval sample
                 save_adapter(run, run_id, 0)
             if done < 0 and cfg.sft_steps == 0 and run.schedule.eval_on():
-                write(0, evaluate(run, 0, progress))
+                write_step(0, evaluate(run, 0, progress))
             for step in range(max(done + 1, 1), total + 1):
                 run.clock.start()
                 record = sft_step(run, step) if step <= cfg.sft_steps else rl_step(run, step)
@@ -84,7 +84,7 @@ def _loop(run: Setup, recorder, run_id: str, stop: StopFlag,
                 skipped.count(record.bad, step)
                 if run.schedule.eval_due(step):
                     record = record.with_evaluation(evaluate(run, step, progress))
-                metrics = write(step, record)
+                metrics = write_step(step, record)
                 # every rank stops after the same step (a Ctrl-C may reach them apart)
                 stop.stop_requested = bool(ranks.max([stop.stop_requested])[0])
                 if skipped.in_a_row:  # this step's update was skipped: store why, then judge
@@ -220,10 +220,11 @@ class _Skips:
 
 
 @dataclass
-class _Writer:
-    """Writes a step in one transaction: metrics, trajectories (train, SFT and eval alike),
-    rewards, turns, tokens, per-module gradient norms and test results. Under torchrun rank 0
-    gathers every rank's trajectories and writes them all, each with its ``rank``."""
+class _StepWriter:
+    """Hands a finished step to the recorder (storage/recorder.py), which writes it in one
+    transaction: metrics, trajectories (train, SFT and eval alike) with the stages' results as
+    rows (core/run/step_rows.py), per-module gradient norms. Under torchrun rank 0 gathers every
+    rank's trajectories and writes them all, each with its ``rank``; it also times the write."""
     run: Setup
     recorder: object
     last_write_s: float = 0.0

@@ -133,7 +133,7 @@ def main() -> int:
         _install(kind, int(step or 0))
         if kind == "env-faults":
             _track_rollout_index()
-    from core.train import main as train_main
+    from core.commands.train import main as train_main
     return train_main(sys.argv[1:])
 
 

@@ -12,7 +12,7 @@ import streamlit.testing.v1.app_test as app_test
 from streamlit.testing.v1 import AppTest
 
 from core.config import PRESETS, TrainConfig
-from core.train import main as train_main
+from core.commands.train import main as train_main
 from pages import _jobs
 from storage import db, queries
 from storage.migrations import SCHEMA_VERSION

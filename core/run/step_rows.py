@@ -1,61 +1,21 @@
-"""Trajectories -> rows of the store's tables (trajectories, rewards, turns, tokens, test_results,
-renders).
+"""One step's trajectories -> rows of the store's tables (trajectories, rewards, turns, tokens,
+test_results, renders, turn_signals), for ``Recorder.record_step`` (storage/recorder.py).
 
 Rows come out as column dicts (one list per column), the cheapest shape for one bulk insert per
-table per step. What the stages after the rollout computed (per-turn advantages, per-token
-advantage / new and reference logprob / value, each trajectory's gradient norm) is not kept on the
-trajectory: the stages return it and the trainer hands it over in a ``StageResults``.
+table per step. What the stages after the rollout computed comes with them in a
+``StageResults`` (core/run/stage_results.py).
 """
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from core.rollout.diagnostics import COMPONENTS, success_of
 from core.rollout.trajectory import Trajectory
+from core.run.stage_results import TOKEN_VALUE_COLUMNS, StageResults
 
-TOKEN_VALUE_COLUMNS = ("advantage", "new_logprob", "ref_logprob", "value", "train_logprob")
 _PRIVATE_INFO = ("token_entropy",)
 """Per-token lists the rollout keeps in Trajectory.info that have their own column."""
-
-
-@dataclass
-class StageResults:
-    """The credit and update stages' results for the record, by trajectory id."""
-    turn_advantages: dict[str, list[float]] = field(default_factory=dict)
-    """Per-turn advantages (GiGPO); a trajectory without has its advantage on every turn."""
-    token_values: dict[str, dict[str, list]] = field(default_factory=dict)
-    """``TOKEN_VALUE_COLUMNS`` per token, None where the token is untrained."""
-    grad_norms: dict[str, float] = field(default_factory=dict)
-    turn_signals: list[dict] = field(default_factory=list)
-    """``turn_signals`` rows (traj_id, turn, name, value, source), e.g. core/credit/info_gain.py's."""
-
-    def add_credit(self, trajs: Sequence[Trajectory], turn_advantages: Sequence) -> None:
-        """Credit's per-turn advantages of ``trajs`` (``Credit.turn_advantages``, in order)."""
-        self.turn_advantages.update({t.traj_id: list(a) for t, a in zip(trajs, turn_advantages)
-                                     if a is not None})
-
-    def add_update(self, samples: Sequence, grad_norms: Mapping[str, float]) -> None:
-        """The updated samples' per-token values (core/learn/update.py ``Sample``) and the update's
-        per-trajectory gradient norms (``UpdateResult.grad_norms``)."""
-        for s in samples:
-            mask = s.mask[0].tolist()
-
-            def col(x):
-                return None if x is None else [float(v) if m else None
-                                               for v, m in zip(x[0].tolist(), mask)]
-            self.token_values[s.traj.traj_id] = {
-                "advantage": col(s.advantages), "new_logprob": col(s.new_logprobs),
-                "ref_logprob": col(s.ref_logprobs), "value": col(s.values),
-                "train_logprob": col(s.train_logprobs)}
-        self.grad_norms.update(grad_norms)
-
-    def merge(self, other: "StageResults") -> "StageResults":
-        return StageResults({**self.turn_advantages, **other.turn_advantages},
-                            {**self.token_values, **other.token_values},
-                            {**self.grad_norms, **other.grad_norms},
-                            self.turn_signals + other.turn_signals)
 
 
 def trajectory_rows(trajs: Sequence[Trajectory], grad_norms: Mapping[str, float] | None = None,
