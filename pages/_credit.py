@@ -1,6 +1,6 @@
 """Advantages the other estimators *would* have given one group, from its stored rewards.
 
-The estimators are the trainer's own (core/config/algorithms.py: NumPy, torch-free), not a copy; the
+The estimators are the trainer's own (core/algorithms/estimators.py: NumPy, torch-free), not a copy; the
 page passes one group, so every row shares one group id:
 
     grpo     A_i = (r_i - mean) / (std + 1e-6), std unbiased         all-equal group -> 0
@@ -31,14 +31,15 @@ import hashlib
 import numpy as np
 import pandas as pd
 
-from core.config import algorithms  # the registry, through the one core module pages import
+from core.algorithms import estimators  # the trainer's own credit math, torch-free
+from core.algorithms.catalog import REGISTRY  # the one registry of algorithms, torch-free
 
 
 def _one_group(name: str):
     def run(rewards) -> np.ndarray:
         r = np.asarray(rewards, dtype=float)
-        return getattr(algorithms, name)(r, [0] * len(r))
-    run.__doc__ = f"core.config.algorithms.{name} of one group of rewards."
+        return getattr(estimators, name)(r, [0] * len(r))
+    run.__doc__ = f"core.algorithms.estimators.{name} of one group of rewards."
     return run
 
 
@@ -86,7 +87,7 @@ def gigpo_steps(trajs: pd.DataFrame, turns: pd.DataFrame, gamma: float = 0.95,
     verl-agent's mean_norm), the episode term over the run's ``gigpo_episode_stats``."""
     n_turns = turns.groupby("traj_id")["turn"].count() if not turns.empty else pd.Series(dtype=int)
     rewards = trajs["reward"].fillna(0.0).tolist()
-    episode = dict(zip(trajs["traj_id"], algorithms.gigpo_episode_advantages(
+    episode = dict(zip(trajs["traj_id"], estimators.gigpo_episode_advantages(
         rewards, [int(n_turns.get(t, 0)) for t in trajs["traj_id"]], [0] * len(rewards),
         cross_steps=episode_stats == "steps", normalize="std" if norm == "std" else "mean")))
     prompts = trajs["prompt"] if "prompt" in trajs else [None] * len(trajs)
@@ -107,9 +108,9 @@ def gigpo_steps(trajs: pd.DataFrame, turns: pd.DataFrame, gamma: float = 0.95,
             rows.append({"traj_id": tid, "turn": int(t), "anchor": _anchor(state)[:8],
                          "return": ret, "reward": r})
     out = pd.DataFrame(rows, columns=["traj_id", "turn", "anchor", "return", "reward"])
-    # the trainer's step advantages (core/config/algorithms.py), over this one group's turns
+    # the trainer's step advantages (core/algorithms/estimators.py), over this one group's turns
     per_traj = [mine for _, mine in out.groupby("traj_id", sort=False)]
-    steps = algorithms.gigpo_step_advantages([m["reward"].tolist() for m in per_traj],
+    steps = estimators.gigpo_step_advantages([m["reward"].tolist() for m in per_traj],
                                              [m["anchor"].tolist() for m in per_traj],
                                              [0] * len(per_traj), gamma=gamma,
                                              normalize="std" if norm == "std" else "mean")
@@ -136,14 +137,14 @@ def divergence_turn(turns: pd.DataFrame, traj_ids: list[str]) -> int | None:
 
 def convention(config: dict | None, imported: bool = False) -> list[str]:
     """What produced a run's stored advantages, one line per part, read from its recorded config:
-    the algorithm (core/config/algorithms.py: its summary and source) and each turn credit added
+    the algorithm (core/algorithms/catalog.py: its summary and source) and each turn credit added
     to it, in the form the run used. A run recorded before a form existed lacks that form's
     config key (info_gain_type, prm_gamma, gigpo_norm), so its older convention is named."""
     config = config or {}
     if imported:
         return ["as the source trainer recorded them (not recomputed here)"]
     name = str(config.get("algo") or "grpo")
-    algo = algorithms.ALGORITHMS.get(name)
+    algo = REGISTRY.algorithms.get(name)
     lines = [f"{name}: {algo.summary} ({algo.source})" if algo else name]
     if name == "gigpo":
         norm = config.get("gigpo_norm", "std")
@@ -193,7 +194,7 @@ IGPO_GAMMAS = (1.0, 0.0)
 
 def igpo_table(trajs: pd.DataFrame, gains: pd.DataFrame, weight: float = 1.0) -> pd.DataFrame:
     """One group's turn advantages as IGPO's released trainer computes them
-    (``algorithms.igpo_turn_advantages``) from its stored gains (turn_signals ``info_gain``:
+    (``estimators.igpo_turn_advantages``) from its stored gains (turn_signals ``info_gain``:
     traj_id, turn, value) and rewards, for each gamma of ``IGPO_GAMMAS``; a row per turn
     (traj_id, turn, gain, one "A, γ = ..." column per gamma). A gain not recorded (NaN) gets no
     gain reward, as IGPO's code does; the last turn has no gain (its reward is the outcome)."""
@@ -208,7 +209,7 @@ def igpo_table(trajs: pd.DataFrame, gains: pd.DataFrame, weight: float = 1.0) ->
     out = pd.DataFrame(rows, columns=["traj_id", "turn", "gain"])
     rewards = trajs["reward"].fillna(0.0).astype(float).tolist()
     for gamma in IGPO_GAMMAS:
-        adv, _ = algorithms.igpo_turn_advantages(lists, rewards, [0] * len(lists), gamma,
+        adv, _ = estimators.igpo_turn_advantages(lists, rewards, [0] * len(lists), gamma,
                                                  gain_weight=weight)
         out[f"A, γ = {gamma:g}"] = [a for row, t in zip(adv, trajs.itertuples())
                                     for a in row[:int(t.num_turns or 0)]]

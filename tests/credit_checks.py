@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from core.config.algorithms import (discounted_turn_sums, info_gain_turn_advantages,
+from core.algorithms.estimators import (discounted_turn_sums, info_gain_turn_advantages,
                                     spa_turn_advantages)
 from core.config import TrainConfig
 from core.envs.base import Outcome, Task
@@ -57,11 +57,11 @@ def assert_turns_carry(db_path, run_id: str, trajs, values: list, groups: list, 
                        gamma: float = 0.0, spa: bool = False) -> list:
     """Each trajectory's recorded turn advantages are its outcome advantage plus its ``values``
     centred within the group (and divided by the group's std when ``scale``:
-    core/config/algorithms.py info_gain_turn_advantages; the weight is 1); with ``last_keeps_outcome``
+    core/algorithms/estimators.py info_gain_turn_advantages; the weight is 1); with ``last_keeps_outcome``
     the last turn, which has no value, keeps the outcome advantage alone; with ``gamma`` > 0 each
-    turn carries the discounted sum of its own and later turns' values (core/config/algorithms.py
+    turn carries the discounted sum of its own and later turns' values (core/algorithms/estimators.py
     discounted_turn_sums); with ``spa`` each turn carries its return-to-go of the values less its
-    group's mean at that turn (core/config/algorithms.py spa_turn_advantages). Returns the added
+    group's mean at that turn (core/algorithms/estimators.py spa_turn_advantages). Returns the added
     values."""
     turns = queries.turns(db_path, run_id, list(trajs["traj_id"]))
     dense = (spa_turn_advantages(values, groups) if spa else

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from core.config.algorithms import (discounted_turn_sums, igpo_turn_advantages,
+from core.algorithms.estimators import (discounted_turn_sums, igpo_turn_advantages,
                              info_gain_turn_advantages)
 from core.config import ConfigError, TrainConfig, validate
 from core.credit.assign import Credit, add_info_gain
@@ -199,7 +199,7 @@ def test_dense_credit_lands_on_each_turns_action_tokens():
 
 def test_algorithm_doctests_pass():
     import doctest
-    from core.config import algorithms
+    from core.algorithms import estimators as algorithms
     result = doctest.testmod(algorithms)
     assert result.attempted > 0 and result.failed == 0, result
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from core.config.algorithms import spa_turn_advantages
+from core.algorithms.estimators import spa_turn_advantages
 from core.config import ConfigError, TrainConfig, validate
 from core.credit.advantages import gae
 from core.credit.assign import Credit, add_spa_credit, assign

@@ -1,4 +1,5 @@
-"""The algorithm registry (core/config/algorithms.py) is the one place algorithms are declared: every
+"""The one registry (core/algorithms/registry.py): every algorithm declared once
+(core/algorithms/catalog.py), every estimator and credit step registered where it is defined, every
 name has its pieces, the Python API, the CLI and the Train page resolve the same configuration,
 the NumPy estimators the pages use are the trainer's, ``dual_clip`` reaches the loss, and LOOP
 trains through the CLI."""
@@ -16,8 +17,8 @@ import yaml
 
 from core.credit import advantages
 
-from core.config import algorithms
-
+from core.algorithms import REGISTRY, estimators, resolve
+from core.algorithms.registry import Algorithm, Registry
 from core.credit import assign as credit
 from core.config import ALGOS, GROUP_ALGOS, PRESETS, ConfigError, TrainConfig, validate
 from core.commands.train import build_parser, resolve_config
@@ -34,12 +35,14 @@ def _trained(cfg: TrainConfig) -> dict:
 
 # -- every name has its pieces --------------------------------------------------------------------
 def test_every_algorithm_has_an_estimator_or_a_critic_and_a_credit_step():
-    assert ALGOS == tuple(algorithms.ALGORITHMS) and "loop" in ALGOS
-    assert set(credit.STEPS) == set(algorithms.CREDIT_STEPS)
-    assert set(credit.CREDIT) == set(ALGOS)
-    for name, algo in algorithms.ALGORITHMS.items():
-        assert algo.credit in credit.STEPS, name
-        assert credit.CREDIT[name] is credit.STEPS[algo.credit], name
+    assert ALGOS == tuple(REGISTRY.algorithms) and "loop" in ALGOS
+    # each credit step registered where it is defined (core/credit/assign.py), one table
+    assert REGISTRY.credit_steps == {"outcome": credit.outcome, "starpo_s": credit.starpo_s,
+                                     "gigpo": credit.gigpo, "gae": credit.ppo}
+    assert REGISTRY.estimators == {"grpo": estimators.grpo, "dr_grpo": estimators.dr_grpo,
+                                   "rloo": estimators.rloo}
+    for name, algo in REGISTRY.algorithms.items():
+        assert resolve(name) is algo and algo.credit_step is REGISTRY.credit_steps[algo.credit]
         # per-token GAE needs the value head's estimates; everything else an outcome estimator
         assert (algo.credit == "gae") == algo.needs_value_head == (algo.estimator is None), name
         assert (name in advantages.ESTIMATORS) == (algo.estimator is not None), name
@@ -47,11 +50,34 @@ def test_every_algorithm_has_an_estimator_or_a_critic_and_a_credit_step():
         assert algo.summary and algo.source, name
 
 
+def test_the_registry_refuses_a_name_twice_and_an_unknown_one():
+    reg = Registry()
+    reg.estimator("mean")(lambda r, ids: r)
+    with pytest.raises(ValueError, match="estimator 'mean' is registered twice"):
+        reg.estimator("mean")(lambda r, ids: r)
+    with pytest.raises(ValueError, match="estimator 'nope' is not registered"):
+        reg.algorithm(Algorithm("x", "x", "nope", "outcome"))
+    with pytest.raises(ValueError, match="unknown algorithm 'x'; one of"):
+        reg.resolve("x")
+    with pytest.raises(LookupError, match="credit step 'nowhere' of y is not registered"):
+        _ = Algorithm("y", "y", None, "nowhere").credit_step
+
+
+def test_a_run_resolves_its_algorithm_once_and_hands_it_on():
+    """core/run/steps.py: the Setup carries the resolved Algorithm; no stage past the build
+    looks ``cfg.algo`` up by name (the entry points' fallbacks serve callers without a run)."""
+    steps_src = (ROOT / "core/run/steps.py").read_text()
+    assert steps_src.count("resolve(cfg.algo)") == 1 and "algo=run.algo" in steps_src
+    for path in ("core/credit/assign.py", "core/learn/update.py", "core/model/policy.py"):
+        src = (ROOT / path).read_text()
+        assert src.count("resolve(cfg.algo)") <= 1, path   # one fallback, at the entry
+
+
 def test_algorithm_defaults_name_config_fields_the_config_applies():
     by_algo = {f.name for f in fields(TrainConfig)
                if isinstance(getattr(TrainConfig, f.name), float | str)
                and type(getattr(TrainConfig, f.name)) not in (float, str)}
-    for name, algo in algorithms.ALGORITHMS.items():
+    for name, algo in REGISTRY.algorithms.items():
         assert set(algo.defaults) <= by_algo, name          # else they would silently not apply
         cfg = validate(TrainConfig(algo=name))
         for key, value in algo.defaults.items():
@@ -98,11 +124,11 @@ def test_explicit_values_win_over_algorithm_defaults_everywhere(tmp_path):
     assert TrainConfig.from_dict(star.to_dict()) == star
 
 
-def test_train_page_launches_what_python_and_the_cli_resolve(app, monkeypatch):
+def test_train_page_launches_what_python_and_the_cli_resolve(app, monkeypatch, tmp_path):
     launched = []
 
-    def capture(cfg, name):  # the page's real command line, stopped short of starting a process
-        launched.append(_jobs.command(cfg, name))
+    def capture(cfg, name):  # the page's real config file and command line, not started
+        launched.append(_jobs.command(_jobs.write_config(cfg, tmp_path / f"{name}.yaml"), name))
         raise _jobs.JobError("captured for the test")
     monkeypatch.setattr(_jobs, "launch", capture)
     at = app("train")
@@ -146,7 +172,7 @@ def test_numpy_and_tensor_estimators_agree_on_random_batches():
         else:
             rewards = rng.normal(0, 3, size=n)
         for name in ("grpo", "dr_grpo", "rloo"):
-            numpy_adv = algorithms.ALGORITHMS[name].estimator(rewards, ids)
+            numpy_adv = resolve(name).estimate(rewards, ids)
             tensor_adv = advantages.ESTIMATORS[name](torch.tensor(rewards), ids)
             assert isinstance(tensor_adv, torch.Tensor) and tensor_adv.dtype == torch.float64
             assert isinstance(advantages.ESTIMATORS[name](rewards, ids), np.ndarray)
@@ -161,9 +187,9 @@ def test_numpy_and_tensor_estimators_agree_on_random_batches():
 
 def test_pages_credit_calls_the_trainers_estimators(monkeypatch):
     import pandas as pd
-    monkeypatch.setattr(algorithms, "grpo", lambda r, ids: np.full(len(r), 7.0))
+    monkeypatch.setattr(estimators, "grpo", lambda r, ids: np.full(len(r), 7.0))
     assert _credit.grpo([1.0, 0.0]).tolist() == [7.0, 7.0]
-    monkeypatch.setattr(algorithms, "gigpo_step_advantages",
+    monkeypatch.setattr(estimators, "gigpo_step_advantages",
                         lambda rs, keys, ids, gamma, normalize: [[0.5] * len(r) for r in rs])
     trajs = pd.DataFrame({"traj_id": ["x", "y"], "reward": [1.0, 0.0], "prompt": ["P", "P"]})
     turns = pd.DataFrame({"traj_id": ["x", "y"], "turn": [0, 0], "observation": ["", ""],
@@ -172,7 +198,7 @@ def test_pages_credit_calls_the_trainers_estimators(monkeypatch):
 
 
 def test_pages_credit_and_the_registry_do_not_import_torch():
-    code = ("import sys, core.config.algorithms, core.config, pages._credit; "
+    code = ("import sys, core.algorithms, core.config, pages._credit; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 

@@ -8,7 +8,8 @@ import torch
 
 from core.model import checkpoint
 from core.config import TrainConfig
-from core.credit.assign import CREDIT, anchor_keys, assign, step_rewards
+from core.algorithms import resolve
+from core.credit.assign import anchor_keys, assign, step_rewards
 from core.rollout.diagnostics import repeat_frac, rollout_metrics
 from core.envs.base import make_env
 from core.model.policy import load_policy, token_logprobs
@@ -162,7 +163,8 @@ def test_gigpo_turn_advantages_land_on_their_turns_tokens():
     # both rollouts act from the task's first state; the replies to their first actions differ
     a = fake("a", "g", 2, 1.0, obs=["x", "end"])
     b = fake("b", "g", 2, 0.0, obs=["y", "end"])
-    credit = CREDIT["gigpo"]([a, b], cfg)
+    algo = resolve("gigpo")
+    credit = algo.credit_step([a, b], cfg, algo)
     per_token = credit.per_token
     assert step_rewards(a) == [0.0, 1.0]
     assert anchor_keys(a)[0] == anchor_keys(b)[0] and anchor_keys(a)[1] != anchor_keys(b)[1]

@@ -10,7 +10,7 @@ types, ``validate`` refuses out-of-range values; both name the bad field, before
 
 Algorithm defaults are applied by the config itself, so ``TrainConfig(algo="starpo_s")`` from
 Python trains what ``--algo starpo_s`` trains. A field whose default is written ``by_algo(x)``
-takes the value the algorithm is defined with (core/config/algorithms.py, e.g. StarPO-S's clip-higher)
+takes the value the algorithm is defined with (core/algorithms/catalog.py, e.g. StarPO-S's clip-higher)
 unless it was given explicitly; ``x`` is the value for algorithms that declare none. Explicit
 values win wherever they come from: keyword arguments, ``from_dict`` (presets, YAML, the Train
 page), ``replace`` (which re-applies the defaults of a changed ``algo`` to the fields not given).
@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from core.config.algorithms import ALGORITHMS
+from core.algorithms.catalog import REGISTRY
 from core.config.budget import ConfigError
 
 
@@ -43,7 +43,7 @@ class _StrByAlgo(str, _ByAlgo):
 
 
 def by_algo(value: float | str):
-    """A field default the algorithm's own defaults (core/config/algorithms.py) override."""
+    """A field default the algorithm's own defaults (core/algorithms/catalog.py) override."""
     return _FloatByAlgo(value) if isinstance(value, float) else _StrByAlgo(value)
 
 
@@ -60,7 +60,7 @@ class TrainConfig:
     model_name: str = ""
     """With --model openai:URL: the server's name of the model, sent with every request."""
     algo: str = "grpo"
-    """Algorithm (core/config/algorithms.py): grpo | dr_grpo | rloo | ppo | starpo_s | gigpo | loop."""
+    """Algorithm (core/algorithms/catalog.py): grpo | dr_grpo | rloo | ppo | starpo_s | gigpo | loop."""
     name: str = ""
     """Run name shown in the app (defaults to the run id)."""
     db: str = "runs/store.duckdb"
@@ -213,7 +213,7 @@ class TrainConfig:
     """GiGPO: what the episode term's group mean and std are taken over. "steps" (the default,
     as verl-agent's released compute_mean_std_cross_steps=True, which its reported results
     used): each trajectory counts once per turn, so long trajectories weigh more; "trajectories":
-    once each (the paper's Eq. 3). core/config/algorithms.py gigpo_episode_advantages."""
+    once each (the paper's Eq. 3). core/algorithms/estimators.py gigpo_episode_advantages."""
     gamma: float = 1.0
     """PPO/GAE discount over model tokens."""
     lam: float = 1.0
@@ -262,7 +262,7 @@ class TrainConfig:
     credit on: each turn's gain in the policy's probability of the gold answer and the
     trajectory's outcome are z-scored apart within the task group, the outcome is the last
     turn's reward, and turn k's action tokens get the discounted sum of the turn rewards from k
-    on (core/config/algorithms.py igpo_turn_advantages; it replaces the algorithm's own credit of the
+    on (core/algorithms/estimators.py igpo_turn_advantages; it replaces the algorithm's own credit of the
     trajectories it applies to). Envs with gold answers (search); 0 = off."""
     info_gain_gamma: float = 1.0
     """Turn discount of IGPO's turn returns, the outcome included: A_k = r_k + gamma A_{k+1}
@@ -335,7 +335,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         # Fields still at their by_algo default take the algorithm's value; an unknown algo is
         # left for validate() to name.
-        algo = ALGORITHMS.get(self.algo)
+        algo = REGISTRY.algorithms.get(self.algo)
         own = algo.defaults if algo is not None else {}
         self._from_algo = frozenset(f.name for f in fields(self)
                                     if isinstance(getattr(self, f.name), _ByAlgo))

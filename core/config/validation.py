@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.config import budget
-from core.config.algorithms import ALGOS, GROUP_ALGOS
+from core.algorithms.catalog import ALGOS, GROUP_ALGOS
 from core.config.budget import ConfigError
 from core.config.env_options import check_env_options
 from core.envs import plugins as env_plugins  # torch-free: reads package metadata only

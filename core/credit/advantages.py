@@ -2,8 +2,9 @@
 
 Outcome-level estimators take one scalar reward per trajectory and the id of the task group each
 trajectory was sampled in, and return one advantage per trajectory. They are written once, in
-NumPy, in core/config/algorithms.py (so the pages use the same code); here they take and return tensors.
-``ESTIMATORS`` selects them by algorithm name (the ``--algo`` flag), from the registry:
+NumPy, in core/algorithms/estimators.py (so the pages use the same code); here they take and return
+tensors. ``ESTIMATORS`` (the fixed ``core.advantages.ESTIMATORS``) is a view of the registry
+(core/algorithms/registry.py): each algorithm's registered estimator, by algorithm name:
 
     grpo      A = (r - mean_g) / (std_g + 1e-6)        Shao et al. 2024 (DeepSeekMath); Search-R1
     dr_grpo   A = r - mean_g                           Liu et al. 2025 ("Understanding R1-Zero")
@@ -11,7 +12,7 @@ NumPy, in core/config/algorithms.py (so the pages use the same code); here they 
     starpo_s  GRPO advantages; ``starpo_s_keep`` then keeps the top groups by reward std (RAGEN)
     gigpo     GRPO advantages at the episode level; ``gigpo_step_advantages`` adds step-level
               credit from anchor states (Feng et al. 2025, verl-agent)
-    loop      RLOO advantages (LOOP's loss settings are config defaults, core/config/algorithms.py)
+    loop      RLOO advantages (LOOP's loss settings are config defaults, core/algorithms/catalog.py)
 
 ``std_g`` is the unbiased (n - 1) standard deviation. A group whose rewards are all equal, and a
 group of one trajectory, carry no comparison and get advantage exactly 0.
@@ -27,8 +28,9 @@ from typing import Callable, Hashable, Sequence
 import numpy as np
 import torch
 
-from core.config import algorithms
-from core.config.algorithms import EPS, anchor_key, gigpo_step_advantages  # noqa: F401 (re-exported)
+from core.algorithms import estimators
+from core.algorithms.catalog import REGISTRY
+from core.algorithms.estimators import EPS, anchor_key, gigpo_step_advantages  # noqa: F401 (re-exported)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -55,26 +57,27 @@ def _on_tensors(estimator: Callable) -> Callable:
     return run
 
 
-grpo = _on_tensors(algorithms.grpo)
-dr_grpo = _on_tensors(algorithms.dr_grpo)
-rloo = _on_tensors(algorithms.rloo)
+grpo = _on_tensors(estimators.grpo)
+dr_grpo = _on_tensors(estimators.dr_grpo)
+rloo = _on_tensors(estimators.rloo)
 
 ESTIMATORS: dict[str, Callable[[torch.Tensor, Sequence[Hashable]], torch.Tensor]] = {
-    name: _on_tensors(algo.estimator)
-    for name, algo in algorithms.ALGORITHMS.items() if algo.estimator is not None
+    name: _on_tensors(REGISTRY.estimators[algo.estimator])
+    for name, algo in REGISTRY.algorithms.items() if algo.estimator is not None
 }
-"""Algorithm name -> tensor estimator; StarPO-S and GiGPO start from GRPO's episode advantages,
-LOOP from RLOO's (their extra parts are credit steps, core/credit/assign.py)."""
+"""Algorithm name -> tensor estimator, derived from the registry (not a second table); StarPO-S
+and GiGPO start from GRPO's episode advantages, LOOP from RLOO's (their extra parts are credit
+steps, core/credit/assign.py)."""
 
 
 def starpo_s_keep(rewards: torch.Tensor, group_ids: Sequence[Hashable],
                   keep_frac: float = 0.25) -> torch.Tensor:
-    """RAGEN's StarPO-S filter (core/config/algorithms.py ``starpo_s_keep``) on a tensor: keep (B,) bool,
+    """RAGEN's StarPO-S filter (core/algorithms/estimators.py ``starpo_s_keep``) on a tensor: keep (B,) bool,
     whole groups, the top ``keep_frac`` of groups by in-group reward std."""
     if isinstance(rewards, torch.Tensor):
         _check_rewards(rewards, group_ids)
         rewards = rewards.detach().double().cpu().numpy()
-    return torch.from_numpy(algorithms.starpo_s_keep(rewards, group_ids, keep_frac))
+    return torch.from_numpy(estimators.starpo_s_keep(rewards, group_ids, keep_frac))
 
 
 # -------------------------------------------------------------------------------------------------

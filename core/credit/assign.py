@@ -1,7 +1,8 @@
 """Credit assignment: trajectory rewards -> one advantage per trained token, by algorithm.
 
-Each credit step (``STEPS``, named by core/config/algorithms.py's registry; ``CREDIT`` maps every
-algorithm to its step) takes the step's scored trajectories and returns a ``Credit``: per-token
+Each credit step registers itself by name (``@register_credit_step``, core/algorithms/registry.py; an
+algorithm names its step there) and takes the step's scored trajectories, the config and the
+resolved ``Algorithm``, and returns a ``Credit``: per-token
 advantages (one float tensor (T_i,) per trajectory, 0 on untrained tokens), per-turn advantages
 for turn-level methods and PPO's returns, parallel to the trajectories; the trainer hands them on
 to the update and the record, with each trajectory's scalar advantage and whether it is
@@ -17,11 +18,11 @@ filtered out of the update. Credit only returns values: it writes nothing on the
 After any of them, with
 ``w_info_gain`` > 0 the trajectories with measured gains (IGPO, core/credit/info_gain.py) take IGPO's
 turn returns instead: gains and outcomes z-scored apart within the task group, the outcome as the
-last turn's reward, accumulated backwards with ``info_gain_gamma`` (core/config/algorithms.py
+last turn's reward, accumulated backwards with ``info_gain_gamma`` (core/algorithms/estimators.py
 ``igpo_turn_advantages``). With ``w_spa`` > 0 SPA's progress contributions
 (core/credit/progress.py) are turn rewards: under PPO they enter GAE on each turn's last token,
 as in SPA's PPO; without a critic each turn gets its return-to-go less its group's mean
-return-to-go at that turn (core/config/algorithms.py ``spa_turn_advantages``). With ``w_prm`` > 0
+return-to-go at that turn (core/algorithms/estimators.py ``spa_turn_advantages``). With ``w_prm`` > 0
 each turn's process reward model score (core/credit/prm.py), centred within the group, is added
 to that turn's action tokens. Last, LOOP's filter drops the trajectories none of whose trained
 tokens has |A| >= ``min_abs_advantage`` (for the outcome estimators: |A| of the trajectory), so
@@ -30,14 +31,16 @@ the dense credit is not filtered away, and keeps at least one rollout per rank a
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
-from core.config import algorithms
 from core.credit.advantages import anchor_key, drop_small, gae, gigpo_step_advantages, starpo_s_keep
-from core.config.algorithms import (discounted_turn_sums, gigpo_episode_advantages,
+from core.algorithms import estimators
+from core.algorithms.catalog import resolve
+from core.algorithms.estimators import (discounted_turn_sums, gigpo_episode_advantages,
                                     info_gain_turn_advantages, spa_turn_advantages)
+from core.algorithms.registry import Algorithm, register_credit_step
 from core.rollout.trajectory import Trajectory
 
 
@@ -83,18 +86,19 @@ def _rewards(trajs: Sequence[Trajectory]) -> tuple[torch.Tensor, list[str]]:
             [t.group_id for t in trajs])
 
 
-def outcome(trajs: Sequence[Trajectory], cfg, values=None) -> Credit:
-    """Group-relative outcome advantage (the registry's estimator for ``cfg.algo``) spread over
-    the trajectory's tokens."""
-    estimator = algorithms.get(cfg.algo).estimator
-    adv = estimator([t.reward for t in trajs], [t.group_id for t in trajs]).tolist()  # (B,)
+@register_credit_step("outcome")
+def outcome(trajs: Sequence[Trajectory], cfg, algo: Algorithm, values=None) -> Credit:
+    """Group-relative outcome advantage (the algorithm's registered estimator) spread over the
+    trajectory's tokens."""
+    adv = algo.estimate([t.reward for t in trajs], [t.group_id for t in trajs]).tolist()  # (B,)
     return Credit.outcome([a * _mask(t).float() for t, a in zip(trajs, adv)], adv,
                           [t.filtered for t in trajs])
 
 
-def starpo_s(trajs: Sequence[Trajectory], cfg, values=None) -> Credit:
+@register_credit_step("starpo_s")
+def starpo_s(trajs: Sequence[Trajectory], cfg, algo: Algorithm, values=None) -> Credit:
     """GRPO advantages; groups outside the top ``starpo_keep`` by reward std are filtered."""
-    credit = outcome(trajs, cfg)
+    credit = outcome(trajs, cfg, algo)
     rewards, gids = _rewards(trajs)
     keep = starpo_s_keep(rewards, gids, cfg.starpo_keep)
     return replace(credit, filtered=[f or not k for f, k in zip(credit.filtered, keep.tolist())])
@@ -119,7 +123,8 @@ def anchor_keys(traj: Trajectory) -> list[str]:
             else anchor_key(text) for turn, text in zip(traj.turns, seen)]
 
 
-def gigpo(trajs: Sequence[Trajectory], cfg, values=None) -> Credit:
+@register_credit_step("gigpo")
+def gigpo(trajs: Sequence[Trajectory], cfg, algo: Algorithm | None = None, values=None) -> Credit:
     """GiGPO: episode advantage plus ``gigpo_weight`` x the anchor-state step advantage, both
     normalised as ``gigpo_norm`` says, as verl-agent's ``mode`` does for both (core_gigpo.py):
     "std" (its mean_std_norm) or "none" (its mean_norm: centred only); the episode term's
@@ -145,8 +150,9 @@ def gigpo(trajs: Sequence[Trajectory], cfg, values=None) -> Credit:
                   filtered=[t.filtered for t in trajs])
 
 
-def ppo(trajs: Sequence[Trajectory], cfg, values: Sequence[torch.Tensor] | None = None,
-        turn_rewards: Sequence[Sequence[float] | None] | None = None) -> Credit:
+@register_credit_step("gae")
+def ppo(trajs: Sequence[Trajectory], cfg, algo: Algorithm | None = None,
+        values: Sequence[torch.Tensor] | None = None, turn_rewards: Sequence[Sequence[float] | None] | None = None) -> Credit:
     """GAE per trajectory, whitened over all trained tokens. The reward is the trajectory's on its
     last trained token, plus ``turn_rewards[i][k]`` (SPA's weighted progress rewards) on turn k's
     last trained token, as SPA's PPO places each step's reward on that step's last token."""
@@ -186,23 +192,13 @@ def _token_rewards(t: Trajectory, mask: torch.Tensor, per_turn: Sequence[float] 
     return r
 
 
-STEPS: dict[str, Callable[..., Credit]] = {
-    "outcome": outcome, "starpo_s": starpo_s, "gigpo": gigpo, "gae": ppo,
-}
-"""Credit step by name (core/config/algorithms.py ``CREDIT_STEPS``)."""
-
-CREDIT: dict[str, Callable[..., Credit]] = {
-    name: STEPS[algo.credit] for name, algo in algorithms.ALGORITHMS.items()
-}
-"""Algorithm name -> its credit step, as the registry declares it."""
-
-
 def assign(trajs: Sequence[Trajectory], cfg, values=None,
            info_gains: Sequence[Sequence[float] | None] | None = None,
            progress: Sequence[Sequence[float] | None] | None = None,
            prm: Sequence[Sequence[float] | None] | None = None,
-           ranks_of: Sequence[int] | None = None) -> Credit:
-    """Credit for ``cfg.algo``; then the dense information-gain credit (``w_info_gain``;
+           ranks_of: Sequence[int] | None = None, algo: Algorithm | None = None) -> Credit:
+    """Credit for ``algo`` (the run's resolved algorithm; resolved here from ``cfg.algo`` for a
+    caller that has none); then the dense information-gain credit (``w_info_gain``;
     ``info_gains``: each trajectory's per-turn gains, None where none was measured) and SPA's
     progress credit (``w_spa``; ``progress``: each trajectory's per-turn contributions,
     core/credit/progress.py: into PPO's GAE as turn rewards, else ``add_spa_credit``) and the
@@ -210,12 +206,13 @@ def assign(trajs: Sequence[Trajectory], cfg, values=None,
     filter (``min_abs_advantage``) on the tokens' final advantages, which keeps at least one
     rollout of each rank (``ranks_of``: each trajectory's rank; None: one process)."""
     spa = getattr(cfg, "w_spa", 0.0) > 0 and progress is not None
-    critic = algorithms.get(cfg.algo).credit == "gae"
+    algo = algo if algo is not None else resolve(cfg.algo)
+    critic = algo.credit == "gae"
     if spa and critic:
-        credit = ppo(trajs, cfg, values, turn_rewards=[
+        credit = ppo(trajs, cfg, algo, values, turn_rewards=[
             [cfg.w_spa * c for c in cs] if cs is not None else None for cs in progress])
     else:
-        credit = CREDIT[cfg.algo](trajs, cfg, values)
+        credit = algo.credit_step(trajs, cfg, algo, values)
     if getattr(cfg, "w_info_gain", 0.0) > 0 and info_gains is not None:
         credit = add_info_gain(credit, trajs, info_gains, cfg.w_info_gain,
                                gamma=cfg.info_gain_gamma)
@@ -257,7 +254,7 @@ def add_info_gain(credit: Credit, trajs: Sequence[Trajectory],
                   gamma: float) -> Credit:
     """IGPO's credit for every trajectory with measured gains: turn k's action tokens get
     A_{i,k} = sum_{j >= k} gamma^(j-k) r_{i,j}, with r the group-z-scored gains (x ``weight``)
-    and, on the last turn, the group-z-scored outcome reward (core/config/algorithms.py
+    and, on the last turn, the group-z-scored outcome reward (core/algorithms/estimators.py
     ``igpo_turn_advantages``, its released trainer's form). This replaces the algorithm's own
     per-token credit of those trajectories, as IGPO's advantage is built from these turn returns
     alone; trajectories without gains (no gold answer) keep theirs. A gain that is not finite
@@ -265,7 +262,7 @@ def add_info_gain(credit: Credit, trajs: Sequence[Trajectory],
     if len(info_gains) != len(trajs):
         raise ValueError(f"{len(info_gains)} gain lists for {len(trajs)} trajectories")
     measured = [i for i, g in enumerate(info_gains) if g is not None]
-    dense, _ = algorithms.igpo_turn_advantages(
+    dense, _ = estimators.igpo_turn_advantages(
         [list(info_gains[i]) for i in measured], [trajs[i].reward for i in measured],
         [trajs[i].group_id for i in measured], gamma, gain_weight=weight)
     per_token, turns = list(credit.per_token), list(credit.turn_advantages)
@@ -298,7 +295,7 @@ def add_spa_credit(credit: Credit, trajs: Sequence[Trajectory],
                    contributions: Sequence[Sequence[float] | None], weight: float) -> Credit:
     """SPA for the algorithms without a critic: A_token += weight x A_{i,k} on turn k's action
     tokens, A_{i,k} turn k's return-to-go of the progress contributions less its group's mean
-    return-to-go at turn k (core/config/algorithms.py ``spa_turn_advantages``); trajectories
+    return-to-go at turn k (core/algorithms/estimators.py ``spa_turn_advantages``); trajectories
     without contributions keep their credit."""
     if len(contributions) != len(trajs):
         raise ValueError(f"{len(contributions)} contribution lists for {len(trajs)} trajectories")

@@ -25,7 +25,7 @@ read (golds are aliases).
 Recorded per turn in ``turn_signals`` (source 'train'): ``answer_prob`` (p after turn k; turn -1
 holds p_0) and ``info_gain``; the trajectory's sum of gains (p_{T-1} - p_0, the sum telescopes)
 is its ``info_gain`` reward component. With ``w_info_gain`` > 0 the gains become IGPO's turn
-returns on each turn's action tokens (core/config/algorithms.py ``igpo_turn_advantages``, applied by
+returns on each turn's action tokens (core/algorithms/estimators.py ``igpo_turn_advantages``, applied by
 core/credit/assign.py). A gain that is not finite (a NaN read) is recorded as it is, left out of the
 total and of the credit, and counted (``info_gain/skipped_turns``).
 """

@@ -19,7 +19,7 @@ SPA's reward for turn t is r_t = c_t (+ a grounding bonus for an executable acti
 the format reward). With ``w_spa`` > 0 the r_t, times ``w_spa``, enter the advantage as a
 return-to-go (core/credit/assign.py): under PPO on each turn's last action token into GAE, as
 SPA's PPO does; without a critic turn k gets sum_{j>=k} r_j less its task group's mean of the
-same at turn k (core/config/algorithms.py ``spa_turn_advantages``). Every turn's c_t is recorded
+same at turn k (core/algorithms/estimators.py ``spa_turn_advantages``). Every turn's c_t is recorded
 as ``turn_signals`` name ``progress`` (source 'train').
 
 Where SPA-RL's released code (WangHanLinHenry/SPA-RL-Agent) differs from its paper, and which

@@ -31,7 +31,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from core.config.algorithms import needs_value_head
+from core.algorithms.catalog import resolve
+from core.algorithms.registry import Algorithm
 from core.rollout.diagnostics import GradIncrements, module_grad_norms
 from core.learn.distributed import ONE, Ranks
 from core.learn.losses import policy_loss, value_loss
@@ -232,8 +233,10 @@ def _tokens_with(stats: list[tuple[Sample, dict]], name: str) -> int:
 
 
 def policy_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg,
-                  seed: int = 0, ranks: Ranks = ONE) -> UpdateResult:
-    """``ppo_epochs`` passes over the (unfiltered) samples in ``minibatches`` minibatches.
+                  seed: int = 0, ranks: Ranks = ONE, algo: Algorithm | None = None) -> UpdateResult:
+    """``ppo_epochs`` passes over the (unfiltered) samples in ``minibatches`` minibatches, with
+    the value loss where ``algo`` (the run's resolved algorithm; from ``cfg.algo`` if None) has
+    a critic.
 
     On several ranks, optimizer step k takes the k-th minibatch of every rank's samples."""
     result = UpdateResult(metrics={"update/steps": 0.0})
@@ -241,7 +244,7 @@ def policy_update(policy: Policy, optimizer, samples: Sequence[Sample], cfg,
     n_train = ranks.sum([len(train)])[0]
     if not n_train:
         return result
-    ppo = needs_value_head(cfg.algo)
+    ppo = (algo if algo is not None else resolve(cfg.algo)).needs_value_head
     dual_clip = cfg.dual_clip if cfg.dual_clip > 0 else None
     value_clip = getattr(cfg, "value_clip", 0.0) or None  # verl's cliprange_value
     t_max = cfg.max_new_tokens * cfg.max_turns

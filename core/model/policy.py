@@ -41,7 +41,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from core.model import device as devices
-from core.config.algorithms import needs_value_head
+from core.algorithms.catalog import resolve
 from core.model.models import (  # noqa: F401 (re-exported: the loaders' names callers use)
     ALL_LINEAR, CACHE_NAME, GGUF_FILE, INSTALL_HINT, MODEL_PACKAGE, TINY, ModelNotAvailable,
     _fixed_seed, cache_root, gguf_dir, is_gguf, linear_targets, load_base_model, load_tokenizer)
@@ -256,10 +256,15 @@ def load_policy(model: str = "tiny", *, lora_rank: int = 16, lora_alpha: int = 3
     return policy.to(torch.device(device))
 
 
-def policy_from_config(cfg, device: torch.device | str = "cpu") -> Policy:
+def policy_from_config(cfg, device: torch.device | str = "cpu",
+                       value_head: bool | None = None) -> Policy:
+    """The run's policy; ``value_head`` from the run's resolved algorithm (core/run/steps.py
+    ``build``), or, for a job given none, from ``cfg.algo``."""
+    if value_head is None:
+        value_head = resolve(cfg.algo).needs_value_head
     return load_policy(cfg.model, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
                        lora_dropout=cfg.lora_dropout, lora_targets=cfg.lora_targets,
-                       value_head=needs_value_head(cfg.algo), seed=cfg.seed, device=device)
+                       value_head=value_head, seed=cfg.seed, device=device)
 
 
 # -- logprobs -------------------------------------------------------------------------------------

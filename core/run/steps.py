@@ -17,8 +17,9 @@ import torch
 from tqdm import tqdm
 
 from core.config import Environments, TrainConfig
-from core.config.algorithms import needs_value_head
 from core.credit.assign import Credit, assign
+from core.algorithms.catalog import resolve
+from core.algorithms.registry import Algorithm
 from core.credit.scoring import score_all
 from core.credit.turn_credit import TurnCredit
 from core.learn.distributed import Ranks, number_demos, number_rollouts
@@ -37,11 +38,13 @@ from core.run.schedule import Schedule, eval_sampling_seed
 @dataclass(frozen=True)
 class Setup:
     """What a run trains with, built once (``build``) and the same at every step: the config,
-    the ranks, the environments, the policy and its two optimizers, sampling settings, the task
-    schedule and the turn-credit heads. The policy, optimizers and heads change as they learn;
+    the ranks, the algorithm ``cfg.algo`` names (resolved once, here, and handed to the policy,
+    credit and the update), the environments, the policy and its two optimizers, sampling
+    settings, the task schedule and the turn-credit heads. The policy, optimizers and heads change as they learn;
     which objects they are does not."""
     cfg: TrainConfig
     ranks: Ranks
+    algo: Algorithm
     envs: Environments
     device: torch.device
     policy: Policy
@@ -57,13 +60,14 @@ class Setup:
 def build(cfg: TrainConfig, ranks: Ranks) -> Setup:
     """The run's parts: one GPU per rank under torchrun (cuda:LOCAL_RANK; ConfigError for a GPU
     that is not there), the LoRA parameters the same on every rank, AdamW for SFT and for RL."""
+    algo = resolve(cfg.algo)
     envs = Environments(cfg)
     device = devices.resolve(cfg.device, ranks.local_rank, ranks.world)
     ranks.use_device(device)
-    policy = policy_from_config(cfg, device=device)
+    policy = policy_from_config(cfg, device=device, value_head=algo.needs_value_head)
     params = policy.trainable_parameters()
     ranks.sync_parameters(params)
-    return Setup(cfg=cfg, ranks=ranks, envs=envs, device=device, policy=policy,
+    return Setup(cfg=cfg, ranks=ranks, algo=algo, envs=envs, device=device, policy=policy,
                  clock=devices.StepClock(device),
                  sft_opt=torch.optim.AdamW(params, lr=cfg.sft_lr, weight_decay=0.0),
                  rl_opt=torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0),
@@ -131,7 +135,7 @@ def rl_step(run: Setup, step: int) -> StepRecord:
     samples = make_samples(own, credit.per_token, credit.returns, credit.values)
     score_reference(policy, [s for s in samples if not s.traj.filtered], cfg)
     result = policy_update(policy, run.rl_opt, samples, cfg, seed=run.schedule.seed(step),
-                           ranks=run.ranks)
+                           ranks=run.ranks, algo=run.algo)
     results.add_update(samples, result.grad_norms)
     t3 = time.perf_counter()
     return StepRecord(own, results, {**_rl_metrics(run, trajs, result, t1 - t0, t2 - t1, t3 - t2),
@@ -144,7 +148,7 @@ def _credit(run: Setup, own: list, gains: list | None = None, contributions: lis
     """This rank's share of the batch's credit, and the whole batch: group statistics (and
     StarPO-S's top groups, PPO's whitening, information gain's group normalisation) need every
     rank's scored trajectories."""
-    critic = needs_value_head(run.cfg.algo)
+    critic = run.algo.needs_value_head
     values = score_values(run.policy, own, run.cfg) if critic else [None] * len(own)
     gains = gains if gains is not None else [None] * len(own)
     contributions = contributions if contributions is not None else [None] * len(own)
@@ -154,7 +158,7 @@ def _credit(run: Setup, own: list, gains: list | None = None, contributions: lis
     trajs = [b[0] for b in batch]
     credit = assign(trajs, run.cfg, [b[1] for b in batch] if critic else None,
                     info_gains=[b[2] for b in batch], progress=[b[3] for b in batch],
-                    prm=[b[4] for b in batch], ranks_of=[b[5] for b in batch])
+                    prm=[b[4] for b in batch], ranks_of=[b[5] for b in batch], algo=run.algo)
     for t, a, f in zip(trajs, credit.advantage, credit.filtered):
         # the record's and the update's per-trajectory credit: credit returns it, the step puts
         # it on the trajectories it records and trains on

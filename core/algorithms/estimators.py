@@ -1,32 +1,24 @@
-"""The algorithm registry: every ``--algo`` name, declared once, torch-free.
+"""Credit's math on plain numbers (NumPy and Python floats, torch-free): the outcome estimators,
+StarPO-S's group filter, GiGPO's episode and step terms, IGPO's, SPA's and the information-gain
+turn credits. The trainer (core/credit/assign.py, core/credit/advantages.py wraps the estimators
+for tensors) and the pages (what another estimator would have given a group) call the very same
+functions. Each outcome estimator registers itself by name (core/algorithms/registry.py):
 
-``ALGORITHMS[name]`` says what the algorithm is made of; the config (``ALGOS``, its defaults and
-validation), the CLI, credit assignment (core/credit/assign.py), the trainer, the update and the pages
-all read it, so nothing else lists algorithms:
+    grpo      A_i = (r_i - mean_g) / (std_g + 1e-6), std unbiased
+    dr_grpo   A_i = r_i - mean_g
+    rloo      A_k = K/(K-1) (R_k - mean_g)
 
-    name      outcome estimator  credit step  defaults it is defined with         value head
-    grpo      grpo               outcome      -                                   no
-    dr_grpo   dr_grpo            outcome      -                                   no
-    rloo      rloo               outcome      -                                   no
-    ppo       -                  gae          -                                   yes
-    starpo_s  grpo               starpo_s     clip-higher 0.2/0.28, no KL         no
-    gigpo     grpo               gigpo        -                                   no
-    loop      rloo               outcome      log clip 0.1, per-rollout mean,     no
-                                              |A| >= 0.01, no KL
-
-The outcome estimators act on one scalar reward per trajectory, so they are written here once in
-NumPy: the pages compute "what would GRPO have given this group" with the very same code the
-trainer uses, and core/credit/advantages.py wraps them for tensors (the fixed ``ESTIMATORS`` contract).
-Per-token work (GAE, spreading advantages over tokens) stays tensor code in core/credit/advantages.py.
+A group whose rewards are all equal, or of one trajectory, carries no comparison: exactly 0.
 """
 from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Mapping, Sequence
+from typing import Hashable, Sequence
 
 import numpy as np
+
+from core.algorithms.registry import register_estimator
 
 EPS = 1e-6
 
@@ -72,6 +64,7 @@ def group_stats(rewards, group_ids: Sequence[Hashable]):
 # A group whose rewards are all equal, or of one trajectory, carries no comparison: exactly 0.
 
 
+@register_estimator("grpo")
 def grpo(rewards, group_ids: Sequence[Hashable]) -> np.ndarray:
     """GRPO (Shao et al. 2024; Search-R1): A_i = (r_i - mean_g) / (std_g + 1e-6), std unbiased."""
     mean, std, _, flat, index = group_stats(rewards, group_ids)
@@ -79,6 +72,7 @@ def grpo(rewards, group_ids: Sequence[Hashable]) -> np.ndarray:
     return np.where(flat[index], 0.0, adv)
 
 
+@register_estimator("dr_grpo")
 def dr_grpo(rewards, group_ids: Sequence[Hashable]) -> np.ndarray:
     """Dr. GRPO (Liu et al. 2025): A_i = r_i - mean_g (no std division, which favours groups with
     little spread)."""
@@ -87,6 +81,7 @@ def dr_grpo(rewards, group_ids: Sequence[Hashable]) -> np.ndarray:
     return np.where(flat[index], 0.0, adv)
 
 
+@register_estimator("rloo")
 def rloo(rewards, group_ids: Sequence[Hashable]) -> np.ndarray:
     """RLOO / LOOP leave-one-out (Kool et al. 2019; Chen et al. 2025):
     A_k = R_k - (sum_j R_j - R_k) / (K - 1) = K/(K-1) (R_k - mean_g).
@@ -392,74 +387,3 @@ def discounted_turn_sums(values: list[list[float]], gamma: float) -> list[list[f
             sums[k] = acc
         out.append(sums)
     return out
-
-
-# -------------------------------------------------------------------------------------------------
-# The registry
-
-Estimator = Callable[[Any, Sequence[Hashable]], np.ndarray]
-CREDIT_STEPS = ("outcome", "starpo_s", "gigpo", "gae")
-"""The credit steps of core/credit/assign.py, by name: what turns rewards into per-token advantages."""
-
-
-@dataclass(frozen=True)
-class Algorithm:
-    name: str
-    summary: str
-    """One line for --help, the Train page and docs/architecture.md."""
-    estimator: Estimator | None
-    """Outcome estimator (B,) -> (B,); None when advantages are per token (PPO's GAE)."""
-    credit: str
-    """Credit step in core/credit/assign.py: outcome | starpo_s | gigpo | gae."""
-    defaults: Mapping[str, Any] = field(default_factory=dict)
-    """TrainConfig values the algorithm is defined with; the config applies them to fields the
-    user did not set (an explicit value from Python, a preset, YAML or a flag always wins)."""
-    needs_value_head: bool = False
-    """Trains a value head beside the policy (a critic) and feeds its estimates to credit."""
-    group_based: bool = True
-    """Compares rollouts of one task with each other: needs group_size >= 2."""
-    source: str = ""
-    """Where the recipe comes from."""
-
-
-def _register(*algos: Algorithm) -> dict[str, Algorithm]:
-    return {a.name: a for a in algos}
-
-
-ALGORITHMS: dict[str, Algorithm] = _register(
-    Algorithm("grpo", "group-normalised outcome advantage", grpo, "outcome",
-              source="Shao et al. 2024 (DeepSeekMath); Search-R1"),
-    Algorithm("dr_grpo", "group mean baseline, no std division", dr_grpo, "outcome",
-              source="Liu et al. 2025 (Understanding R1-Zero)"),
-    Algorithm("rloo", "leave-one-out baseline", rloo, "outcome", source="Kool et al. 2019"),
-    Algorithm("ppo", "GAE with a learned value head", None, "gae", needs_value_head=True,
-              group_based=False, source="Schulman et al. 2017; verl"),
-    # RAGEN's StarPO-S: clip-higher (eps_low 0.2, eps_high 0.28) and no KL term.
-    Algorithm("starpo_s", "GRPO on the top groups by reward std, clip-higher", grpo, "starpo_s",
-              defaults={"clip_eps_high": 0.28, "kl_coef": 0.0}, source="RAGEN (Wang et al. 2025)"),
-    Algorithm("gigpo", "GRPO episode + anchor-state step advantage", grpo, "gigpo",
-              source="Feng et al. 2025 (verl-agent)"),
-    # LOOP: per-token ratio clipped symmetrically in log space ([1/1.1, 1.1]), each rollout's
-    # token losses averaged then averaged over rollouts, |A| < 0.01 dropped, no reference model.
-    # Its other settings (6 rollouts per task, 2 epochs, grad norm 0.1, lr 5e-5) depend on the
-    # model's scale and are left to the user.
-    Algorithm("loop", "leave-one-out PPO: RLOO baseline, log-space clip, no critic", rloo, "outcome",
-              defaults={"clip_mode": "log", "clip_eps_low": 0.1, "clip_eps_high": 0.1,
-                        "loss_agg": "seq-mean-token-mean", "min_abs_advantage": 0.01,
-                        "kl_coef": 0.0},
-              source="Chen et al. 2025 (LOOP, AppWorld)"),
-)
-
-ALGOS: tuple[str, ...] = tuple(ALGORITHMS)
-GROUP_ALGOS: tuple[str, ...] = tuple(n for n, a in ALGORITHMS.items() if a.group_based)
-
-
-def get(name: str) -> Algorithm:
-    """The algorithm called ``name``; ValueError listing the known ones."""
-    if name not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {name!r}; one of {', '.join(ALGORITHMS)}")
-    return ALGORITHMS[name]
-
-
-def needs_value_head(name: str) -> bool:
-    return get(name).needs_value_head
