@@ -1,10 +1,13 @@
 """Training jobs launched from the Train page: one at a time, each its own process.
 
-The web server never trains: it starts ``python -m core.train`` with an argument list (no shell,
-so no value can become a command), its output going to a log file under ``runs/logs/``. The job
-is remembered in ``runs/job.json`` so that a page reload, another browser tab or a restarted
-server still sees it, and can stop it: SIGINT, which the trainer answers by finishing the current
-step, recording it, and marking the run 'stopped'.
+The web server never trains: it writes the form's whole configuration to a file under
+``runs/logs/`` and starts ``python -m core.train --config FILE --db STORE --name NAME`` (an argument
+list, no shell, so no value can become a command), its output going to a log file beside it. The
+form validates the configuration (the field is named at once); the job reads its file and
+validates it again, its own input. The job is remembered in ``runs/job.json`` (with its config
+file) so that a page reload, another browser tab or a restarted server still sees it, and can stop
+it: SIGINT, which the trainer answers by finishing the current step, recording it, and marking
+the run 'stopped'.
 
 ``AGENTRL_RUNS_DIR`` replaces ``runs`` (tests point it at a temporary directory). Every run is
 recorded into ``<runs dir>/store.duckdb``; the user picks no path, so a job cannot write outside it.
@@ -17,8 +20,8 @@ app sets (``allowed_models``, ``allowed_envs``):
   ``config.json`` (a Hugging Face model) and each ``*.gguf`` file in them is offered.
 * ``AGENTRL_ENV_MODULES``: ``package.module:Factory`` entries separated by commas.
 
-``command`` refuses anything else, so a crafted request cannot make a job read another path or
-import another module.
+``allowed`` refuses anything else (the server's policy, not the configuration's validity), so a
+crafted request cannot make a job read another path or import another module.
 """
 from __future__ import annotations
 
@@ -29,10 +32,10 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import fields
 from pathlib import Path
 
 import psutil
+import yaml
 
 from core.config import ENVS, MODELS, USER_ENV, TrainConfig, env_plugins, validate
 
@@ -71,11 +74,10 @@ def check_name(name: str) -> str:
     return name
 
 
-def command(cfg: TrainConfig, name: str) -> list[str]:
-    """The trainer's argument list: every field that differs from the defaults, plus the
-    contract's flags always, the fixed store and the run name."""
-    # Only what the form offers: a model path or module a request made up would let a job read
-    # files or run code the person serving the app did not choose (the CLI still takes them).
+def allowed(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` if the launcher may train it, else JobError: only what the form offers. A model
+    path or module a request made up would let a job read files or run code the person serving
+    the app did not choose (the command line still takes them)."""
     if cfg.model not in MODELS and cfg.model not in allowed_models():
         raise JobError(f"model {cfg.model!r}: the launcher trains {', '.join(MODELS)} or a model "
                        f"the {MODEL_DIRS_ENV} allow-list offers")
@@ -85,17 +87,23 @@ def command(cfg: TrainConfig, name: str) -> list[str]:
     if cfg.checkpoint_dir or cfg.resume or cfg.init_from:
         raise JobError("checkpoint_dir, resume and init_from are not launcher settings: "
                        "checkpoints go next to the store")
-    defaults = TrainConfig()
-    always = {"env", "model", "algo", "steps", "group_size", "tasks_per_step", "max_turns",
-              "seed", "sft_steps"}
-    args = [sys.executable, "-m", "core.train"]
-    for f in fields(TrainConfig):
-        if f.name in ("db", "name", "resume"):
-            continue
-        value = getattr(cfg, f.name)
-        if f.name in always or value != getattr(defaults, f.name):
-            args += ["--" + f.name.replace("_", "-"), str(value)]
-    return args + ["--db", str(store_path()), "--name", check_name(name)]
+    return cfg
+
+
+def write_config(cfg: TrainConfig, path: Path) -> Path:
+    """``cfg``, every field, as the YAML file ``core.train --config`` reads (YAML keeps every
+    float exact; a JSON ``1e-06`` would read back as text). Written aside, then renamed."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    tmp.replace(path)
+    return path
+
+
+def command(config_file: Path, name: str) -> list[str]:
+    """The trainer's argument list: the job's config file, the fixed store and the run name
+    (both in the file too; as flags, the process list says where the job records)."""
+    return [sys.executable, "-m", "core.train", "--config", str(config_file),
+            "--db", str(store_path()), "--name", check_name(name)]
 
 
 def allowed_models() -> dict[str, str]:
@@ -216,19 +224,25 @@ def current() -> dict | None:
 
 
 def launch(cfg: TrainConfig, name: str) -> dict:
-    """Validate and start one training job; refuse while another one runs."""
-    validate(cfg)
+    """Check ``cfg`` against the allow-list (first: a crafted path is refused before anything
+    looks at it), validate it (ConfigError naming the field) and start one training job on it,
+    its configuration written to a file beside its log; refuse while another one runs."""
+    validate(allowed(cfg))
+    check_name(name)
     running = current()
     if running and running["alive"]:
         raise JobError(f"a training job is already running (run {running['name']!r}, pid "
                        f"{running['pid']}); stop it or wait for it to finish")
-    args = command(cfg, name)
     logs = runs_dir() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    log_path = logs / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    stem = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"  # a name may hold '.': no with_suffix
+    config_file = write_config(cfg.replace(db=str(store_path()), name=name),
+                               logs / f"{stem}.yaml")
+    log_path = logs / f"{stem}.log"
+    args = command(config_file, name)
     child = spawn(args, log_path)
     job = {"pid": child.pid, "name": name, "db": str(store_path()), "log": str(log_path),
-           "args": args[1:], "total_steps": cfg.sft_steps + cfg.steps,
+           "config": str(config_file), "args": args[1:], "total_steps": cfg.sft_steps + cfg.steps,
            "started_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     write_job(job_file(), job)
     return {**job, "alive": True}

@@ -178,7 +178,9 @@ def job_panel() -> None:
     state = "running" if job["alive"] else "ended"
     code = _jobs.exit_code(job)
     st.markdown(f"**Job** `{c.safe_label(job['name'])}` · pid {job['pid']} · {state}"
-                + (f" · exit code {code}" if code is not None else ""))
+                + (f" · exit code {code}" if code is not None else "")
+                + (f" · configuration {c.safe_label(job['config'], 120)}"
+                   if job.get("config") else ""))
     run = run_row(job)
     total = max(int(job.get("total_steps") or 1), 1)
     done = c.int_of(run["last_step"], 0) if run else 0

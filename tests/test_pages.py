@@ -435,16 +435,14 @@ def test_train_refuses_a_second_job(app, tmp_path):
         stand_in.wait()
 
 
-def test_launch_command_is_an_argument_list_into_the_store():
-    from core.config import PRESETS, TrainConfig
-    cfg = TrainConfig.from_dict({**PRESETS["workshop-demo"], "lr": 0.01})
-    args = _jobs.command(cfg, "demo-1")
-    assert args[:3] == [sys.executable, "-m", "core.train"]
-    assert args[args.index("--lr") + 1] == "0.01" and args[args.index("--env") + 1] == "bandit"
-    assert args[-4:] == ["--db", str(_jobs.store_path()), "--name", "demo-1"]
+def test_launch_command_is_an_argument_list_into_the_store(tmp_path):
+    config = tmp_path / "demo-1.yaml"
+    assert _jobs.command(config, "demo-1") == [
+        sys.executable, "-m", "core.train", "--config", str(config),
+        "--db", str(_jobs.store_path()), "--name", "demo-1"]
     for bad in ("", "a b", "x;rm -rf", "../x", "-flag", "a" * 65):
         with pytest.raises(_jobs.JobError):
-            _jobs.command(cfg, bad)
+            _jobs.command(config, bad)
 
 
 def test_job_file_and_log_tail(app, tmp_path):

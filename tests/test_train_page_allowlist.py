@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import fields
 from pathlib import Path
+from types import SimpleNamespace
 
 import duckdb
 import pytest
+import yaml
 import streamlit as st
 import streamlit.testing.v1.app_test as app_test
 from streamlit.testing.v1 import AppTest
 
-from core.config import ENVS, MODELS, TrainConfig
+from core.config import ENVS, MODELS, PRESETS, TrainConfig
 from pages import _jobs
 from storage import queries
 from tests.test_pages import _NavigationPagesManager
@@ -98,13 +101,12 @@ def test_a_path_or_module_not_on_the_list_cannot_be_launched(page, model_dirs, t
     for model in (str(other), str(first / "no-config"), str(first / "llama-small/../no-config"),
                   str(first / "deeper" / "inner"), str(first / "notes.txt")):
         with pytest.raises(_jobs.JobError, match="allow-list"):
-            _jobs.command(TrainConfig.from_dict({"env": "bandit", "model": model}), "x")
+            _jobs.launch(TrainConfig.from_dict({"env": "bandit", "model": model}), "x")
     with pytest.raises(_jobs.JobError, match="AGENTRL_ENV_MODULES"):
-        _jobs.command(TrainConfig.from_dict({"env": "os.path:join", "model": "tiny"}), "x")
-    args = _jobs.command(TrainConfig.from_dict({"env": GUESS, "model": str(first / "llama-small")}),
-                         "ok")
-    assert args[args.index("--model") + 1] == str(first / "llama-small")
-    assert args[args.index("--env") + 1] == GUESS
+        _jobs.launch(TrainConfig.from_dict({"env": "os.path:join", "model": "tiny"}), "x")
+    assert not _jobs.job_file().exists() and not (_jobs.runs_dir() / "logs").exists()
+    ok = TrainConfig.from_dict({"env": GUESS, "model": str(first / "llama-small")})
+    assert _jobs.allowed(ok) is ok
 
 
 def test_a_plugin_environment_launched_from_the_page_trains_and_is_recorded(page):
@@ -120,7 +122,10 @@ def test_a_plugin_environment_launched_from_the_page_trains_and_is_recorded(page
     assert any("Started job" in s.value for s in at.success), [e.value for e in at.error] + [
         c.value for c in at.code]
     job = json.loads(_jobs.job_file().read_text())
-    assert job["args"][job["args"].index("--env") + 1] == GUESS
+    assert job["args"][1:] == ["core.train", "--config", job["config"], "--db", job["db"],
+                               "--name", "guess-from-page"]
+    written = yaml.safe_load(Path(job["config"]).read_text())
+    assert (written["env"], written["env_options"], written["steps"]) == (GUESS, "high=8", 1)
     child = _jobs._CHILDREN[job["pid"]]
     assert child.wait(timeout=300) == 0, _jobs.log_tail(job)
     con = duckdb.connect(job["db"], read_only=True)
@@ -134,12 +139,46 @@ def test_a_plugin_environment_launched_from_the_page_trains_and_is_recorded(page
     assert splits.get("sft") and splits.get("train") == 4
 
 
+def test_a_launched_job_reads_its_whole_configuration_from_one_file(monkeypatch, tmp_path,
+                                                                    capsys):
+    """The launcher writes the form's configuration, every field, to one file beside the job's
+    log; the job resolves it to the same TrainConfig, and refuses a bad value in it by name."""
+    from core.commands.train import build_parser, main, resolve_config
+    monkeypatch.setenv(_jobs.RUNS_DIR_ENV, str(tmp_path / "runs"))
+    started = []
+    monkeypatch.setattr(_jobs, "spawn", lambda args, log: started.append(args)
+                        or SimpleNamespace(pid=2 ** 22 + 12345))           # not started
+    # values YAML could misread: a tiny float, a string that is a YAML 1.1 boolean, flipped bools
+    cfg = TrainConfig.from_dict({**PRESETS["workshop-demo"], "algo": "starpo_s", "lr": 1e-6,
+                                 "temperature": 0.7, "lora_targets": "on", "seed": 7,
+                                 "record_info_gain": False, "endpoint_logprobs": False})
+    job = _jobs.launch(cfg, "demo.v2")
+    args = started[0]
+    assert job["args"] == args[1:] and args[3:] == [
+        "--config", job["config"], "--db", str(_jobs.store_path()), "--name", "demo.v2"]
+    assert job["log"] == job["config"][:-len(".yaml")] + ".log"     # beside the log
+    assert json.loads(_jobs.job_file().read_text())["config"] == job["config"]
+    written = yaml.safe_load(Path(job["config"]).read_text())
+    assert list(written) == [f.name for f in fields(TrainConfig)]     # every field
+    expected = cfg.replace(db=str(_jobs.store_path()), name="demo.v2")
+    for got in (resolve_config(build_parser().parse_args(args[3:])),
+                TrainConfig.from_yaml(job["config"])):
+        assert got == expected
+        assert [type(getattr(got, f.name)) for f in fields(got)] == [
+            type(getattr(expected, f.name)) for f in fields(expected)]
+    # the file is the job's input: a bad value in it is refused by the job, naming the field
+    Path(job["config"]).write_text(yaml.safe_dump({**written, "group_size": 1}))
+    assert main(args[3:]) == 2
+    assert "group_size" in capsys.readouterr().err
+    assert not _jobs.store_path().exists()
+
+
 def test_checkpoint_paths_are_not_launcher_settings():
     # --init-from reads a checkpoint file: a crafted request must not pick one
     for bad in (dict(init_from="runs/checkpoints/x"), dict(resume="x"),
                 dict(checkpoint_dir="elsewhere")):
         with pytest.raises(_jobs.JobError, match="not launcher settings"):
-            _jobs.command(TrainConfig(**bad), "job")
+            _jobs.allowed(TrainConfig(**bad))
 
 
 def test_job_progress_lines_and_stopping_a_job_that_has_ended():

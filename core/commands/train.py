@@ -1,11 +1,13 @@
 """Command line: ``python -m core.train --env search --model tiny --algo grpo --steps 10 ...``
 
 Every TrainConfig field is a flag (``--group-size``, ``--max-new-tokens``, ...). Values are
-layered, later wins: TrainConfig defaults < the algorithm's own defaults (core/config/algorithms.py,
+layered, later wins: TrainConfig defaults < the algorithm's own defaults (core/algorithms/catalog.py,
 applied by TrainConfig itself, so Python and the CLI train the same thing) < ``--preset NAME`` <
 ``--config FILE.yaml`` < flags given on the command line. ``--resume RUN_ID``
 starts from the run's stored configuration instead, and only flags given override it (e.g. a
-larger ``--steps`` to train further).
+larger ``--steps`` to train further). The Train page starts ``--config FILE --db STORE --name
+NAME``, FILE holding the form's whole configuration (pages/_jobs.py). The layers become one
+TrainConfig, validated once.
 
 Under ``torchrun --nproc_per_node N -m core.train ...`` the N processes train one run together
 (core/learn/distributed.py): rank 0 resolves the configuration and hands it to the others, and is the
@@ -23,13 +25,14 @@ import inspect
 import os
 import sys
 from dataclasses import fields
+from pathlib import Path
 
 import yaml
 
 import core.config as config_module
 from core.config import (ALGOS, ENDPOINT_PREFIX, ENVS, PRESETS, ConfigError, TrainConfig,
                          env_kwargs, validate)
-from core.config.algorithms import ALGORITHMS
+from core.algorithms import REGISTRY
 from core.envs import plugins
 from core.learn.distributed import ONE
 from core.model.device import resolve
@@ -42,7 +45,7 @@ from storage.db import StoreError
 from storage.recorder import NullRecorder, Recorder
 
 _FIELD_DOCS: dict[str, str] = {}
-_BY_ALGO = {key for algo in ALGORITHMS.values() for key in algo.defaults}
+_BY_ALGO = {key for algo in REGISTRY.algorithms.values() for key in algo.defaults}
 
 
 def _field_docs() -> dict[str, str]:
@@ -87,8 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def resolve_config(args: argparse.Namespace) -> TrainConfig:
-    """Layer preset, YAML and flags over the defaults (TrainConfig fills in the algorithm's own
-    for what none of them set); validate. ConfigError if bad."""
+    """Layer preset, config file and flags over the defaults (TrainConfig fills in the
+    algorithm's own for what none of them set), build one TrainConfig from them and validate it:
+    the process's one check, naming the bad key or field. ConfigError if bad."""
     given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
     layers: dict = {}
     if getattr(args, "preset", None):
@@ -96,13 +100,10 @@ def resolve_config(args: argparse.Namespace) -> TrainConfig:
             raise ConfigError(f"preset={args.preset!r}: must be one of {', '.join(PRESETS)}")
         layers.update(PRESETS[args.preset])
     if getattr(args, "config", None):
-        TrainConfig.from_yaml(args.config)  # refuses unknown keys and wrong types, naming them
-        layers.update(_yaml_keys(args.config))
+        layers.update(_file_keys(args.config))
     layers.update(given)
     if layers.get("resume"):
-        base = _stored_config(layers.get("db", TrainConfig.db), layers["resume"])
-        base.update({k: v for k, v in layers.items()})
-        return checked_env(validate(TrainConfig.from_dict(base)))
+        layers = {**_stored_config(layers.get("db", TrainConfig.db), layers["resume"]), **layers}
     return checked_env(validate(TrainConfig.from_dict(layers)))
 
 
@@ -123,11 +124,16 @@ def checked_env(cfg: TrainConfig) -> TrainConfig:
     return cfg
 
 
-def _yaml_keys(path: str) -> dict:
-    """Only the keys the YAML file sets (so it does not reset what a preset chose)."""
-    with open(path) as fh:
-        data = yaml.safe_load(fh) or {}
-    return {k.replace("-", "_"): v for k, v in data.items()}
+def _file_keys(path: str) -> dict:
+    """Only the keys the config file sets (so it does not reset what a preset chose). Unknown
+    keys and wrong types are refused with the other layers', by ``TrainConfig.from_dict``."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of keys to values")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
 def _stored_config(db_path: str, run_id: str) -> dict:

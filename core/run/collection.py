@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from core.config import ConfigError, Environments, TrainConfig, validate
+from core.config import ConfigError, Environments, TrainConfig
 from core.credit.scoring import score_all
 from core.endpoint.client import (PREFIX, ChatClient, EndpointError, EndpointRefused, Reply,
                                   action_pieces, api_key, pieces, restore_stop)
@@ -97,8 +97,8 @@ def client_from_config(cfg: TrainConfig) -> ChatClient:
 
 def collect(cfg: TrainConfig, recorder, progress: bool = True,
             client: ChatClient | None = None) -> str:
-    """Record one endpoint run (rounds and evaluations, module docstring); return its run id."""
-    validate(cfg)
+    """Record one endpoint run (rounds and evaluations, module docstring); return its run id.
+    ``cfg`` is validated by whoever built it (``core.config.validate``), as for ``train``."""
     check(cfg)
     client = client or client_from_config(cfg)
     client.check()  # unreachable, or the key refused: say so before a run is started

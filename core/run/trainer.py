@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from core.config import TrainConfig, validate
+from core.config import TrainConfig
 from core.learn.distributed import ONE, Ranks, gather_step
 from core.model import checkpoint
 from core.run.lifecycle import StopFlag, stop_on_sigint
@@ -39,9 +39,10 @@ PROGRESS = {"reward/mean": "reward", "success/rate": "success", "sft/loss": "sft
 def train(cfg: TrainConfig, recorder, progress: bool = True, ranks: Ranks = ONE) -> str:
     """Train and record one run (or continue ``cfg.resume``); return its run id.
 
-    Under torchrun, ``ranks`` splits each batch across processes (core/learn/distributed.py); rank 0
-    alone records (the others pass a NullRecorder) and checkpoints."""
-    validate(cfg)
+    ``cfg`` is validated by whoever built it (``core.config.validate``): the command line does,
+    once, where it reads its flags and config file. Under torchrun, ``ranks`` splits each batch
+    across processes (core/learn/distributed.py); rank 0 alone records (the others pass a
+    NullRecorder) and checkpoints."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)

@@ -60,19 +60,25 @@ def test_a_hostile_run_name_config_and_ids_render_as_text(monkeypatch, hostile_s
         assert "<script" not in chart.proto.spec and "<img" not in chart.proto.spec
 
 
-def test_the_launcher_passes_a_list_and_refuses_paths_out_of_the_store():
+def test_the_launcher_passes_a_list_and_refuses_paths_out_of_the_store(tmp_path, monkeypatch):
+    monkeypatch.setenv(_jobs.RUNS_DIR_ENV, str(tmp_path / "runs"))
     cfg = TrainConfig.from_dict({**PRESETS["workshop-demo"],
                                  "lora_targets": "q_proj; touch PWNED $(id)"})
-    args = _jobs.command(cfg, "demo")
+    written = _jobs.write_config(cfg, tmp_path / "demo.yaml")
+    args = _jobs.command(written, "demo")
     assert args[:3] == [sys.executable, "-m", "core.train"]    # no shell: one argv element each
-    assert "q_proj; touch PWNED $(id)" in args
+    assert args[3:5] == ["--config", str(written)]                # values travel in a file
+    assert TrainConfig.from_yaml(written).lora_targets == "q_proj; touch PWNED $(id)"
     assert args[args.index("--db") + 1] == str(_jobs.store_path())
     for bad in ({"checkpoint_dir": "/tmp/elsewhere"}, {"model": str(ROOT)}, {"resume": "x"}):
         with pytest.raises(_jobs.JobError):
-            _jobs.command(TrainConfig.from_dict({**PRESETS["workshop-demo"], **bad}), "demo")
+            _jobs.allowed(TrainConfig.from_dict({**PRESETS["workshop-demo"], **bad}))
     for name in ("../../etc/passwd", "/abs", "a/b", "--db=x", ".hidden", "a\x00b"):
         with pytest.raises(_jobs.JobError):
-            _jobs.command(cfg, name)
+            _jobs.command(written, name)
+        with pytest.raises(_jobs.JobError):
+            _jobs.launch(cfg, name)                               # before any file is written
+    assert not (tmp_path / "runs").exists()
 
 
 def test_the_trainer_refuses_a_newer_store_and_leaves_it_untouched(tmp_path, capsys):
