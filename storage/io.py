@@ -7,6 +7,7 @@
     python -m storage.io export --db PATH --run RUN_ID --out FILE [--format jsonl|parquet]
                                 [--partitioned] [--split S] [--success true|false]
                                 [--failure-class C] [--step-min N] [--step-max N]
+    python -m storage.io export --db PATH --run RUN_ID --format otlp --endpoint URL [filters]
 
 The generic JSONL format is one trajectory per line (full description and rules:
 storage/interchange.py), at its smallest::
@@ -47,6 +48,7 @@ only ever displayed.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -97,11 +99,15 @@ def _parser() -> argparse.ArgumentParser:
     fol.add_argument("--poll", type=float, default=1.0, help="seconds between looks (default 1)")
     fol.add_argument("--max-line-bytes", type=int, default=MAX_LINE_BYTES,
                      help="a longer line fails alone, with a message (default 16 MiB)")
-    exp = sub.add_parser("export", help="export a run (or a filtered selection) to JSONL/Parquet")
+    exp = sub.add_parser("export", help="export a run (or a filtered selection) to JSONL/Parquet, "
+                         "or send it as OpenTelemetry spans")
     exp.add_argument("--db", required=True)
     exp.add_argument("--run", help="run id (with --partitioned, default: every run)")
-    exp.add_argument("--out", required=True, help="output file (directory with --partitioned)")
-    exp.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
+    exp.add_argument("--out", help="output file (directory with --partitioned)")
+    exp.add_argument("--format", choices=("jsonl", "parquet", "otlp"), default="jsonl")
+    exp.add_argument("--endpoint", help="otlp: the OTLP/HTTP traces URL (.../v1/traces)")
+    exp.add_argument("--timeout", type=float, default=30.0,
+                     help="otlp: seconds one request may take (default 30)")
     exp.add_argument("--partitioned", action="store_true",
                      help="Parquet directory partitioned by run and step (hive style)")
     exp.add_argument("--split", help="only trajectories of this split (train, eval, sft, ...)")
@@ -138,9 +144,30 @@ def _export(args) -> int:
     if not args.run:
         raise ValueError("--run is required (except with --partitioned)")
     check_run_id(args.run)
+    if args.format == "otlp":
+        return _export_otlp(args, filters)
+    if not args.out:
+        raise ValueError(f"--out is required with --format {args.format}")
     write = export.export_jsonl if args.format == "jsonl" else export.export_parquet
     print(f"wrote {write(args.db, args.run, args.out, filters)} trajectories to {args.out}")
     return 0
+
+
+def _export_otlp(args, filters) -> int:
+    """Send the run as spans; a bearer token, if the endpoint wants one, comes from the
+    environment (AGENTRL_OTLP_TOKEN), never from the command line."""
+    from storage.otlp_export import ExportError, export_otlp  # opentelemetry-proto, only here
+    if not args.endpoint:
+        raise ValueError("--endpoint is required with --format otlp (e.g. "
+                         "http://127.0.0.1:4318/v1/traces)")
+    try:
+        sent, rejected = export_otlp(args.db, args.run, args.endpoint, filters,
+                                     os.environ.get("AGENTRL_OTLP_TOKEN"), args.timeout)
+    except ExportError as exc:
+        raise ValueError(str(exc)) from exc
+    print(f"sent {sent} trajectories to {args.endpoint}"
+          + (f"; it rejected {rejected} spans" if rejected else ""))
+    return 1 if rejected else 0
 
 
 def _follow(args) -> int:
