@@ -18,7 +18,7 @@ from core.envs.options import Option, OptionError, take_options
 def declared_options(env: str) -> dict[str, Option] | None:
     """The options built-in environment ``env`` declares (its class's ``OPTIONS``); None for a
     user's or a plugin's environment, whose module is imported only where the run builds it
-    (core/train.py's checked_env): its constructor is the authority on its options, and
+    (core/commands/train.py's checked_env): its constructor is the authority on its options, and
     ``take_options`` there checks any it declares the same way."""
     if env not in BUILTIN:
         return None

@@ -220,7 +220,7 @@ def number_demos(trajs: Sequence, prefix: str, first: int) -> None:
 
 def gather_step(ranks: Ranks, trajs: Sequence, results) -> tuple[list, Any, list[int]] | None:
     """On rank 0: every rank's step trajectories (in rank order), their stage results merged
-    (core/run/records.py ``StageResults.merge``) and each trajectory's rank; None on the others."""
+    (core/run/stage_results.py ``StageResults.merge``) and each trajectory's rank; None on the others."""
     parts = ranks.gather((list(trajs), results))
     if parts is None:
         return None
