@@ -151,8 +151,26 @@ def m007_renders(con: duckdb.DuckDBPyConnection) -> None:
             body VARCHAR)""")
 
 
+def m008_spans(con: duckdb.DuckDBPyConnection) -> None:
+    """Every OpenTelemetry span and log record the OTLP receiver took (storage/otlp/), raw, with
+    the trajectory it was assembled into, so nothing is lost and a later assembly can change.
+    Ids are lowercase hex; times Unix nanoseconds; ``attributes``, ``resource`` and ``events``
+    the span's own, as JSON. ``span_logs`` holds log records (GenAI event mode)."""
+    con.execute("""
+        CREATE TABLE spans (
+            run_id VARCHAR, traj_id VARCHAR, trace_id VARCHAR, span_id VARCHAR,
+            parent_span_id VARCHAR, name VARCHAR, kind INTEGER, start_ns BIGINT, end_ns BIGINT,
+            status_code INTEGER, status_message VARCHAR, attributes JSON, resource JSON,
+            scope VARCHAR, events JSON, received_at TIMESTAMP)""")
+    con.execute("""
+        CREATE TABLE span_logs (
+            run_id VARCHAR, traj_id VARCHAR, trace_id VARCHAR, span_id VARCHAR, time_ns BIGINT,
+            event_name VARCHAR, body JSON, attributes JSON, resource JSON,
+            received_at TIMESTAMP)""")
+
+
 MIGRATIONS = [m001_initial, m002_imports, m003_turn_state, m004_turn_analyses,
-              m005_failure_clusters, m006_train_logprob, m007_renders]
+              m005_failure_clusters, m006_train_logprob, m007_renders, m008_spans]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -157,7 +157,7 @@ def test_an_old_store_reads_without_pictures_and_migrates_to_record_them(tmp_pat
         "SELECT run_id, traj_id FROM trajectories LIMIT 1").fetchone()
     assert queries.renders(str(old), run, traj).empty                      # read as it is
     applied = prepare(old)
-    assert applied[-1] == "m007_renders" and SCHEMA_VERSION == 7
+    assert "m007_renders" in applied and len(applied) == SCHEMA_VERSION - 2  # from schema 2
     with duckdb.connect(str(old), read_only=True) as con:
         cols = [r[0] for r in con.execute("SELECT column_name FROM information_schema.columns "
                                           "WHERE table_name = 'renders' ORDER BY ordinal_position")

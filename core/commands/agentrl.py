@@ -30,6 +30,7 @@ COMMANDS = {
     "export": ("storage.io", ["export"]),
     "follow": ("storage.io", ["follow"]),
     "endpoint": ("core.commands.endpoint", []),
+    "otlp": ("storage.otlp.receiver", []),
 }
 APP = Path(__file__).resolve().parents[2] / "app.py"
 
