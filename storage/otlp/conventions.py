@@ -199,7 +199,8 @@ def llm_call(span) -> Call | None:
         call = Call(span.span_id, span.start_ns, span.end_ns, "openinference",
                     model=a.get("llm.model_name"),
                     input_tokens=_int(a.get("llm.token_count.prompt")),
-                    output_tokens=_int(a.get("llm.token_count.completion")))
+                    output_tokens=_int(a.get("llm.token_count.completion")),
+                    finish_reason=a.get("llm.finish_reason"))
         call.inputs, outputs = openinference_messages(a)
         if not outputs and a.get("output.value") is not None:
             outputs = [{"role": "assistant", "text": _text(a["output.value"]), "calls": []}]
