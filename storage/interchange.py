@@ -41,6 +41,9 @@ Rules, so every page can show an imported run:
   class a trainer run of the same episode would get. A given ``failure_class`` is kept as it is.
 * ``run`` (the run's configuration) is read from the first line that has it.
 * Unknown top-level keys are kept under ``info.extra``.
+* Text: a string may hold anything JSON can say; a lone UTF-16 surrogate (``"\\ud83d"``, half of
+  an emoji cut in two) is stored as U+FFFD and NUL as U+2400 (storage/recorder.py's cleaning,
+  which every import and the trainer share); only bytes that are not UTF-8 fail the line.
 * Numbers: the literals NaN/Infinity are not JSON and are refused, as is any number a double
   cannot hold (``1e999`` anywhere, a 400-digit ``reward``): the line fails, naming the field. A
   numeric field may instead hold the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``: that is
@@ -52,8 +55,9 @@ Rules, so every page can show an imported run:
   float32 log-softmax of a near-certain token) is stored as 0.0. ``-Infinity`` is refused too:
   a sampler gives it only for a token it could not have sampled, and one such value made a
   step's mismatch metrics NaN. (core/endpoint/reply.py checks a server's logprobs the same way.)
-* Sizes: at most ``MAX_TURNS`` turns and ``MAX_TRAJECTORY_TOKENS`` given tokens per line (else
-  the line fails, naming the count); tokens rebuilt from text are capped per text and per
+* Sizes: at most ``MAX_TURNS`` turns and tests, ``MAX_TRAJECTORY_TOKENS`` given tokens,
+  ``MAX_COMPONENTS`` reward components and ``MAX_RECORD_VALUES`` JSON values in all per line
+  (else the line fails, naming the count); tokens rebuilt from text are capped per text and per
   trajectory, the cut recorded (storage/token_rows.py).
 """
 from __future__ import annotations
@@ -63,7 +67,7 @@ import math
 from collections import deque
 from typing import Any, Callable, Iterator
 
-from storage.recorder import NON_FINITE, clean_json
+from storage.recorder import NON_FINITE, clean_json, clean_text
 from storage.token_rows import MAX_TRAJECTORY_TOKENS, TokenRows, pieces
 
 ROLES = ("prompt", "action", "observation")
@@ -71,6 +75,8 @@ STANDARD_COMPONENTS = ("outcome", "format", "cost", "process")
 MAX_ID_CHARS = 256
 MAX_LINE_BYTES = 16 * 1024 * 1024
 MAX_TURNS = 10_000
+MAX_COMPONENTS = 1_000
+MAX_RECORD_VALUES = 2_000_000
 LOGPROB_SLACK = 1e-4
 """A float32 log-softmax of a near-certain token can print a hair above 0; this much is kept."""
 
@@ -119,13 +125,8 @@ def parse_json(line: bytes) -> Any:
         text = line.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as exc:
         return LineError(f"not UTF-8 text (bad byte at offset {exc.start})")
-    try:
-        obj = json.loads(text, parse_constant=_refuse_constant)
-        if "\\u" in text:  # escapes can smuggle lone surrogates, which are not UTF-8 text
-            json.dumps(obj, ensure_ascii=False).encode("utf-8")
-        return obj
-    except UnicodeEncodeError:
-        return LineError("a string holds a lone UTF-16 surrogate (not valid Unicode text)")
+    try:  # a lone surrogate escaped in a string (half an emoji) is kept: stored as U+FFFD
+        return json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
         return LineError(f"not valid JSON: {exc.msg} at character {exc.pos + 1}")
     except LineError as exc:
@@ -264,11 +265,35 @@ def refuse_non_finite(obj: Any) -> None:
             stack += [(v, f"{where}[{i}]") for i, v in enumerate(value)]
 
 
+def count_values(value: Any, limit: int) -> int:
+    """JSON values in ``value`` (objects, lists and leaves), counted up to just past ``limit``."""
+    stack, n = [value], 0
+    while stack and n <= limit:
+        v = stack.pop()
+        n += 1
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return n
+
+
+def refuse_many_values(obj: Any, where: str = "the record") -> None:
+    """LineError when ``obj`` holds more than ``MAX_RECORD_VALUES`` JSON values: what a record
+    costs past its parse is a few copies of each (about 100 bytes a value apiece), so the count,
+    not the bytes, bounds it (16 MiB of ``[{},{},...]`` is 5.6M of them)."""
+    if count_values(obj, MAX_RECORD_VALUES) > MAX_RECORD_VALUES:
+        raise LineError(f"{where} holds more than {MAX_RECORD_VALUES} JSON values (objects, "
+                        "lists, numbers, strings), the limit for one trajectory")
+
+
 def validate(obj: Any) -> dict:
     """A normalised trajectory record, or LineError saying which field is wrong and how."""
+    refuse_many_values(obj)
     refuse_non_finite(obj)
     rec = _fields(obj, TOP_FIELDS, "", keep_extra=True)
-    for name, limit in (("turns", MAX_TURNS), ("tokens", MAX_TRAJECTORY_TOKENS)):
+    for name, limit in (("turns", MAX_TURNS), ("tokens", MAX_TRAJECTORY_TOKENS),
+                        ("tests", MAX_TURNS), ("rewards", MAX_COMPONENTS)):
         if len(rec.get(name, ())) > limit:
             raise LineError(f"field '{name}' holds {len(rec[name])} entries, over the limit of "
                             f"{limit} per trajectory")
@@ -320,7 +345,8 @@ def to_rows(rec: dict, classify: Callable | None = None) -> dict[str, Any]:
     """Rows for trajectories, rewards, turns, tokens and test_results (without run_id) of one
     valid record: lists of dicts, but ``tokens``, a ``TokenRows`` (storage/token_rows.py) that
     makes its rows as they are written."""
-    step, tid = rec.get("step", 0), rec["traj_id"]
+    step, tid = rec.get("step", 0), clean_text(rec["traj_id"])  # a query parameter below: as
+                                                                # it is stored (lone surrogates)
     notes: list[str] = []
     info = dict(rec.get("info") or {})
     if rec.get("extra"):

@@ -2,7 +2,8 @@
 chosen members, a log whose directory entries share one member's data, and peak-memory
 measurement of a real ``python -m storage.io`` subprocess.
 
-    python tests/hostile_imports.py KIND OUT   # writes one hostile file (see ``KINDS``)
+    python tests/hostile_imports.py KIND OUT        # writes one hostile file (see ``KINDS``)
+    python tests/hostile_imports.py measure FILE    # its import's exit, peak RSS and time
 
 Used by tests/test_import_bounds.py and by the figures in docs/threat-model.md.
 """
@@ -13,6 +14,8 @@ import os
 import struct
 import subprocess
 import sys
+import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -120,7 +123,14 @@ def kind_deep_header(out: Path, depth: int = 100_000) -> Path:
     return write_eval(out, {"a_epoch_1": sample("a")}, head=b"[" * depth + b"]" * depth)
 
 
-KINDS = {"long-eval": kind_long_eval, "long-eval-8": lambda out: kind_long_eval(out, 8),
+def kind_costly_eval(out: Path, dicts: int = 1_999_000) -> Path:
+    """A log whose sample keeps ``dicts`` empty objects in its metadata: by default just under
+    the 2M JSON values one trajectory may hold (storage/interchange.py ``MAX_RECORD_VALUES``),
+    each copied on its way to the store."""
+    return write_eval(out, {"costly_epoch_1": sample("costly", metadata=[{}] * dicts)})
+
+
+KINDS = {"long-eval": kind_long_eval, "costly-eval": kind_costly_eval, "long-eval-8": lambda out: kind_long_eval(out, 8),
          "long-messages": kind_long_messages,
          "long-messages-8": lambda out: kind_long_messages(out, 8),
          "shared-eval": kind_shared_eval, "deep-header": kind_deep_header}
@@ -130,8 +140,9 @@ KINDS = {"long-eval": kind_long_eval, "long-eval-8": lambda out: kind_long_eval(
 def peak_import(source: Path, store: Path, *args: str, timeout: float = 300,
                 memory_mb: int | None = None) -> tuple[int, float, str]:
     """(exit status, peak RSS of the import in MB, its stderr) of ``python -m storage.io import
-    SOURCE --db STORE ARGS`` run as a child (its own process, so its peak is its own), under an
-    address-space limit of ``memory_mb`` when given."""
+    SOURCE --db STORE ARGS`` run as a child, under an address-space limit of ``memory_mb`` when
+    given. The peak is the child's VmHWM (/proc/self/status): getrusage's ru_maxrss is carried
+    over exec from the process that spawned it, so a large test process would inflate it."""
     code = ("import resource, sys, runpy\n"
             "limit = int(sys.argv.pop(1))\n"
             "if limit: resource.setrlimit(resource.RLIMIT_AS, (limit << 20, limit << 20))\n"
@@ -139,8 +150,8 @@ def peak_import(source: Path, store: Path, *args: str, timeout: float = 300,
             "try:\n"
             "    runpy.run_module('storage.io', run_name='__main__')\n"
             "finally:\n"
-            "    sys.stderr.write('peak_rss_kb %d\\n' % "
-            "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+            "    hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')]\n"
+            "    sys.stderr.write('peak_rss_kb %s\\n' % hwm[0].split()[1])\n")
     proc = subprocess.run([sys.executable, "-c", code, str(memory_mb or 0), "import",
                            str(source), "--db", str(store), *args], capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT,
@@ -151,5 +162,13 @@ def peak_import(source: Path, store: Path, *args: str, timeout: float = 300,
 
 
 if __name__ == "__main__":
-    KINDS[sys.argv[1]](Path(sys.argv[2]))
-    print(f"{sys.argv[2]}: {os.path.getsize(sys.argv[2]):,} bytes")
+    if sys.argv[1] == "measure":  # python tests/hostile_imports.py measure FILE [IMPORT ARGS]
+        started = time.monotonic()
+        store = Path(tempfile.mkdtemp()) / "s.duckdb"
+        code, peak, err = peak_import(Path(sys.argv[2]), store, *sys.argv[3:], timeout=3600)
+        print(f"{Path(sys.argv[2]).name}: exit {code}, peak RSS {peak:,.0f} MB, "
+              f"{time.monotonic() - started:.1f} s")
+        print("\n".join(line for line in err.splitlines()[:3] if line.startswith("error")))
+    else:
+        KINDS[sys.argv[1]](Path(sys.argv[2]))
+        print(f"{sys.argv[2]}: {os.path.getsize(sys.argv[2]):,} bytes")

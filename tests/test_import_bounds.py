@@ -159,6 +159,30 @@ def test_given_tokens_and_turns_over_their_limits_fail_by_count(tmp_path):
         "line 2: field 'turns' holds 10001 entries, over the limit of 10000 per trajectory"]
 
 
+def test_what_a_record_keeps_is_bounded_by_its_count_of_values(tmp_path):
+    """Past its parse, a record costs a few copies of every value it keeps: 2M empty objects
+    in a sample's metadata (an 8 MB member in an 8 KB file) took 1.87 GB and 38 s at 8M; the
+    count, not the bytes, is what bounds it. Events are only looked through, so they do not
+    count; a score's values are each a reward component."""
+    many = dict(sample("many"), metadata=[{}] * 2_000_001)
+    events = dict(sample("events"), events=[{"event": "info"}] * 2_000_001)
+    scores = dict(sample("scores"), scores={"match": {"value": [1] * 1_001}})
+    log = write_eval(tmp_path / "values.eval", {"many_epoch_1": many, "events_epoch_1": events,
+                                                "scores_epoch_1": scores})
+    line = {"traj_id": "x", "task_id": "q", "reward": 1.0, "turns": [],
+            "info": {"v": [0] * 2_000_001}}
+    (tmp_path / "values.jsonl").write_text(json.dumps(line) + "\n", encoding="utf-8")
+    report = ingest.import_file(log, tmp_path / "s.duckdb")
+    assert report.imported == 1 and sorted(report.errors) == [
+        "values.eval: sample many epoch 1: the sample holds more than 2000000 JSON values "
+        "(objects, lists, numbers, strings), the limit for one trajectory",
+        "values.eval: sample scores epoch 1: score 'match' holds 1001 values, over the limit "
+        "of 1000 (each is a reward component)"]
+    report = ingest.import_file(tmp_path / "values.jsonl", tmp_path / "s.duckdb")
+    assert report.errors == ["line 1: the record holds more than 2000000 JSON values (objects, "
+                             "lists, numbers, strings), the limit for one trajectory"]
+
+
 def test_token_rows_cap_each_text_and_the_trajectory_and_keep_the_text_whole():
     def words(w, n):  # n whitespace pieces
         return " ".join([w] * n)

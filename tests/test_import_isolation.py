@@ -155,3 +155,31 @@ def test_the_follower_lives_on_remembers_the_bad_log_and_takes_it_once_fixed(tmp
     finally:
         proc.kill() if proc.poll() is None else None
     assert "imported deep.eval (finished): 2 new" in fixed, fixed
+
+
+# -- text: what the threat model says ----------------------------------------------------------
+def test_a_lone_surrogate_is_stored_as_u_fffd_by_every_importer(tmp_path):
+    """Half an emoji escaped in a string (``"\\ud83d"``, as Python's json writes a cut one):
+    every importer keeps the line and stores U+FFFD (docs/threat-model.md), as the trainer does.
+    It was refused by the JSONL importers and stored by the Inspect one."""
+    half = "\\ud83d"  # the six characters of the escape, as they stand in the file
+    generic = tmp_path / "g.jsonl"
+    generic.write_text('{"traj_id": "t' + half + '", "task_id": "q", "reward": 1, "prompt": '
+                       '"p' + half + '", "turns": [{"action": "a' + half + '"}]}\n')
+    chat = tmp_path / "m.jsonl"
+    chat.write_text('{"messages": [{"role": "user", "content": "u' + half + '"}, {"role": '
+                    '"assistant", "content": "a' + half + '"}], "reward": 1}\n')
+    verl = tmp_path / "3.jsonl"
+    verl.write_text('{"input": "i' + half + '", "output": "<answer>o' + half + '</answer>", '
+                    '"score": 1}\n')
+    inspect = write_eval(tmp_path / "i.eval", {"s_epoch_1": json.dumps(sample("s")).replace(
+        '"5"}]', '"5' + half + '"}]', 1).encode()})
+    for source, fmt in ((generic, "jsonl"), (chat, "messages"), (verl, "verl"),
+                        (inspect, "inspect")):
+        store = tmp_path / f"{fmt}.duckdb"
+        proc = _cli("import", str(source), "--db", str(store), "--format", fmt)
+        assert proc.returncode == 0, (fmt, proc.stderr)
+        texts = _q(store, "SELECT string_agg(action, '') FROM turns")[0][0]
+        assert "\ufffd" in texts and "\\ud83d" not in texts, (fmt, texts)
+    assert _q(tmp_path / "jsonl.duckdb", "SELECT traj_id, prompt FROM trajectories") == [
+        ("t\ufffd", "p\ufffd")]

@@ -24,7 +24,8 @@ EXPECTED_ERRORS = {  # line -> words its message must contain
     7: "turns[0].action' must be a string", 9: "NaN is not a JSON number",
     10: "duplicate traj_id 'a1' (first at line 1)", 11: "tokens[0].role' must be one of",
     12: "field 'reward' must be a number, got bool", 13: "must be between 0 and 2^31-1",
-    14: "longer than the limit of 4096 bytes", 15: "not UTF-8", 16: "lone UTF-16 surrogate",
+    14: "longer than the limit of 4096 bytes", 15: "not UTF-8",
+    16: "field 'tokens[0].train_logprob' must be a log-probability (finite and <= 0), got NaN",
 }
 TRAJ_TABLES = ("trajectories", "rewards", "turns", "tokens")
 

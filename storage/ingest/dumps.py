@@ -178,6 +178,8 @@ def _verl_lines(file: Path, name: str, max_line_bytes: int) -> Iterator[tuple[st
             yield where, verl_record(obj, f"{name}:{lineno}", _step_from_name(file))
         except LineError as exc:
             yield where, exc
+        except Exception as exc:  # a rule tripping on one line fails that line only
+            yield where, LineError(f"could not be read: {type(exc).__name__}: {exc}")
 
 
 # -- TRL -------------------------------------------------------------------------------------------------
@@ -280,6 +282,8 @@ def _trl_rows(file: Path, name: str) -> Iterator[tuple[str, Any]]:
             yield where, trl_record(row, f"{name}:{i}", _step_from_name(file), reward_cols)
         except LineError as exc:
             yield where, exc
+        except Exception as exc:  # a rule tripping on one row fails that row only
+            yield where, LineError(f"could not be read: {type(exc).__name__}: {exc}")
 
 
 READERS = {"verl": read_verl, "trl": read_trl}

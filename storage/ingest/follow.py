@@ -45,8 +45,9 @@ batches of at most 200 records or 8 MiB of input (storage/ingest/feed.py); a lin
 room for a 130k-token trajectory with every token's record) fails alone with a message and is
 skipped a MiB at a time, never held; an unfinished line is not held or read again either (each
 poll scans only the bytes that arrived since; one already over the limit is reported as soon as
-it is). No file is copied. What a valid line costs is the importer's (its rows; a text-only line
-whose tokens are rebuilt from its words takes ~130 times its size), hence the default.
+it is). No file is copied. What a valid line costs is the importer's: its token rows are capped
+and made as they are written (storage/token_rows.py), so about 20 times its size for text and 40
+for JSON of tiny objects (docs/threat-model.md, Importing).
 
 Idempotent and restartable: every import leaves a row in the store's ``imports`` table, its
 source ``{file}#{start}-{end}~{mark}`` (JSONL: the byte range; verl/TRL: ``#0-{size}`` and the

@@ -39,7 +39,7 @@ from storage.ingest.import_batch import (RunNotImportable, finish_import, refuse
                                   write_batch)
 from storage.ingest.inspect_log import (USAGE_KEYS, InspectLog, log_files, log_metrics,
                                         opening_error, sample_record)
-from storage.interchange import LineError, to_rows, validate
+from storage.interchange import LineError, refuse_many_values, to_rows, validate
 from storage.ingest.report import ImportReport, default_run_id
 from storage.migrations import prepare
 from storage.recorder import check_run_id, clean_text
@@ -214,6 +214,8 @@ def _one(state: _Run, where: str, sample, log: InspectLog, prefix: str, classify
     try:
         if isinstance(sample, LineError):
             raise sample
+        if isinstance(sample, dict):  # its events are only looked through, never copied
+            refuse_many_values([v for k, v in sample.items() if k != "events"], "the sample")
         rec = validate(sample_record(sample, log, prefix))
         if rec["traj_id"] in state.first_seen:
             raise LineError(f"duplicate sample and epoch {rec['traj_id']!r} "

@@ -9,6 +9,7 @@ from typing import Any
 from storage.interchange import LineError
 
 CORRECT, INCORRECT, PARTIAL, NOANSWER = "C", "I", "P", "N"  # inspect_ai.scorer's defaults
+MAX_SCORE_VALUES = 1_000
 
 
 # -- scores ----------------------------------------------------------------------------------------
@@ -48,6 +49,9 @@ def score_components(name: str, value: Any) -> tuple[dict[str, float], list[str]
     """Components of one score (``score/{name}``, or one per key/element) and notes; LineError
     for a value Inspect's ``Value`` type does not allow (scalar, list of scalars, or object of
     scalars and nulls)."""
+    if isinstance(value, (list, dict)) and len(value) > MAX_SCORE_VALUES:
+        raise LineError(f"score {name!r} holds {len(value)} values, over the limit of "
+                        f"{MAX_SCORE_VALUES} (each is a reward component)")
     if _scalar(value):
         items = {f"score/{name}": value}
     elif isinstance(value, list) and value and all(_scalar(v) for v in value):

@@ -157,7 +157,7 @@ def turns_of(messages: list[dict]) -> tuple[str, list[dict]]:
             raise LineError(f"messages 0-{i} hold more than {MAX_TRAJECTORY_CHARS} characters, "
                             "the limit for one conversation")
         if m["role"] == "assistant":
-            called.update({c["id"]: c["name"] for c in m["calls"] if c.get("id")})
+            called.update({c["id"]: c["name"] for c in m["calls"] if isinstance(c.get("id"), str)})
             bad = [c["bad"] for c in m["calls"] if c["bad"]]
             parts = [m["text"]] * bool(m["text"]) + [c["text"] for c in m["calls"]]
             seen = []  # the observation's parts, joined once (not copied once per message)
@@ -173,7 +173,9 @@ def turns_of(messages: list[dict]) -> tuple[str, list[dict]]:
         elif not turns:
             prompt.append(f"{m['role']}: {m['text']}\n")
         elif m["role"] in ("tool", "function"):
-            name = m.get("name") or called.get(m.get("call_id")) or "tool"
+            call_id = m.get("call_id")
+            name = m.get("name") or (called.get(call_id) if isinstance(call_id, str) else None) \
+                or "tool"
             shown = "\n".join(filter(None, [m["text"], m.get("error") and f"error: {m['error']}"]))
             seen.append(f"{name} -> {shown}\n")
             if m.get("error"):
@@ -283,3 +285,5 @@ def _conversations(path: Path, max_line_bytes: int) -> Iterator[tuple[str, Any]]
                 yield where, messages_record(obj, f"{stem}:{base + start}")
             except LineError as exc:
                 yield where, exc
+            except Exception as exc:  # a rule tripping on one line fails that line only
+                yield where, LineError(f"could not be read: {type(exc).__name__}: {exc}")
