@@ -11,7 +11,10 @@ same ids):
       chat {model}       one per turn, in turn order (GenAI semantic conventions, span mode):
                          gen_ai.operation.name chat, gen_ai.request.model, gen_ai.input.messages
                          (what the turn newly saw: the prompt at turn 0, else the previous
-                         observation as a tool message), gen_ai.output.messages (the action)
+                         observation as a tool message), gen_ai.output.messages (the action);
+                         agentrl.observation: the observation that followed, exactly as the
+                         environment gave it (the receiver takes it over its rendering of tool
+                         messages)
       execute_tool       one per turn with an observation: gen_ai.tool.call.result
 
 The resource carries the proposed rl.* names (semantic-conventions-genai issue 88): rl.run.id,
@@ -102,6 +105,7 @@ def trajectory_spans(rec: dict, run_id: str, model: str, t0: int) -> list[Span]:
                 "gen_ai.operation.name": "chat", "gen_ai.provider.name": "agentrl",
                 "gen_ai.request.model": model, "gen_ai.input.messages": json.dumps(said),
                 "gen_ai.output.messages": json.dumps(out), "agentrl.turn": k,
+                "agentrl.observation": turn.get("observation") or "",
                 "agentrl.action_valid": turn.get("action_valid")})))
         seen = turn.get("observation") or ""
         if seen:

@@ -150,3 +150,46 @@ def test_the_export_command_sends_a_run_and_names_what_is_missing(peer):
     n = int((queries.trajectories(STORE, run)["step"] <= 0).sum())
     assert done.returncode == 0 and f"sent {n} trajectories" in done.stdout
     assert peer.headers[-1]["Authorization"] == "Bearer tok"
+
+
+def test_a_run_exported_as_spans_comes_back_through_the_receiver_with_nothing_lost(tmp_path):
+    """export --format otlp -> agentrl otlp: the same trajectories, turn by turn (actions and
+    observations), with their rewards, reward components, success and identity."""
+    from storage.otlp import Bounds, Receiver
+    run = queries.runs(STORE)["run_id"].iloc[0]
+    trajs = queries.trajectories(STORE, run)
+    first = int(trajs["step"].min())
+    picked = trajs[trajs["step"] == first]
+    receiver = Receiver(tmp_path / "back.duckdb", port=0, run_id="back",
+                        bounds=Bounds(flush_s=0.05, grace_s=0.05, idle_s=0.5)).start()
+    try:
+        sent, rejected = export_otlp(STORE, run, receiver.url + "/v1/traces",
+                                     Filters(step_max=first))
+    finally:
+        receiver.stop()
+    assert (sent, rejected) == (len(picked), 0)
+    back = queries.trajectories(tmp_path / "back.duckdb", "back")
+    assert len(back) == len(picked)
+    ids = list(picked["traj_id"])
+    want_turns = queries.turns(STORE, run, ids)
+    got_turns = queries.turns(tmp_path / "back.duckdb", "back", list(back["traj_id"]))
+    want_rewards = queries.rewards(STORE, run, ids)
+    got_rewards = queries.rewards(tmp_path / "back.duckdb", "back", list(back["traj_id"]))
+    by_task = {}
+    for _, row in back.iterrows():
+        by_task.setdefault(row["task_id"], []).append(row)
+    for _, row in picked.iterrows():
+        mine = [b for b in by_task[row["task_id"]] if b["group_id"] == row["group_id"]
+                and b["reward"] == pytest.approx(row["reward"])]
+        assert mine, row["traj_id"]
+        b = mine[0]
+        assert (b["success"], b["step"], b["split"]) == (row["success"], row["step"], row["split"])
+        assert b["prompt"] == row["prompt"]
+        w = want_turns[want_turns["traj_id"] == row["traj_id"]].sort_values("turn")
+        g = got_turns[got_turns["traj_id"] == b["traj_id"]].sort_values("turn")
+        assert g["action"].tolist() == w["action"].tolist()
+        assert g["observation"].fillna("").tolist() == w["observation"].fillna("").tolist()
+        wr = want_rewards[want_rewards["traj_id"] == row["traj_id"]]
+        gr = got_rewards[got_rewards["traj_id"] == b["traj_id"]]
+        assert dict(zip(gr["component"], gr["value"])) == pytest.approx(
+            dict(zip(wr["component"], wr["value"])))

@@ -247,7 +247,11 @@ def build_record(t: OpenTrace, closed: bool) -> dict:
         nxt = calls[i + 1] if i + 1 < len(calls) else None
         observation = _seen_after_last_assistant(nxt, names) if nxt else ""
         ran = _tools_between(tools, call.start_ns, nxt.start_ns if nxt else None)
-        if not observation and ran:
+        exact = t.spans[call.span_id].attributes.get("agentrl.observation") \
+            if call.span_id in t.spans else None
+        if isinstance(exact, str):  # the environment's own text (export --format otlp)
+            observation = exact
+        elif not observation and ran:
             observation = "".join(f"{r.name} -> {r.result}\n" for r in ran)
         errors = [f"{r.name}: {r.error}" for r in ran if r.error]
         parts = [call.text] * bool(call.text) + [render(c) for c in call.calls]
@@ -267,7 +271,7 @@ def build_record(t: OpenTrace, closed: bool) -> dict:
                           "finish_reason": call.finish_reason})
     facts = trace_facts(spans)
     notes = []
-    prompt = _prompt(calls[0] if calls else None)
+    prompt = facts.get("prompt") or _prompt(calls[0] if calls else None)
     rec: dict[str, Any] = {"traj_id": t.traj_id, "prompt": prompt, "turns": turns,
                            "step": facts.get("step", 0), "split": facts.get("split", "train")}
     rec["task_id"] = facts.get("task_id") or task_of(prompt)
@@ -284,6 +288,8 @@ def build_record(t: OpenTrace, closed: bool) -> dict:
                      "agentlightning.reward.0.value) or a scores file: recorded as 0.0")
     if "success" in facts:
         rec["success"] = facts["success"]
+    if facts.get("rewards"):
+        rec["rewards"] = facts["rewards"]
     if any(s.status_code == 2 for s in spans):
         rec["finish_reason"] = "error"
     elif closed and turns and turns[-1]["action_type"] == "answer" and calls[-1].text.strip():

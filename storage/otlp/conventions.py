@@ -272,7 +272,11 @@ AGENTRL = {"agentrl.reward": _float, "agentrl.success": lambda v: v if isinstanc
            "agentrl.task_id": lambda v: str(v) if v not in (None, "") else None,
            "agentrl.group_id": lambda v: str(v) if v not in (None, "") else None,
            "agentrl.split": lambda v: str(v) if v not in (None, "") else None,
-           "agentrl.step": _int}
+           "agentrl.step": _int,
+           "agentrl.prompt": lambda v: v if isinstance(v, str) else None}
+REWARD_PREFIX = "rl.reward."
+"""``rl.reward.<component>`` (float): one reward component each (export --format otlp writes
+them on the root); read like ``agentrl.*``, the root's value winning."""
 
 
 def trace_facts(spans: list) -> dict:
@@ -304,6 +308,9 @@ def trace_facts(spans: list) -> dict:
                 facts[key.split(".", 1)[1]] = value
                 if key == "agentrl.reward":
                     facts["source"] = "agentrl.reward"
+        for key, value in s.attributes.items():
+            if key.startswith(REWARD_PREFIX) and _float(value) is not None:
+                facts.setdefault("rewards", {})[key[len(REWARD_PREFIX):][:64]] = _float(value)
     return facts
 
 
