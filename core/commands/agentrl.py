@@ -9,8 +9,9 @@ core.train ARGS`` and so on:
     evaluate  python -m core.evaluation         a checkpoint on another evaluation's tasks
     clusters  python -m core.clusters           failure clusters of a run
     import    python -m storage.io import       a dump, JSONL, TRL, Inspect or messages file
-    export    python -m storage.io export       one run to JSONL or Parquet
+    export    python -m storage.io export       one run to JSONL or Parquet, or as OTLP spans
     follow    python -m storage.io follow       import a folder's files as they appear
+    otlp      python -m storage.otlp            receive agents' OpenTelemetry traces, live
     endpoint  python -m core.endpoint_server    a local model over the OpenAI-compatible protocol
     app       streamlit run app.py              the web app (as ``make run`` serves it)
 """
