@@ -265,7 +265,8 @@ def test_spans_past_the_per_trajectory_limit_are_rejected_naming_the_trace(tmp_p
     status, _, body = post(r, json_body(*spans), "application/json")
     reply = json.loads(body)["partialSuccess"]
     assert status == 200 and reply["rejectedSpans"] == "2"
-    assert "trace 5b8efff798038103d269b633813fc60c: over the limit of 3" in reply["errorMessage"]
+    assert reply["errorMessage"] == ("trace 5b8efff798038103d269b633813fc60c: 2 span(s) over "
+                                     "the limit of 3 spans per trajectory")
     r.stop()
 
 

@@ -96,7 +96,7 @@ class Assembler:
 
     def add(self, spans: list[Span], logs: list[LogRecord]) -> list[str]:
         """Take a request's records; returns why each refused span was refused."""
-        refused = []
+        refused: dict[str, int] = {}
         now = self.clock()
         with self.lock:
             for s in spans:
@@ -109,9 +109,7 @@ class Assembler:
                 if s.span_id in t.spans:
                     continue  # a retried export: already held
                 if len(t.spans) >= self.bounds.max_spans_per_trace:
-                    refused.append(f"trace {s.trace_id}: over the limit of "
-                                   f"{self.bounds.max_spans_per_trace} spans per trajectory "
-                                   f"(span {s.name[:60]!r} refused)")
+                    refused[s.trace_id] = refused.get(s.trace_id, 0) + 1
                     continue
                 t.spans[s.span_id] = s
                 t.new_spans.append(s)
@@ -130,7 +128,8 @@ class Assembler:
                 t.held += size
                 self.held += size
                 t.last_seen, t.dirty = now, True
-        return refused
+        return [f"trace {tid}: {n} span(s) over the limit of {self.bounds.max_spans_per_trace} "
+                "spans per trajectory" for tid, n in refused.items() for _ in range(n)]
 
     def _remember(self, trace_id: str, key: str) -> None:
         self.trace_key[trace_id] = key

@@ -123,9 +123,10 @@ class Handler(BaseHTTPRequestHandler):
         srv.counts["spans"] += len(records.spans)
         srv.counts["logs"] += len(records.logs)
         srv.counts["rejected"] += len(rejected)
-        message = "; ".join(rejected[:MAX_REJECTIONS_NAMED])
-        if len(rejected) > MAX_REJECTIONS_NAMED:
-            message += f"; and {len(rejected) - MAX_REJECTIONS_NAMED} more"
+        named = list(dict.fromkeys(rejected))  # one line per reason (a trace over its limit)
+        message = "; ".join(named[:MAX_REJECTIONS_NAMED])
+        if len(named) > MAX_REJECTIONS_NAMED:
+            message += f"; and {len(named) - MAX_REJECTIONS_NAMED} more"
         if rejected:
             srv.log(f"rejected {len(rejected)}: {clean_text(message)[:500]}")
         self._reply(200, response_body(signal_name, len(rejected), message, as_json), as_json)
@@ -155,6 +156,7 @@ class Handler(BaseHTTPRequestHandler):
 class Receiver(ThreadingHTTPServer):
     """The HTTP server plus its assembler and writer thread (``start`` / ``stop``)."""
     daemon_threads = True
+    request_queue_size = 256  # 20 agents connecting at once overflowed the default 5 (resets)
 
     def __init__(self, db_path, host: str = "127.0.0.1", port: int = 4318,
                  bounds: Bounds = Bounds(), limits: Limits = Limits(), run_id: str | None = None,

@@ -1,0 +1,229 @@
+"""The OTLP receiver's speed, memory and latency (issue 49), on this machine's cores.
+
+    .venv/bin/python bench/otlp.py [--agents 20] [--traces 50] [--hostile]
+
+The receiver runs as ``python -m storage.otlp`` in its own process (so its RSS is its own);
+agents are threads that POST protobuf bodies made by the SDK's own encoder (each a trace of
+one root, LLM spans in GenAI span mode and tool spans, like tests/test_otlp_clients.py's agent
+records), one body per turn as a BatchSpanProcessor would send them. Printed, each beside its
+target:
+
+* spans/s: all agents' spans from the first POST until every one is in the ``spans`` table;
+* memory: the receiver's RSS before and after 1,000 traces left open (no root, never idle);
+* export-to-page latency: from a turn's POST until storage.db.reading sees the trajectory with
+  that turn (what a page reads), median and max over 20 turns;
+* with --hostile: a 1M-span trace (100 bodies of 10k spans), its time, rejections and RSS.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from storage import db as store  # noqa: E402
+
+
+def _kv(span, key, value):
+    kv = span.attributes.add()
+    kv.key = key
+    if isinstance(value, str):
+        kv.value.string_value = value
+    elif isinstance(value, float):
+        kv.value.double_value = value
+    else:
+        kv.value.int_value = value
+
+
+def body(service: str, trace_id: bytes, spans: list[dict]) -> bytes:
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    r = rs.resource.attributes.add()
+    r.key, r.value.string_value = "service.name", service
+    ss = rs.scope_spans.add()
+    for s in spans:
+        span = ss.spans.add()
+        span.trace_id, span.span_id, span.name = trace_id, s["id"], s["name"]
+        span.parent_span_id = s.get("parent", b"")
+        span.start_time_unix_nano, span.end_time_unix_nano = s["start"], s["start"] + 1000
+        for k, v in s["attrs"].items():
+            _kv(span, k, v)
+    return req.SerializeToString()
+
+
+def turn_spans(turn: int, root: bytes, t0: int) -> list[dict]:
+    msgs = [{"role": "user", "parts": [{"type": "text", "content": "What is (2+3)*4?"}]}]
+    out = [{"type": "tool_call", "id": f"c{turn}", "name": "add", "arguments": {"x": 2, "y": 3}}]
+    return [
+        {"id": os.urandom(8), "parent": root, "name": "chat tiny", "start": t0 + turn * 10_000,
+         "attrs": {"gen_ai.operation.name": "chat", "gen_ai.request.model": "tiny",
+                   "gen_ai.usage.input_tokens": 40 + turn, "gen_ai.usage.output_tokens": 12,
+                   "gen_ai.input.messages": json.dumps(msgs),
+                   "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": out}])}},
+        {"id": os.urandom(8), "parent": root, "name": "execute_tool add",
+         "start": t0 + turn * 10_000 + 5000,
+         "attrs": {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "add",
+                   "gen_ai.tool.call.id": f"c{turn}", "gen_ai.tool.call.result": "5"}}]
+
+
+def post(port: int, payload: bytes) -> int:
+    con = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    for _ in range(100):
+        con.request("POST", "/v1/traces", payload, {"Content-Type": "application/x-protobuf"})
+        resp = con.getresponse()
+        resp.read()
+        if resp.status not in (429, 503):
+            con.close()
+            return resp.status
+        time.sleep(float(resp.getheader("Retry-After") or 1))
+    raise RuntimeError("receiver stayed behind")
+
+
+def start(db: Path, *extra: str) -> tuple[subprocess.Popen, int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "storage.otlp", "--db", str(db), "--port",
+                             str(port), *extra], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    proc.stdout.readline()
+    return proc, port
+
+
+def count(db: Path, sql: str):
+    with store.reading(db) as con:
+        return con.execute(sql).fetchone()[0]
+
+
+def throughput(tmp: Path, agents: int, traces: int, turns: int = 4, batched: bool = False) -> dict:
+    """``batched``: one body per trace (as a BatchSpanProcessor sends an agent's spans), else
+    one body per turn (as a SimpleSpanProcessor does)."""
+    db = tmp / f"speed{int(batched)}.duckdb"
+    proc, port = start(db)
+    expected = agents * traces * (1 + 2 * turns)
+
+    def agent(a: int):
+        t0 = time.time_ns()
+        for _ in range(traces):
+            tid, root = os.urandom(16), os.urandom(8)
+            bodies = [turn_spans(turn, root, t0) for turn in range(turns)]
+            bodies.append([{"id": root, "name": "invoke_agent", "start": t0,
+                            "attrs": {"agentrl.reward": 1.0}}])
+            for spans in ([sum(bodies, [])] if batched else bodies):
+                post(port, body(f"agent-{a}", tid, spans))
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=agent, args=(a,)) for a in range(agents)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    posted = time.perf_counter() - started
+    while count(db, "SELECT count(*) FROM spans") < expected:
+        time.sleep(0.1)
+    stored = time.perf_counter() - started
+    rss = psutil.Process(proc.pid).memory_info().rss
+    proc.send_signal(2)
+    proc.wait(60)
+    return {"spans": expected, "posted_s": posted, "stored_s": stored,
+            "spans_per_s": expected / stored, "rss_mb": rss / 2**20,
+            "trajectories": count(db, "SELECT count(*) FROM trajectories"),
+            "stored_spans": count(db, "SELECT count(*) FROM spans")}
+
+
+def open_traces(tmp: Path, n: int = 1000) -> dict:
+    db = tmp / "open.duckdb"
+    proc, port = start(db, "--idle-s", "3600")
+    before = psutil.Process(proc.pid).memory_info().rss
+    t0 = time.time_ns()
+    for i in range(n):  # no root: every one stays open
+        post(port, body("open", os.urandom(16), turn_spans(0, os.urandom(8), t0)
+                        + turn_spans(1, os.urandom(8), t0)))
+    time.sleep(2)
+    after = psutil.Process(proc.pid).memory_info().rss
+    proc.send_signal(2)
+    proc.wait(120)
+    return {"open": n, "rss_before_mb": before / 2**20, "rss_after_mb": after / 2**20,
+            "per_trace_kb": (after - before) / n / 1024,
+            "written_on_exit": count(db, "SELECT count(*) FROM trajectories")}
+
+
+def latency(tmp: Path, turns: int = 20) -> dict:
+    db = tmp / "latency.duckdb"
+    proc, port = start(db)
+    tid, root, t0 = os.urandom(16), os.urandom(8), time.time_ns()
+    waits = []
+    for turn in range(turns):
+        sent = time.perf_counter()
+        post(port, body("live", tid, turn_spans(turn, root, t0)))
+        while True:
+            try:
+                if count(db, "SELECT coalesce(max(num_turns), 0) FROM trajectories") > turn:
+                    break
+            except Exception:
+                pass
+            time.sleep(0.01)
+        waits.append(time.perf_counter() - sent)
+    proc.send_signal(2)
+    proc.wait(60)
+    return {"median_s": statistics.median(waits), "max_s": max(waits)}
+
+
+def million(tmp: Path) -> dict:
+    db = tmp / "million.duckdb"
+    proc, port = start(db)
+    tid, root, t0 = os.urandom(16), os.urandom(8), time.time_ns()
+    started, peak = time.perf_counter(), 0
+    for _ in range(100):
+        spans = [{"id": os.urandom(8), "parent": root, "name": "step", "start": t0,
+                  "attrs": {"i": random.randrange(1 << 30)}} for _ in range(10_000)]
+        post(port, body("million", tid, spans))
+        peak = max(peak, psutil.Process(proc.pid).memory_info().rss)
+    took = time.perf_counter() - started
+    proc.send_signal(2)
+    out, _ = proc.communicate(timeout=120)
+    return {"seconds": took, "peak_rss_mb": peak / 2**20, "summary": out.strip().splitlines()[-1],
+            "stored_spans": count(db, "SELECT count(*) FROM spans")}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--agents", type=int, default=20)
+    p.add_argument("--traces", type=int, default=50)
+    p.add_argument("--hostile", action="store_true")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        for batched in (False, True):
+            t = throughput(tmp, args.agents, args.traces, batched=batched)
+            print(f"spans/s        {t['spans_per_s']:8.0f}   target >= 5000   ratio "
+                  f"{t['spans_per_s'] / 5000:.2f}  ({'a body per trace' if batched else 'a body per turn'}: "
+                  f"{t['spans']} spans from {args.agents} agents, posted in {t['posted_s']:.1f} s, "
+                  f"all stored at {t['stored_s']:.1f} s; stored {t['stored_spans']}, "
+                  f"{t['trajectories']} trajectories; RSS {t['rss_mb']:.0f} MB)")
+        o = open_traces(tmp)
+        print(f"open traces    {o['open']:8d}   RSS {o['rss_before_mb']:.0f} -> "
+              f"{o['rss_after_mb']:.0f} MB ({o['per_trace_kb']:.1f} KB each); "
+              f"{o['written_on_exit']} written on SIGINT")
+        lat = latency(tmp)
+        print(f"export->page   {lat['median_s']:8.2f} s median, {lat['max_s']:.2f} s max   "
+              f"target <= 2 s   ratio {lat['max_s'] / 2:.2f}")
+        if args.hostile:
+            m = million(tmp)
+            print(f"1M-span trace  {m['seconds']:8.1f} s, peak RSS {m['peak_rss_mb']:.0f} MB, "
+                  f"stored {m['stored_spans']}; {m['summary']}")
+
+
+if __name__ == "__main__":
+    main()
