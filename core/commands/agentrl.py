@@ -12,6 +12,7 @@ core.train ARGS`` and so on:
     export    python -m storage.io export       one run to JSONL or Parquet, or as OTLP spans
     follow    python -m storage.io follow       import a folder's files as they appear
     otlp      python -m storage.otlp            receive agents' OpenTelemetry traces, live
+    otlp-scores  python -m storage.otlp.scores  rewards graded later, keyed by trace id
     endpoint  python -m core.endpoint_server    a local model over the OpenAI-compatible protocol
     app       streamlit run app.py              the web app (as ``make run`` serves it)
 """
@@ -32,6 +33,7 @@ COMMANDS = {
     "follow": ("storage.io", ["follow"]),
     "endpoint": ("core.commands.endpoint", []),
     "otlp": ("storage.otlp.receiver", []),
+    "otlp-scores": ("storage.otlp.scores", []),
 }
 APP = Path(__file__).resolve().parents[2] / "app.py"
 
