@@ -6,7 +6,7 @@ import json
 import streamlit as st
 
 from pages import _common as c
-from pages import _boards, _branches, _calls, _info_gain, _panels, _states, _tokens
+from pages import _boards, _branches, _calls, _info_gain, _live, _panels, _states, _tokens
 
 c.ensure_app()
 pick = c.picked()
@@ -23,6 +23,8 @@ if trajs.empty:
 traj_id = c.url_select("Trajectory", trajs["traj_id"].tolist(), key="traj", param="traj",
                        format_func=str)
 row = trajs.set_index("traj_id").loc[traj_id].to_dict()
+row, read_now = _live.fresh(pick, traj_id, row)  # an OTel agent still running: read it now
+_live.hint(row)
 cols = st.columns(5)
 cols[0].metric("Reward", "-" if c.missing(row["reward"]) else f"{row['reward']:.3f}")
 cols[1].metric("Advantage", "-" if c.missing(row["advantage"]) else f"{row['advantage']:.3f}")
@@ -37,7 +39,7 @@ if c.text_of(row.get("prompt")):
         st.code(row["prompt"], language=None, wrap_lines=True)
 
 # -- turn by turn ----------------------------------------------------------------------------------
-turns = c.load_turns(pick.store, pick.run_id, (traj_id,))
+turns = _live.turns(pick, traj_id, read_now)
 ERROR_SAID_BY = ("A tool or the evaluation reported an error on this turn:"
                  if str(pick.run.get("source") or "").startswith(("import:inspect",
                                                                    "import:messages"))
