@@ -1,14 +1,17 @@
 """The OTLP receiver's speed, memory and latency (issue 49), on this machine's cores.
 
-    .venv/bin/python bench/otlp.py [--agents 20] [--traces 50] [--hostile]
+    .venv/bin/python bench/otlp.py [--agents 20] [--traces 50] [--hostile] [--new-connection]
 
 The receiver runs as ``python -m storage.otlp`` in its own process (so its RSS is its own);
 agents are threads that POST protobuf bodies made by the SDK's own encoder (each a trace of
 one root, LLM spans in GenAI span mode and tool spans, like tests/test_otlp_clients.py's agent
-records), one body per turn as a BatchSpanProcessor would send them. Printed, each beside its
+records), one body per turn as a BatchSpanProcessor would send them, each agent on one kept-alive
+connection as the SDK's exporter (a ``requests.Session``) keeps it. Printed, each beside its
 target:
 
-* spans/s: all agents' spans from the first POST until every one is in the ``spans`` table;
+* spans/s: all agents' spans from the first POST until every one is in the ``spans`` table
+  (the bodies are encoded before the clock starts), and the receiver's own CPU time: the agents
+  share the machine's cores with it;
 * memory: the receiver's RSS before and after 1,000 traces left open (no root, never idle);
 * export-to-page latency: from a turn's POST until storage.db.reading sees the trajectory with
   that turn (what a page reads), median and max over 20 turns;
@@ -80,17 +83,46 @@ def turn_spans(turn: int, root: bytes, t0: int) -> list[dict]:
                    "gen_ai.tool.call.id": f"c{turn}", "gen_ai.tool.call.result": "5"}}]
 
 
+class Client:
+    """One agent's exporter: a kept-alive connection, as the SDK's OTLP/HTTP exporter keeps
+    its ``requests.Session`` (``keep_alive=False``: a new connection per POST, the bench's
+    former client, which measured connection setup and a thread start per body)."""
+
+    def __init__(self, port: int, keep_alive: bool = True):
+        self.port, self.keep_alive, self.con = port, keep_alive, None
+
+    def post(self, payload: bytes) -> int:
+        for _ in range(100):
+            if self.con is None:
+                self.con = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+            try:
+                self.con.request("POST", "/v1/traces", payload,
+                                 {"Content-Type": "application/x-protobuf"})
+                resp = self.con.getresponse()
+                resp.read()
+            except (ConnectionError, http.client.HTTPException):
+                self.close()  # the server closed a kept-alive connection: open another
+                continue
+            if not self.keep_alive or resp.will_close:
+                self.close()
+            if resp.status not in (429, 503):
+                return resp.status
+            time.sleep(float(resp.getheader("Retry-After") or 1))
+        raise RuntimeError("receiver stayed behind")
+
+    def close(self) -> None:
+        if self.con is not None:
+            self.con.close()
+            self.con = None
+
+
 def post(port: int, payload: bytes) -> int:
-    con = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    for _ in range(100):
-        con.request("POST", "/v1/traces", payload, {"Content-Type": "application/x-protobuf"})
-        resp = con.getresponse()
-        resp.read()
-        if resp.status not in (429, 503):
-            con.close()
-            return resp.status
-        time.sleep(float(resp.getheader("Retry-After") or 1))
-    raise RuntimeError("receiver stayed behind")
+    """One POST on a connection of its own."""
+    client = Client(port, keep_alive=False)
+    try:
+        return client.post(payload)
+    finally:
+        client.close()
 
 
 def start(db: Path, *extra: str) -> tuple[subprocess.Popen, int]:
@@ -108,23 +140,37 @@ def count(db: Path, sql: str):
         return con.execute(sql).fetchone()[0]
 
 
-def throughput(tmp: Path, agents: int, traces: int, turns: int = 4, batched: bool = False) -> dict:
+def throughput(tmp: Path, agents: int, traces: int, turns: int = 4, batched: bool = False,
+               keep_alive: bool = True) -> dict:
     """``batched``: one body per trace (as a BatchSpanProcessor sends an agent's spans), else
-    one body per turn (as a SimpleSpanProcessor does)."""
+    one body per turn (as a SimpleSpanProcessor does). The bodies are made before the clock
+    starts (the agents' own work is not the receiver's). The clients share this machine's
+    cores with the receiver: ``receiver_cpu_s`` is the receiver process's own CPU time over
+    the run, so ``spans / receiver_cpu_s`` is what one core of receiver takes, clients apart."""
     db = tmp / f"speed{int(batched)}.duckdb"
     proc, port = start(db)
     expected = agents * traces * (1 + 2 * turns)
 
-    def agent(a: int):
-        t0 = time.time_ns()
+    def payloads(a: int) -> list[bytes]:
+        t0, out = time.time_ns(), []
         for _ in range(traces):
             tid, root = os.urandom(16), os.urandom(8)
             bodies = [turn_spans(turn, root, t0) for turn in range(turns)]
             bodies.append([{"id": root, "name": "invoke_agent", "start": t0,
                             "attrs": {"agentrl.reward": 1.0}}])
-            for spans in ([sum(bodies, [])] if batched else bodies):
-                post(port, body(f"agent-{a}", tid, spans))
+            out += [body(f"agent-{a}", tid, spans)
+                    for spans in ([sum(bodies, [])] if batched else bodies)]
+        return out
 
+    made = [payloads(a) for a in range(agents)]
+
+    def agent(a: int):
+        client = Client(port, keep_alive)
+        for payload in made[a]:
+            client.post(payload)
+        client.close()
+
+    cpu = psutil.Process(proc.pid).cpu_times()
     started = time.perf_counter()
     threads = [threading.Thread(target=agent, args=(a,)) for a in range(agents)]
     [t.start() for t in threads]
@@ -133,11 +179,13 @@ def throughput(tmp: Path, agents: int, traces: int, turns: int = 4, batched: boo
     while count(db, "SELECT count(*) FROM spans") < expected:
         time.sleep(0.1)
     stored = time.perf_counter() - started
+    used = psutil.Process(proc.pid).cpu_times()
+    cpu_s = used.user + used.system - cpu.user - cpu.system
     rss = psutil.Process(proc.pid).memory_info().rss
     proc.send_signal(2)
     proc.wait(60)
     return {"spans": expected, "posted_s": posted, "stored_s": stored,
-            "spans_per_s": expected / stored, "rss_mb": rss / 2**20,
+            "spans_per_s": expected / stored, "rss_mb": rss / 2**20, "receiver_cpu_s": cpu_s,
             "trajectories": count(db, "SELECT count(*) FROM trajectories"),
             "stored_spans": count(db, "SELECT count(*) FROM spans")}
 
@@ -202,16 +250,22 @@ def main() -> None:
     p.add_argument("--agents", type=int, default=20)
     p.add_argument("--traces", type=int, default=50)
     p.add_argument("--hostile", action="store_true")
+    p.add_argument("--new-connection", action="store_true",
+                   help="each POST on a connection of its own (the default keeps one per agent, "
+                        "as the SDK's exporter does)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for batched in (False, True):
-            t = throughput(tmp, args.agents, args.traces, batched=batched)
+            t = throughput(tmp, args.agents, args.traces, batched=batched,
+                           keep_alive=not args.new_connection)
             print(f"spans/s        {t['spans_per_s']:8.0f}   target >= 5000   ratio "
                   f"{t['spans_per_s'] / 5000:.2f}  ({'a body per trace' if batched else 'a body per turn'}: "
                   f"{t['spans']} spans from {args.agents} agents, posted in {t['posted_s']:.1f} s, "
                   f"all stored at {t['stored_s']:.1f} s; stored {t['stored_spans']}, "
-                  f"{t['trajectories']} trajectories; RSS {t['rss_mb']:.0f} MB)")
+                  f"{t['trajectories']} trajectories; RSS {t['rss_mb']:.0f} MB; receiver CPU "
+                  f"{t['receiver_cpu_s']:.1f} s = {t['spans'] / t['receiver_cpu_s']:.0f} spans "
+                  "per receiver CPU-second)")
         o = open_traces(tmp)
         print(f"open traces    {o['open']:8d}   RSS {o['rss_before_mb']:.0f} -> "
               f"{o['rss_after_mb']:.0f} MB ({o['per_trace_kb']:.1f} KB each); "

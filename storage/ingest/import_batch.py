@@ -44,8 +44,9 @@ def refuse_foreign(run_id: str, source: str | None) -> None:
             "other run uses)")
 
 
-def _insert(con, table: str, rows: list[dict], run_id: str) -> None:
-    """One batched insert with types taken from the table (no guessing from the values)."""
+def _insert(con, table: str, rows: list[dict], run_id: str | list[str]) -> None:
+    """One batched insert with types taken from the table (no guessing from the values);
+    ``run_id`` is every row's, or each row's (a list as long as ``rows``)."""
     if not rows:
         return
     types = dict(con.execute("SELECT column_name, data_type FROM information_schema.columns "
@@ -54,7 +55,8 @@ def _insert(con, table: str, rows: list[dict], run_id: str) -> None:
     schema = pa.schema([(n, ARROW_TYPES[types[n]]) for n in names])
     columns = {n: clean_column([r.get(n) for r in rows]) for n in names}  # the recorder's rule
     arrow = pa.Table.from_pydict(columns, schema=schema)
-    arrow = arrow.append_column("run_id", pa.array([run_id] * len(rows), pa.string()))
+    run_ids = [run_id] * len(rows) if isinstance(run_id, str) else run_id
+    arrow = arrow.append_column("run_id", pa.array(run_ids, pa.string()))
     con.register("_import_rows", arrow)
     con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _import_rows")
     con.unregister("_import_rows")
@@ -97,6 +99,53 @@ def write_batch(db_path, run_id, fmt, run, batch, replace, report) -> None:
             _count(report, counts)
         except WRITE_ERRORS as exc:
             report.fail(item[0], f"could not be stored: {type(exc).__name__}: {exc}")
+
+
+def write_runs(con, fmt, items: list[tuple[str, dict, list]]) -> dict[str, tuple[int, int]]:
+    """Several runs' batches ``(run_id, run, batch)`` written inside the caller's transaction
+    (``con`` from ``db.writing``), each trajectory replacing the one stored under its id: one
+    DELETE and one INSERT per table for all of them, where ``write_batch`` takes a transaction
+    and five of each per run (the OTLP receiver writes one run per instrumented service every
+    flush). Returns each run's (new, replaced) for ``count`` once the caller committed; an
+    error propagates (the caller rolls back, then ``write_batch``-es each run to find the
+    trajectory the store refuses)."""
+    if not items:
+        return {}
+    sources = dict(con.execute(
+        "SELECT run_id, coalesce(source, 'trainer') FROM runs WHERE run_id IN (SELECT unnest(?))",
+        [[run_id for run_id, _, _ in items]]).fetchall())
+    for run_id, run, _ in items:
+        refuse_foreign(run_id, sources.get(run_id))
+        if run_id not in sources:
+            _ensure_run(con, run_id, fmt, run)
+    keys = pa.table({"run_id": pa.array([r for r, _, b in items for _ in b], pa.string()),
+                     "traj_id": pa.array([rows["trajectories"][0]["traj_id"]
+                                          for _, _, b in items for _, rows in b], pa.string())})
+    con.register("_import_keys", keys)
+    try:
+        present = con.execute("SELECT s.run_id, s.traj_id FROM trajectories s JOIN _import_keys "
+                              "USING (run_id, traj_id)").fetchall()
+        if present:
+            for table in TRAJ_TABLES:
+                con.execute(f"DELETE FROM {table} USING _import_keys k WHERE "
+                            f"{table}.run_id = k.run_id AND {table}.traj_id = k.traj_id")
+    finally:
+        con.unregister("_import_keys")
+    for table in TRAJ_TABLES:
+        pairs = ((run_id, r) for run_id, _, batch in items for _, rows in batch
+                 for r in rows[table])
+        while chunk := list(islice(pairs, ROW_CHUNK)):  # tokens: never all held at once
+            _insert(con, table, [r for _, r in chunk], [run_id for run_id, _ in chunk])
+    replaced: dict[str, int] = {}
+    for run_id, _ in present:
+        replaced[run_id] = replaced.get(run_id, 0) + 1
+    return {run_id: (len(batch) - replaced.get(run_id, 0), replaced.get(run_id, 0))
+            for run_id, _, batch in items}
+
+
+def count(report: ImportReport, counts: tuple[int, int]) -> None:
+    """Add a committed ``write_runs``'s (new, replaced) to ``report``."""
+    _count(report, (*counts, 0, 0))
 
 
 def _count(report: ImportReport, counts: tuple[int, int, int, int]) -> None:

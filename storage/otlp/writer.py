@@ -5,8 +5,11 @@ ordinary imported run (``runs.source`` = ``import:otlp``) to every page.
 
 ``Writer.flush`` runs on one thread every ``Bounds.flush_s``: it takes what the assembler holds
 (storage/otlp/assemble.py ``take``), writes the new raw records and the trajectories of every
-conversation that changed, one transaction for the raw records and one per batch of
-trajectories; every few seconds it refreshes each run's derived metrics. A write that fails
+conversation that changed, all in one transaction (one open of the store: opening and closing
+it is most of a small write's cost) with one DELETE and one INSERT per table for every run
+(``write_runs``); every few seconds, in the same transaction, it refreshes each run's derived
+metrics. A trajectory the store refuses rolls that back and each run is then written alone,
+the refused trajectory reported. A write that fails
 (the store locked past its timeout, gone) puts the records back and marks the writer
 ``behind``, which the receiver answers with 503 and ``Retry-After`` until a write succeeds.
 """
@@ -16,14 +19,15 @@ import json
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 
 from storage import db
-from storage.ingest.import_batch import (DERIVED_METRICS_SQL, WRITE_ERRORS, finish_import,
-                                         write_batch)
+from storage.ingest.import_batch import (DERIVED_METRICS_SQL, WRITE_ERRORS, count,
+                                         finish_import, write_batch, write_runs)
 from storage.ingest.report import ImportReport
 from storage.interchange import LineError, to_rows, validate
 from storage.failures import classify
@@ -136,11 +140,39 @@ class Writer:
                 fresh = {id(t): Assembler.drain_new(t) for t, _ in todo}
             try:
                 self._reload([t for t, _ in todo if t.reload], fresh)
-                self._write_raw(todo, fresh)
             except (db.StoreError, duckdb.Error, OSError) as exc:
                 self._put_back(todo, fresh, exc)
                 return 0
-            written = self._write_trajectories(todo)
+            batches, lines = self._records(todo)
+            metrics = not final and self._metrics_due()
+            try:  # one transaction (one open of the store) for all of it: see the docstring
+                with db.writing(self.db_path) as con:
+                    spans = self._write_raw(con, todo, fresh)
+                    counts = write_runs(con, FORMAT, [(run_id, self.runs[run_id], batch)
+                                                      for run_id, batch in batches.items()])
+                    if metrics:
+                        self._write_metrics(con)
+            except (db.StoreError, OSError) as exc:
+                self._put_back(todo, fresh, exc)
+                return 0
+            except WRITE_ERRORS as exc:  # a trajectory the store refuses: find it, keep the rest
+                try:
+                    with db.writing(self.db_path) as con:
+                        spans = self._write_raw(con, todo, fresh)
+                except (db.StoreError, duckdb.Error, OSError):
+                    self._put_back(todo, fresh, exc)
+                    return 0
+                self.written_spans += spans
+                written = self._write_each_run(batches, lines)
+            else:
+                self.written_spans += spans
+                written = 0
+                for run_id, c in counts.items():
+                    count(self.reports[run_id], c)
+                    self.reports[run_id].lines += lines.get(run_id, 0)
+                    written += c[0] + c[1]
+                if metrics:
+                    self._metrics_written()
             self.behind = False
             self._metrics(final)
             return written
@@ -157,15 +189,14 @@ class Writer:
                 fresh[id(t)] = ([s for s in new_spans if s.span_id not in stored], new_logs)
                 t.reload = False
 
-    def _write_raw(self, todo, fresh) -> None:
+    def _write_raw(self, con, todo, fresh) -> int:
+        """The new spans and log records, inside the flush's transaction; how many spans."""
         at = now()
         span_rows = [_span_row(t, s, at) for t, _ in todo for s in fresh[id(t)][0]]
         log_rows = [_log_row(t, r, at) for t, _ in todo for r in fresh[id(t)][1]]
-        if span_rows or log_rows:
-            with db.writing(self.db_path) as con:
-                _insert(con, "spans", span_rows, SPAN_SCHEMA)
-                _insert(con, "span_logs", log_rows, LOG_SCHEMA)
-        self.written_spans += len(span_rows)
+        _insert(con, "spans", span_rows, SPAN_SCHEMA)
+        _insert(con, "span_logs", log_rows, LOG_SCHEMA)
+        return len(span_rows)
 
     def _put_back(self, todo, fresh, exc) -> None:
         """A failed write: the records go back to be written by a later flush."""
@@ -182,13 +213,16 @@ class Writer:
                     self.assembler.closed.pop(t.key, None)
                     self.assembler.held += t.held
 
-    def _write_trajectories(self, todo) -> int:
+    def _records(self, todo) -> tuple[dict[str, list], dict[str, int]]:
+        """Each trajectory's rows, by run (a record that does not validate is reported and
+        left out), and how many closed per run."""
         batches: dict[str, list] = {}
+        lines: dict[str, int] = {}
         for t, closed in todo:
-            with self.assembler.lock:
-                rec = build_record(t, closed)
+            with self.assembler.lock:  # a snapshot: receiving goes on while it is assembled
+                snapshot = replace(t, spans=dict(t.spans), logs=list(t.logs))
+            rec = build_record(snapshot, closed)
             turn_info = rec.pop("_turn_info")
-            report = self.reports.get(t.run_id) or ImportReport(t.run_id, "otlp receiver", FORMAT)
             run = self._run(t.run_id, rec)
             report = self.reports[t.run_id]
             try:
@@ -202,10 +236,16 @@ class Writer:
             if run["config"] is None or run["config"].get("model") == "unknown":
                 run["config"], run["refresh_config"] = rec["run"], True
             batches.setdefault(t.run_id, []).append((f"trace {t.traj_id}", rows))
-            report.lines += closed
+            lines[t.run_id] = lines.get(t.run_id, 0) + closed
+        return batches, lines
+
+    def _write_each_run(self, batches: dict[str, list], lines: dict[str, int]) -> int:
+        """The slow path after a combined write failed: each run's batch in its own
+        transaction, and within it each trajectory alone if need be (``write_batch``)."""
         written = 0
         for run_id, batch in batches.items():
             report = self.reports[run_id]
+            report.lines += lines.get(run_id, 0)
             before = report.imported + report.replaced
             try:
                 write_batch(self.db_path, run_id, FORMAT, self.runs[run_id], batch, True, report)
@@ -215,23 +255,37 @@ class Writer:
             written += report.imported + report.replaced - before
         return written
 
-    def _metrics(self, final: bool) -> None:
-        """Derived metrics and status of each run, every ``METRICS_EVERY_S`` and at the end."""
-        if not final and time.monotonic() - self.metrics_at < METRICS_EVERY_S:
-            return
-        self.metrics_at = time.monotonic()
+    def _metrics_due(self) -> bool:
+        return time.monotonic() - self.metrics_at >= METRICS_EVERY_S
+
+    def _write_metrics(self, con) -> None:
+        """Every run's derived metrics, config and status, inside the caller's transaction."""
         for run_id, run in self.runs.items():
-            if final:
+            if run.get("refresh_config") and run["config"]:
+                config = {"env": "otel", "model": "unknown", "algo": "none", **run["config"]}
+                con.execute("UPDATE runs SET config = ? WHERE run_id = ?",
+                            [to_json(config), run_id])
+            con.execute("DELETE FROM metrics WHERE run_id = ?", [run_id])
+            con.execute("INSERT INTO metrics BY NAME " + DERIVED_METRICS_SQL, {"run": run_id})
+            con.execute("UPDATE runs SET status = 'running', updated_at = ?, last_step = "
+                        "(SELECT max(step) FROM trajectories WHERE run_id = ?) "
+                        "WHERE run_id = ?", [now(), run_id, run_id])
+
+    def _metrics(self, final: bool) -> None:
+        """Derived metrics and status of each run, every ``METRICS_EVERY_S`` (one transaction
+        for all runs) and at the end (``finish_import``, each run)."""
+        if final:
+            self.metrics_at = time.monotonic()
+            for run_id, run in self.runs.items():
                 finish_import(self.db_path, run_id, FORMAT, run, self.reports[run_id])
-                continue
-            with db.writing(self.db_path) as con:
-                if run.get("refresh_config") and run["config"]:
-                    config = {"env": "otel", "model": "unknown", "algo": "none", **run["config"]}
-                    con.execute("UPDATE runs SET config = ? WHERE run_id = ?",
-                                [to_json(config), run_id])
-                    run["refresh_config"] = False
-                con.execute("DELETE FROM metrics WHERE run_id = ?", [run_id])
-                con.execute("INSERT INTO metrics BY NAME " + DERIVED_METRICS_SQL, {"run": run_id})
-                con.execute("UPDATE runs SET status = 'running', updated_at = ?, last_step = "
-                            "(SELECT max(step) FROM trajectories WHERE run_id = ?) "
-                            "WHERE run_id = ?", [now(), run_id, run_id])
+            return
+        if not self.runs or not self._metrics_due():
+            return
+        with db.writing(self.db_path) as con:
+            self._write_metrics(con)
+        self._metrics_written()
+
+    def _metrics_written(self) -> None:
+        self.metrics_at = time.monotonic()
+        for run in self.runs.values():
+            run["refresh_config"] = False
