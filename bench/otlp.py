@@ -10,7 +10,7 @@ connection as the SDK's exporter (a ``requests.Session``) keeps it. Printed, eac
 target:
 
 * spans/s: all agents' spans from the first POST until every one is in the ``spans`` table
-  (the bodies are encoded before the clock starts), and the receiver's own CPU time: the agents
+  and every turn in a trajectory (the bodies are encoded before the clock starts), and the receiver's own CPU time: the agents
   share the machine's cores with it;
 * memory: the receiver's RSS before and after 1,000 traces left open (no root, never idle);
 * export-to-page latency: from a turn's POST until storage.db.reading sees the trajectory with
@@ -176,7 +176,9 @@ def throughput(tmp: Path, agents: int, traces: int, turns: int = 4, batched: boo
     [t.start() for t in threads]
     [t.join() for t in threads]
     posted = time.perf_counter() - started
-    while count(db, "SELECT count(*) FROM spans") < expected:
+    turns_expected = agents * traces * turns
+    while count(db, "SELECT count(*) FROM spans") < expected or count(
+            db, "SELECT coalesce(sum(num_turns), 0) FROM trajectories") < turns_expected:
         time.sleep(0.1)
     stored = time.perf_counter() - started
     used = psutil.Process(proc.pid).cpu_times()
