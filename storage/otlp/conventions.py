@@ -16,7 +16,10 @@ observation that follows a turn. Read here:
   with ``llm.input_messages.{i}.message.{role,content,tool_call_id}``, ``...tool_calls.{j}.
   tool_call.{id,function.name,function.arguments}``, the same under ``llm.output_messages``,
   ``llm.token_count.{prompt,completion}``, ``llm.model_name``; kind TOOL spans (``tool.name``,
-  ``input.value``, ``output.value``).
+  ``input.value``, ``output.value``). A message's text may come as parts instead,
+  ``message.contents.{k}.message_content.{type,text}`` (``openinference-instrumentation-
+  smolagents``), whose messages also carry smolagents' roles ``tool-call`` / ``tool-response``
+  (``smolagents_roles``); its AGENT and CHAIN (``Step N``) spans are neither calls nor tools.
 * **rl-insight's agent-loop spans** (verl ``trainer.logger=["rl_insight"]``): each turn a root
   span ``gateway_generation`` (``traj``, ``turn``, ``content``, ``prompt_tokens``,
   ``completion_tokens``, ``finish_reason``); ``agent_task`` carries ``reward``, ``accuracy``,
@@ -24,6 +27,7 @@ observation that follows a turn. Read here:
 """
 from __future__ import annotations
 
+import ast
 import json
 import re
 from dataclasses import dataclass, field
@@ -161,6 +165,62 @@ def _set_output(call: Call, outputs: list[dict]) -> None:
 # -- OpenInference's flattened messages ------------------------------------------------------------
 _OI_KEY = re.compile(r"^llm\.(input|output)_messages\.(\d+)\.message\.(.+)$")
 _OI_CALL = re.compile(r"^tool_calls\.(\d+)\.tool_call\.(.+)$")
+_OI_PART = re.compile(r"^contents\.(\d+)\.message_content\.(.+)$")
+_SMOL_RESPONSE = re.compile(r"^(?:Call id: (\S+)\n)?(?:Observation:\n)?")
+SMOL_CALLS_MAX = 64 << 10
+"""smolagents' ``Calling tools:`` text longer than this is kept as text, its calls not parsed."""
+
+
+def _oi_text(m: dict) -> str:
+    """``message.content``, else the ``message.contents`` parts in order (text parts' text,
+    other parts as ``[type]``), as smolagents' instrumentor writes them."""
+    if m.get("content") is not None or not m["parts"]:
+        return _text(m.get("content"))
+    return "".join(_text(p.get("text")) if p.get("type", "text") == "text"
+                   else f"[{p.get('type')}]" for _, p in sorted(m["parts"].items()))
+
+
+def _smolagents_calls(text: str) -> list[dict]:
+    """The calls of smolagents' ``Calling tools:\n[{'id', 'type', 'function': {'name',
+    'arguments'}}]`` (a Python literal); [] when it is not one."""
+    body = text[len("Calling tools:"):].strip()
+    if len(body) > SMOL_CALLS_MAX:
+        return []
+    try:
+        value = ast.literal_eval(body)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return []
+    calls = []
+    for c in value if isinstance(value, list) else []:
+        fn = c.get("function") if isinstance(c, dict) else None
+        if isinstance(fn, dict):
+            calls.append({"id": c.get("id"), "name": str(fn.get("name") or "tool"),
+                          "arguments": fn.get("arguments")})
+    return calls
+
+
+def smolagents_roles(msgs: list[dict]) -> list[dict]:
+    """smolagents' own roles read as chat roles: ``tool-call`` (the calls the previous assistant
+    message made, ``Calling tools:\n[...]``) is an assistant message with those calls;
+    ``tool-response`` (``[Call id: ID\n]Observation:\nRESULT``, one per step, or ``Call id: ID
+    \nError:\n...``) is a tool message, its text what follows those prefixes, named by the step's
+    calls."""
+    calls: list[dict] = []
+    for m in msgs:
+        if m["role"] == "tool-call":
+            m["role"] = "assistant"
+            calls = m["calls"] = m["calls"] or (_smolagents_calls(m["text"])
+                                                if m["text"].startswith("Calling tools:") else [])
+        elif m["role"] == "tool-response":
+            m["role"] = "tool"
+            match = _SMOL_RESPONSE.match(m["text"])
+            m["text"] = m["text"][match.end():]
+            m["call_id"] = m["call_id"] or match.group(1)
+            if calls:
+                m["name"] = m["name"] or ", ".join(c["name"] for c in calls)
+                m["call_id"] = m["call_id"] or (calls[0]["id"] if len(calls) == 1 else None)
+            calls = []
+    return msgs
 
 
 def openinference_messages(attrs: dict) -> tuple[list[dict], list[dict]]:
@@ -171,10 +231,12 @@ def openinference_messages(attrs: dict) -> tuple[list[dict], list[dict]]:
         if not match:
             continue
         side, index, rest = match.group(1), int(match.group(2)), match.group(3)
-        msg = found[side].setdefault(index, {"calls": {}})
-        call = _OI_CALL.match(rest)
+        msg = found[side].setdefault(index, {"calls": {}, "parts": {}})
+        call, part = _OI_CALL.match(rest), _OI_PART.match(rest)
         if call:
             msg["calls"].setdefault(int(call.group(1)), {})[call.group(2)] = value
+        elif part:
+            msg["parts"].setdefault(int(part.group(1)), {})[part.group(2)] = value
         else:
             msg[rest] = value
     out = []
@@ -184,10 +246,10 @@ def openinference_messages(attrs: dict) -> tuple[list[dict], list[dict]]:
             calls = [{"id": c.get("id"), "name": str(c.get("function.name") or "tool"),
                       "arguments": c.get("function.arguments")}
                      for _, c in sorted(m["calls"].items())]
-            msgs.append({"role": str(m.get("role") or "user"), "text": _text(m.get("content")),
+            msgs.append({"role": str(m.get("role") or "user"), "text": _oi_text(m),
                          "calls": calls, "call_id": m.get("tool_call_id"), "name": m.get("name"),
                          "finish_reason": None})
-        out.append(msgs)
+        out.append(smolagents_roles(msgs))
     return out[0], out[1]
 
 
