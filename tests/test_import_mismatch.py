@@ -171,3 +171,21 @@ def test_the_drift_alarm_fires_with_a_non_finite_token_at_every_step(tmp_path):
     alarms = _signals.mismatch_alarms(wide)
     # steps 3-7: the 5-step median is 0.05, past 2x the first steps' 0.01 (and 0.01 + 0.005)
     assert [a["step"] for a in alarms] == [7]
+
+
+def test_the_derived_metrics_equal_the_trainers_own_function_verls_names_included(spoiled):
+    """The import's SQL and core/learn/mismatch.py ``mismatch_metrics`` give the same numbers
+    for the same tokens: ours and verl's probability-space ones, non-finite tokens counted."""
+    import torch
+    from core.learn.mismatch import mismatch_metrics
+    store, run_id = spoiled
+    rows = _q(store, "SELECT train_logprob, logprob FROM tokens WHERE run_id = ? AND step = 0 "
+                     "AND trained AND train_logprob IS NOT NULL AND logprob IS NOT NULL", [run_id])
+    train = torch.tensor([r[0] for r in rows], dtype=torch.float64)
+    sampler = torch.tensor([r[1] for r in rows], dtype=torch.float64)
+    want = mismatch_metrics(train, sampler, torch.ones(len(rows), dtype=torch.bool))
+    assert "training/rollout_actor_probs_pearson_corr" in want and want[
+        "mismatch/nonfinite_tokens"] == 2.0
+    got = dict(_q(store, "SELECT name, value FROM metrics WHERE run_id = ? AND step = 0 AND "
+                         "(name LIKE 'mismatch/%' OR name LIKE 'training/%')", [run_id]))
+    assert got == pytest.approx(want)

@@ -279,8 +279,16 @@ SELECT $run, step, name, value FROM (UNPIVOT (
            quantile_cont(abs(d), 0.95) FILTER (ok) AS "mismatch/abs_p95",
            avg((d < ln(0.9) OR d > ln(1.1))::DOUBLE) FILTER (ok) AS "mismatch/ratio_out_frac",
            avg(exp(d) - 1 - d) FILTER (ok) AS "mismatch/kl_k3",
-           count(*) FILTER (NOT ok)::DOUBLE AS "mismatch/nonfinite_tokens"
+           count(*) FILTER (NOT ok)::DOUBLE AS "mismatch/nonfinite_tokens",
+           max(abs(pd)) FILTER (ok) AS "training/rollout_probs_diff_max",
+           avg(abs(pd)) FILTER (ok) AS "training/rollout_probs_diff_mean",
+           CASE WHEN count(*) FILTER (ok) = 1 THEN 0.0
+                ELSE stddev_samp(abs(pd)) FILTER (ok) END AS "training/rollout_probs_diff_std",
+           CASE WHEN isnan(corr(pt, ps) FILTER (ok)) THEN NULL
+                ELSE corr(pt, ps) FILTER (ok) END AS "training/rollout_actor_probs_pearson_corr"
     FROM (SELECT step, train_logprob - logprob AS d,
+                 exp(train_logprob) AS pt, exp(logprob) AS ps,
+                 exp(train_logprob) - exp(logprob) AS pd,
                  isfinite(train_logprob) AND isfinite(logprob) AS ok
           FROM tokens WHERE run_id = $run AND trained AND train_logprob IS NOT NULL
           AND logprob IS NOT NULL)
@@ -288,8 +296,9 @@ SELECT $run, step, name, value FROM (UNPIVOT (
 """
 """Metrics an import derives from its rows, as the trainer records them: rewards, success,
 turns and lengths per step, held-out success, and (core/learn/mismatch.py) the training-inference
-mismatch of the steps whose tokens carry both the sampler's and the trainer's logprob. As the
-trainer does, the mismatch is taken over the tokens whose two logprobs are finite; the others
+mismatch of the steps whose tokens carry both the sampler's and the trainer's logprob, ours and
+verl's probability-space names (training/rollout_probs_diff_*, the Pearson r, left out where it
+is undefined). As the trainer does, the mismatch is taken over the tokens whose two logprobs are finite; the others
 (a NaN or infinite logprob, kept in stores written before the import refused them) are counted
 beside it, ``mismatch/nonfinite_tokens``, instead of making every metric of their step NaN (a
 step whose tokens are all such has only the count)."""
