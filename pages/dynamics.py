@@ -190,6 +190,14 @@ CURVES = [
     dict(names=["mismatch/ratio_out_frac", "mismatch/kl_k3"], key="dyn_mismatch_ratio",
          title="Ratio outside [0.9, 1.1]; k3 KL(sampler || trainer)", alarm="mismatch",
          core=mismatched),
+    dict(names=["training/rollout_probs_diff_mean", "training/rollout_probs_diff_max",
+                "training/rollout_probs_diff_std"], key="dyn_mismatch_verl",
+         title="verl's names: |p_train - p_sampler| in probability space", alarm="mismatch",
+         core=mismatched, note="The same comparison as verl's training/rollout_probs_diff_*, "
+         "so the numbers read as on a verl dashboard."),
+    dict(names=["training/rollout_actor_probs_pearson_corr"], key="dyn_mismatch_pearson",
+         title="verl's Pearson r of p_train and p_sampler (1 = they agree)", alarm="mismatch",
+         core=mismatched),
     dict(names=[_mismatch.NONFINITE], key="dyn_mismatch_nonfinite",
          title="Trained tokens left out of the mismatch (a logprob not finite)",
          alarm="mismatch", core=bool(nonfinite)),
@@ -198,7 +206,8 @@ CORE = {"dyn_reward", "dyn_groupstd", "dyn_success", "dyn_kl"}
 alarmed = {a["kind"] for a in alarms}
 recorded = [spec for spec in CURVES if any(n in wide.columns for n in spec["names"])]
 unrecorded = [spec for spec in CURVES if spec not in recorded and spec["names"]
-              and not spec["key"].startswith(("dyn_trl", "dyn_mismatch_nonfinite"))]
+              and not spec["key"].startswith(("dyn_trl", "dyn_mismatch_nonfinite",
+                                              "dyn_mismatch_verl", "dyn_mismatch_pearson"))]
 FIRST_PAINT = 6  # charts: a run with few curves shows them all at once
 first = [spec for spec in recorded if len(recorded) <= FIRST_PAINT
          or spec.get("core", spec["key"] in CORE) or spec.get("alarm") in alarmed]

@@ -274,6 +274,8 @@ def test_dynamics_and_replay_show_the_mismatch(steps, monkeypatch, tmp_path):
     at = open_page("dynamics", store=str(db), run=run_id, mismatch_step=step)
     assert not at.exception, at.exception
     assert any("Training-inference mismatch" in h.value for h in at.subheader)
+    # verl's probability-space names, charted beside ours
+    assert any("as on a verl dashboard" in cap.value for cap in at.caption)
     table = next(f.value for f in at.dataframe if "out_of_band" in f.value.columns
                  and "p95" in f.value.columns)
     assert int(table["tokens"].iloc[0]) == sum(
