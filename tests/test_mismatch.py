@@ -274,8 +274,10 @@ def test_dynamics_and_replay_show_the_mismatch(steps, monkeypatch, tmp_path):
     at = open_page("dynamics", store=str(db), run=run_id, mismatch_step=step)
     assert not at.exception, at.exception
     assert any("Training-inference mismatch" in h.value for h in at.subheader)
-    # verl's probability-space names, charted beside ours
-    assert any("as on a verl dashboard" in cap.value for cap in at.caption)
+    # verl's probability-space names, recorded and charted beside ours (behind "All curves"
+    # on this fp32 run, whose ratio never leaves the band)
+    assert any("verl's names: |p_train - p_sampler|" in cap.value for cap in at.caption)
+    assert any("verl's Pearson r" in cap.value for cap in at.caption)
     table = next(f.value for f in at.dataframe if "out_of_band" in f.value.columns
                  and "p95" in f.value.columns)
     assert int(table["tokens"].iloc[0]) == sum(
