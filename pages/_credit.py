@@ -31,8 +31,9 @@ import hashlib
 import numpy as np
 import pandas as pd
 
-from core.algorithms import estimators  # the trainer's own credit math, torch-free
-from core.algorithms.catalog import REGISTRY  # the one registry of algorithms, torch-free
+# the registry and the trainer's own credit math (core/algorithms/), through the one core
+# package pages import
+from core.config import REGISTRY, estimators
 
 
 def _one_group(name: str):

@@ -83,14 +83,19 @@ def _sql_path(path: Path) -> str:
 
 
 # -- JSONL ----------------------------------------------------------------------------------------
+def selected_ids(con, run_id: str, filters: Filters) -> list[str]:
+    """The trajectory ids ``filters`` select, in step then id order."""
+    where, params = filters.where()
+    return [r[0] for r in con.execute(f"SELECT traj_id FROM trajectories t WHERE run_id = ?"
+                                      f"{where} ORDER BY step, traj_id", [run_id, *params]
+                                      ).fetchall()]
+
+
 def export_jsonl(db_path, run_id: str, out, filters: Filters = Filters(), chunk: int = 200) -> int:
     """Write the selected trajectories as generic JSONL; return how many."""
-    where, params = filters.where()
     with db.reading(db_path) as con:
         config = _run_config(con, run_id)
-        ids = [r[0] for r in con.execute(f"SELECT traj_id FROM trajectories t WHERE run_id = ?"
-                                         f"{where} ORDER BY step, traj_id", [run_id, *params]
-                                         ).fetchall()]
+        ids = selected_ids(con, run_id, filters)
     out = Path(out)
     partial = out.with_name(out.name + ".partial")
     with open(partial, "w", encoding="utf-8") as f:

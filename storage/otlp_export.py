@@ -42,7 +42,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from storage import db
-from storage.export import Filters, _records, _run_config
+from storage.export import Filters, _records, _run_config, selected_ids
 
 MAX_REQUEST_BYTES = 4 << 20
 RETRY_STATUS = (429, 502, 503, 504)
@@ -123,12 +123,9 @@ def run_requests(db_path, run_id: str, filters: Filters = Filters(), chunk: int 
                  ) -> Iterator[tuple[ExportTraceServiceRequest, int]]:
     """(request, trajectories in it) of at most ``MAX_REQUEST_BYTES`` each; a trajectory whose
     spans alone are larger goes in a request of its own."""
-    where, params = filters.where()
     with db.reading(db_path) as con:
         config = _run_config(con, run_id)
-        ids = [r[0] for r in con.execute(f"SELECT traj_id FROM trajectories t WHERE run_id = ?"
-                                         f"{where} ORDER BY step, traj_id", [run_id, *params]
-                                         ).fetchall()]
+        ids = selected_ids(con, run_id, filters)
         created = con.execute("SELECT epoch_ns(created_at) FROM runs WHERE run_id = ?",
                               [run_id]).fetchone()
     t0 = int(created[0]) if created and created[0] is not None else time.time_ns()

@@ -3,7 +3,8 @@ options, and the algorithm names from the algorithm registry (core.algorithms). 
 the web app's pages import core through this package and the registry's torch-free modules.
 """
 from core.config import budget
-from core.algorithms.catalog import ALGOS, GROUP_ALGOS
+from core.algorithms import estimators
+from core.algorithms.catalog import ALGOS, GROUP_ALGOS, REGISTRY
 from core.config.budget import ConfigError, available_memory, rollout_memory
 from core.config.env_options import (ENV_OPTIONS, Environments, describe_options, env_kwargs,
                                      parse_env_options)
@@ -14,7 +15,7 @@ from core.config.validation import (CLIP_MODES, DEVICE, ENDPOINT_PREFIX, ENVS, K
 from core.envs import plugins as env_plugins
 
 __all__ = [
-    "ALGOS", "CLIP_MODES", "ConfigError", "DEVICE", "ENDPOINT_PREFIX", "ENVS",
+    "ALGOS", "REGISTRY", "estimators", "CLIP_MODES", "ConfigError", "DEVICE", "ENDPOINT_PREFIX", "ENVS",
     "ENV_OPTIONS", "Environments", "GROUP_ALGOS", "KL_REFERENCES", "LOSS_AGGS", "MODELS", "PRESETS", "RL_MOMENTS",
     "TrainConfig", "USER_ENV", "available_memory", "budget", "by_algo",
     "describe_options", "env_kwargs", "env_plugins", "parse_env_options", "preset",
