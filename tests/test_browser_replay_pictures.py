@@ -56,10 +56,12 @@ def _turn_view(page) -> dict:
     heading = page.get_by_text(re.compile(r"^Turn \d+ of \d+")).first.inner_text()
     label = page.locator("[data-testid=stMarkdownContainer]").filter(
         has_text=re.compile(r"^Observation")).first.inner_text()
-    codes = page.locator("[data-testid=stMain] [data-testid=stCode]").filter(
-        has_text=re.compile(r"Turn \d+: State:"))
-    # the first shown: the prompt's, folded in its expander, is not
-    code = next(c.inner_text() for c in codes.all() if c.is_visible())
+    # the first shown: the prompt's, folded in its expander, is not. Wait for it: under load the
+    # observation's code block can render a moment after the heading
+    code_block = page.locator("[data-testid=stMain] [data-testid=stCode]").filter(
+        has_text=re.compile(r"Turn \d+: State:")).locator("visible=true").first
+    code_block.wait_for(state="visible", timeout=30_000)
+    code = code_block.inner_text()
     boards = page.locator("img.board")
     boards.first.wait_for(timeout=30_000)
     page.wait_for_function("() => [...document.querySelectorAll('img.board')]"
