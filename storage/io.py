@@ -1,9 +1,9 @@
 """Import trajectories into a store, and export runs out of it.
 
     python -m storage.io import FILE --db PATH [--format jsonl|verl|trl|inspect|messages]
-                                    [--run-name NAME] [--run-id ID] [--replace]
+                                    [--run-name NAME] [--run-id ID] [--replace] [--split NAME]
     python -m storage.io follow DIR --db PATH --format verl|trl|jsonl|messages|inspect
-                                    [--run-id ID] [--poll S]
+                                    [--run-id ID] [--poll S] [--split NAME]
     python -m storage.io export --db PATH --run RUN_ID --out FILE [--format jsonl|parquet]
                                 [--partitioned] [--split S] [--success true|false]
                                 [--failure-class C] [--step-min N] [--step-max N]
@@ -63,6 +63,11 @@ from storage.recorder import check_run_id, clean_text
 
 
 # == command line ================================================================================
+SPLIT_HELP = ("every trajectory's split, e.g. eval to compare it (default: the format's own: "
+              "Inspect eval, TRL's mode, a verl folder named val*/validation*/eval* eval; else "
+              "train)")
+
+
 def _bool(text: str) -> bool:
     if text.lower() in ("true", "1", "yes"):
         return True
@@ -86,6 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("--replace", action="store_true",
                      help="replace trajectories already in the run (default: skip them)")
     imp.add_argument("--max-line-bytes", type=int, default=MAX_LINE_BYTES)
+    imp.add_argument("--split", help=SPLIT_HELP)
     fol = sub.add_parser("follow", help="import each new complete file of DIR as it appears, "
                                         "until Ctrl-C (verl rollout dumps, TRL completions, "
                                         "JSONL, messages, Inspect AI logs)")
@@ -99,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     fol.add_argument("--poll", type=float, default=1.0, help="seconds between looks (default 1)")
     fol.add_argument("--max-line-bytes", type=int, default=MAX_LINE_BYTES,
                      help="a longer line fails alone, with a message (default 16 MiB)")
+    fol.add_argument("--split", help=SPLIT_HELP)
     exp = sub.add_parser("export", help="export a run (or a filtered selection) to JSONL/Parquet, "
                          "or send it as OpenTelemetry spans")
     exp.add_argument("--db", required=True)
@@ -120,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _import(args) -> int:
     result = import_runs(args.file, args.db, args.format, args.run_name, args.run_id,
-                         args.replace, max_line_bytes=args.max_line_bytes)
+                         args.replace, max_line_bytes=args.max_line_bytes, split=args.split)
     for line in result.errors[:50]:  # whole inputs that could not be read (logs of a directory)
         print(f"error: {clean_text(line)}", file=sys.stderr)
     for report in result.reports:
@@ -183,7 +190,8 @@ def _follow(args) -> int:
     try:
         report = follow(args.dir, args.db, args.format, args.run_id, args.run_name, args.poll,
                         log=lambda m: print(m, flush=True), should_stop=lambda: stop["now"],
-                        max_line_bytes=getattr(args, "max_line_bytes", MAX_LINE_BYTES))
+                        max_line_bytes=getattr(args, "max_line_bytes", MAX_LINE_BYTES),
+                        split=getattr(args, "split", None))
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

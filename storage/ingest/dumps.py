@@ -22,6 +22,12 @@ What is reconstructed, and how:
 * Success: a ``success``/``acc``/``correct`` field if present (> 0), else reward >= 1 (exact-match
   style rewards); the trajectory's ``info.import_notes`` says which.
 * ``traj_id`` is ``{file}:{line or row}``: importing the same dump again finds the same ids.
+* Split: verl writes ``trainer.validation_data_dir`` in the same form as ``rollout_data_dir``
+  (``{global_step}.jsonl``), so the folder's name tells them apart: a file under a folder named
+  as validation's (``val``, ``valid``, ``validation``, ``eval``, ``evaluation``, alone or as a
+  ``_``/``-``/``.`` separated part: ``val_generations``, ``outputs/validation``), counting the
+  imported folder itself and the folders below it, never those above, is split ``eval``; any
+  other is ``train``. ``--split`` overrides it. TRL's ``mode`` column says ``eval``/``train``.
 """
 from __future__ import annotations
 
@@ -40,6 +46,8 @@ TAG_RE = re.compile(r"</?(search|answer|information|think)>")
 ALIASES = {"outcome": ("outcome", "accuracy", "acc", "correctness", "correct", "exact_match", "em"),
            "format": ("format", "formatting"), "cost": ("cost",), "process": ("process", "prm")}
 SUCCESS_FIELDS = ("success", "acc", "accuracy", "correct")
+VALIDATION_DIR = re.compile(r"(?:^|[_.-])(?:val|valid|validation|eval|evaluation)(?:[_.-]|$)",
+                            re.IGNORECASE)
 
 
 # -- shared helpers ------------------------------------------------------------------------------------
@@ -133,7 +141,13 @@ def _step_from_name(path: Path) -> int:
 
 
 # -- verl ------------------------------------------------------------------------------------------------
-def verl_record(obj: Any, traj_id: str, default_step: int) -> dict:
+def verl_split(*folders: str) -> str:
+    """``eval`` when one of ``folders`` is named as verl's validation dumps are (see the module
+    docstring), else ``train``."""
+    return "eval" if any(VALIDATION_DIR.search(f) for f in folders) else "train"
+
+
+def verl_record(obj: Any, traj_id: str, default_step: int, split: str = "train") -> dict:
     if not isinstance(obj, dict):
         raise LineError("line must be a JSON object")
     for key, kinds in (("input", str), ("output", str)):
@@ -151,7 +165,7 @@ def verl_record(obj: Any, traj_id: str, default_step: int) -> dict:
     extra = {k: v for k, v in obj.items() if k not in ("input", "output", "gts", "score", "step")}
     components, info, success = components_and_info(extra, notes)
     turns, answer = split_tagged(obj["output"])
-    rec = {"traj_id": traj_id, "task_id": task_id_of(obj["input"]), "step": step,
+    rec = {"traj_id": traj_id, "task_id": task_id_of(obj["input"]), "step": step, "split": split,
            "prompt": obj["input"], "turns": turns, "reward": _double(score, "score"),
            "finish_reason": "answered" if answer is not None else None}
     if answer is not None:
@@ -165,17 +179,21 @@ def read_verl(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterato
     """(where, generic record or LineError) for every sample of a verl rollout dump."""
     root = Path(path)
     for file in _files(root, "*.jsonl"):  # one unreadable file fails alone, named
-        yield from guarded(file.name, _verl_lines(file, _name(file, root), max_line_bytes))
+        folders = (root.resolve().name, *file.relative_to(root).parts[:-1]) if root.is_dir() \
+            else (file.resolve().parent.name,)
+        yield from guarded(file.name, _verl_lines(file, _name(file, root), max_line_bytes,
+                                                  verl_split(*folders)))
 
 
-def _verl_lines(file: Path, name: str, max_line_bytes: int) -> Iterator[tuple[str, Any]]:
+def _verl_lines(file: Path, name: str, max_line_bytes: int,
+                split: str = "train") -> Iterator[tuple[str, Any]]:
     for lineno, obj in read_json_lines(file, max_line_bytes):
         where = f"{file.name}:{lineno}"
         if isinstance(obj, LineError):
             yield where, obj
             continue
         try:
-            yield where, verl_record(obj, f"{name}:{lineno}", _step_from_name(file))
+            yield where, verl_record(obj, f"{name}:{lineno}", _step_from_name(file), split)
         except LineError as exc:
             yield where, exc
         except Exception as exc:  # a rule tripping on one line fails that line only

@@ -12,7 +12,8 @@ from typing import Any, Iterator
 
 from storage.failures import classify
 from storage.ingest.dumps import READERS
-from storage.ingest.import_batch import RunNotImportable, finish_import, refuse_foreign, run_source, write_batch
+from storage.ingest.import_batch import (RunNotImportable, check_split, finish_import,
+                                        refuse_foreign, run_source, write_batch)
 from storage.ingest.inspect_import import import_inspect
 from storage.interchange import (MAX_LINE_BYTES, LineError, guarded, read_json_lines, to_rows,
                                  validate)
@@ -67,10 +68,10 @@ def _read_generic(path: Path, max_line_bytes: int) -> Iterator[tuple[str, Any]]:
 def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
                 run_name: str | None = None, run_id: str | None = None, replace: bool = False,
                 batch_size: int = 200, max_line_bytes: int = MAX_LINE_BYTES,
-                live: bool = False) -> ImportReport:
+                live: bool = False, split: str | None = None) -> ImportReport:
     """Import ``source`` into the store at ``db_path``; see the module docstring. ``live``
     (storage/ingest/follow.py: more files will follow) leaves the run ``running`` instead of
-    ``finished``."""
+    ``finished``; ``split`` replaces every trajectory's own (storage/ingest/import_batch.py)."""
     source = Path(source)
     if not source.exists():
         raise FileNotFoundError(f"no such file or directory: {source}")
@@ -78,7 +79,8 @@ def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
     if fmt not in IMPORT_FORMATS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {IMPORT_FORMATS}")
     if fmt == "inspect":  # one run per task and model: a log file is one run
-        result = import_runs(source, db_path, fmt, run_name, run_id, replace, live=live)
+        result = import_runs(source, db_path, fmt, run_name, run_id, replace, live=live,
+                             split=split)
         if len(result.reports) != 1:
             raise ValueError(f"{source} holds {len(result.reports)} runs (one per task and "
                              "model): import it with import_runs")
@@ -89,7 +91,8 @@ def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
     report = ImportReport(run_id, source.name, fmt)
     reader = IMPORT_READERS.get(fmt, _read_generic)
     first_seen, batch, size = {}, [], BatchSize(batch_size)
-    run = {"name": run_name or source.stem, "config": None, "created": False}
+    run = {"name": run_name or source.stem, "config": None, "created": False,
+           "split": check_split(split)}
     try:
         for where, obj in reader(source, max_line_bytes):
             report.lines += 1
@@ -136,16 +139,20 @@ class ImportRuns:
 
 def import_runs(source: str | Path, db_path: str | Path, fmt: str | None = None,
                 run_name: str | None = None, run_id: str | None = None, replace: bool = False,
-                live: bool = False, max_line_bytes: int = MAX_LINE_BYTES) -> ImportRuns:
+                live: bool = False, max_line_bytes: int = MAX_LINE_BYTES,
+                split: str | None = None) -> ImportRuns:
     """``import_file`` for any input, including those that hold several runs (an Inspect log
-    directory: one run per task and model, storage/ingest/inspect_import.py)."""
+    directory: one run per task and model, storage/ingest/inspect_import.py). The one place
+    that hands ``split`` (``--split``; None: the format's own) to every importer."""
     source = Path(source)
     fmt = fmt or (guess_format(source) if source.exists() else None)
+    check_split(split)
     if fmt == "inspect":
-        result = import_inspect(source, db_path, run_name, run_id, replace, live=live)
+        result = import_inspect(source, db_path, run_name, run_id, replace, live=live,
+                                split=split)
         return ImportRuns(result.reports, result.errors)
     return ImportRuns([import_file(source, db_path, fmt, run_name, run_id, replace, live=live,
-                                   max_line_bytes=max_line_bytes)])
+                                   max_line_bytes=max_line_bytes, split=split)])
 
 
 def _reason(exc: BaseException) -> str:

@@ -73,7 +73,8 @@ from storage import db
 
 from storage.ingest import feed, tail
 from storage.ingest.follow_logs import LogPoller, is_log
-from storage.ingest.import_batch import (finish_import, record_failure, refuse_foreign,
+from storage.ingest.dumps import verl_split
+from storage.ingest.import_batch import (check_split, finish_import, record_failure, refuse_foreign,
                                          run_source)
 from storage.interchange import MAX_LINE_BYTES
 from storage.migrations import prepare
@@ -134,7 +135,7 @@ class Follower(Pollers, LogPoller):
     def __init__(self, directory, db_path, fmt: str, run_id: str | None = None,
                  run_name: str | None = None, log: Callable[[str], None] = print,
                  max_line_bytes: int = MAX_LINE_BYTES,
-                 should_stop: Callable[[], bool] = lambda: False):
+                 should_stop: Callable[[], bool] = lambda: False, split: str | None = None):
         if fmt not in PATTERNS:
             raise ValueError(f"unknown format {fmt!r}; expected one of {tuple(PATTERNS)}")
         if not max_line_bytes > 0:
@@ -147,6 +148,9 @@ class Follower(Pollers, LogPoller):
         self.run_id = check_run_id(run_id) if run_id else default_run_id(self.dir)
         self.run_name = run_name or self.dir.resolve().name
         self.given_name = run_name  # Inspect: else each run is named by its task and model
+        # --split, else the format's own: a verl folder named as validation's is split eval
+        self.split = check_split(split) or (verl_split(self.dir.resolve().name)
+                                            if fmt == "verl" else None)
         self.run_ids = {self.run_id} if fmt != "inspect" else set()  # marked finished at the end
         self.report = FollowReport(self.run_id)
         self.seen: dict[str, tuple] = {}       # name -> (identity, key) at the last poll
@@ -237,7 +241,7 @@ class Follower(Pollers, LogPoller):
     def _import(self, name: str, items, where: Callable[[], tuple[int, str]], start: int) -> int:
         """Write ``items``, then the imports row ``{name}#{start}-{end}~{check}``; 1 if done."""
         report = ImportReport(self.run_id, name, self.fmt)
-        run = {"name": self.run_name, "config": None, "created": False}
+        run = {"name": self.run_name, "config": None, "created": False, "split": self.split}
         attempt = f"{name}#{start}"
         try:
             feed.write_records(items, self.db, self.fmt, self.run_id, run, report,
@@ -328,12 +332,13 @@ def _order(path: Path) -> tuple:
 def follow(directory, db_path, fmt: str, run_id: str | None = None, run_name: str | None = None,
            poll_s: float = 1.0, log: Callable[[str], None] = print,
            should_stop: Callable[[], bool] = lambda: False,
-           max_line_bytes: int = MAX_LINE_BYTES) -> FollowReport:
-    """Poll until ``should_stop()`` or the store goes away; see the module docstring."""
+           max_line_bytes: int = MAX_LINE_BYTES, split: str | None = None) -> FollowReport:
+    """Poll until ``should_stop()`` or the store goes away; see the module docstring.
+    ``split``: every trajectory's split (default: the format's own)."""
     if not poll_s > 0:
         raise ValueError(f"--poll must be a positive number of seconds, got {poll_s}")
     follower = Follower(directory, db_path, fmt, run_id, run_name, log, max_line_bytes,
-                        should_stop)
+                        should_stop, split)
     runs = "runs under" if fmt == "inspect" else "run"
     log(f"following {follower.dir} ({fmt}: {' '.join(PATTERNS[fmt])}) into {db_path}, {runs} "
         f"{follower.run_id}; Ctrl-C to stop")

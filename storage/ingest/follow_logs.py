@@ -114,7 +114,7 @@ class LogPoller:
         try:
             self.check_store()
             report = import_log(log, self.db, self.run_id, source, self.given_name, skip,
-                                self.check_store)
+                                self.check_store, self.split)
         except (db.StoreError, OSError) as exc:
             self.check_store()  # the store went away under the write: that is why, stop
             self.tries[attempt] = self.tries.get(attempt, 0) + 1

@@ -14,12 +14,28 @@ import pyarrow as pa
 
 from storage import db
 from storage.ingest.report import ImportReport
-from storage.recorder import clean_column, clean_text, now, to_json
+from storage.recorder import RUN_ID_RE, clean_column, clean_text, now, to_json
 from storage.token_rows import ROW_CHUNK
 
 TRAJ_TABLES = ("trajectories", "rewards", "turns", "tokens", "test_results")
 ARROW_TYPES = {"VARCHAR": pa.string(), "JSON": pa.string(), "INTEGER": pa.int32(),
                "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(), "TIMESTAMP": pa.timestamp("us")}
+
+
+def check_split(split: str | None) -> str | None:
+    """``split`` if it is a usable split name (as a run id: 1-128 letters, digits, '.', '_', '-')."""
+    if split is not None and not (isinstance(split, str) and RUN_ID_RE.fullmatch(split)):
+        raise ValueError(f"--split {split!r} must be 1-128 letters, digits, '.', '_' or '-', "
+                         "starting with a letter or digit (train, eval, ...)")
+    return split
+
+
+def _mark_split(run: dict, batch: list) -> None:
+    """Give every trajectory of ``batch`` the split the user asked for (``run["split"]``)."""
+    if run.get("split"):
+        for _, rows in batch:
+            for row in rows["trajectories"]:
+                row["split"] = run["split"]
 
 
 class RunNotImportable(db.StoreError):
@@ -85,6 +101,7 @@ WRITE_ERRORS = (duckdb.Error, pa.ArrowException, ValueError, TypeError, KeyError
 
 def write_batch(db_path, run_id, fmt, run, batch, replace, report) -> None:
     """Write a batch in one transaction; if it fails, each trajectory alone, reporting the bad."""
+    _mark_split(run, batch)
     try:
         with db.writing(db_path) as con:
             counts = _write_rows(con, run_id, fmt, run, batch, replace)
@@ -114,7 +131,8 @@ def write_runs(con, fmt, items: list[tuple[str, dict, list]]) -> dict[str, tuple
     sources = dict(con.execute(
         "SELECT run_id, coalesce(source, 'trainer') FROM runs WHERE run_id IN (SELECT unnest(?))",
         [[run_id for run_id, _, _ in items]]).fetchall())
-    for run_id, run, _ in items:
+    for run_id, run, batch in items:
+        _mark_split(run, batch)
         refuse_foreign(run_id, sources.get(run_id))
         if run_id not in sources:
             _ensure_run(con, run_id, fmt, run)

@@ -93,9 +93,11 @@ def _config(log: InspectLog) -> dict:
 def import_inspect(source, db_path, run_name: str | None = None, run_id: str | None = None,
                    replace: bool = False, live: bool = False, run_base: str | None = None,
                    batch_size: int = 200, max_member_bytes: int = MAX_MEMBER_BYTES,
-                   max_total_bytes: int = MAX_TOTAL_BYTES) -> InspectImport:
+                   max_total_bytes: int = MAX_TOTAL_BYTES, split: str | None = None
+                   ) -> InspectImport:
     """Import a log file or a directory of logs (see the module docstring). ``run_base``: the
-    base of a directory's run ids, for a follower importing that directory's files one by one."""
+    base of a directory's run ids, for a follower importing that directory's files one by one;
+    ``split``: every sample's split (default ``eval``)."""
     source = Path(source)
     if not source.exists():
         raise FileNotFoundError(f"no such file or directory: {source}")
@@ -118,7 +120,7 @@ def import_inspect(source, db_path, run_name: str | None = None, run_id: str | N
                 result.errors.append(clean_text(f"{path.name}: could not be read: {why}"))
                 continue
             with log:
-                state = _state(runs, log, source.name, db_path, run_name, run_id, run_base)
+                state = _state(runs, log, source.name, db_path, run_name, run_id, run_base, split)
                 _read(db_path, state, log, _prefix(log, run_base), replace, batch_size)
     except RunNotImportable:
         raise
@@ -138,7 +140,8 @@ def import_inspect(source, db_path, run_name: str | None = None, run_id: str | N
 
 def import_log(log: InspectLog, db_path, run_base: str, source: str,
                run_name: str | None = None, skip: frozenset[str] | set[str] = frozenset(),
-               check: Callable[[], None] = lambda: None) -> ImportReport:
+               check: Callable[[], None] = lambda: None, split: str | None = None
+               ) -> ImportReport:
     """One open log into its (task, model) run under ``run_base``, as ``import DIR`` would, and
     left ``running``: a follower's import (storage/ingest/follow_logs.py). ``source`` names it
     in the ``imports`` row; samples whose key is in ``skip`` are not read; ``check`` runs before
@@ -146,7 +149,7 @@ def import_log(log: InspectLog, db_path, run_base: str, source: str,
     run are skipped; the run's config is the log's as it is now (the finished log's results
     replace a running one's). An error stops it where it is: what was written stays, and the
     run stays ``running`` for the follower's next try."""
-    state = _state({}, log, source, db_path, run_name, None, run_base)
+    state = _state({}, log, source, db_path, run_name, None, run_base, split)
     state.run["refresh_config"] = True
     _read(db_path, state, log, _prefix(log, run_base), False, 200, skip, check)
     check()
@@ -191,7 +194,8 @@ def _read(db_path, state: _Run, log: InspectLog, prefix: str, replace: bool, bat
     _flush(db_path, state, replace)
 
 
-def _state(runs, log, source: str, db_path, run_name, run_id, run_base) -> _Run:
+def _state(runs, log, source: str, db_path, run_name, run_id, run_base,
+           split: str | None = None) -> _Run:
     key = (log.task, log.model)
     if key not in runs:
         rid = group_run_id(run_base, *key) if run_base else \
@@ -202,7 +206,7 @@ def _state(runs, log, source: str, db_path, run_name, run_id, run_base) -> _Run:
         # score`` rewrote the log) takes the new scores, the old kept in its info
         runs[key] = _Run(ImportReport(rid, source, FMT),
                          {"name": name, "config": _config(log), "created": False,
-                          "rescore": True, "refresh_config": True})
+                          "rescore": True, "refresh_config": True, "split": split})
     else:
         runs[key].run["config"] = _config(log)  # the latest log of a task and model describes it
     return runs[key]
