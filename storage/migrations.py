@@ -169,8 +169,19 @@ def m008_spans(con: duckdb.DuckDBPyConnection) -> None:
             received_at TIMESTAMP)""")
 
 
+def m009_behaviours(con: duckdb.DuckDBPyConnection) -> None:
+    """Behaviours of each trajectory (storage/behaviours/): one row per (trajectory, behaviour)
+    whose value is defined; a behaviour that cannot be computed for a trajectory has no row.
+    ``step`` is the trajectory's, so a step's rows are read without a join. Written by the
+    trainer at each step and by ``agentrl behaviours`` (which replaces a run's rows)."""
+    con.execute("""
+        CREATE TABLE behaviours (
+            run_id VARCHAR, step INTEGER, traj_id VARCHAR, name VARCHAR, value DOUBLE)""")
+
+
 MIGRATIONS = [m001_initial, m002_imports, m003_turn_state, m004_turn_analyses,
-              m005_failure_clusters, m006_train_logprob, m007_renders, m008_spans]
+              m005_failure_clusters, m006_train_logprob, m007_renders, m008_spans,
+              m009_behaviours]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -36,7 +36,7 @@ from storage import db
 from storage.migrations import migrate, prepare
 
 STEP_TABLES = ("metrics", "trajectories", "rewards", "turns", "tokens", "grad_stats", "test_results",
-               "turn_signals", "renders")
+               "turn_signals", "renders", "behaviours")
 JSON_COLUMNS = {"trajectories": ("golds", "info"), "turns": ("parsed", "state_diff", "info")}
 RUN_STATUSES = ("running", "finished", "failed", "stopped")
 
