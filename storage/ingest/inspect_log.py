@@ -47,7 +47,7 @@ from typing import Any, Iterator
 from storage.ingest.inspect_scores import primary_scorer, score_components
 from storage.interchange import LineError
 from storage.ingest.messages import (MAX_MESSAGES, MAX_TRAJECTORY_CHARS, content_text,
-                                     ended_refusing, refused_in, render_call, turns_of)
+                                     ended_refusing, refused_in, tool_error, render_call, turns_of)
 from storage.recorder import clean_json
 from storage.ingest.zip_members import (MAX_MEMBER_BYTES, MAX_TOTAL_BYTES, Archive, ZipError,
                                         check_parse_cost, json_error, parse_member)
@@ -99,12 +99,9 @@ def inspect_message(m: Any, where: str, attachments: dict, budget: list[int]) ->
         bad, arguments = c.get("parse_error"), _resolve(c.get("arguments"), attachments, budget)
         calls.append({"id": c.get("id"), "name": c["function"], "bad": bad if bad else None,
                       "text": render_call(c["function"], arguments), "arguments": arguments})
-    error = m.get("error")
-    if isinstance(error, dict):  # ToolCallError: a type (timeout, permission, ...) and a message
-        kind = error.get("type")
-        error = f"{'' if kind in (None, 'unknown') else f'{kind}: '}{error.get('message') or ''}"
     return {"role": m["role"], "text": text, "name": m.get("function"),
-            "call_id": m.get("tool_call_id"), "calls": calls, "error": error or None,
+            "call_id": m.get("tool_call_id"), "calls": calls,
+            "error": tool_error(m, text) if m["role"] == "tool" else None,  # ChatMessageTool.error
             "refused": refused_in(m.get("content"))}
 
 

@@ -27,7 +27,9 @@ messages up to the next assistant message are its observation, each as ``name ->
 that calls tools has action type ``tool`` (so the failure rules see tool use), else ``answer``.
 A call whose arguments are not valid JSON (OpenAI sends them as a string) or that the framework
 says it could not parse makes the action invalid; a tool result marked as an error is the turn's
-``error``. A content part other than text (an image) is shown as ``[image]``. The calls are also
+``error`` (``tool_error``: the marks frameworks write), so a failed last call is classed
+``tool_error_unrecovered``. A result's text alone ("ERROR: ...") marks nothing: tools answer
+in every form, and only the mark says the call failed. A content part other than text (an image) is shown as ``[image]``. The calls are also
 kept as data in the turn's ``parsed``: ``{"tool_calls": [{"id", "function", "arguments"}]}``.
 A conversation whose last assistant message is a marked refusal (OpenAI's ``refusal`` field,
 shown in the text; Inspect's ``refusal`` content part) finishes ``refused``; a line's ``tools``
@@ -76,6 +78,12 @@ def content_text(content: Any) -> str:
                 out.append(f"<think>{part.get('reasoning') or part.get('summary') or ''}</think>\n")
         elif isinstance(part.get("text"), str):
             out.append(part["text"])
+        elif part.get("type") == "tool_result":  # Anthropic: the result's text, one level down
+            inner = part.get("content")
+            out.append(inner if isinstance(inner, str) else "".join(
+                p["text"] for p in inner or () if isinstance(p, dict)
+                and isinstance(p.get("text"), str)) if isinstance(inner, (list, type(None)))
+                else "")
         else:
             out.append(f"[{part.get('type') or 'part'}]")
     return "".join(out)
@@ -126,7 +134,31 @@ def openai_message(m: Any, where: str) -> dict:
         calls = [*calls, {"function": m["function_call"]}]
     return {"role": role, "text": text, "name": m.get("name"), "call_id": m.get("tool_call_id"),
             "calls": [_openai_call(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls)],
-            "error": None, "refused": bool(refusal) or refused_in(m.get("content"))}
+            "error": tool_error(m, text) if role != "assistant" else None,
+            "refused": bool(refusal) or refused_in(m.get("content"))}
+
+
+ERROR_CHARS = 500  # of a result's own text, when it is the only message a failed call left
+
+
+def tool_error(m: dict, text: str) -> str | None:
+    """Why a tool result failed, when the message is marked as failed, else None. The marks
+    (docs/formats.md, "Tool errors"): our ``"error": "message"`` (also Inspect's ToolCallError
+    ``{"type", "message"}``), LangChain's ``ToolMessage.status == "error"``, Anthropic's
+    ``is_error: true`` on a ``tool_result`` (the message or one of its content parts) and MCP's
+    ``isError: true``. With a bare mark, the result's own text is the reason."""
+    error = m.get("error")
+    if isinstance(error, dict):  # ToolCallError: a type (timeout, permission, ...) and a message
+        kind = error.get("type")
+        error = f"{'' if kind in (None, 'unknown') else f'{kind}: '}{error.get('message') or ''}" \
+            or True  # a ToolCallError with nothing in it still says the call failed
+    if isinstance(error, str) and error.strip():
+        return error
+    parts = m.get("content") if isinstance(m.get("content"), list) else []
+    marked = error is True or m.get("status") == "error" or m.get("is_error") is True \
+        or m.get("isError") is True or any(isinstance(p, dict) and (
+            p.get("is_error") is True or p.get("isError") is True) for p in parts)
+    return (text.strip()[:ERROR_CHARS] or "the tool reported an error") if marked else None
 
 
 def refused_in(content: Any) -> bool:
@@ -180,8 +212,10 @@ def turns_of(messages: list[dict]) -> tuple[str, list[dict]]:
             seen.append(f"{name} -> {shown}\n")
             if m.get("error"):
                 turns[-1]["error"] = "; ".join(filter(None, [turns[-1].get("error"), m["error"]]))
-        else:
+        else:  # a user message may carry tool results too (Anthropic's tool_result parts)
             seen.append(f"{m['role']}: {m['text']}\n")
+            if m.get("error"):
+                turns[-1]["error"] = "; ".join(filter(None, [turns[-1].get("error"), m["error"]]))
     for turn in turns:
         turn["observation"] = "".join(turn["observation"])
     return "".join(prompt), turns
