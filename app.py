@@ -32,6 +32,7 @@ PAGES = [
     st.Page("pages/failures.py", title="Failures", url_path="failures"),
     st.Page("pages/compare.py", title="Compare", url_path="compare"),
     st.Page("pages/train.py", title="Train", url_path="train"),
+    st.Page("pages/glossary.py", title="Glossary", url_path="glossary"),
 ]
 # Pages that use the sidebar's step: Replay and Groups show that step, Dynamics marks it on the
 # run's curves. Runs, Failures and Train show whole runs (Failures filters steps itself), so the

@@ -6,6 +6,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from pages import _common as c
+from pages import _glossary
 from pages import _info_gain, _mismatch, _signals
 from storage import queries
 
@@ -29,6 +30,7 @@ def step_gradients(store: str, run_id: str, last_step: int, step: int
 
 pick = c.picked()
 st.title("Dynamics")
+_glossary.intro("dynamics")
 wide = c.read_or_stop(c.load_metrics, pick.store, pick.run_id, pick.last_step)
 if wide.empty:
     c.stop("This run recorded no metrics yet.")
@@ -70,25 +72,29 @@ def spaced(steps: list[int], span: float, most: int = ALARM_LINES_DRAWN) -> list
     return kept
 
 
-# One x range for every step-axis chart, the run's steps: charts stacked in a column line up, so
-# a spike, an alarm or the picked step sits at the same height-aligned x everywhere (plotly's
-# autorange gave a curve recorded only in RL steps a range of its own).
+# Every step-axis chart ends at the run's last step, and starts where its own data starts: a
+# run's SFT steps (1..50) before its RL steps (51..80) left the reward chart's first half empty
+# when all charts started at the run's first step.
 FIRST, LAST = int(wide.index.min()), int(wide.index.max())
-PAD = max(0.5, 0.02 * (LAST - FIRST))  # half a step at least: bars at the ends stay whole
-X_RANGE = [FIRST - PAD, LAST + PAD]
 
 
-def framed(fig: go.Figure, title: str | None, height: int = 300) -> go.Figure:
-    """The layout every step-axis chart shares: the run's x range, fixed side margins (so plot
-    areas in a column are equally wide), the legend in rows under the plot (a legend on the
-    right took up to a third of a half-width chart, and its long names ran into the edge), and
-    a dashed line at the sidebar's step."""
+def x_range(first: int, last: int) -> list[float]:
+    """[first - pad, last + pad], pad = max(0.5, 2% of the span): bars at the ends stay whole."""
+    pad = max(0.5, 0.02 * (last - first))
+    return [first - pad, last + pad]
+
+
+def framed(fig: go.Figure, title: str | None, height: int = 300, first: int = FIRST) -> go.Figure:
+    """The layout every step-axis chart shares: x from ``first`` (its data's first step) to the
+    run's last, fixed side margins (so plot areas in a column are equally wide), the legend in
+    rows under the plot (a legend on the right took up to a third of a half-width chart, and its
+    long names ran into the edge), and a dashed line at the sidebar's step."""
     fig.update_layout(title=title, height=height, margin={"t": 40 if title else 20, "b": 10,
                                                           "l": 60, "r": 20},
                       showlegend=True,  # also for one trace: the metric's name, as stored
                       legend={"orientation": "h", "x": 0, "xanchor": "left", "y": -0.25,
                               "yanchor": "top"})
-    fig.update_xaxes(title_text="step", range=X_RANGE, autorange=False)
+    fig.update_xaxes(title_text="step", range=x_range(first, LAST), autorange=False)
     if pick.step is not None:
         fig.add_vline(x=pick.step, line={"color": "grey", "dash": "dash", "width": 1})
     return fig
@@ -126,7 +132,8 @@ def chart(names: list[str], title: str, key: str, band: tuple[str, str] | None =
                 y=[v for _ in steps for v in (lo, hi, None)], mode="lines",
                 name=f"{kind} alarm", line={"dash": dash, "color": colour, "width": 1},
                 hovertemplate=f"{kind} alarm at step %{{x}}<extra></extra>"))
-    st.plotly_chart(framed(fig, title), key=key)
+    first = int(min(wide[n].first_valid_index() for n in present))
+    st.plotly_chart(framed(fig, title, first=first), key=key)
     if note:
         st.caption(note)
 
@@ -279,10 +286,12 @@ fig = go.Figure([go.Scatter(x=sp.index, y=sp["value"], mode=line_mode(len(sp)), 
 spikes = [int(s) for s in sp.index[sp["spike"]]]
 fig.add_trace(go.Scatter(x=spikes, y=sp.loc[spikes, "value"], mode="markers", name="spike",
                          marker={"size": 14, "color": "red", "symbol": "x"}))
-event = st.plotly_chart(framed(fig, None, height=320), key="dyn_grad", on_select="rerun",
-                        selection_mode="points")
+grad_first = int(wide["grad/norm"].first_valid_index())
+event = st.plotly_chart(framed(fig, None, height=320, first=grad_first), key="dyn_grad",
+                        on_select="rerun", selection_mode="points")
 st.caption(f"Spike: norm above the median of the previous {_signals.SPIKE_WINDOW} steps + "
-           f"{_signals.SPIKE_K:g} × 1.4826 × MAD (a robust five-sigma), and above "
+           f"{_signals.SPIKE_K:g} × 1.4826 × {_glossary.link('mad', 'MAD')} (a robust "
+           "five-sigma), and above "
            f"{_signals.SPIKE_FLOOR:g} (norms near 0 are never spikes). "
            "Click a point to inspect it.")
 

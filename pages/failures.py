@@ -6,6 +6,7 @@ import plotly.express as px
 import streamlit as st
 
 from pages import _clusterjob, _common as c
+from pages import _glossary
 from pages import _failfilters, _panels
 from storage import queries
 from storage.failures import DESCRIPTIONS
@@ -182,6 +183,7 @@ def count_charts(counted, left_out: int, first: int, last: int, counted_splits: 
 
 pick = c.picked()
 st.title("Failures")
+_glossary.intro("failures")
 counts = c.read_or_stop(c.load_failure_counts, pick.store, pick.run_id, pick.last_step)
 if counts.empty:
     c.stop("This run recorded no trajectories (metrics only): nothing to classify.")
