@@ -2,7 +2,8 @@
 
 Deep links: ``/PAGE?store=STORE&run=RUN_ID&step=N`` opens that run at that step on that page;
 Replay also reads ``traj`` and ``turn``, Groups ``group``, Dynamics ``spike``,
-Compare ``a``, ``b`` (``RUN_ID:STEP``) and ``task``. Every page writes
+Compare ``a``, ``b`` (``RUN_ID:STEP``) and ``task`` (pages/_params.py declares them all; a name
+or value a page cannot show is refused with a warning, never dropped). Every page writes
 what it shows back into the URL (pages/_common.py: adopt_url, publish_url), so the address bar
 always holds a link to exactly the current view.
 
@@ -18,7 +19,7 @@ import pandas as pd
 import streamlit as st
 
 from pages import _common as c
-from pages import _runlist
+from pages import _params, _runlist
 from storage import db, queries
 
 st.set_page_config(page_title="Agentic-RL inspector", layout="wide")
@@ -77,8 +78,10 @@ def _adopt_run_from_url(options: list[tuple[str, str]]) -> None:
     match = [o for o in options if o[1] == run and (store is None or o[0] == store)]
     if match:
         st.session_state["pick_run"] = match[0]
-    else:
-        st.sidebar.warning("The run named in the link is not in any store; showing another.")
+    else:   # no other run instead: the page shows none until one is picked (pages/_params.py)
+        _params.flag("run", "that run is not in any store listed here" + (
+            "" if store is None else " (the store named beside it does not hold it, or is not "
+            "listed)"))
 
 
 def _redraw_on_new_step(store: str, run_id: str, shown_last: int) -> None:
@@ -111,7 +114,10 @@ def run_picker(with_step: bool) -> None:
             readable.reset_index(drop=True))]
     store, run_id = st.sidebar.selectbox(
         "Run", options, key="pick_run", format_func=labels.__getitem__,
+        on_change=_params.forget, args=("run",),
         help="name · created (UTC) · short run id · status (· store, when there are several)")
+    if _params.flagged("run"):
+        return          # the link's run is refused: pages/_params.py stops the page
     c.publish_url("store", store)
     c.publish_url("run", run_id)
     st.session_state["_url_run"] = (store, run_id)
@@ -142,4 +148,5 @@ def run_picker(with_step: bool) -> None:
 if __name__ == "__main__":
     nav = st.navigation(PAGES)
     run_picker(with_step=nav.title in STEP_PAGES)
+    _params.check(nav.url_path or "runs")
     nav.run()

@@ -18,7 +18,7 @@ from urllib.parse import urlencode
 import pandas as pd
 import streamlit as st
 
-from pages import _jobs
+from pages import _jobs, _params
 from storage import db, queries
 
 REPLAY = "pages/replay.py"
@@ -63,14 +63,19 @@ def adopt_url(param: str, key: str, options: list | None = None, cast=str) -> No
     seen[param] = raw
     try:
         value = cast(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, LookupError):
+        _params.flag(param, f"{raw} is not a whole number" if cast is int else f"{raw} cannot be read")
         return
     if options is None or value in options:
         st.session_state[key] = value
+    else:   # never quietly another view: pages/_params.py
+        _params.flag(param, f"{raw} is not one of the {len(options)} this view offers")
 
 
 def publish_url(param: str, value) -> None:
     """After creating a widget: its value into the URL (so the address is a link to this view)."""
+    if _params.flagged(param):
+        return          # the address keeps what the user typed until they pick another value
     raw = str(value)
     # Only a change is written: each write sends the whole address to the browser, and one sent
     # while the browser still shows the previous page lands in that page's history entry.
@@ -122,12 +127,15 @@ def one_history_entry_per_page() -> None:
 
 def url_select(label: str, options: list, key: str, param: str, default=None, cast=str,
                container=st, **kwargs):
-    """A selectbox kept in sync with URL parameter ``param``."""
+    """A selectbox kept in sync with URL parameter ``param``. A URL value it cannot show is
+    named in a warning and the page stops there until the user picks one (pages/_params.py)."""
     adopt_url(param, key, options, cast)
     if st.session_state.get(key) not in options:
         st.session_state[key] = default if default in options else options[0]
-    value = container.selectbox(label, options, key=key, **kwargs)
+    value = container.selectbox(label, options, key=key, on_change=_params.forget, args=(param,),
+                                **kwargs)
     publish_url(param, value)
+    _params.refuse(param)
     return value
 
 

@@ -2,8 +2,9 @@
 visits and in the URL, and the export of everything they match.
 
 A filtered view is a link: each filter that differs from its default is a URL parameter
-(``classes`` and ``splits`` repeated, ``outcome``, ``steps`` as ``A-B``, ``q``), adopted when it
-comes from outside (a pasted link) and written back when a widget changes. Branch continuations
+(``classes``, ``splits`` and ``tags`` repeated, ``outcome``, ``steps`` as ``A-B``, ``q``), adopted
+when it comes from outside (a pasted link) and written back when a widget changes; a value the run
+cannot show is refused, never dropped (pages/_params.py). Branch continuations
 (split ``branch``: the resampled and kept rollouts of a branch job, tens per analysed turn) are
 left out by default, as solved trajectories are from the class filter.
 
@@ -17,12 +18,13 @@ import re
 
 import streamlit as st
 
+from pages import _params
 from pages._common import Pick
 from storage import queries
 
 OUTCOMES = {"any": None, "solved": True, "failed": False}
 PARAMS = {"fail_classes": "classes", "fail_splits": "splits", "fail_outcome": "outcome",
-          "fail_steps": "steps", "fail_search": "q"}
+          "fail_steps": "steps", "fail_search": "q", "fail_tags": "tags"}
 """Widget key -> URL parameter."""
 HIDDEN_SPLITS = ("branch",)
 """Splits left out unless picked: branch continuations are a job's samples, not the run's."""
@@ -30,43 +32,44 @@ HIDDEN_SPLITS = ("branch",)
 
 def defaults(classes: list[str], splits: list[str], lo: int, hi: int) -> dict:
     """Each filter's value when nothing picked it: every class but ``success``, every split but
-    branch continuations, any outcome, every step, no text."""
+    branch continuations, any outcome, every step, no tag, no text."""
     view = {"fail_classes": [k for k in classes if k != "success"],
             "fail_splits": [s for s in splits if s not in HIDDEN_SPLITS] or list(splits),
-            "fail_outcome": "any", "fail_search": ""}
+            "fail_outcome": "any", "fail_search": "", "fail_tags": []}
     return view | ({"fail_steps": (lo, hi)} if hi > lo else {})
 
 
 def _encode(key: str, value) -> list[str] | str:
-    if key in ("fail_classes", "fail_splits"):
+    if key in ("fail_classes", "fail_splits", "fail_tags"):
         return list(value) or [""]          # an empty pick (every class) still differs
     if key == "fail_steps":
         return f"{int(value[0])}-{int(value[1])}"
     return str(value)
 
 
-def _decode(key: str, raw: list[str], classes: list[str], splits: list[str], lo: int, hi: int):
-    """A URL value for widget ``key``, or None when it is not one the widget can show."""
-    if key == "fail_classes":
-        return [k for k in classes if k in raw]
-    if key == "fail_splits":
-        return [s for s in splits if s in raw]
-    one = raw[-1] if raw else ""
-    if key == "fail_outcome":
-        return one if one in OUTCOMES else None
+def _decode(key: str, raw: list[str], allowed: dict, lo: int, hi: int):
+    """A URL value for widget ``key`` (pages/_params.py parses it). A value the run cannot show
+    (a class or tag it never recorded, a malformed step range) flags the parameter: the page
+    then shows no trajectory rather than drop the filter and show more."""
+    param = PARAMS[key]
+    value, why = _params.parse(_params.PAGES["failures"][param], raw, allowed.get(key))
+    if why:
+        _params.flag(param, why)
+    if value is None:
+        return None
     if key == "fail_steps":
-        found = re.fullmatch(r"\s*(-?\d+)\s*-\s*(-?\d+)\s*", one)
-        if not found:
-            return None
-        a, b = sorted((int(found.group(1)), int(found.group(2))))
+        a, b = value
         return (max(lo, min(a, hi)), min(hi, max(b, lo)))
-    return one[:200]
+    return value[:200] if key == "fail_search" else value
 
 
-def restore(pick: Pick, classes: list[str], splits: list[str], lo: int, hi: int) -> dict:
+def restore(pick: Pick, classes: list[str], splits: list[str], lo: int, hi: int,
+            tags: list[str] = ()) -> dict:
     """Before the filter widgets are drawn: their state from a link that came from outside, else
     this session's copy for the run, else the defaults. Returns the defaults."""
     view = defaults(classes, splits, lo, hi)
+    allowed = {"fail_classes": classes, "fail_splits": splits, "fail_outcome": list(OUTCOMES),
+               "fail_tags": list(tags)}
     here = (pick.store, pick.run_id)
     kept = st.session_state.setdefault("_fail_kept", {}).get(here, {})
     if st.session_state.get("_fail_view_of") != here or any(k not in st.session_state
@@ -84,13 +87,14 @@ def restore(pick: Pick, classes: list[str], splits: list[str], lo: int, hi: int)
         if seen.get(param) == raw:
             continue                        # this session wrote it: the widget's state rules
         seen[param] = raw
-        value = _decode(key, raw, classes, splits, lo, hi)
+        value = _decode(key, raw, allowed, lo, hi)
         if value is not None:
             st.session_state[key] = value
     # values kept from an earlier visit may name classes or steps this run no longer has
     st.session_state["fail_classes"] = [k for k in st.session_state["fail_classes"]
                                         if k in classes]
     st.session_state["fail_splits"] = [k for k in st.session_state["fail_splits"] if k in splits]
+    st.session_state["fail_tags"] = [k for k in st.session_state["fail_tags"] if k in tags]
     if st.session_state.get("fail_outcome") not in OUTCOMES:
         st.session_state["fail_outcome"] = "any"
     if hi > lo:
@@ -105,6 +109,8 @@ def publish(pick: Pick, view: dict) -> dict:
     here = (pick.store, pick.run_id)
     seen = st.session_state.setdefault("_url_seen", {})
     for key, param in PARAMS.items():
+        if _params.flagged(param):
+            continue        # refused: the address keeps what the user typed
         value = st.session_state.get(key)
         differs = key in view and _same(key, value) != _same(key, view[key])
         if not differs:
@@ -124,7 +130,7 @@ def publish(pick: Pick, view: dict) -> dict:
 
 def _same(key: str, value):
     """A filter value in a form that compares equal when it means the same."""
-    if key in ("fail_classes", "fail_splits"):
+    if key in ("fail_classes", "fail_splits", "fail_tags"):
         return tuple(sorted(value or ()))
     if key == "fail_steps":
         return tuple(int(v) for v in value) if value else None
@@ -138,7 +144,8 @@ def current(view: dict, lo: int, hi: int) -> dict:
             "step_range": tuple(int(x) for x in st.session_state["fail_steps"])
             if "fail_steps" in view else (lo, hi),
             "splits": tuple(st.session_state.get("fail_splits") or ()) or None,
-            "success": OUTCOMES[st.session_state.get("fail_outcome", "any")]}
+            "success": OUTCOMES[st.session_state.get("fail_outcome", "any")],
+            "tags": tuple(st.session_state.get("fail_tags") or ()) or None}
 
 
 def export_buttons(pick: Pick, matching: dict, total: int) -> None:

@@ -7,7 +7,7 @@ import streamlit as st
 
 from pages import _common as c
 from pages import _glossary
-from pages import _info_gain, _mismatch, _signals
+from pages import _info_gain, _mismatch, _params, _signals
 from storage import queries
 
 c.ensure_app()
@@ -219,7 +219,8 @@ FIRST_PAINT = 6  # charts: a run with few curves shows them all at once
 first = [spec for spec in recorded if len(recorded) <= FIRST_PAINT
          or spec.get("core", spec["key"] in CORE) or spec.get("alarm") in alarmed]
 later = [spec for spec in recorded if spec not in first]
-c.adopt_url("curves", "dyn_all", cast=lambda raw: raw == "all")
+c.adopt_url("curves", "dyn_all", cast={"all": True, "core": False}.__getitem__)
+_params.refuse("curves", what="the curves toggle")
 show_all = st.toggle(f"All curves ({len(later)} more)" if later else "All curves", key="dyn_all",
                      disabled=not later,
                      help="The first view draws the core curves and any an alarm points at; "
@@ -300,6 +301,7 @@ clicked = int(points[0]["x"]) if points else None
 if clicked is not None and clicked != st.session_state.get("_dyn_clicked"):
     st.session_state["_dyn_clicked"] = clicked
     st.session_state["spike"] = clicked
+    _params.forget("spike")        # a click on the chart picks the step, as the selectbox does
 options = spikes + [int(s) for s in sp.index if int(s) not in spikes]
 chosen = c.url_select("Step to inspect", options, key="spike", param="spike", cast=int,
                       format_func=str)

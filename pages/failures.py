@@ -7,7 +7,7 @@ import streamlit as st
 
 from pages import _clusterjob, _common as c
 from pages import _glossary
-from pages import _failfilters, _panels
+from pages import _failfilters, _panels, _params
 from storage import queries
 from storage.failures import DESCRIPTIONS
 
@@ -21,20 +21,24 @@ CLASS_WIDTH = 215  # px: the longest class name (wrong_answer_without_evidence) 
 # nothing. Tags are read fresh: this page writes them.
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
 def search(store: str, run_id: str, last_step: int, text: str, classes: tuple | None,
-           step_range: tuple[int, int], splits: tuple | None, success: bool | None):
+           step_range: tuple[int, int], splits: tuple | None, success: bool | None,
+           tags: tuple | None = None, tags_seen: str = ""):
+    """``tags_seen``: the run's tags as read now, so a tag saved here is searched at once."""
     return queries.search_trajectories(store, run_id, text=text, step_range=step_range,
                                        classes=list(classes) if classes else None,
                                        splits=list(splits) if splits else None, success=success,
-                                       limit=SHOWN_ROWS)
+                                       limit=SHOWN_ROWS, tags=list(tags) if tags else None)
 
 
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
 def count(store: str, run_id: str, last_step: int, text: str, classes: tuple | None,
-          step_range: tuple[int, int], splits: tuple | None, success: bool | None) -> int:
+          step_range: tuple[int, int], splits: tuple | None, success: bool | None,
+          tags: tuple | None = None, tags_seen: str = "") -> int:
     """How many match, when more than the table shows."""
     return queries.count_trajectories(store, run_id, text=text, step_range=step_range,
                                       classes=list(classes) if classes else None,
-                                      splits=list(splits) if splits else None, success=success)
+                                      splits=list(splits) if splits else None, success=success,
+                                      tags=list(tags) if tags else None)
 
 
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
@@ -193,7 +197,9 @@ if counts.empty:
 classes = sorted(counts["failure_class"].unique())
 splits = sorted(counts["split"].dropna().unique())
 first, last = int(counts["step"].min()), int(counts["step"].max())
-view = _failfilters.restore(pick, classes, splits, first, last)
+tagged = queries.tags(pick.store, pick.run_id)   # read fresh: this page writes them
+tag_names = sorted(tagged["tag"].unique())
+view = _failfilters.restore(pick, classes, splits, first, last, tag_names)
 counted_splits = st.session_state["fail_splits"] or splits     # none picked: every split
 counted = counts[counts["split"].isin(counted_splits) | counts["split"].isna()]
 left_out = int(counts["n"].sum() - counted["n"].sum())
@@ -217,21 +223,31 @@ else:
 st.subheader("Find trajectories")
 f1, f2, f3 = st.columns(3)
 if not trl_functions:
-    f1.multiselect("Failure class", classes, key="fail_classes")
-f2.multiselect("Split", splits, key="fail_splits",
+    f1.multiselect("Failure class", classes, key="fail_classes", on_change=_params.forget,
+                   args=("classes",))
+f2.multiselect("Split", splits, key="fail_splits", on_change=_params.forget, args=("splits",),
                help="Branch continuations (split 'branch') are left out unless picked.")
-f3.radio("Outcome", list(_failfilters.OUTCOMES), key="fail_outcome", horizontal=True)
+f3.radio("Outcome", list(_failfilters.OUTCOMES), key="fail_outcome", horizontal=True,
+         on_change=_params.forget, args=("outcome",))
 if first < last:
-    st.slider("Steps", first, last, key="fail_steps")
-st.text_input("Search text", key="fail_search", placeholder="e.g. capital of")
-st.caption("Searches the prompt and every turn's action and observation (case-insensitive "
-           "substring; not the answer, tags or notes). A trajectory is listed when it matches the "
-           "search and every filter above.")
+    st.slider("Steps", first, last, key="fail_steps", on_change=_params.forget, args=("steps",))
+s1, s2 = st.columns([3, 1])
+s1.text_input("Search text", key="fail_search", placeholder="e.g. capital of")
+s2.multiselect("Tag", tag_names, key="fail_tags", on_change=_params.forget, args=("tags",),
+               placeholder="any", help="Only trajectories carrying one of these tags.")
+st.caption("Searches the prompt, every turn's action and observation, and the tags and notes "
+           "saved on a trajectory (case-insensitive substring). A trajectory is listed when it "
+           "matches the search and every filter above.")
 kept = _failfilters.publish(pick, view)
+if any(_params.flagged(p) for p in _failfilters.PARAMS.values()):
+    st.caption("0 trajectories match: the address asks for a filter value this run does not "
+               "have, and a filter that cannot be applied selects nothing (no export).")
+_params.refuse(*_failfilters.PARAMS.values(), what="this run's filters")
 matching = _failfilters.current(view, first, last)
-found = search(pick.store, pick.run_id, pick.last_step, **matching)
+seen = f"{len(tagged)}:{tagged['created_at'].max() if len(tagged) else ''}"
+found = search(pick.store, pick.run_id, pick.last_step, **matching, tags_seen=seen)
 total = len(found) if len(found) < SHOWN_ROWS else \
-    count(pick.store, pick.run_id, pick.last_step, **matching)
+    count(pick.store, pick.run_id, pick.last_step, **matching, tags_seen=seen)
 st.caption(f"{total} trajectories match" + (f" (first {SHOWN_ROWS} shown; export writes all)"
                                             if total > len(found) else "")
            + ". Select a row to read it and tag it.")
@@ -255,7 +271,6 @@ _failfilters.export_buttons(pick, matching, total)
 if rows:
     _panels.trajectory_panel(pick, found.iloc[rows[0]].to_dict())
 
-tagged = queries.tags(pick.store, pick.run_id)
 if not tagged.empty:
     with st.expander(f"Tags and notes in this run ({len(tagged)})"):
         st.dataframe(tagged, key="fail_all_tags", hide_index=True)
@@ -266,6 +281,9 @@ if not tagged.empty:
 # the walkthrough opens, come first. A link names another tab with tab=task or tab=sql.
 TABS = {"clusters": "Clusters of similar failures", "task": "One task across steps",
         "sql": "SQL (read-only)"}
+if st.query_params.get("tab") and st.query_params["tab"] not in TABS and not _params.flagged("tab"):
+    _params.flag("tab", "the tabs are " + ", ".join(TABS))
+_params.refuse("tab", what="this page's tabs")
 asked = TABS.get(st.query_params.get("tab", ""), TABS["clusters"])
 clusters_tab, task_tab, sql_tab = st.tabs(list(TABS.values()), default=asked, key="fail_tab",
                                           on_change="rerun")

@@ -7,7 +7,7 @@ import streamlit as st
 
 from pages import _common as c
 from pages import _glossary
-from pages import _boards, _branches, _calls, _info_gain, _live, _panels, _states, _tokens
+from pages import _boards, _branches, _calls, _info_gain, _live, _panels, _params, _states, _tokens
 
 c.ensure_app()
 pick = c.picked()
@@ -107,6 +107,7 @@ def turn_player() -> None:
     if st.session_state.get("replay_play") and int(st.session_state.get("turn") or 0) < n - 1:
         move(+1)
     c.adopt_url("turn", "turn", list(range(n)), int)
+    _params.refuse("turn", what="this trajectory")   # a turn it does not have: none shown
     if not 0 <= int(st.session_state.get("turn") or 0) < n:
         st.session_state["turn"] = 0
     if n > 1:
@@ -150,6 +151,7 @@ else:
     def token_view() -> None:
         """A fragment: another colouring redraws the tokens alone, not the whole page."""
         c.adopt_url("colour", "replay_colour", list(_tokens.MODES))  # a link may ask for one
+        _params.refuse("colour", what="the token view")
         mode = st.selectbox("Colour by", list(_tokens.MODES), key="replay_colour")
         column = _tokens.MODES[mode]
         if column and tokens[column].isna().all():

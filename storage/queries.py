@@ -287,11 +287,12 @@ def failure_counts(path: str | Path, run_id: str) -> pd.DataFrame:
 def search_trajectories(path: str | Path, run_id: str, text: str = "",
                         classes: list[str] | None = None, step_range: tuple[int, int] | None = None,
                         splits: list[str] | None = None, success: bool | None = None,
-                        limit: int | None = 500) -> pd.DataFrame:
+                        limit: int | None = 500, tags: list[str] | None = None) -> pd.DataFrame:
     """Trajectories matching the facets, the first ``limit`` (None: all); ``text`` is searched
     (case-insensitive substring, as a parameter: never spliced into SQL) in every turn's action
-    and observation and in the prompt."""
-    where, params = _facets(run_id, text, classes, step_range, splits, success)
+    and observation, in the prompt and in the tags and notes users saved; ``tags``: only
+    trajectories carrying at least one of them."""
+    where, params = _facets(run_id, text, classes, step_range, splits, success, tags)
     sql = f"""SELECT t.step, t.traj_id, t.group_id, t.task_id, t.split, t.reward, t.success,
                      t.num_turns, t.finish_reason,
                      coalesce(t.failure_class, CASE WHEN t.success THEN 'success'
@@ -305,14 +306,15 @@ def search_trajectories(path: str | Path, run_id: str, text: str = "",
 
 def count_trajectories(path: str | Path, run_id: str, text: str = "",
                        classes: list[str] | None = None, step_range: tuple[int, int] | None = None,
-                       splits: list[str] | None = None, success: bool | None = None) -> int:
+                       splits: list[str] | None = None, success: bool | None = None,
+                       tags: list[str] | None = None) -> int:
     """How many trajectories ``search_trajectories`` would list without its limit."""
-    where, params = _facets(run_id, text, classes, step_range, splits, success)
+    where, params = _facets(run_id, text, classes, step_range, splits, success, tags)
     return int(_read(path, f"SELECT count(*) AS n FROM trajectories t WHERE {where}",
                      params)["n"].iloc[0])
 
 
-def _facets(run_id, text, classes, step_range, splits, success) -> tuple[str, list]:
+def _facets(run_id, text, classes, step_range, splits, success, tags=None) -> tuple[str, list]:
     """The WHERE clause (over ``trajectories t``) and parameters of the search's facets."""
     where = ["t.run_id = ?"]
     params: list = [run_id]
@@ -329,14 +331,20 @@ def _facets(run_id, text, classes, step_range, splits, success) -> tuple[str, li
     if success is not None:
         where.append("coalesce(t.success, false) = ?")
         params.append(bool(success))
+    if tags:
+        where.append("EXISTS (SELECT 1 FROM tags g WHERE g.run_id = t.run_id "
+                     "AND g.traj_id = t.traj_id AND g.tag IN (SELECT unnest(?)))")
+        params.append(list(tags))
     if text:
         # A literal substring test: no wildcards to escape. ILIKE with an ESCAPE clause takes
         # DuckDB's general pattern matcher, ~40% more CPU on 250k turns (bench/queries.py).
         where.append("""(contains(lower(t.prompt), lower(?)) OR EXISTS (
             SELECT 1 FROM turns u WHERE u.run_id = t.run_id AND u.traj_id = t.traj_id
               AND (contains(lower(u.action), lower(?))
-                   OR contains(lower(u.observation), lower(?)))))""")
-        params += [text, text, text]
+                   OR contains(lower(u.observation), lower(?))))
+            OR EXISTS (SELECT 1 FROM tags g WHERE g.run_id = t.run_id AND g.traj_id = t.traj_id
+              AND (contains(lower(g.tag), lower(?)) OR contains(lower(g.note), lower(?)))))""")
+        params += [text, text, text, text, text]
     return " AND ".join(where), params
 
 
@@ -384,8 +392,9 @@ def tags(path: str | Path, run_id: str, traj_ids: list[str] | None = None) -> pd
 # -- export ----------------------------------------------------------------------------------------
 def export_trajectories(path: str | Path, run_id: str, traj_ids: list[str],
                         fmt: str = "jsonl") -> bytes:
-    """The given trajectories with their turns and reward components, as JSONL (one trajectory
-    per line, turns nested) or Parquet (one row per trajectory, turns as a JSON string)."""
+    """The given trajectories with their turns, reward components and the tags and notes users
+    saved on them, as JSONL (one trajectory per line, turns nested) or Parquet (one row per
+    trajectory, turns and tags as JSON strings)."""
     if fmt not in ("jsonl", "parquet"):
         raise ValueError(f"format must be jsonl or parquet, got {fmt!r}")
     traj = _read(path, f"SELECT {TRAJ_COLUMNS} FROM trajectories WHERE run_id = ? "
@@ -393,6 +402,7 @@ def export_trajectories(path: str | Path, run_id: str, traj_ids: list[str],
                  [run_id, list(traj_ids)])
     turn_rows = turns(path, run_id, traj_ids)
     comp = rewards(path, run_id, traj_ids)
+    saved = tags(path, run_id, traj_ids)
     records = []
     for row in traj.to_dict("records"):
         tid = row["traj_id"]
@@ -402,11 +412,14 @@ def export_trajectories(path: str | Path, run_id: str, traj_ids: list[str],
                            for t in turn_rows[turn_rows["traj_id"] == tid].to_dict("records")]
         record["rewards"] = {c: _plain(v) for c, v in
                              comp[comp["traj_id"] == tid][["component", "value"]].values}
+        record["tags"] = [{"tag": g, "note": _plain(n)} for g, n in
+                          saved[saved["traj_id"] == tid][["tag", "note"]].values]
         records.append(record)
     if fmt == "jsonl":
         return "".join(json.dumps(r, default=str) + "\n" for r in records).encode("utf-8")
     flat = pd.DataFrame([{**r, "turns": json.dumps(r["turns"], default=str),
-                          "rewards": json.dumps(r["rewards"])} for r in records])
+                          "rewards": json.dumps(r["rewards"]), "tags": json.dumps(r["tags"])}
+                         for r in records])
     buf = io.BytesIO()
     flat.to_parquet(buf, index=False)
     return buf.getvalue()
