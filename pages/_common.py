@@ -162,7 +162,7 @@ def picked() -> Pick:
     choice = st.session_state.get("pick_run")
     table = run_table()
     if not choice or table.empty:
-        stop("No run to show yet. Record one with `python -m core.train ...` or start one on the "
+        stop("No run to show yet. Record one with `agentrl train ...` or start one on the "
              "Train page; every DuckDB file in the store directories is listed.")
     store, run_id = choice
     rows = table[(table["store"] == store) & (table["run_id"] == run_id)]

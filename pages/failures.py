@@ -59,7 +59,7 @@ def cluster_panel(pick: c.Pick) -> None:
     if table.empty:
         if not running:
             right.info("Not computed yet for this run: Compute clusters embeds its failing "
-                       "trajectories (or run `python -m core.clusters --db STORE --run RUN`).")
+                       "trajectories (or run `agentrl clusters --db STORE --run RUN`).")
         return
     _cluster_views(pick, table, per_step, members)
 

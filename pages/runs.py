@@ -72,7 +72,7 @@ for bad in table[table["run_id"].isna()].to_dict("records") if not table.empty e
 table = table[table["run_id"].notna()] if not table.empty else table
 if table.empty:
     c.stop("No runs yet. Every DuckDB store under " + ", ".join(queries.store_dirs())
-           + " is listed here; start a run on the Train page or with `python -m core.train`.")
+           + " is listed here; start a run on the Train page or with `agentrl train`.")
 
 frame = run_frame(table)
 experiments = {(r["store"], r["run_id"]): _runlist.experiment_of(
