@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from pages._jobs import process_alive, runs_dir, spawn
+from storage.embeddings import K_FIRST, K_LIMIT
 
 
 def _stem(store: str, run_id: str) -> str:
@@ -68,7 +69,8 @@ def progress(job: dict) -> tuple[float, str]:
         return 1.0, (f"All {cached} texts already embedded (cached): clustering next"
                      if cached else "Embedding: no text to embed")
     if phase == "clustering":
-        return 1.0, "Clustering the embedded failures (k-means, k = 2..12 by silhouette)"
+        return 1.0, (f"Clustering the embedded failures (k-means, k = 2..{K_FIRST} by silhouette, "
+                     f"extended up to {K_LIMIT} while the best k is at the top)")
     if phase == "reading":
         return 0.0, "Reading the run's failing trajectories"
     return (1.0 if phase == "done" else 0.0), phase.capitalize()

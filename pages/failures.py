@@ -10,6 +10,7 @@ from pages import _glossary
 from pages import _failfilters, _panels, _params
 from storage import queries
 from storage.failures import DESCRIPTIONS
+from storage.embeddings import confidence as cluster_confidence
 
 c.ensure_app()
 MAX_BARS = 100
@@ -95,11 +96,15 @@ def _cluster_views(pick: c.Pick, table, per_step, members) -> None:
     """The clusters' table, their share of each step's failures, and one cluster's members."""
     first = table.iloc[0]
     score = "" if first["silhouette"] != first["silhouette"] else \
-        f", silhouette {first['silhouette']:.2f}"
+        f", {_glossary.link('silhouette')} {first['silhouette']:.2f}"
     st.caption(f"{len(members)} failing trajectories in {len(table)} clusters (k chosen by "
                f"silhouette{score}); embedding {c.safe_label(first['model'])}, computed "
                f"{str(first['created_at'])[:16]} UTC. Terms: what sets a cluster apart "
-               "(class-based TF-IDF); central: its most typical members.")
+               "(class-based TF-IDF, names masked); central: its most typical members.")
+    level, named, verdict = cluster_confidence(int(first["k"]), first["silhouette"])
+    {"reasonable": st.success, "single": st.info}.get(level, st.warning)(verdict)
+    if not named:   # a partition without structure: its terms would read as findings
+        table = table.assign(terms="(not named: no substantial structure)")
     steps = members.groupby("traj_id")["step"].first().to_dict()
     shown = table.assign(
         share=(table["share"] * 100).round(1),

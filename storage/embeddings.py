@@ -22,10 +22,50 @@ OBS_CHARS = 160
 the rest is mostly retrieved documents or board drawings that would drown the actions)."""
 
 
+K_FIRST = 12
+"""The cluster job tries k = 2..K_FIRST first (core/jobs/clusters.py)."""
+K_LIMIT = 24
+"""... and, while the best k is the top of the range tried, extends it by K_FIRST up to K_LIMIT.
+A best k at K_LIMIT is still at the edge: the failures may split further than was tried."""
+SILHOUETTE_REASONABLE = 0.5
+SILHOUETTE_WEAK = 0.25
+"""The usual reading of a mean silhouette (Kaufman & Rousseeuw 1990, "Finding Groups in Data"):
+above 0.5 a reasonable structure, 0.25 to 0.5 weak (it could be artificial), below 0.25 no
+substantial structure. Below SILHOUETTE_WEAK the Failures page does not name the clusters."""
+
+
+def confidence(k: int, silhouette: float | None, k_limit: int = K_LIMIT) -> tuple[str, bool, str]:
+    """(level, named, sentence): how far a clustering can be read as failure modes.
+
+    level: "reasonable" (s > 0.5), "weak" (0.25 <= s <= 0.5, or k at ``k_limit``, the edge of the
+    searched range), "none" (s < 0.25: no substantial structure), "single" (k = 1, no silhouette).
+    named: whether the clusters may be named by their terms (not when level is "none")."""
+    if k <= 1 or silhouette is None or silhouette != silhouette:
+        return "single", True, ("One cluster: too few distinct failures to compare (no "
+                                "silhouette).")
+    s = float(silhouette)
+    if s < SILHOUETTE_WEAK:
+        level, said = "none", (f"Silhouette {s:.2f} < {SILHOUETTE_WEAK}: no substantial "
+                               "structure (Kaufman & Rousseeuw). These clusters are a partition "
+                               "of the failures, not failure modes: they are not named.")
+    elif s <= SILHOUETTE_REASONABLE:
+        level, said = "weak", (f"Silhouette {s:.2f}, between {SILHOUETTE_WEAK} and "
+                               f"{SILHOUETTE_REASONABLE}: a weak structure; check a cluster's "
+                               "members before trusting its name.")
+    else:
+        level, said = "reasonable", (f"Silhouette {s:.2f} > {SILHOUETTE_REASONABLE}: a "
+                                     "reasonable structure.")
+    if k >= k_limit:
+        said += (f" k = {k} is the top of the range searched (2..{k_limit}): the failures may "
+                 "split further, so k is a bound, not a finding.")
+        level = "weak" if level == "reasonable" else level
+    return level, level != "none", said
+
+
 def failing(path: str | Path, run_id: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The run's trajectories that did not succeed, and their turns (observations trimmed).
 
-    Returns (trajectories: traj_id, step, split, failure_class, answer, finish_reason;
+    Returns (trajectories: traj_id, step, split, failure_class, answer, finish_reason, task_id;
     turns: traj_id, turn, action, observation, error), both ordered."""
     with db.reading(path) as con:
         if check_version(con, where=str(path)) == 0:
@@ -35,7 +75,7 @@ def failing(path: str | Path, run_id: str) -> tuple[pd.DataFrame, pd.DataFrame]:
             raise ValueError(f"{path} has no run {run_id!r}")
         traj = con.execute("""
             SELECT traj_id, step, split, coalesce(failure_class, 'unclassified') AS failure_class,
-                   answer, finish_reason
+                   answer, finish_reason, task_id
             FROM trajectories WHERE run_id = ? AND NOT coalesce(success, false)
             ORDER BY step, traj_id""", [run_id]).df()
         has_error = con.execute("""SELECT count(*) FROM information_schema.columns

@@ -134,3 +134,73 @@ def test_failures_page_launches_the_job_and_shows_clusters(app, tmp_path):
     assert table["replay"].str.startswith("replay?").all()
     members = next(f.value for f in at.dataframe if "distance" in f.value.columns)
     assert (members["cluster"] == 0).all() and members["replay"].str.contains("traj=").all()
+
+
+# -- honest confidence (issue 51, item 7) ----------------------------------------------------------
+def test_label_terms_are_failure_modes_not_the_names_of_the_task():
+    texts = ["A: <search>Giakrohae mayor</search> | O: Doc 1 the mayor of Giakrohae is Rene Thol. "
+             "| E: timeout from the search tool",
+             "A: <search>Giakrohae mayor</search> | O: timeout again\nanswer: Rene Thol",
+             "A: <answer>Up</answer> | O: You fell into a hole. Game over.",
+             "A: <answer>Up</answer> | O: The lake froze over, you fell into a hole."]
+    masked = clusters.entity_words(texts, known=["capital>mayor:Giakrohae", "Rene Thol"])
+    # names mid-sentence or in the task id / answer; "Up" after a tag, "You"/"The"/"Game" at a
+    # sentence start and words also written in lower case are not names
+    assert masked == {"giakrohae", "rene", "thol"}
+    terms = clusters.distinguishing_terms(texts, np.array([0, 0, 1, 1]), top=3, masked=masked)
+    assert not {"giakrohae", "rene", "thol"} & set(terms[0])
+    assert "timeout" in terms[0] and "hole" in terms[1]
+    unmasked = clusters.distinguishing_terms(texts, np.array([0, 0, 1, 1]), top=3)
+    assert "giakrohae" in unmasked[0]     # what the mask is for
+
+
+@pytest.mark.parametrize("k, s, level, named, said", [
+    (5, 0.62, "reasonable", True, "reasonable structure"),
+    (5, 0.31, "weak", True, "weak structure"),
+    (12, 0.15, "none", False, "no substantial structure"),
+    (24, 0.55, "weak", True, "top of the range searched (2..24)"),
+    (1, None, "single", True, "One cluster"),
+])
+def test_the_confidence_verdict_reads_the_silhouette_and_the_edge(k, s, level, named, said):
+    from storage.embeddings import confidence
+    got_level, got_named, sentence = confidence(k, s)
+    assert (got_level, got_named) == (level, named) and said in sentence
+
+
+def test_a_best_k_at_the_top_edge_extends_the_search():
+    # 30 well-separated directions: the best k is beyond the first range 2..12
+    rng = np.random.default_rng(0)
+    centres = np.linalg.qr(rng.normal(size=(64, 30)))[0].T          # 30 orthonormal centres
+    vectors = np.repeat(centres, 4, axis=0) + 0.01 * rng.normal(size=(120, 64))
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    labels, k, score = clusters.cluster(vectors.astype(np.float32))
+    assert k > clusters.K_MAX and k == clusters.K_LIMIT   # extended, and stopped at the limit
+    labels, k12, _ = clusters.cluster(vectors.astype(np.float32), k_limit=clusters.K_MAX)
+    assert k12 == clusters.K_MAX                           # without the extension: the old edge
+
+
+def test_failures_page_refuses_to_name_clusters_without_structure(app, tmp_path):
+    """Clusters stored as the job writes them, at k = 12 with silhouette 0.15 (what the sample
+    search run got): the page says there is no substantial structure and names none."""
+    import pandas as pd
+
+    from storage import embeddings
+    stores = tmp_path / "stores"
+    stores.mkdir()
+    store = stores / "gigpo.duckdb"
+    shutil.copy(GIGPO, store)
+    run_id = duckdb.connect(str(store), read_only=True).execute(
+        "SELECT run_id FROM runs").fetchone()[0]
+    traj, _ = embeddings.failing(store, run_id)
+    traj = traj.head(24)
+    embeddings.save_clusters(store, run_id, "test-encoder", pd.DataFrame({
+        "traj_id": traj["traj_id"], "step": traj["step"].astype(int),
+        "cluster": [i % 12 for i in range(len(traj))], "distance": 0.1,
+        "terms": "hole, left, slippery", "k": 12, "silhouette": 0.15}))
+    at = app("failures", store_dir=str(stores), store=str(store), run=run_id)
+    assert not at.exception
+    said = [w.value for w in at.warning if "Silhouette 0.15" in w.value]
+    assert said and "no substantial structure" in said[0] and "not named" in said[0]
+    table = next(f.value for f in at.dataframe if "terms" in f.value.columns)
+    assert set(table["terms"]) == {"(not named: no substantial structure)"}
+    assert any("glossary#silhouette" in cap.value for cap in at.caption)

@@ -10,9 +10,13 @@
    L2-normalised, at most ``MAX_TOKENS`` tokens. Vectors are cached in the store's ``embeddings`` table with the text's
    hash; a rerun embeds only new or changed texts, and identical texts once.
 3. Clustering (``cluster``): k-means on the unit vectors for every k in 2..K_MAX, keeping the k
-   with the best silhouette (cosine); a run with too few distinct failures is one cluster.
-4. Labels (``distinguishing_terms``): class-based TF-IDF over each cluster's texts, and the most
-   central members (smallest cosine distance to the centroid).
+   with the best silhouette (cosine); while the best k is the top of the range tried, the range
+   grows by K_MAX up to K_LIMIT (a best k at the top edge says the failures may split further);
+   a run with too few distinct failures is one cluster. How far the result can be read as
+   failure modes is ``storage.embeddings.confidence`` (the silhouette's usual reading).
+4. Labels (``distinguishing_terms``): class-based TF-IDF over each cluster's texts, names masked
+   (``entity_words``: a cluster of one task's failures would be named after its city, not after
+   what went wrong), and the most central members (smallest cosine distance to the centroid).
 Results go to ``failure_clusters`` (storage/embeddings.py); the Failures page only reads them.
 """
 from __future__ import annotations
@@ -34,7 +38,8 @@ from storage import embeddings as store_io
 ACTION_CHARS = 200     # per action: a think/answer past this adds little to what it did
 OBS_CHARS = 120        # per observation (see storage.embeddings.OBS_CHARS)
 MAX_TURNS = 8          # a 30-turn loop says what it is in its first turns
-K_MAX = 12
+K_MAX = store_io.K_FIRST
+K_LIMIT = store_io.K_LIMIT
 SILHOUETTE_SAMPLE = 2000  # silhouette is O(n^2): scored on a fixed random sample beyond this
 CHUNK = 512            # texts embedded (and stored) per progress report
 CHAT_MARKER = re.compile(r"<\|[\w.:-]{1,40}\|>(?:user|assistant|system)?\n?")
@@ -76,11 +81,12 @@ def text_hash(text: str, model: str = MODEL) -> str:
 
 
 # ---- clustering ---------------------------------------------------------------------------------
-def cluster(vectors: np.ndarray, k_max: int = K_MAX, seed: int = 0
+def cluster(vectors: np.ndarray, k_max: int = K_MAX, seed: int = 0, k_limit: int = K_LIMIT
             ) -> tuple[np.ndarray, int, float]:
     """(labels, k, silhouette): k-means for k = 2..k_max, the k with the highest silhouette
     s = mean_i (b_i - a_i) / max(a_i, b_i) under cosine distance (a_i: mean distance to its own
-    cluster, b_i: to the nearest other). Beyond SILHOUETTE_SAMPLE vectors k is chosen on a fixed
+    cluster, b_i: to the nearest other); while the best k is the top of the range tried, the
+    range grows by k_max, up to k_limit. Beyond SILHOUETTE_SAMPLE vectors k is chosen on a fixed
     random sample of that size and only the chosen k is fitted on all (10,000 vectors: ~5 s
     instead of ~60 s). Labels are renumbered by cluster size, largest 0. Fewer than 3 distinct
     vectors: one cluster (silhouette NaN)."""
@@ -95,13 +101,18 @@ def cluster(vectors: np.ndarray, k_max: int = K_MAX, seed: int = 0
     picked = vectors[rng.choice(n, SILHOUETTE_SAMPLE, replace=False)] if n > SILHOUETTE_SAMPLE \
         else vectors
     best_k, score = 1, -1.0
-    for k in range(2, min(k_max, distinct - 1) + 1):
-        labels = KMeans(k, n_init=2, random_state=seed).fit_predict(picked)
-        if len(set(labels)) < 2:
-            continue
-        s = float(silhouette_score(picked, labels, metric="cosine"))
-        if s > score:
-            best_k, score = k, s
+    tried, top = 1, min(k_max, distinct - 1)
+    while top > tried:
+        for k in range(tried + 1, top + 1):
+            labels = KMeans(k, n_init=2, random_state=seed).fit_predict(picked)
+            if len(set(labels)) < 2:
+                continue
+            s = float(silhouette_score(picked, labels, metric="cosine"))
+            if s > score:
+                best_k, score = k, s
+        tried = top
+        if best_k == top:  # at the edge: the failures may split further than was tried
+            top = min(top + k_max, k_limit, distinct - 1)
     if best_k == 1:
         return np.zeros(n, dtype=int), 1, float("nan")
     labels = KMeans(best_k, n_init=2, random_state=seed).fit_predict(vectors)
@@ -126,18 +137,53 @@ def centroid_distance(vectors: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return out
 
 
-def distinguishing_terms(texts: Sequence[str], labels: np.ndarray, top: int = 6
-                         ) -> dict[int, list[str]]:
+WORD = re.compile(r"[A-Za-z][A-Za-z_'-]*")
+SENTENCE_END = re.compile(r"[.!?:;>|)(\]\[\"]$")
+
+
+def entity_words(texts: Sequence[str], known: Sequence[str] = ()) -> set[str]:
+    """Words (lower-cased) that name things, not failure modes, to keep out of cluster labels:
+
+    * a word written Capitalised mid-sentence -- after a lower-case word ("capital of Giakrohae")
+      or after such a name ("Parort Rene") -- and nowhere written in lower case (so "The" at a
+      sentence start, "KeyError" or "Up" after a tag are kept);
+    * every Capitalised word of ``known`` (the tasks' ids, the agents' answers)."""
+    lower, named = set(), set()
+    for text in texts:
+        prev_ok = False
+        for raw in str(text).split():
+            m = WORD.search(raw)
+            word = m.group(0).strip("'-") if m else ""
+            starts_clean = bool(m) and m.start() == 0
+            title = len(word) > 1 and word[0].isupper() and word[1:].islower()
+            if word.islower():
+                lower.add(word)
+            if title and prev_ok and starts_clean:
+                named.add(word.lower())
+            # the next word is mid-sentence after a lower-case word or a name, unless this one
+            # ends a sentence, a tag or a field ("A:", "</search>", "Title:")
+            prev_ok = starts_clean and (word.islower() or word.lower() in named) \
+                and not SENTENCE_END.search(raw)
+    for text in known:
+        for word in WORD.findall(str(text or "")):
+            if len(word) > 1 and word[0].isupper() and not word.isupper():
+                named.add(word.lower().strip("'-"))
+    return named - lower
+
+
+def distinguishing_terms(texts: Sequence[str], labels: np.ndarray, top: int = 6,
+                         masked: set[str] | frozenset[str] = frozenset()) -> dict[int, list[str]]:
     """Class-based TF-IDF (BERTopic): all texts of a cluster are one document c;
     w(t, c) = tf(t, c) / |c| * log(1 + A / f(t)), with tf the term's count in c, |c| the
     cluster's word count, A the mean word count per cluster and f(t) the term's count over all
-    clusters. The ``top`` terms by weight name what sets the cluster apart."""
+    clusters. The ``top`` terms by weight name what sets the cluster apart; ``masked`` words
+    (lower-case; ``entity_words``) are never terms."""
     # deferred: scikit-learn, only when clusters are computed
-    from sklearn.feature_extraction.text import CountVectorizer
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS, CountVectorizer
     classes = sorted(set(int(x) for x in labels))
     docs = [" ".join(t for t, l in zip(texts, labels) if l == c) for c in classes]
-    vec = CountVectorizer(token_pattern=r"(?u)\b[A-Za-z][A-Za-z_-]{2,}\b", stop_words="english",
-                          lowercase=True)
+    vec = CountVectorizer(token_pattern=r"(?u)\b[A-Za-z][A-Za-z_-]{2,}\b",
+                          stop_words=sorted(ENGLISH_STOP_WORDS | set(masked)), lowercase=True)
     try:
         counts = vec.fit_transform(docs).toarray().astype(float)
     except ValueError:  # no words at all
@@ -298,7 +344,8 @@ def _cluster_and_store(store, run_id: str, model: str, traj, texts, vectors, lap
     matrix = np.stack(vectors).astype(np.float32)
     labels, k, score = cluster(matrix)
     laps("cluster")
-    terms = distinguishing_terms(texts, labels)
+    known = [*traj["task_id"].dropna().astype(str), *traj["answer"].dropna().astype(str)]
+    terms = distinguishing_terms(texts, labels, masked=entity_words(texts, known))
     laps("terms")
     silhouette = None if math.isnan(score) else score
     rows = pd.DataFrame({"traj_id": traj["traj_id"], "step": traj["step"].astype(int),
