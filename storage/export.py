@@ -45,6 +45,10 @@ class Filters:
     failure_class: str | None = None
     step_min: int | None = None
     step_max: int | None = None
+    tag: str | None = None
+    """only trajectories a user tagged so (storage/annotations.py)"""
+    traj_ids: tuple[str, ...] | None = None
+    """only these (what a user's read-only query selected: ``ids_from_query``)"""
 
     def where(self, alias: str = "t") -> tuple[str, list]:
         """SQL conditions on trajectories (to follow ``run_id = ?``) and their parameters."""
@@ -55,6 +59,13 @@ class Filters:
             if value is not None:
                 sql += f" AND {alias}.{column} {op} ?"
                 params.append(value)
+        if self.tag is not None:
+            sql += (f" AND EXISTS (SELECT 1 FROM tags g WHERE g.run_id = {alias}.run_id "
+                    f"AND g.traj_id = {alias}.traj_id AND g.tag = ?)")
+            params.append(self.tag)
+        if self.traj_ids is not None:
+            sql += f" AND {alias}.traj_id IN (SELECT unnest(?::VARCHAR[]))"
+            params.append(list(self.traj_ids))
         return sql, params
 
     def steps(self, alias: str = "x") -> tuple[str, list]:
@@ -64,6 +75,39 @@ class Filters:
                 sql += f" AND {alias}.step {op} ?"
                 params.append(value)
         return sql, params
+
+
+MAX_QUERY_IDS = 200_000
+QUERY_TIME_S = 30.0
+
+
+def ids_from_query(db_path, run_id: str, sql: str | None = None, where: str | None = None
+                   ) -> tuple[str, ...]:
+    """The trajectory ids a user's query selects (``export --sql`` / ``--where``), run in the
+    Failures page's SQL box (storage/sql_box.py: read-only, one SELECT, no file access, bounded
+    in time, memory and rows). ``sql`` must return a ``traj_id`` column (rows of other runs,
+    when it has a ``run_id`` column, are left out); ``where`` is a condition on
+    ``trajectories`` (``reward > 0.5 AND num_turns <= 3``). More than ``MAX_QUERY_IDS`` rows
+    is an error, never a silently shorter export."""
+    from storage import sql_box  # deferred: only a query's export starts its child process
+    if (sql is None) == (where is None):
+        raise ValueError("give one of --sql and --where")
+    if where is not None:
+        check_run_id(run_id)  # safe inside the quotes below: letters, digits, '.', '_', '-'
+        sql = f"SELECT traj_id FROM trajectories WHERE run_id = '{run_id}' AND ({where})"
+    try:
+        frame, truncated = sql_box.run_query(db_path, sql, max_rows=MAX_QUERY_IDS,
+                                             timeout_s=QUERY_TIME_S)
+    except sql_box.SqlRefused as exc:
+        raise ValueError(f"the selection query was refused: {exc}") from None
+    if truncated:
+        raise ValueError(f"the selection query returns more than {MAX_QUERY_IDS} rows: narrow it")
+    if "traj_id" not in frame.columns:
+        raise ValueError(f"the selection query must return a traj_id column; it returns "
+                         f"{list(frame.columns)}")
+    if "run_id" in frame.columns:
+        frame = frame[frame["run_id"] == run_id]
+    return tuple(dict.fromkeys(str(t) for t in frame["traj_id"].dropna()))
 
 
 def _dicts(cursor) -> list[dict]:

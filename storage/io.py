@@ -8,6 +8,8 @@
                                 [--partitioned] [--split S] [--success true|false]
                                 [--failure-class C] [--step-min N] [--step-max N]
     python -m storage.io export --db PATH --run RUN_ID --format otlp --endpoint URL [filters]
+    python -m storage.io export --db PATH --run RUN_ID --format messages --out FILE [filters]
+    filters also: [--tag TAG] [--sql "SELECT traj_id ..." | --where "reward > 0.5"]
 
 The generic JSONL format is one trajectory per line (full description and rules:
 storage/interchange.py), at its smallest::
@@ -39,7 +41,9 @@ log directory) and imports each new complete file, line or sample as it appears,
 
 Export (storage/export.py) writes one run, or a filtered selection of its trajectories, as
 generic JSONL (export -> import round trips), as one flattened Parquet file, or with
-``--partitioned`` as a hive-style Parquet directory partitioned by run and step.
+``--partitioned`` as a hive-style Parquet directory partitioned by run and step; ``--format
+messages`` writes a chat dataset with tool calls that TRL's SFTTrainer loads
+(storage/chat_export.py).
 
 Paths given on the command line are the user's own and are used as given; run ids are checked
 (storage.recorder.check_run_id) before any directory is derived from them, and a run *name* is
@@ -111,7 +115,9 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("--db", required=True)
     exp.add_argument("--run", help="run id (with --partitioned, default: every run)")
     exp.add_argument("--out", help="output file (directory with --partitioned)")
-    exp.add_argument("--format", choices=("jsonl", "parquet", "otlp"), default="jsonl")
+    exp.add_argument("--format", choices=("jsonl", "parquet", "otlp", "messages"),
+                     default="jsonl", help="messages: a chat dataset with tool calls, one "
+                                           "conversation per line, for TRL's SFTTrainer")
     exp.add_argument("--endpoint", help="otlp: the OTLP/HTTP traces URL (.../v1/traces)")
     exp.add_argument("--timeout", type=float, default=30.0,
                      help="otlp: seconds one request may take (default 30)")
@@ -122,6 +128,12 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("--failure-class", help="only trajectories of this failure class")
     exp.add_argument("--step-min", type=int)
     exp.add_argument("--step-max", type=int)
+    exp.add_argument("--tag", help="only trajectories tagged so (Failures page, Tags)")
+    query = exp.add_mutually_exclusive_group()
+    query.add_argument("--sql", help="only the traj_ids this read-only SELECT returns (the "
+                                     "Failures page's SQL box rules and limits)")
+    query.add_argument("--where", help="only trajectories meeting this SQL condition on the "
+                                       "trajectories table, e.g. \"reward > 0.5\"")
     return parser
 
 
@@ -140,8 +152,13 @@ def _import(args) -> int:
 
 
 def _export(args) -> int:
+    ids = None
+    if args.sql is not None or args.where is not None:
+        if not args.run:
+            raise ValueError("--sql and --where select within one run: give --run")
+        ids = export.ids_from_query(args.db, args.run, args.sql, args.where)
     filters = export.Filters(args.split, args.success, args.failure_class, args.step_min,
-                             args.step_max)
+                             args.step_max, args.tag, ids)
     if args.partitioned:
         counts = export.export_partitioned(args.db, args.out, [args.run] if args.run else None,
                                            filters)
@@ -155,6 +172,11 @@ def _export(args) -> int:
         return _export_otlp(args, filters)
     if not args.out:
         raise ValueError(f"--out is required with --format {args.format}")
+    if args.format == "messages":
+        from storage.chat_export import write_messages
+        print(f"wrote {write_messages(args.db, args.run, args.out, filters)} conversations "
+              f"to {args.out}")
+        return 0
     write = export.export_jsonl if args.format == "jsonl" else export.export_parquet
     print(f"wrote {write(args.db, args.run, args.out, filters)} trajectories to {args.out}")
     return 0

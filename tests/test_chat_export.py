@@ -1,0 +1,126 @@
+"""`export --format messages`: trajectories out as a chat dataset with tool calls -- filters
+(tags, a read-only query), the round trip through `import --format messages`, and one SFT step
+with TRL's SFTTrainer on the file as it is written."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from storage import db
+from storage.annotations import add_tag
+from storage.io import main
+
+ROOT = Path(__file__).resolve().parent.parent
+SEARCH = ROOT / "sample_runs" / "search_smollm2.duckdb"  # a real trained SmolLM2 search run
+SEARCH_RUN = "20261129-233052-4ded2d"
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "x + y", "parameters": {
+    "type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}}}}}]
+
+
+def _call(i: str, name: str, args: dict) -> dict:
+    return {"id": i, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+
+
+CONVERSATIONS = [
+    {"traj_id": "two-calls", "task_id": "sum", "reward": 1.0, "tools": TOOLS, "messages": [
+        {"role": "system", "content": "You can call tools."},
+        {"role": "user", "content": "What is (2+3)+(4+5)?\nShow it."},
+        {"role": "assistant", "content": "Two sums first.", "tool_calls": [
+            _call("a", "add", {"x": 2, "y": 3}), _call("b", "add", {"x": 4, "y": 5})]},
+        {"role": "tool", "tool_call_id": "a", "content": "5"},
+        {"role": "tool", "tool_call_id": "b", "content": "9"},
+        {"role": "assistant", "content": None, "tool_calls": [_call("c", "add", {"x": 5, "y": 9})]},
+        {"role": "tool", "tool_call_id": "c", "content": "14"},
+        {"role": "assistant", "content": "14"}]},
+    {"traj_id": "chat", "task_id": "hello", "reward": 0.0, "messages": [
+        {"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "Again, politely."}, {"role": "assistant", "content": "Hi!"}]},
+]
+
+
+def _turns(store: Path, run: str) -> dict:
+    with db.reading(store) as con:
+        trajs = con.execute("SELECT traj_id, task_id, prompt, reward, success FROM trajectories "
+                            "WHERE run_id = ? ORDER BY traj_id", [run]).fetchall()
+        turns = con.execute("SELECT traj_id, turn, action, observation, action_type, parsed "
+                            "FROM turns WHERE run_id = ? ORDER BY traj_id, turn", [run]).fetchall()
+    return {"trajectories": trajs, "turns": turns}
+
+
+def test_export_selects_by_tag_and_query_and_round_trips_through_import(tmp_path, capsys):
+    source, store = tmp_path / "chats.jsonl", tmp_path / "s.duckdb"
+    source.write_text("".join(json.dumps(c) + "\n" for c in CONVERSATIONS))
+    assert main(["import", str(source), "--db", str(store), "--run-id", "a"]) == 0
+    out = tmp_path / "sft.jsonl"
+    assert main(["export", "--db", str(store), "--run", "a", "--format", "messages",
+                 "--out", str(out)]) == 0
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    first = lines[1] if lines[0]["traj_id"] == "chat" else lines[0]
+    assert first["tools"] == TOOLS
+    assert [m["role"] for m in first["messages"]] == [
+        "system", "user", "assistant", "tool", "tool", "assistant", "tool", "assistant"]
+    assert first["messages"][2]["tool_calls"][1]["function"] == {
+        "name": "add", "arguments": json.dumps({"x": 4, "y": 5})}
+    assert first["messages"][4] == {"role": "tool", "tool_call_id": "b", "name": "add",
+                                    "content": "9"}
+    # export -> import: the same conversations, turn for turn
+    assert main(["import", str(out), "--db", str(store), "--format", "messages",
+                 "--run-id", "b"]) == 0
+    assert _turns(store, "b") == _turns(store, "a")
+
+    add_tag(store, "a", "chat", "keep")
+    for flags, expected in ((["--tag", "keep"], ["chat"]), (["--where", "reward >= 1"], ["two-calls"]),
+                            (["--sql", "SELECT traj_id FROM tags WHERE tag = 'keep'"], ["chat"]),
+                            (["--tag", "nobody-used-it"], [])):
+        assert main(["export", "--db", str(store), "--run", "a", "--format", "messages",
+                     "--out", str(out), *flags]) == 0, flags
+        assert [json.loads(x)["traj_id"] for x in out.read_text().splitlines()] == expected
+    capsys.readouterr()
+    assert main(["export", "--db", str(store), "--run", "a", "--format", "messages",
+                 "--out", str(out), "--sql", "DELETE FROM trajectories"]) == 2
+    assert "only SELECT queries are allowed" in capsys.readouterr().err
+    assert main(["export", "--db", str(store), "--run", "a", "--format", "messages",
+                 "--out", str(out), "--sql", "SELECT 1 AS n"]) == 2
+    assert "must return a traj_id column" in capsys.readouterr().err
+    assert len(_turns(store, "a")["trajectories"]) == 2  # nothing recorded was touched
+
+
+def test_trl_sft_trainer_trains_a_step_on_an_exported_search_run(tmp_path):
+    pytest.importorskip("trl", reason="TRL is optional: install requirements-trl.txt")
+    import torch
+    from datasets import load_dataset
+    import trl
+    from trl import SFTConfig, SFTTrainer
+
+    from core.model.policy import load_base_model, load_tokenizer
+
+    out = tmp_path / "good.jsonl"  # keep the good ones: successful two-turn episodes at step 30
+    assert main(["export", "--db", str(SEARCH), "--run", SEARCH_RUN, "--format", "messages",
+                 "--out", str(out), "--success", "true", "--step-min", "30",
+                 "--where", "num_turns = 2 AND split = 'train'"]) == 0
+    data = load_dataset("json", data_files=str(out), split="train")
+    assert len(data) >= 2
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    tok = load_tokenizer("tiny")
+    model = load_base_model("tiny", vocab_size=len(tok))
+    model.requires_grad_(True)  # the loader freezes the base (LoRA trains adapters)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    template = Path(trl.__file__).parent / "chat_templates" / "qwen3_training.jinja"
+    args = SFTConfig(output_dir=str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=2,
+                     learning_rate=1e-3, max_length=768, assistant_only_loss=True,
+                     chat_template_path=str(template), report_to="none", save_strategy="no",
+                     use_cpu=True, bf16=False, dataloader_num_workers=0, disable_tqdm=True,
+                     dataset_num_proc=None, logging_steps=1, seed=0)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tok)
+    example = trainer.train_dataset[0]
+    trained = tok.decode([t for t in example["labels"] if t != -100])
+    context = tok.decode(example["input_ids"])
+    # the model is trained on its own words and search call, never on what the search returned
+    assert '"name": "search"' in trained and "<answer>" in trained
+    assert "<information>" in context and "<information>" not in trained
+    result = trainer.train()
+    assert result.global_step == 1 and torch.isfinite(torch.tensor(result.training_loss))
+    assert any(not torch.equal(before[n], p.detach()) for n, p in model.named_parameters())
