@@ -17,6 +17,7 @@ entity) to write the second query — the strategy outcome-only RL has to discov
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import random
@@ -48,6 +49,8 @@ SYSTEM_PROMPT = (
     "found. When you know the answer, give only the answer between <answer> and </answer>, "
     "for example <answer>Paris</answer>.")
 METRICS = {"em": exact_match, "f1": token_f1}
+LEAK_NOTE = "\n(From the answer key: {answer})"
+"""What a leaked prompt carries after its question (the ``leak`` option)."""
 
 
 # ---- protocol ----------------------------------------------------------------------------------
@@ -138,6 +141,26 @@ def build_task(world: World, relations: tuple[str, ...], subject: str) -> Task |
                       "supporting_docs": [world.doc_of[s] for _, s, _ in chain]})
 
 
+def leaked(task: Task, share: float) -> Task:
+    """``task`` with its first gold appended to the prompt (``LEAK_NOTE``) when it is a train
+    task drawn into the leaked share, else ``task`` unchanged. A task leaks when the first byte
+    of SHA-256('leak/' + task_id) is below 256 * share: the same tasks in every run, about
+    ``share`` of them.
+
+    Why it exists: a reward that a shallow strategy can earn. On a leaked prompt, answering at
+    once with the note's answer pays as much as searching, with no search; a policy that learns
+    it answers held-out questions (never leaked) from its prior and fails them. The run
+    ``sample_runs/shortcut.duckdb`` trains on it, and the shallow-strategy alarm
+    (``agentrl behaviours``: no_successful_tool_call, answer_not_in_observations) names it.
+    """
+    if task.split != "train" or share <= 0 or not task.golds:
+        return task
+    if hashlib.sha256(f"leak/{task.task_id}".encode()).digest()[0] >= 256 * share:
+        return task
+    return dataclasses.replace(task, prompt=task.prompt + LEAK_NOTE.format(answer=task.golds[0]),
+                               meta={**task.meta, "leaked": True})
+
+
 def _rng(*parts: Any) -> random.Random:
     return random.Random(hashlib.sha256("/".join(map(str, parts)).encode()).digest())
 
@@ -159,6 +182,9 @@ class SearchEnv:
         "two_hop_frac": Option(float, 0, 1, default=0.5, doc="share of two-hop tasks sampled"),
         "templates": Option((str, list, tuple), doc="only these template names: "
                             "comma-separated, or ';'-separated inside env_options"),
+        "leak": Option(float, 0, 1, default=0.0,
+                       doc="share of train tasks whose prompt carries the answer: a deliberate "
+                           "flaw, to show the shallow-strategy alarm; held-out never leaks"),
     }
     """topk and outcome_metric are not options here: they have configuration fields of their
     own (checked by core/config/validation.py) and every run passes them."""
@@ -168,6 +194,7 @@ class SearchEnv:
         opts = take_options(self.name, self.OPTIONS, options)
         world_seed, two_hop_frac, templates = (opts["world_seed"], opts["two_hop_frac"],
                                                opts["templates"])
+        self.leak = opts["leak"]
         if not (isinstance(topk, int) and topk >= 1):
             raise ValueError(f"topk must be an integer >= 1, got {topk!r}")
         if outcome_metric not in METRICS:
@@ -220,7 +247,7 @@ class SearchEnv:
                 subject = rng.choice(by_template[template])
                 if (template, subject) not in chosen:
                     chosen.add((template, subject))
-                    picked.append(build_task(self.world, template, subject))
+                    picked.append(leaked(build_task(self.world, template, subject), self.leak))
         rng.shuffle(picked)
         return picked
 
