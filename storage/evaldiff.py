@@ -162,8 +162,11 @@ def repeated_actions(actions: list) -> int:
 
 
 def aggregates(traj: pd.DataFrame, turns: pd.DataFrame) -> pd.DataFrame:
-    """Per side, means over its trajectories: solved, turns used, tool calls (searches) per task,
-    answer length (characters), repeated actions; and the shift B - A. One row per measure."""
+    """Per side, means over its trajectories: solved, turns used, tool calls per task (named
+    "searches per task" when every call of both sides is a search), answer length (characters),
+    repeated actions; and the shift B - A. One row per measure."""
+    called = set(turns["action_type"].dropna()) & set(TOOL_ACTIONS)
+    calls = "searches per task" if called == {"search"} else "tool calls per task"
     rows = {}
     for side in "AB":
         t = traj[traj["side"] == side]
@@ -175,7 +178,7 @@ def aggregates(traj: pd.DataFrame, turns: pd.DataFrame) -> pd.DataFrame:
         rows[side] = {
             "solved (fraction)": t["success"].mean(),
             "turns used": t["num_turns"].mean(),
-            "tool calls (searches) per task": tools.reindex(ids, fill_value=0).mean(),
+            calls: tools.reindex(ids, fill_value=0).mean(),
             "answer length (characters)": t["answer"].fillna("").astype(str).str.len().mean(),
             "repeated actions per task": repeats.reindex(ids, fill_value=0).mean(),
             "tasks with a repeated action": (repeats.reindex(ids, fill_value=0) > 0).mean(),

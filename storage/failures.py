@@ -43,6 +43,10 @@ explains the others:
                         or answered in Search-R1's ``<answer>`` vocabulary, which comes with its
                         search. A bandit's pull (action ``pull``) or a grid's move has no tool to
                         skip: such an answer that missed is a ``wrong_answer``.
+ 9a. answered_without_tool_call  the same where the tools are not a search: the log names the
+                        tools offered (an Inspect task, a chat trace) or the calls were of
+                        another tool (code, api), and none was a search. The search env's
+                        runs keep the name above.
 10. wrong_answer_with_evidence     wrong although a gold answer was in the retrieved evidence
                         (info.retrieved_gold): a reading failure.
 11. wrong_answer_without_evidence  wrong and the evidence never held the answer
@@ -184,9 +188,26 @@ def _offers_tools(turns: Turns, info: Mapping[str, Any]) -> bool:
     return any(_kind(t) in TOOL_ACTIONS or _kind(t) == "answer" for t in turns)
 
 
-def answered_without_search(turns, success, finish, answer, info) -> bool:
+def _skipped_tools(turns, answer, info) -> bool:
     return answer is not None and _offers_tools(turns, info) \
         and not any(not _tool_failed(t) for t in _tool_calls(turns))
+
+
+def _searches(turns: Turns, info: Mapping[str, Any]) -> bool:
+    """Whether the episode's tool is a search: a search call among its turns, or, with no record
+    of the tools offered and no call of another tool, Search-R1's ``<answer>`` vocabulary."""
+    kinds = {_kind(t) for t in turns}
+    if "search" in kinds:
+        return True
+    return info.get("tools_offered") is None and not kinds & set(TOOL_ACTIONS)
+
+
+def answered_without_search(turns, success, finish, answer, info) -> bool:
+    return _skipped_tools(turns, answer, info) and _searches(turns, info)
+
+
+def answered_without_tool_call(turns, success, finish, answer, info) -> bool:
+    return _skipped_tools(turns, answer, info)
 
 
 def wrong_answer_with_evidence(turns, success, finish, answer, info) -> bool:
@@ -218,6 +239,7 @@ RULES: tuple[tuple[str, Callable[..., bool]], ...] = (
     ("no_answer", no_answer),
     ("unmet_state_test", unmet_state_test),
     ("answered_without_search", answered_without_search),
+    ("answered_without_tool_call", answered_without_tool_call),
     ("wrong_answer_with_evidence", wrong_answer_with_evidence),
     ("wrong_answer_without_evidence", wrong_answer_without_evidence),
     ("wrong_answer", wrong_answer),
@@ -245,7 +267,9 @@ DESCRIPTIONS: dict[str, str] = {
     "no_answer": "The episode ran out of turns or context before the agent answered or finished.",
     "unmet_state_test": "A unit test on the final state of the world failed.",
     "answered_without_search": "The agent answered from its own guess without a single "
-                               "successful search or tool call.",
+                               "successful search.",
+    "answered_without_tool_call": "The agent answered from its own guess without a single "
+                                  "successful tool call, though tools were offered.",
     "wrong_answer_with_evidence": "The answer was wrong although a gold answer was in the "
                                   "retrieved evidence: a reading failure.",
     "wrong_answer_without_evidence": "The answer was wrong and the retrieved evidence never "

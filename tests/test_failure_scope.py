@@ -28,14 +28,16 @@ def test_a_bandit_pull_that_missed_is_a_wrong_answer_not_a_skipped_search():
                     info={"episode_seed": 3}) == "wrong_answer"
 
 
-@pytest.mark.parametrize("turns, info", [
-    ([turn("<answer>Paris</answer>", "answer")], {}),                     # search env's answer
-    ([turn("<answer>Paris</answer>", None)], {}),                         # imported, parsed
-    ([turn("Paris", None)], {"tools_offered": True}),                     # the log says so
+@pytest.mark.parametrize("turns, info, cls", [
+    ([turn("<answer>Paris</answer>", "answer")], {}, "answered_without_search"),  # search env
+    ([turn("<answer>Paris</answer>", None)], {}, "answered_without_search"),  # imported, parsed
+    ([turn("Paris", None)], {"tools_offered": True}, "answered_without_tool_call"),  # a shop's log
+    ([turn("<answer>Paris</answer>", "answer")], {"tools_offered": True},
+     "answered_without_tool_call"),                            # offered tools, none a search
 ])
-def test_an_answer_without_a_search_where_one_was_offered_keeps_its_class(turns, info):
+def test_an_answer_without_a_tool_call_where_one_was_offered_names_the_tool(turns, info, cls):
     assert classify(turns, success=False, finish_reason="answered", answer="Paris",
-                    info=info) == "answered_without_search"
+                    info=info) == cls
 
 
 def test_a_log_that_offered_no_tool_and_an_unmarked_answer_are_wrong_answers():

@@ -57,6 +57,8 @@ CASES = {
                          "answered", "done",
                          {"tests": [("reminder_created", True, ""), ("mail_sent", False, "")]}),
     "answered_without_search": ([answer("Paris")], False, "answered", "Paris", {}),
+    "answered_without_tool_call": ([turn("Paris", kind="answer")], False, "answered", "Paris",
+                                   {"tools_offered": True}),
     "wrong_answer_with_evidence": ([search("capital of Osk"), answer("Osk")], False, "answered",
                                    "Osk", {"retrieved_gold": True}),
     "wrong_answer_without_evidence": ([search("Osk river"), answer("Lenna")], False, "answered",

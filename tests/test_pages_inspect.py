@@ -80,7 +80,7 @@ def test_compare_pairs_the_two_agents_sample_by_sample(sample_app):
     assert sorted(zip(tasks["change"], tasks["task_id"], tasks["class_a"], tasks["class_b"])) == [
         ("gained", "kiwi", "tool_error_unrecovered", "success"),
         ("gained", "pastime", "refused", "success"),
-        ("lost", "total", "success", "answered_without_search")]
+        ("lost", "total", "success", "answered_without_tool_call")]
 
 
 HOSTILE_CALL = {"id": "c1", "type": "function", "function": {

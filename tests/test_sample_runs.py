@@ -699,7 +699,7 @@ def test_mismatch_store_holds_the_readme_figures():
 # -- 11. two agents evaluated with Inspect AI -----------------------------------------------------
 INSPECT = "inspect_agents.duckdb"
 CLASSES = {  # sample -> (careful, hasty), as sample_runs/agents/inspect_agents.py scripts them
-    "total": ("success", "answered_without_search"), "kiwi": ("tool_error_unrecovered", "success"),
+    "total": ("success", "answered_without_tool_call"), "kiwi": ("tool_error_unrecovered", "success"),
     "discount": ("limit_exceeded", "wrong_answer"), "weight": ("success", "success"),
     "pastime": ("refused", "success"), "stock": ("sample_error", "sample_error")}
 
@@ -825,7 +825,7 @@ def test_walkthrough_step_10_counts_the_compare_figures():
          f"{int(loops['wrong_answer_with_evidence'])} + {int(loops['wrong_answer_without_evidence'])}"
          " wrong answers", f"run={run_id}&a={run_id}%3A20&b={run_id}%3A30")
     aggregates = d["aggregates"].set_index("measure")
-    assert aggregates.loc["tool calls (searches) per task", "shift (B - A)"] < 0   # "fewer searches"
+    assert aggregates.loc["searches per task", "shift (B - A)"] < 0   # "fewer searches"
 
 
 def test_walkthrough_step_11_frozenlake_fall_and_search_continuations():
