@@ -245,6 +245,28 @@ def _fields(obj: Any, spec: dict, where: str, keep_extra: bool) -> dict:
     return out
 
 
+RUN_SAID = {"model": ("model", "model_name", "model_path"),
+            "env": ("env", "env_name", "environment", "data_source"),
+            "algo": ("algo", "algorithm", "adv_estimator")}
+"""Fields of another tool's record that name its run's model, environment and algorithm (an
+OpenAI request's ``model``, verl's ``data_source`` and ``adv_estimator``)."""
+RUN_SAID_CHARS = 200
+
+
+def run_said(obj: Any) -> dict[str, str]:
+    """{env, model, algo: the first non-empty string field of ``obj`` that names it
+    (``RUN_SAID``)}, each cut to RUN_SAID_CHARS; what the record does not say is left out (the
+    import fills in "unknown")."""
+    said = {}
+    if isinstance(obj, dict):
+        for what, keys in RUN_SAID.items():
+            value = next((obj[k] for k in keys if isinstance(obj.get(k), str) and obj[k].strip()),
+                         None)
+            if value is not None:
+                said[what] = value.strip()[:RUN_SAID_CHARS]
+    return said
+
+
 def refuse_non_finite(obj: Any) -> None:
     """LineError naming the first field holding a float no double holds (``1e999`` parses to inf).
 

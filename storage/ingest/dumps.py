@@ -37,7 +37,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
-from storage.interchange import MAX_LINE_BYTES, LineError, guarded, read_json_lines
+from storage.interchange import MAX_LINE_BYTES, LineError, guarded, read_json_lines, run_said
 
 INFO_RE = re.compile(r"<information>.*?</information>", re.DOTALL)
 ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
@@ -172,6 +172,8 @@ def verl_record(obj: Any, traj_id: str, default_step: int, split: str = "train")
         rec["answer"] = answer
     if obj.get("gts") is not None:
         rec["golds"] = obj["gts"]
+    if run_said(obj):  # verl's data_source names the task set, adv_estimator the algorithm
+        rec["run"] = run_said(obj)
     return _finish(rec, components, info, success, notes)
 
 

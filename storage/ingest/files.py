@@ -65,6 +65,15 @@ def _read_generic(path: Path, max_line_bytes: int) -> Iterator[tuple[str, Any]]:
         (f"line {lineno}", obj) for lineno, obj in read_json_lines(path, max_line_bytes)))
 
 
+def run_name_of(source: Path) -> str:
+    """A run's default name: the file's or folder's stem, except a file named by a number alone
+    (verl's ``{step}.jsonl``), which says nothing: its folder's name and the file's,
+    ``rollouts · 1.jsonl``."""
+    if source.is_file() and source.stem.isdigit():
+        return f"{source.resolve().parent.name} · {source.name}"
+    return source.stem
+
+
 def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
                 run_name: str | None = None, run_id: str | None = None, replace: bool = False,
                 batch_size: int = 200, max_line_bytes: int = MAX_LINE_BYTES,
@@ -91,7 +100,7 @@ def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
     report = ImportReport(run_id, source.name, fmt)
     reader = IMPORT_READERS.get(fmt, _read_generic)
     first_seen, batch, size = {}, [], BatchSize(batch_size)
-    run = {"name": run_name or source.stem, "config": None, "created": False,
+    run = {"name": run_name or run_name_of(source), "config": None, "created": False,
            "split": check_split(split)}
     try:
         for where, obj in reader(source, max_line_bytes):

@@ -44,7 +44,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
-from storage.interchange import MAX_LINE_BYTES, LineError, guarded, parse_json
+from storage.interchange import MAX_LINE_BYTES, LineError, guarded, parse_json, run_said
 from storage.protocol import render_call
 
 MAX_MESSAGES = 10_000
@@ -272,6 +272,8 @@ def messages_record(obj: Any, default_id: str) -> dict:
         info["import_notes"] = list(info.get("import_notes", [])) + notes
     if info:
         rec["info"] = info
+    if run_said(obj):  # a request log names its model: the run says it, not "unknown"
+        rec["run"] = run_said(obj)
     return rec
 
 
