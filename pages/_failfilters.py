@@ -161,7 +161,7 @@ def export_buttons(pick: Pick, matching: dict, total: int) -> None:
             return queries.export_trajectories(store, run_id, found["traj_id"].tolist(), fmt)
         return build
 
-    d1, d2 = st.columns(2)
+    d1, d2, d3 = st.columns(3)
     for box, fmt, mime in ((d1, "jsonl", "application/jsonl"),
                            (d2, "parquet", "application/vnd.apache.parquet")):
         box.download_button(f"Export matches as {fmt.upper() if fmt == 'jsonl' else 'Parquet'}",
@@ -169,3 +169,10 @@ def export_buttons(pick: Pick, matching: dict, total: int) -> None:
                             file_name=f"{stem}-trajectories.{fmt}", data=data(fmt),
                             help=f"All {total} trajectories the filters match, with their turns "
                                  "and reward components.")
+    d3.download_button("Export messages (SFT)", key="fail_export_messages",
+                       disabled=not total, mime="application/jsonl",
+                       file_name=f"{stem}-sft-messages.jsonl", data=data("messages"),
+                       help=f"All {total} trajectories the filters match as a chat dataset with "
+                            "tool calls, one conversation per line, that TRL's SFTTrainer loads "
+                            "as it is: filter to the good ones (Outcome: success, a tag), "
+                            "download, train on them.")

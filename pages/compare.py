@@ -64,7 +64,10 @@ st.caption("Two held-out evaluations side by side: tasks gained and lost, how fa
 evals = c.read_or_stop(load_evaluations, pick.store)
 if evals.empty:
     c.stop("No held-out evaluation in this store: runs evaluate with `--eval-every N` (trajectories "
-           "of split 'eval'), and Compare sets two of them side by side.")
+           "of split 'eval'), and Compare sets two of them side by side. An imported run has "
+           "one when it is imported with `--split eval` (`agentrl import FILE --db STORE --split "
+           "eval`; verl's `validation_data_dir` folders and Inspect logs are eval by themselves): "
+           "two runs, or two steps of one, are then paired on the task ids they share.")
 names = {}
 for r in evals.itertuples():
     label = f"{c.text_of(r.name) or r.run_id} · {r.run_id[-6:]} · step {int(r.step)}"
@@ -92,6 +95,12 @@ except ValueError as exc:
     c.stop(str(exc))
 (run_a, step_a), (run_b, step_b) = _parse(a), _parse(b)
 cov, counts, paired = d["coverage"], d["counts"], d["paired"]
+key = "task id and episode seed" if cov["seeded"] else "task id"
+st.caption(f"What is compared: the evaluation trajectories (split 'eval') of A and of B, paired "
+           f"on {key}: {cov['shared']} in both, {cov['only_a']} only in A, {cov['only_b']} only "
+           "in B. A key with several rollouts counts as solved when at least half succeeded.",
+           help="An imported run's task id is the source's own (Inspect's sample id, a line's "
+                "task_id), else a hash of its prompt: two runs on the same prompts pair.")
 
 # -- same tasks? -----------------------------------------------------------------------------------
 if not cov["same"]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from storage import db
+from storage import chat_export, db
 from storage.migrations import check_version
 
 STORE_DIRS = ("sample_runs", "runs")
@@ -394,9 +394,12 @@ def export_trajectories(path: str | Path, run_id: str, traj_ids: list[str],
                         fmt: str = "jsonl") -> bytes:
     """The given trajectories with their turns, reward components and the tags and notes users
     saved on them, as JSONL (one trajectory per line, turns nested) or Parquet (one row per
-    trajectory, turns and tags as JSON strings)."""
+    trajectory, turns and tags as JSON strings); ``messages``: the chat dataset with tool calls
+    that TRL's SFTTrainer loads (storage/chat_export.py)."""
+    if fmt == "messages":
+        return chat_export.messages_bytes(path, run_id, traj_ids)
     if fmt not in ("jsonl", "parquet"):
-        raise ValueError(f"format must be jsonl or parquet, got {fmt!r}")
+        raise ValueError(f"format must be jsonl, parquet or messages, got {fmt!r}")
     traj = _read(path, f"SELECT {TRAJ_COLUMNS} FROM trajectories WHERE run_id = ? "
                        "AND traj_id IN (SELECT unnest(?)) ORDER BY step, traj_id",
                  [run_id, list(traj_ids)])
