@@ -9,7 +9,7 @@ core.train ARGS`` and so on:
     evaluate  python -m core.evaluation         a checkpoint on another evaluation's tasks
     clusters  python -m core.clusters           failure clusters of a run
     import    python -m storage.io import       a dump, JSONL, TRL, Inspect or messages file
-    export    python -m storage.io export       one run to JSONL or Parquet, or as OTLP spans
+    export    python -m storage.io export       a run to JSONL, Parquet, OTLP spans or SFT messages
     follow    python -m storage.io follow       import a folder's files as they appear
     otlp      python -m storage.otlp            receive agents' OpenTelemetry traces, live
     otlp-scores  python -m storage.otlp.scores  rewards graded later, keyed by trace id
