@@ -1,0 +1,154 @@
+"""Record verl's token-level batch into a store, from inside the user's verl trainer.
+
+    from storage.integrations.verl_batch import VerlBatchRecorder
+    recorder = VerlBatchRecorder("runs/verl.duckdb", tokenizer, run_name="my verl run")
+
+    class RecordingTrainer(RayPPOTrainer):           # verl.trainer.ppo.ray_trainer
+        def _log_rollout_data(self, batch, reward_extra_infos_dict, timing_raw, rollout_data_dir):
+            recorder.record(batch, self.global_steps)  # after compute_advantage and the update
+            super()._log_rollout_data(batch, reward_extra_infos_dict, timing_raw, rollout_data_dir)
+
+``record(batch, step, split)`` takes the ``verl.DataProto`` the trainer holds once advantages
+are computed (verl 0.9.1, ``RayPPOTrainer.fit``) and writes the step in bounded batches
+(storage/ingest/feed.py), the run ``running`` until ``close()``. The fields it reads, as verl
+lays them out (B samples, P prompt and R response positions):
+
+* ``batch["prompts"]`` (B, P), left-padded, and ``batch["responses"]`` (B, R), right-padded;
+  ``attention_mask`` (B, P+R) says which positions are tokens (``input_ids`` is their
+  concatenation; without ``prompts`` the prompt is ``input_ids[:, :-R]``).
+* ``response_mask`` (B, R): the loss mask. Response tokens it drops (a tool's reply in verl's
+  multi-turn agent loop) are observations (storage/ingest/rollout_tokens.py); without it, every
+  attended response token is trained, as verl's ``compute_response_mask`` does.
+* ``rollout_log_probs`` (B, R): the sampler's logprob, stored as ``logprob``;
+  ``old_log_probs`` (B, R): the trainer's recomputation under the same weights, stored as
+  ``train_logprob`` (and as ``logprob`` when the sampler's were not kept), so Dynamics charts
+  the training-inference mismatch verl's ``rollout_corr`` metrics watch.
+* ``advantages`` (B, R): per token; the trajectory's advantage is its first trained token's.
+* ``token_level_rewards`` (B, R): summed, the reward; ``token_level_scores`` summed, the
+  ``outcome`` component (their difference, when verl's in-reward KL penalty is on, is the
+  ``kl_penalty`` component).
+* ``non_tensor_batch["uid"]``: the prompt's group (verl's GRPO groups by it) -- group id
+  ``s{step}-{uid}``, trajectory id ``s{step}-{uid}-{k}`` (the k-th of its group in the batch);
+  ``reward_model.ground_truth`` the golds, ``data_source`` kept in ``info``; a numeric
+  ``acc`` (verl's reward_extra_info) says success, else reward >= 1 (noted).
+
+No verl import here: the batch is read through its ``.batch``/``.non_tensor_batch``, so this
+module loads without verl's stack (tests/test_import_rl_trainers.py builds a real DataProto).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator
+
+from storage.ingest.dumps import task_id_of
+from storage.ingest.feed import write_records
+from storage.ingest.import_batch import finish_import, refuse_foreign, run_source
+from storage.ingest.report import ImportReport
+from storage.ingest.rollout_tokens import first_trained, rollout_tokens
+from storage.migrations import prepare
+from storage.recorder import check_run_id
+from storage.token_text import token_texts
+
+FORMAT = "verl-batch"
+
+
+def _rows(batch, name: str) -> list | None:
+    """``batch.batch[name]`` as nested lists (B, ...), or None when verl did not fill it."""
+    tensors = batch.batch
+    return tensors[name].tolist() if name in tensors.keys() else None
+
+
+def _plain(value: Any) -> Any:
+    """A numpy value as JSON-ready Python (non-tensor fields are numpy object arrays)."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def batch_records(batch, tokenizer, step: int, split: str = "train") -> Iterator[dict]:
+    """One generic record (storage/interchange.py) per sample of a verl ``DataProto``."""
+    responses = _rows(batch, "responses")
+    attention = _rows(batch, "attention_mask")
+    width = len(responses[0]) if responses else 0
+    prompts = _rows(batch, "prompts") or [row[:-width] for row in _rows(batch, "input_ids")]
+    mask = _rows(batch, "response_mask") or [row[-width:] for row in attention]
+    rollout, old = _rows(batch, "rollout_log_probs"), _rows(batch, "old_log_probs")
+    advantages, rewards = _rows(batch, "advantages"), _rows(batch, "token_level_rewards")
+    scores = _rows(batch, "token_level_scores")
+    extra = batch.non_tensor_batch
+    uids = extra.get("uid")
+    seen: dict[str, int] = {}
+    for i in range(len(responses)):
+        p_len = len(prompts[i])
+        p_keep = [j for j in range(p_len) if attention[i][j]]
+        r_keep = [j for j in range(width) if attention[i][p_len + j]]
+        p_ids, r_ids = [prompts[i][j] for j in p_keep], [responses[i][j] for j in r_keep]
+        texts = token_texts(tokenizer, p_ids + r_ids)  # one decode: characters split across
+        pick = (lambda rows: None if rows is None else [rows[i][j] for j in r_keep])  # the cut
+        tokens, turns = rollout_tokens(
+            texts[:len(p_ids)], p_ids, texts[len(p_ids):], r_ids, pick(mask),
+            logprobs=pick(rollout if rollout is not None else old),
+            train_logprobs=pick(old), advantages=pick(advantages))
+        uid = str(uids[i]) if uids is not None else f"{i}"
+        k = seen[uid] = seen.get(uid, -1) + 1
+        reward = float(sum(rewards[i])) if rewards is not None else 0.0
+        score = float(sum(scores[i])) if scores is not None else reward
+        prompt = "".join(texts[:len(p_ids)])
+        rec = {"traj_id": f"s{step}-{uid}-{k}", "task_id": task_id_of(prompt),
+               "group_id": f"s{step}-{uid}", "step": step, "split": split, "prompt": prompt,
+               "turns": turns, "reward": reward, "tokens": tokens,
+               "rewards": {"outcome": score, "format": 0.0, "cost": 0.0, "process": 0.0},
+               "advantage": first_trained(tokens, "advantage")}
+        if abs(reward - score) > 1e-9:
+            rec["rewards"]["kl_penalty"] = reward - score
+        rec.update(_sample_fields(extra, i, reward))
+        yield rec
+
+
+def _sample_fields(extra: dict, i: int, reward: float) -> dict:
+    """golds, success and info of sample ``i`` from verl's non-tensor fields."""
+    out: dict[str, Any] = {"info": {"trainer": "verl"}}
+    model = _plain(extra["reward_model"][i]) if "reward_model" in extra else None
+    if isinstance(model, dict) and model.get("ground_truth") is not None:
+        out["golds"] = model["ground_truth"]
+    if "data_source" in extra:
+        out["info"]["data_source"] = str(extra["data_source"][i])
+    acc = _plain(extra["acc"][i]) if "acc" in extra else None
+    if isinstance(acc, (bool, int, float)):
+        out["success"] = bool(acc > 0)
+    else:
+        out["success"] = reward >= 1.0
+        out["info"]["import_notes"] = ["success inferred as reward >= 1"]
+    return out
+
+
+class VerlBatchRecorder:
+    """Writes each step's batch into ``run_id`` of the store at ``db_path`` (module docstring)."""
+
+    def __init__(self, db_path, tokenizer, run_id: str | None = None,
+                 run_name: str = "verl", config: dict | None = None):
+        self.db, self.tokenizer = db_path, tokenizer
+        self.run_id = check_run_id(run_id) if run_id else time.strftime("verl-%Y%m%d-%H%M%S")
+        prepare(db_path)
+        refuse_foreign(self.run_id, run_source(db_path, self.run_id))  # never a trainer's run
+        self.run = {"name": run_name, "config": {"trainer": "verl", **(config or {})},
+                    "created": False}
+
+    def record(self, batch, step: int | None = None, split: str = "train") -> ImportReport:
+        """Write ``batch`` (a ``verl.DataProto`` after advantages) as step ``step`` (default
+        its ``meta_info["global_steps"]``); a sample that fails validation fails alone, in the
+        report's errors. Returns what was written."""
+        step = int(step if step is not None else batch.meta_info.get("global_steps", 0))
+        report = ImportReport(self.run_id, f"step {step}", FORMAT)
+        items = ((f"step {step} sample {i}", rec, 0)
+                 for i, rec in enumerate(batch_records(batch, self.tokenizer, step, split)))
+        write_records(items, self.db, FORMAT, self.run_id, self.run, report)
+        finish_import(self.db, self.run_id, FORMAT, self.run, report, live=True)
+        return report
+
+    def close(self) -> None:
+        """Mark the run finished (it stays ``running`` while steps come in)."""
+        report = ImportReport(self.run_id, "end of training", FORMAT)
+        finish_import(self.db, self.run_id, FORMAT, self.run, report)
