@@ -111,7 +111,12 @@ def chart(est: pd.DataFrame) -> go.Figure:
 
 
 def panel(pick: c.Pick, traj_id: str, row: dict, n_turns: int) -> None:
-    """The Branches panel of one trajectory in Replay."""
+    """The Branches panel of one trajectory in Replay (one line where it can never fill)."""
+    if row.get("split") != "branch" and cannot_branch(pick) and \
+            c.read_or_stop(load_estimates, pick.store, pick.run_id, traj_id).empty:
+        st.caption("**Branches** (V and Q per turn): none for this trajectory. "
+                   + cannot_branch(pick))
+        return
     st.subheader("Branches: which turn lost the reward?")
     if row.get("split") == "branch":
         parent = c.read_or_stop(queries.branch_parent, pick.store, pick.run_id, traj_id)
@@ -257,8 +262,12 @@ def _running() -> None:
 # -- Groups ----------------------------------------------------------------------------------------
 def group_panel(pick: c.Pick, ids: list[str]) -> None:
     """Per turn, how many of the group's analysed rollouts lost the most value at that turn."""
-    st.subheader("Where values fell (branch analyses)")
     worst = c.read_or_stop(load_worst_turns, pick.store, pick.run_id, tuple(ids))
+    if worst.empty and cannot_branch(pick):  # one line, not an empty panel
+        st.caption("**Where values fell** (branch analyses): none in this group. "
+                   + cannot_branch(pick))
+        return
+    st.subheader("Where values fell (branch analyses)")
     if worst.empty:
         st.info("No rollout of this group has branch values yet (Replay's Branches panel "
                 "computes them).")

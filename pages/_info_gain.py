@@ -56,10 +56,24 @@ def per_turn(signals: pd.DataFrame, turns: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+NEVER = ("**Information gain**: not available for a run recorded by {source}. It is measured "
+         "by this trainer while it trains (it needs the policy and the gold answer), so an "
+         "import never has it.")
+
+
+def never_measured(pick) -> str | None:
+    """Why a run can never have information gain (None: it can): only this trainer measures it."""
+    source = c.text_of(pick.run.get("source"))
+    return None if source in (None, "trainer") else NEVER.format(source=c.safe_label(source))
+
+
 def replay_panel(pick, traj_id: str, turns: pd.DataFrame) -> None:
     """Replay: the trajectory's answer probability along its turns and each turn's gain."""
-    st.subheader("Information gain")
     everything = c.read_or_stop(load_signals, pick.store, pick.run_id, traj_id)
+    if everything.empty and never_measured(pick):  # one line, not an empty panel
+        st.caption(never_measured(pick))
+        return
+    st.subheader("Information gain")
     # training's signals only: branch-from-turn analyses record their own q (core/jobs/branch.py)
     everything = everything[everything["source"] == "train"]
     other = everything[everything["name"].isin(list(CREDIT_SIGNALS))]
@@ -101,8 +115,11 @@ def replay_panel(pick, traj_id: str, turns: pd.DataFrame) -> None:
 def dynamics_panel(pick) -> None:
     """Dynamics: mean information gain per turn index, over the run and step by step (and the
     same for SPA's contributions or the PRM's scores when the run recorded them)."""
-    st.subheader("Information gain per turn")
     names = c.read_or_stop(load_names, pick.store, pick.run_id, pick.last_step)
+    if not names and never_measured(pick):  # one line, not an empty panel
+        st.caption(never_measured(pick))
+        return
+    st.subheader("Information gain per turn")
     if "info_gain" not in names:
         st.info(NOT_YET.format(what="run"))
     else:
