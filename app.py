@@ -108,6 +108,10 @@ def run_picker(with_step: bool) -> None:
     options = list(zip(readable["store"], readable["run_id"]))
     labels = run_labels(readable.to_dict("records"), readable["store"].nunique() > 1)
     _adopt_run_from_url(options)
+    follow = st.session_state.pop("_follow_run", None)   # a run the Train page launched
+    if follow in options:
+        st.session_state["pick_run"] = follow
+        _params.forget("run")
     if st.session_state.get("pick_run") not in options:
         # no link named a run: the newest worth opening (not a cross-evaluation, not empty)
         st.session_state["pick_run"] = options[_runlist.worth_opening(

@@ -158,10 +158,33 @@ def curves(long) -> go.Figure:
     return fig
 
 
+def listed_store(job: dict) -> str | None:
+    """The job's store as the app lists it (the sidebar's spelling of its path), or None."""
+    return next((s for s in queries.discover_stores()
+                 if Path(s).resolve() == Path(job["db"]).resolve()), None)
+
+
+def follow_in_sidebar(job: dict, run: dict) -> None:
+    """The sidebar picks the job's run when it is first recorded and again when the job ends, so
+    every page opens on it (app.py adopts ``_follow_run`` before drawing its picker). A few
+    reruns at most per event: the run list is cached for seconds and may not list it yet."""
+    store = listed_store(job)
+    if store is None:
+        return
+    event = (job["pid"], run["run_id"], bool(job["alive"]))
+    tries = st.session_state.setdefault("_train_follow_tries", {})
+    if st.session_state.get("pick_run") == (store, run["run_id"]) or tries.get(event, 0) >= 3:
+        tries[event] = 3
+        return
+    tries[event] = tries.get(event, 0) + 1
+    st.session_state["_follow_run"] = (store, run["run_id"])
+    c.run_table.clear()
+    st.rerun(scope="app")
+
+
 def run_links(job: dict, run: dict) -> None:
     """Links to the job's run on Dynamics and Replay (when its store is one the app lists)."""
-    store = next((s for s in queries.discover_stores()
-                  if Path(s).resolve() == Path(job["db"]).resolve()), None)
+    store = listed_store(job)
     if store is None:
         st.caption(f"The app lists no store at {c.safe_label(job['db'], 120)}: add its "
                    f"directory to {queries.STORE_DIRS_ENV} to open the run.")
@@ -189,6 +212,7 @@ def job_panel() -> None:
     st.progress(min(done / total, 1.0), text=f"step {done} of {total}"
                 + (f" · run {run['shown_status']}" if run else " · starting (loading the model)"))
     if run:
+        follow_in_sidebar(job, run)
         run_links(job, run)
         wide = queries.metrics(job["db"], run["run_id"], [*CURVES, *LOSSES])
         if not wide.empty:

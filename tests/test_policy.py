@@ -131,3 +131,15 @@ def test_token_texts_attribute_a_split_character_to_its_last_byte():
     for _ in range(20):  # random cuts of a multi-byte sequence never leave replacement chars mid-way
         cut = rng.randrange(1, len(ids))
         assert "".join(token_texts(_TOK, ids[:cut])) == _TOK.decode(ids[:cut])
+
+
+def test_no_peft_warning_for_lm_head_on_tied_embeddings():
+    """LoRA on lm_head of the tiny model (tied embeddings, as the workshop preset trains it):
+    peft's merge warning is silenced where the adapter is built (it is never merged), since the
+    Train page's log opened with it like an error (issue 51.9)."""
+    import warnings as w
+    with w.catch_warnings(record=True) as seen:
+        w.simplefilter("always")
+        load_policy("tiny", lora_targets="q_proj,lm_head")
+    assert not [x for x in seen if "tie_word_embeddings" in str(x.message)], \
+        [str(x.message)[:120] for x in seen]

@@ -245,6 +245,12 @@ def load_policy(model: str = "tiny", *, lora_rank: int = 16, lora_alpha: int = 3
         # peft still calls a transformers property deprecated in favour of a new name
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*",
                                 category=FutureWarning)
+        # LoRA on lm_head of a model with tied embeddings (the tiny model, SmolLM2): peft warns
+        # that merging such an adapter, or converting the model, would change the input
+        # embeddings too. Harmless here: the adapter is never merged (policies run base +
+        # adapter, checkpoints keep the adapter alone), and the warning, long and with a URL,
+        # opened every job log on the Train page like an error (issue 51).
+        warnings.filterwarnings("ignore", message=".*tied layer is part of the adapter.*")
         peft_model = get_peft_model(base, lora)
         head = nn.Linear(base.config.hidden_size, 1) if value_head else None
     if head is not None:
