@@ -37,6 +37,7 @@ step, split, reward, success) are ones that importer reads.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any, Iterator
@@ -184,8 +185,9 @@ def conversation(traj: dict, turns: list[dict], chat: bool) -> dict:
     own = (info.get("extra") or {}).get("tools") if isinstance(info.get("extra"), dict) else None
     line = {"messages": messages, "tools": own if isinstance(own, list) else list(tools.values())}
     for key in ("traj_id", "task_id", "step", "split", "reward", "success"):
-        if traj.get(key) is not None:
-            line[key] = traj[key]
+        value = traj.get(key)
+        if value is not None and not (isinstance(value, float) and not math.isfinite(value)):
+            line[key] = value  # (a NaN would make the line JSON no loader reads)
     return line
 
 
@@ -231,7 +233,8 @@ def write_messages(db_path, run_id: str, out, filters: Filters = Filters(),
         for start in range(0, len(ids), chunk):
             with db.reading(db_path) as con:
                 for line in _lines(con, run_id, ids[start:start + chunk], chat):
-                    f.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
+                    f.write(json.dumps(line, ensure_ascii=False, default=str,
+                                       allow_nan=False) + "\n")
     partial.replace(out)
     return len(ids)
 
