@@ -7,7 +7,7 @@ import streamlit as st
 
 from pages import _common as c
 from pages import _glossary
-from pages import _info_gain, _mismatch, _params, _signals
+from pages import _behaviours, _info_gain, _mismatch, _params, _signals
 from storage import queries
 
 c.ensure_app()
@@ -273,6 +273,9 @@ if {"prm/rollouts_per_label", "prm/single_rollout_frac"} & set(wide.columns):
 
 # -- training-inference mismatch -------------------------------------------------------------------
 _mismatch.dynamics_panel(pick, wide)
+
+# -- behaviours and what the advantage paid for (storage/behaviours/) -----------------------------
+_behaviours.dynamics_panel(pick, wide)
 
 # -- gradient spikes -------------------------------------------------------------------------------
 st.subheader("Gradient norm and spikes")

@@ -452,3 +452,6 @@ from storage.turn_queries import (BRANCH_SIGNALS, branch_children, branch_estima
                                   branch_worst_turns, eval_diff, evaluations, failure_clusters,
                                   first_divergence, renders, signal_by_turn, signal_names,
                                   turn_signals)  # noqa: E402,F401
+
+# The trajectories behind a step's advantage covariance with a behaviour (storage/behaviours/).
+from storage.behaviour_queries import contributors as behaviour_contributors  # noqa: E402,F401

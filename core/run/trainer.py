@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,6 +30,7 @@ from core.run.lifecycle import StopFlag, stop_on_sigint
 from core.run.step_rows import step_tables
 from core.run.schedule import TrainingError
 from core.run.steps import Setup, StepRecord, build, evaluate, rl_step, sft_step
+from storage.behaviours import StepBehaviours
 
 PROGRESS = {"reward/mean": "reward", "success/rate": "success", "sft/loss": "sft_loss",
             "eval/success": "eval", "time/step_s": "step_s"}
@@ -230,6 +231,9 @@ class _StepWriter:
     recorder: object
     last_write_s: float = 0.0
     """The previous step's database write: a write cannot time itself."""
+    behaviours: StepBehaviours = field(default_factory=StepBehaviours)
+    """Behaviours of the step's trajectories, what the advantage paid for, the alarms
+    (storage/behaviours/); the same rows and metrics ``agentrl behaviours`` writes."""
 
     def __call__(self, step: int, record: StepRecord) -> dict:
         t_build = time.perf_counter()
@@ -242,6 +246,10 @@ class _StepWriter:
             tables["trajectories"]["rank"] = rank_of
         norms = record.module_norms
         metrics = dict(record.metrics)
+        t_behaviours = time.perf_counter()
+        tables["behaviours"], paid = self.behaviours(step, tables)
+        metrics.update(paid)
+        metrics["time/behaviours_s"] = time.perf_counter() - t_behaviours
         if record.work_s is not None:
             # time/record_s is this step's row building plus the previous step's database write;
             # time/step_s leaves evaluation out (time/eval_s)

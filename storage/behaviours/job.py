@@ -30,7 +30,7 @@ import pandas as pd
 
 from storage import db
 from storage.behaviours.measures import BEHAVIOURS, behaviour_values, kind
-from storage.behaviours.payoff import ALPHA, K_STEPS, alarm_steps, step_stats
+from storage.behaviours.payoff import ALPHA, K_STEPS, AlarmTracker, alarm_steps, step_stats
 from storage.migrations import prepare
 from storage.protocol import TOOL_ACTIONS
 
@@ -45,6 +45,14 @@ def _json(value: Any) -> Any:
         except ValueError:
             return None
     return value
+
+
+def offers_tools(turns) -> bool:
+    """Whether the environment has a tool: some turn called one, or answered in Search-R1's
+    ``<answer>`` vocabulary, which comes with its search (as storage/failures.py reads it). A
+    bandit's pull or a grid's move is not a tool. Read over the whole run (or, in the trainer,
+    every step so far): a step where no trajectory searched still had the search to skip."""
+    return any(kind(t) in TOOL_ACTIONS or kind(t) == "answer" for t in turns)
 
 
 def records(trajs: pd.DataFrame, turns: pd.DataFrame, gains: pd.DataFrame,
@@ -67,7 +75,7 @@ def records(trajs: pd.DataFrame, turns: pd.DataFrame, gains: pd.DataFrame,
                                 gains.get("value", [])):
         gain_of[tid][int(turn)] = float(value)
     if tools_offered is None:
-        tools_offered = any(kind(t) in TOOL_ACTIONS for ts in by_traj.values() for t in ts)
+        tools_offered = offers_tools(t for ts in by_traj.values() for t in ts)
     out = []
     for r in trajs.to_dict("records"):
         offered = r.get("tools_offered")
@@ -122,6 +130,37 @@ def stat_metrics(stats_: Mapping[str, dict]) -> dict[str, float]:
             out[f"behaviour/{name}/adv_cov"] = s["adv_cov"]
             out[f"behaviour/{name}/p"] = s["p"]
     return out
+
+
+class StepBehaviours:
+    """The trainer's side: each step's behaviour rows and metrics, the alarm over the steps so
+    far (payoff.AlarmTracker), and whether the environment has shown a tool yet."""
+
+    def __init__(self, k: int = K_STEPS, alpha: float = ALPHA):
+        self.alarms = AlarmTracker(k, alpha)
+        self.tools_offered = False
+
+    def __call__(self, step: int, tables: Mapping[str, Mapping[str, list]]) -> tuple[dict, dict]:
+        """(behaviour rows, metrics) of one step from its ``step_tables`` column lists."""
+        trajs = pd.DataFrame(tables.get("trajectories") or {})
+        if trajs.empty:
+            return {}, {}
+        turns = pd.DataFrame(tables.get("turns") or {})
+        parsed = turns.get("parsed")
+        turns["query"] = [p.get("query") if isinstance(p, Mapping) else None
+                          for p in (parsed if parsed is not None else [None] * len(turns))]
+        signals = pd.DataFrame(tables.get("turn_signals") or {})
+        gains = signals[signals["name"] == "info_gain"] if len(signals) else signals
+        self.tools_offered = self.tools_offered or offers_tools(turns.to_dict("records"))
+        recs = records(trajs, turns, gains, self.tools_offered)
+        mask = [s not in NOT_TRAINED for s in trajs.get("split", ["train"] * len(trajs))]
+        rows, stats_ = step_results(recs, mask)
+        metrics = stat_metrics(stats_)
+        if any(mask):
+            for name, s in stats_.items():
+                if BEHAVIOURS[name].shallow and self.alarms.add(name, step, s):
+                    metrics[f"alarm/behaviour/{name}"] = 1.0
+        return rows, metrics
 
 
 # ---- the job ------------------------------------------------------------------------------------

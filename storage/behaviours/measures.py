@@ -86,10 +86,14 @@ def normalize(text: str | None) -> str:
     return " ".join(_ARTICLES.sub(" ", (text or "").lower().translate(_PUNCT)).split())
 
 
+_TAG = re.compile(r"</?[A-Za-z_][\w-]*>")
+
+
 def mentions(text: str | None, answer: str | None) -> bool:
-    """The normalised answer occurs as whole words in the normalised text."""
+    """The normalised answer occurs as whole words in the normalised text. Tags are cut out
+    first: removing their punctuation would glue 'Paris</information>' into one word."""
     needle = normalize(answer)
-    return bool(needle) and f" {needle} " in f" {normalize(text)} "
+    return bool(needle) and f" {needle} " in f" {normalize(_TAG.sub(' ', text or ''))} "
 
 
 def kind(turn: Mapping[str, Any]) -> str | None:

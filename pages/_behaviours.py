@@ -1,0 +1,112 @@
+"""Dynamics' behaviours panel: per step, how common each behaviour was, the covariance of the
+advantage with it (what the update paid for), the shallow-strategy alarms, and the trajectories
+behind a step's covariance, each one click from Replay (storage/behaviours/, docs/behaviours.md).
+"""
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from pages import _common as c
+from storage import queries
+
+SHOWN_ALARMS = 5
+
+
+@st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
+def contributors(store: str, run_id: str, last_step: int, step: int, name: str, n: int = 5):
+    return queries.behaviour_contributors(store, run_id, step, name, n)
+
+
+def recorded(wide: pd.DataFrame) -> list[str]:
+    """Behaviour names with a rate curve in this run."""
+    return sorted(n.split("/")[1] for n in wide.columns
+                  if n.startswith("behaviour/") and n.endswith("/rate"))
+
+
+def alarm_list(wide: pd.DataFrame) -> list[tuple[int, str]]:
+    """(step, behaviour) of every alarm/behaviour/<name> = 1 in the run, by step."""
+    out = [(int(s), n.split("/", 2)[2]) for n in wide.columns if n.startswith("alarm/behaviour/")
+           for s in wide.index[wide[n].fillna(0) > 0]]
+    return sorted(out)
+
+
+def lines(wide: pd.DataFrame, names: list[str], title: str, key: str,
+          marks: list[tuple[int, str]] = ()) -> None:
+    fig = go.Figure()
+    for n in names:
+        if n in wide.columns:
+            s = wide[n].dropna()
+            fig.add_trace(go.Scatter(x=s.index, y=s.values, mode="lines+markers",
+                                     name=c.plot_text(n)))
+    for step, name in marks:
+        col = f"behaviour/{name}/rate"
+        if col in wide.columns and col in names:
+            fig.add_trace(go.Scatter(x=[step], y=[wide.loc[step, col]], mode="markers",
+                                     marker={"symbol": "x", "size": 12, "color": "red"},
+                                     name=c.plot_text(f"alarm: {name}"), showlegend=False))
+    fig.update_layout(title=title, height=300, margin={"t": 40, "b": 10, "l": 50, "r": 10},
+                      legend={"orientation": "h", "y": -0.25, "yanchor": "top"})
+    fig.update_xaxes(title_text="step")
+    st.plotly_chart(fig, key=key)
+
+
+def dynamics_panel(pick: c.Pick, wide: pd.DataFrame) -> None:
+    names = recorded(wide)
+    st.subheader("Behaviours: what the update paid for")
+    if not names:
+        st.caption("No behaviours computed for this run: `agentrl behaviours --db "
+                   f"{c.safe_label(pick.store, 200)} --run {c.safe_label(pick.run_id, 200)}` "
+                   "computes them (the trainer records them at each step).")
+        return
+    alarms = alarm_list(wide)
+    for step, name in alarms[:SHOWN_ALARMS]:
+        st.warning(f"Shallow-strategy alarm at step {step}: **{name}** reinforced "
+                   f"(Cov(A, b) > 0, p < 0.05) for consecutive steps while its rate rose.")
+        top = contributors(pick.store, pick.run_id, pick.last_step, step, name, 1)
+        if len(top):
+            c.replay_link(pick, step, top["traj_id"].iloc[0],
+                          label=f"Replay {top['traj_id'].iloc[0]}, the step's top contributor",
+                          key=f"beh_alarm_{step}_{name}")
+    if len(alarms) > SHOWN_ALARMS:
+        st.caption(f"{len(alarms) - SHOWN_ALARMS:,} more alarms: pick their step and behaviour "
+                   "below.")
+    shares = [n for n in names if wide[f"behaviour/{n}/rate"].max() <= 1.0]
+    alarmed = [n for _, n in alarms]
+    picked = st.multiselect("Behaviours", names, default=sorted(set(shares) | set(alarmed)),
+                            key="beh_pick", help="Shares in [0, 1] are picked first; tokens, "
+                            "turns, tool calls and query entropy have their own scales.")
+    left, middle, right = st.columns(3)
+    with left:
+        lines(wide, [f"behaviour/{n}/rate" for n in picked], "Rate (mean over the step)",
+              "beh_rate", alarms)
+    with middle:
+        lines(wide, [f"behaviour/{n}/adv_cov" for n in picked], "Cov(A, b): > 0 was reinforced",
+              "beh_cov")
+    with right:
+        lines(wide, ["reward/mean", "reward/std", "reward/group_std_mean"],
+              "Reward and its variance", "beh_reward")
+    st.caption("Cov(A, b) over the step's training trajectories is, to first order, the "
+               "direction the policy-gradient step moved the behaviour's frequency "
+               "(docs/behaviours.md says when it misleads). An alarm: a behaviour of the "
+               "shallow list reinforced for k steps in a row (one-sided t-test, p < 0.05) while "
+               "its rate rose.")
+    steps = sorted(int(s) for s in wide[f"behaviour/{names[0]}/rate"].dropna().index)
+    default_step, default_name = alarms[0] if alarms else (steps[-1] if steps else 0, names[0])
+    one, two = st.columns(2)
+    name = one.selectbox("Behaviour", names, index=names.index(default_name), key="beh_name")
+    step = two.selectbox("Step", steps, index=steps.index(default_step)
+                         if default_step in steps else 0, key="beh_step")
+    ranked = contributors(pick.store, pick.run_id, pick.last_step, step, name, 10)
+    if ranked.empty:
+        st.info(f"Step {step}: no trajectory with both {name} and an advantage.")
+        return
+    ranked = ranked.assign(replay=[c.replay_url(pick, step, t) for t in ranked["traj_id"]])
+    st.dataframe(ranked, key="beh_ranked", hide_index=True,
+                 column_order=["replay", "traj_id", "value", "advantage", "reward",
+                               "contribution"],
+                 column_config={"replay": st.column_config.LinkColumn("replay",
+                                                                      display_text="open")})
+    st.caption("Contribution = (A - mean A)(b - mean b): the trajectories that pushed the "
+               "covariance up the most, first.")

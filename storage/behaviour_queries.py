@@ -1,0 +1,33 @@
+"""Reads of the behaviours table (storage/behaviours/): the trajectories behind a step's
+Cov(A, b). The pages reach it through storage/queries.py, like every other read."""
+from __future__ import annotations
+
+import pandas as pd
+
+from storage import db
+from storage.migrations import check_version
+
+NOT_TRAINED = ("eval", "sft", "expert", "branch")  # storage/behaviours/job.py, kept in step
+
+
+def contributors(path, run_id: str, step: int, name: str, n: int = 5) -> pd.DataFrame:
+    """The step's trajectories ranked by their share of Cov(A, b), largest first:
+    contribution_i = (A_i - mean A)(b_i - mean b) over the step's training trajectories where b
+    and the stored advantage are both recorded (payoff.contributions). Empty where the store has
+    no behaviours table yet."""
+    with db.reading(path) as con:
+        if check_version(con, where=str(path)) < 9:
+            return pd.DataFrame(columns=["traj_id", "value", "advantage", "reward",
+                                         "contribution"])
+        return con.execute("""
+            WITH b AS (
+                SELECT b.traj_id, b.value, t.advantage, t.reward
+                FROM behaviours b JOIN trajectories t
+                  ON t.run_id = b.run_id AND t.traj_id = b.traj_id
+                WHERE b.run_id = ? AND b.step = ? AND b.name = ? AND t.advantage IS NOT NULL
+                  AND coalesce(t.split, 'train') NOT IN (SELECT unnest(?::VARCHAR[])))
+            SELECT traj_id, value, advantage, reward,
+                   (advantage - avg(advantage) OVER ()) * (value - avg(value) OVER ())
+                       AS contribution
+            FROM b ORDER BY contribution DESC, traj_id LIMIT ?""",
+            [run_id, int(step), name, list(NOT_TRAINED), int(n)]).df()
