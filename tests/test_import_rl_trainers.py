@@ -109,3 +109,74 @@ def test_verl_dataproto_recorded_token_by_token(tmp_path):
     assert metrics["reward/mean"] == 0.5 and metrics["mismatch/kl_k3"] > 0
     assert "training/rollout_probs_diff_mean" in metrics
     assert _q(store, "SELECT status, source FROM runs") == [("finished", "import:verl-batch")]
+
+
+# -- OpenPipe ART ----------------------------------------------------------------------------------
+def _art_logs(art_path) -> tuple:
+    """Two steps of ART trajectory logs, made with ART's own classes and written where and how its
+    backend's ``_log`` writes them (``serialize_trajectory_groups`` into the model's
+    ``trajectories/{split}/{step:04d}.jsonl``)."""
+    art = pytest.importorskip("art")
+    from art.types import Choice
+    from art.utils.output_dirs import get_model_dir, get_trajectories_split_dir
+    from art.utils.trajectory_logging import serialize_trajectory_groups
+
+    def rollout(answer: str, correct: int) -> "art.Trajectory":
+        call = {"id": "c1", "type": "function",
+                "function": {"name": "add", "arguments": '{"x": 2, "y": 3}'}}
+        return art.Trajectory(
+            messages_and_choices=[
+                {"role": "system", "content": "You can call tools."},
+                {"role": "user", "content": "What is 2+3?"},
+                Choice(finish_reason="tool_calls", index=0,
+                       message={"role": "assistant", "content": None, "tool_calls": [call]}),
+                {"role": "tool", "tool_call_id": "c1", "content": "5"},
+                Choice(finish_reason="stop", index=0,
+                       message={"role": "assistant", "content": answer})],
+            tools=[{"type": "function", "function": {"name": "add", "parameters": {}}}],
+            reward=float(correct), metrics={"correct": correct}, metadata={"task": "add-2-3"})
+
+    model = art.Model(name="agent-001", project="toy")
+    folder = get_model_dir(model=model, art_path=str(art_path))
+    for split, step in (("train", 3), ("val", 3)):
+        out = get_trajectories_split_dir(folder, split)
+        (art_path / out).mkdir(parents=True, exist_ok=True)
+        groups = [art.TrajectoryGroup([rollout("5", 1), rollout("6", 0)]),
+                  art.TrajectoryGroup([rollout("5", 1)])]
+        (art_path / out / f"{step:04d}.jsonl").write_text(serialize_trajectory_groups(groups))
+    return art_path / folder / "trajectories"
+
+
+def test_art_trajectory_groups_import_with_their_groups_steps_and_splits(tmp_path):
+    from storage.ingest.files import guess_format, import_file
+
+    logs = _art_logs(tmp_path)
+    assert guess_format(logs) == "art"
+    store = tmp_path / "art.duckdb"
+    report = import_file(logs, store, run_id="art-test")
+    assert (report.imported, report.failed) == (6, 0), report.errors
+    trajs = queries.trajectories(store, "art-test").set_index("traj_id")
+    assert set(trajs["split"]) == {"train", "eval"}  # ART's val folder is held out
+    assert set(trajs["step"]) == {3}
+    train = trajs[trajs["split"] == "train"]
+    assert sorted(train["group_id"]) == ["train-3-g1", "train-3-g1", "train-3-g2"]
+    one = trajs.loc["train/0003:1:0"]
+    assert (one["reward"], one["success"], one["num_turns"]) == (1.0, True, 2)
+    assert not trajs.loc["train/0003:1:1", "success"]
+    turns = queries.turns(store, "art-test", ["train/0003:1:0"])
+    assert turns["action_type"].tolist() == ["tool", "answer"]
+    assert "5" in turns["observation"][0] and turns["action"].iloc[-1] == "5"
+    groups = queries.groups(store, "art-test", 3)
+    assert groups.set_index("group_id").loc["train-3-g1", "size"] == 2
+
+    # followed: ART's val folder, each log once it is stable, into the ids import gives
+    from storage.ingest.follow import Follower
+    follower = Follower(logs / "val", store, "art", "art-val", log=lambda m: None)
+    try:
+        follower.poll_once()  # the first look sees the file, the second finds it stable
+        assert follower.poll_once() == 1
+    finally:
+        follower.close()
+    followed = queries.trajectories(store, "art-val").set_index("traj_id")
+    assert sorted(followed.index) == sorted(trajs[trajs["split"] == "eval"].index)
+    assert set(followed["split"]) == {"eval"}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from storage.failures import classify
-from storage.ingest import tail
+from storage.ingest import art_logs, tail
 from storage.ingest.dumps import trl_record, verl_record
 from storage.ingest.import_batch import write_batch
 from storage.ingest.messages import messages_record
@@ -93,6 +93,45 @@ def verl_items(fd: int, name: str, size: int, max_line_bytes: int) -> Iterator[I
         obj = _converted(parse_json(line), lineno,
                          lambda o, n: verl_record(o, f"{stem}:{n}", step_of(stem)))
         yield where, obj, len(line)
+
+
+def art_items(fd: int, name: str, size: int, max_line_bytes: int, folder: str
+              ) -> Iterator[Item]:
+    """The trajectories of an ART log file (storage/ingest/art_logs.py) in ``folder`` (its
+    split), as ``read_art`` gives them."""
+    step, split = step_of(Path(name).stem), art_logs.art_split(folder)
+    lineno, done = 0, 0
+    for lineno, (at, done, line) in enumerate(tail.lines(fd, 0, size, max_line_bytes), 1):
+        yield from _art_line(line, f"{folder}/{name}:{lineno}", name, lineno, step, split,
+                             max_line_bytes)
+    if done < size:  # ART's last line has no newline
+        line = os.pread(fd, size - done, done) if size - done <= max_line_bytes else None
+        yield from _art_line(line, f"{folder}/{name}:{lineno + 1}", name, lineno + 1, step,
+                             split, max_line_bytes)
+
+
+def _art_line(line: bytes | None, where: str, name: str, lineno: int, step: int, split: str,
+              max_line_bytes: int) -> Iterator[Item]:
+    """The records of one line of an ART log (a LineError alone for a line over the limit)."""
+    if line is None:
+        yield where, LineError(f"line longer than the limit of {max_line_bytes} bytes"), 0
+        return
+    obj = parse_json(line) if line.strip() else None
+    records = [obj] if isinstance(obj, LineError) else [] if obj is None else \
+        art_logs.art_records(obj, Path(name).stem, lineno, step, split)
+    for k, rec in enumerate(records):
+        yield f"{where}[{k}]", rec, len(line) // max(len(records), 1)
+
+
+def whole_items(fmt: str, fd: int, name: str, size: int, max_line_bytes: int, folder: str
+                ) -> Iterator[Item]:
+    """The records of a file followed whole once stable: verl, TRL or ART (``folder``: the
+    followed directory's name, ART's split)."""
+    if fmt == "verl":
+        return verl_items(fd, name, size, max_line_bytes)
+    if fmt == "art":
+        return art_items(fd, name, size, max_line_bytes, folder)
+    return trl_items(fd, name)
 
 
 def trl_items(fd: int, name: str) -> Iterator[Item]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from storage.failures import classify
+from storage.ingest.art_logs import read_art
 from storage.ingest.dumps import READERS
 from storage.ingest.import_batch import (RunNotImportable, check_split, finish_import,
                                         refuse_foreign, run_source, write_batch)
@@ -24,8 +25,8 @@ from storage.recorder import check_run_id, clean_text
 from storage.token_rows import BatchSize
 
 FORMATS = ("jsonl", "verl", "trl")
-IMPORT_FORMATS = FORMATS + ("inspect", "messages")
-IMPORT_READERS = {**READERS, "messages": read_messages}
+IMPORT_FORMATS = FORMATS + ("inspect", "messages", "art")
+IMPORT_READERS = {**READERS, "messages": read_messages, "art": read_art}
 INSPECT_JSON = re.compile(rb'^\s*\{\s*"version"\s*:\s*\d+\s*,\s*"status"\s*:')
 
 
@@ -44,7 +45,8 @@ def guess_format(source: Path) -> str:
             return "trl"
         if any(source.rglob("*.eval")) or any(map(_inspect_json, source.rglob("*.json"))):
             return "inspect"
-        return "verl"
+        first = min(source.rglob("*.jsonl"), default=None)  # an ART model's trajectories/
+        return "art" if first is not None and guess_format(first) == "art" else "verl"
     if source.suffix == ".parquet":
         return "trl"
     if source.suffix == ".eval" or (source.suffix == ".json" and _inspect_json(source)):
@@ -56,6 +58,8 @@ def guess_format(source: Path) -> str:
         if isinstance(obj, list) or (isinstance(obj, dict) and "messages" in obj
                                      and "turns" not in obj):
             return "messages"
+        if isinstance(obj, dict) and isinstance(obj.get("trajectories"), list):
+            return "art"  # one ART TrajectoryGroup a line (storage/ingest/art_logs.py)
         break
     return "jsonl"
 

@@ -156,8 +156,8 @@ class Pollers:
                     return 0
                 self.log(f"{name} grew after its import: importing its new lines")
             check = tail.digest(fd, size)[0]
-            items = (feed.verl_items(fd, name, size, self.max_line) if self.fmt == "verl"
-                     else feed.trl_items(fd, name))
+            items = feed.whole_items(self.fmt, fd, name, size, self.max_line,
+                                     self.dir.resolve().name)
             made = self._import(name, items, lambda: (size, check), 0)
             if made or self.tries.get(f"{name}#0", 0) >= MAX_TRIES:
                 self.files[name] = Tracked(*now_seen, offset=size, check=check)

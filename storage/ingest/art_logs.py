@@ -1,0 +1,118 @@
+"""OpenPipe ART's trajectory logs as trajectories: the ``art`` import format.
+
+ART's backend (``LocalBackend._log``, art 0.5.0) writes each logged step to
+``{art_path}/{project}/models/{model}/trajectories/{split}/{step:04d}.jsonl`` with
+``art.utils.trajectory_logging.serialize_trajectory_groups``: one ``TrajectoryGroup`` per line,
+``{"trajectories": [...]}``, lines joined by newlines (the last has none), the whole file written
+at once. Each trajectory::
+
+    {"reward": 1.0, "metrics": {"correct": 1}, "metadata": {"task": "q17"},
+     "messages_and_choices": [{"role": "system", ...}, {"role": "user", ...},
+                              {"finish_reason": "stop", "index": 0,
+                               "message": {"role": "assistant", "content": "...",
+                                           "tool_calls": [...]}}, {"role": "tool", ...}],
+     "tools": [...], "additional_histories": null, "logs": []}
+
+What is kept:
+
+* Turns: a ``Choice`` (an object with ``message``) is the model's own output, which ART trains;
+  its message and the plain messages are read as OpenAI chat messages by the ``messages`` rules
+  (storage/ingest/messages.py: prompt, one turn per assistant message, tool results as
+  observations, tool calls parsed). ART drops the choices' logprobs when it logs, so tokens are
+  rebuilt from the text (no ids or logprobs: the file has none).
+* Step: the file's number; split: its folder, ART's ``val`` read as ``eval`` (held-out), other
+  names as they are. Group: the line, ``{split}-{step}-g{line}`` -- exactly the trajectories ART
+  normalised rewards over. Trajectory id ``{split}/{step:04d}:{line}:{k}``.
+* ``reward``; numeric ``metrics`` are reward components by their name (``correct``/``acc`` also
+  give success, storage/ingest/dumps.py's rule), the rest of ``metrics``, ``metadata`` and
+  ``logs`` stay in ``info``.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+from storage.ingest.dumps import components_and_info
+from storage.ingest.messages import messages_record
+from storage.interchange import MAX_LINE_BYTES, LineError, guarded, read_json_lines
+
+MAX_GROUP = 10_000
+
+
+def art_split(folder: str) -> str:
+    """The split ART's folder name denotes: ``val`` (ART's default for ``model.log``) is
+    ``eval``; a name that is no split name is ``train``."""
+    if folder == "val":
+        return "eval"
+    return folder if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", folder) else "train"
+
+
+def step_split(path: Path) -> tuple[int, str]:
+    """(step, split) of one log file: ``.../trajectories/val/0003.jsonl`` -> (3, "eval")."""
+    digits = re.findall(r"\d+", path.stem)
+    return (int(digits[-1]) if digits else 0), art_split(path.resolve().parent.name)
+
+
+def art_records(obj: Any, stem: str, line: int, step: int, split: str) -> list[Any]:
+    """Generic records (or a LineError each) of one logged ``TrajectoryGroup`` line."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("trajectories"), list):
+        return [LineError("line must be an object with a 'trajectories' list (one ART "
+                          "TrajectoryGroup)")]
+    if len(obj["trajectories"]) > MAX_GROUP:
+        return [LineError(f"{len(obj['trajectories'])} trajectories in one group, over the "
+                          f"limit of {MAX_GROUP}")]
+    out = []
+    for k, traj in enumerate(obj["trajectories"]):
+        try:
+            out.append(_trajectory(traj, f"{split}/{stem}:{line}:{k}",
+                                   f"{split}-{step}-g{line}", step, split))
+        except LineError as exc:
+            out.append(LineError(f"trajectories[{k}]: {exc}"))
+    return out
+
+
+def _trajectory(traj: Any, traj_id: str, group_id: str, step: int, split: str) -> dict:
+    if not isinstance(traj, dict) or not isinstance(traj.get("messages_and_choices"), list):
+        raise LineError("must be an object with a 'messages_and_choices' list")
+    messages = [m["message"] if isinstance(m, dict) and isinstance(m.get("message"), dict)
+                else m for m in traj["messages_and_choices"]]
+    metrics = traj.get("metrics") if isinstance(traj.get("metrics"), dict) else {}
+    notes: list[str] = []
+    components, other, success = components_and_info(metrics, notes)
+    info = {"trainer": "art", "metrics": metrics} if metrics else {"trainer": "art"}
+    for key in ("metadata", "logs"):
+        if traj.get(key):
+            info[key] = traj[key]
+    line = {"messages": messages, "reward": traj.get("reward"), "traj_id": traj_id,
+            "group_id": group_id, "step": step, "split": split, "info": info,
+            "tools": traj.get("tools") or []}
+    if success is not None:
+        line["success"] = success
+    rec = messages_record(line, traj_id)
+    if components:
+        rec["rewards"] = components
+    if notes:
+        rec["info"]["import_notes"] = rec["info"].get("import_notes", []) + notes
+    return rec
+
+
+def read_art(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES
+             ) -> Iterator[tuple[str, Any]]:
+    """(where, generic record or LineError) of every trajectory in an ART log file, or in every
+    ``*.jsonl`` under a folder (a model's ``trajectories`` folder holds ``train/`` and ``val/``)."""
+    root = Path(path)
+    files = sorted(root.rglob("*.jsonl")) if root.is_dir() else [root]
+    for file in files:
+        yield from guarded(file.name, _lines(file, max_line_bytes))
+
+
+def _lines(file: Path, max_line_bytes: int) -> Iterator[tuple[str, Any]]:
+    step, split = step_split(file)
+    for lineno, obj in read_json_lines(file, max_line_bytes):
+        where = f"{file.parent.name}/{file.name}:{lineno}"
+        if isinstance(obj, LineError):
+            yield where, obj
+            continue
+        for k, rec in enumerate(art_records(obj, file.stem, lineno, step, split)):
+            yield f"{where}[{k}]", rec
