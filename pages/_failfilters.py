@@ -53,8 +53,9 @@ def _decode(key: str, raw: list[str], allowed: dict, lo: int, hi: int):
     then shows no trajectory rather than drop the filter and show more."""
     param = PARAMS[key]
     value, why = _params.parse(_params.PAGES["failures"][param], raw, allowed.get(key))
-    if why:
+    if why:             # the widgets keep their state: removing the parameter gives it back
         _params.flag(param, why)
+        return None
     if value is None:
         return None
     if key == "fail_steps":
