@@ -165,9 +165,13 @@ def _records(con, run_id: str, ids: list[str]) -> Iterator[dict]:
     trajs = {tid: r[0] for tid, r in rows("trajectories", "step").items()}
     turns, rewards, tokens = rows("turns", "turn"), rows("rewards", "component"), rows("tokens", "pos")
     tests = rows("test_results", "rowid")  # test_results has no order column: keep insert order
+    tags = rows("tags", "created_at")      # users' tags and notes (storage/annotations.py)
     for tid in ids:
-        yield from_rows(trajs[tid], turns.get(tid, []), rewards.get(tid, []), tokens.get(tid, []),
-                        tests.get(tid, []))
+        rec = from_rows(trajs[tid], turns.get(tid, []), rewards.get(tid, []),
+                        tokens.get(tid, []), tests.get(tid, []))
+        if tid in tags:   # only when tagged: an import keeps them under info.extra
+            rec["tags"] = [{"tag": g["tag"], "note": g["note"]} for g in tags[tid]]
+        yield rec
 
 
 # -- one flattened Parquet file ---------------------------------------------------------------------

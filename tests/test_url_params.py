@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from pages._params import PAGES, Param, escaped, parse, unknown
-from storage import annotations, queries
+from storage import annotations, export, queries
 from tests.test_pages import app, demo, texts  # noqa: F401  (fixtures)
 
 
@@ -71,7 +71,7 @@ def test_misspelt_name_malformed_step_unknown_run(app, demo):  # noqa: F811
     assert at.query_params["run"] in ("no-such-run", ["no-such-run"])
 
 
-def test_tags_searched_filtered_and_exported(demo):  # noqa: F811
+def test_tags_searched_filtered_and_exported(demo, tmp_path):  # noqa: F811
     store, run = demo[1], demo[2]["demo-search-starpo"]
     some = queries.search_trajectories(store, run, limit=2)["traj_id"].tolist()
     annotations.add_tag(store, run, some[0], "loops-on-query", note="asks Zorblax twice")
@@ -87,3 +87,7 @@ def test_tags_searched_filtered_and_exported(demo):  # noqa: F811
     records = {r["traj_id"]: r for r in map(json.loads, lines)}
     assert records[some[0]]["tags"] == [{"tag": "loops-on-query", "note": "asks Zorblax twice"}]
     assert records[some[1]]["tags"] == []
+    out = tmp_path / "tagged.jsonl"            # agentrl export --tag: the command line's JSONL
+    assert export.export_jsonl(store, run, out, export.Filters(tag="loops-on-query")) == 1
+    line = json.loads(out.read_text().splitlines()[0])
+    assert line["traj_id"] == some[0] and line["tags"] == records[some[0]]["tags"]
