@@ -230,4 +230,9 @@ def test_launch_a_tiny_job_and_watch_its_progress(page, server, shots):
         assert status == "stopped" and last in (2, 3), (status, last)
     else:
         assert status == "finished" and last == 3, (status, last)
+    # the sidebar follows the new run (issue 51.9): every page now opens on it
+    expect(page.get_by_role("combobox", name="Run")).to_have_value(
+        re.compile(r"^browser-job · "), timeout=60_000)
+    assert f"run={run['run_id'].iloc[0]}" in page.url
+    assert "tie_word_embeddings" not in page.locator("code").last.inner_text()  # no peft warning
     no_exception(page)
