@@ -29,6 +29,7 @@ articles a/an/the, collapse whitespace) used by every answer match below.
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 import string
@@ -237,8 +238,10 @@ FUNCTION_WORDS = frozenset(
     "a an the of in on at to for by from with and or who what when where which whose why how is "
     "was are were did does do born founded located".split())
 _WORD = re.compile(r"\w+")
+_DIGIT = re.compile(r"\d")
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a step's queries are read twice (reuse, entropy)
 def query_pattern(query: str) -> str:
     """A query with its entities masked: words split on non-word characters; a word is an
     entity if it holds a digit, or starts upper-case and is not a function word ('Who', 'The');
@@ -252,7 +255,7 @@ def query_pattern(query: str) -> str:
     """
     out: list[str] = []
     for word in _WORD.findall(query or ""):
-        entity = any(c.isdigit() for c in word) or (
+        entity = bool(_DIGIT.search(word)) or (
             word[0].isupper() and word.lower() not in FUNCTION_WORDS)
         if entity:
             if not out or out[-1] != "<e>":

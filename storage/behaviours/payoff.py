@@ -30,7 +30,7 @@ import math
 from typing import Sequence
 
 import numpy as np
-from scipy import stats
+from scipy.special import stdtr
 
 ALPHA = 0.05
 """One-sided level of the test that a step's Cov(A, b) is above 0."""
@@ -68,7 +68,8 @@ def reinforced_p(adv: np.ndarray, b: np.ndarray) -> float:
     sd = float(p.std(ddof=1))
     if sd == 0:
         return 0.0 if p.mean() > 0 else 1.0
-    return float(stats.t.sf(p.mean() / (sd / math.sqrt(n)), df=n - 1))
+    # stdtr(df, x) is Student's t CDF: the upper tail of t is stdtr(df, -t)
+    return float(stdtr(n - 1, -p.mean() / (sd / math.sqrt(n))))
 
 
 def step_stats(adv: Sequence[float | None], values: Sequence[float | None]) -> dict:
