@@ -22,7 +22,8 @@ How a turn becomes messages, read from what the environment parsed (``turns.pars
   conversation's calls (``parsed.tool_calls``) -- is an assistant message with ``tool_calls``
   (``arguments`` a JSON string, as OpenAI sends them) and its text without the call as
   ``content``; the observation is the ``tool`` message answering the first call (an imported
-  turn's ``name -> result`` parts, one per call, are split back into one message each);
+  turn's ``name -> result`` parts, one per call, are split back into one message each); a failed
+  call's message carries our ``"error"`` mark (storage/ingest/messages.py reads it back);
 * any other turn is a plain assistant message, and its observation, if any, a ``user`` message.
 
 Observations are the environment's text with the chat template's markers the trainer kept around
@@ -30,7 +31,7 @@ them (ChatML ``<|im_end|>``/``<|im_start|>user``) taken off. The prompt is one `
 or, for a run imported from chat messages (``role: text`` lines), those messages again.
 ``tools``: the conversation's own list when it was imported with one (``info.extra.tools``),
 else one schema per function it calls (the search env's documented; others with the argument
-names seen). Importing the file with ``--format messages`` gives back the conversations of an
+names seen), else left out (whether a tool was offered is not known; the failure rules read it). Importing the file with ``--format messages`` gives back the conversations of an
 imported run turn for turn (``tests/test_chat_export.py``); the metadata keys (traj_id, task_id,
 step, split, reward, success) are ones that importer reads.
 """
@@ -130,6 +131,28 @@ def _results(observation: str, calls: list[dict], imported: bool) -> list[str]:
     return [text] + [""] * (len(calls) - 1)
 
 
+ERROR_LINE = re.compile(r"(?:^|\n)error: (.*)\Z", re.DOTALL)
+
+
+def _errors(results: list[str], error: str | None, imported: bool) -> list[tuple[str, str | None]]:
+    """(result, error) per call, the failure marked with our ``"error"`` key (docs/formats.md,
+    Tool errors), so an import of the file classes it as the store did. An import showed a
+    marked result's error after its text (``error: why``): taken back out of the text. An env's
+    error (an apps endpoint's, invalid JSON) stays beside the observation, on the first call."""
+    if not error:
+        return [(r, None) for r in results]
+    if not imported:
+        return [(r, error if k == 0 else None) for k, r in enumerate(results)]
+    out = []
+    for r in results:
+        found = ERROR_LINE.search(r)
+        if found and found.group(1) in error:
+            out.append((r[:found.start()], found.group(1)))
+        else:
+            out.append((r, None))
+    return out
+
+
 def _prompt_messages(prompt: str, chat: bool) -> list[dict]:
     """The prompt as messages: ``role: text`` lines of an imported conversation, else one user
     message."""
@@ -178,12 +201,15 @@ def conversation(traj: dict, turns: list[dict], chat: bool) -> dict:
                              if isinstance(c["arguments"], str)
                              else json.dumps(c["arguments"], ensure_ascii=False)}}
                              for i, c in zip(ids, calls)]})
-        for i, c, result in zip(ids, calls, _results(turn.get("observation") or "", calls, chat)):
+        results = _results(turn.get("observation") or "", calls, chat)
+        for i, c, (result, error) in zip(ids, calls, _errors(results, turn.get("error"), chat)):
             messages.append({"role": "tool", "tool_call_id": i, "name": c["name"],
-                             "content": result})
+                             "content": result} | ({"error": error} if error else {}))
             tools.setdefault(c["name"], _schema(c["name"], _loaded(c["arguments"])))
     own = (info.get("extra") or {}).get("tools") if isinstance(info.get("extra"), dict) else None
-    line = {"messages": messages, "tools": own if isinstance(own, list) else list(tools.values())}
+    line = {"messages": messages}
+    if isinstance(own, list) or tools:  # none called and no list given: whether any tool was
+        line["tools"] = own if isinstance(own, list) else list(tools.values())  # offered is unknown
     for key in ("traj_id", "task_id", "step", "split", "reward", "success"):
         value = traj.get(key)
         if value is not None and not (isinstance(value, float) and not math.isfinite(value)):
@@ -194,7 +220,7 @@ def conversation(traj: dict, turns: list[dict], chat: bool) -> dict:
 # -- a run's selection ---------------------------------------------------------------------------
 TRAJ_SQL = ("SELECT traj_id, task_id, step, split, prompt, reward, success, info FROM trajectories "
             "WHERE run_id = ? AND traj_id IN (SELECT unnest(?))")
-TURN_SQL = ("SELECT traj_id, turn, action, observation, action_type, parsed FROM turns "
+TURN_SQL = ("SELECT traj_id, turn, action, observation, action_type, parsed, error FROM turns "
             "WHERE run_id = ? AND traj_id IN (SELECT unnest(?)) ORDER BY traj_id, turn")
 
 

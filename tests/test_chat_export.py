@@ -34,6 +34,11 @@ CONVERSATIONS = [
         {"role": "assistant", "content": None, "tool_calls": [_call("c", "add", {"x": 5, "y": 9})]},
         {"role": "tool", "tool_call_id": "c", "content": "14"},
         {"role": "assistant", "content": "14"}]},
+    {"traj_id": "failed", "task_id": "sum", "reward": 0.0, "messages": [
+        {"role": "user", "content": "What is 2+3?"},
+        {"role": "assistant", "content": None, "tool_calls": [_call("d", "add", {"x": 2})]},
+        {"role": "tool", "tool_call_id": "d", "content": "ERROR: y is missing", "status": "error"},
+        {"role": "assistant", "content": "I cannot add."}]},
     {"traj_id": "chat", "task_id": "hello", "reward": 0.0, "messages": [
         {"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "hello"},
         {"role": "user", "content": "Again, politely."}, {"role": "assistant", "content": "Hi!"}]},
@@ -42,10 +47,11 @@ CONVERSATIONS = [
 
 def _turns(store: Path, run: str) -> dict:
     with db.reading(store) as con:
-        trajs = con.execute("SELECT traj_id, task_id, prompt, reward, success FROM trajectories "
+        trajs = con.execute("SELECT traj_id, task_id, prompt, reward, success, failure_class "
+                            "FROM trajectories "
                             "WHERE run_id = ? ORDER BY traj_id", [run]).fetchall()
-        turns = con.execute("SELECT traj_id, turn, action, observation, action_type, parsed "
-                            "FROM turns WHERE run_id = ? ORDER BY traj_id, turn", [run]).fetchall()
+        turns = con.execute("SELECT traj_id, turn, action, observation, action_type, parsed, "
+                            "error FROM turns WHERE run_id = ? ORDER BY traj_id, turn", [run]).fetchall()
     return {"trajectories": trajs, "turns": turns}
 
 
@@ -56,8 +62,11 @@ def test_export_selects_by_tag_and_query_and_round_trips_through_import(tmp_path
     out = tmp_path / "sft.jsonl"
     assert main(["export", "--db", str(store), "--run", "a", "--format", "messages",
                  "--out", str(out)]) == 0
-    lines = [json.loads(x) for x in out.read_text().splitlines()]
-    first = lines[1] if lines[0]["traj_id"] == "chat" else lines[0]
+    lines = {line["traj_id"]: line for line in map(json.loads, out.read_text().splitlines())}
+    first = lines["two-calls"]
+    assert lines["failed"]["messages"][2] == {"role": "tool", "tool_call_id": "d", "name": "add",
+                                              "content": "ERROR: y is missing",
+                                              "error": "ERROR: y is missing"}
     assert first["tools"] == TOOLS
     assert [m["role"] for m in first["messages"]] == [
         "system", "user", "assistant", "tool", "tool", "assistant", "tool", "assistant"]
@@ -69,6 +78,8 @@ def test_export_selects_by_tag_and_query_and_round_trips_through_import(tmp_path
     assert main(["import", str(out), "--db", str(store), "--format", "messages",
                  "--run-id", "b"]) == 0
     assert _turns(store, "b") == _turns(store, "a")
+    assert ("failed", "sum", "user: What is 2+3?\n", 0.0, False, "tool_error_unrecovered") in \
+        _turns(store, "b")["trajectories"]
 
     add_tag(store, "a", "chat", "keep")
     for flags, expected in ((["--tag", "keep"], ["chat"]), (["--where", "reward >= 1"], ["two-calls"]),
@@ -84,7 +95,7 @@ def test_export_selects_by_tag_and_query_and_round_trips_through_import(tmp_path
     assert main(["export", "--db", str(store), "--run", "a", "--format", "messages",
                  "--out", str(out), "--sql", "SELECT 1 AS n"]) == 2
     assert "must return a traj_id column" in capsys.readouterr().err
-    assert len(_turns(store, "a")["trajectories"]) == 2  # nothing recorded was touched
+    assert len(_turns(store, "a")["trajectories"]) == 3  # nothing recorded was touched
 
 
 def test_trl_sft_trainer_trains_a_step_on_an_exported_search_run(tmp_path):
