@@ -42,6 +42,12 @@ def test_verl_validation_folder_is_eval_and_split_overrides_every_format(tmp_pat
     splits = _splits(store)
     assert splits[("marked", "eval")] == 3 and splits[("chat", "heldout")] == 1
     assert ("marked", "train") not in splits
+    # marked after the fact: a rerun skips what the run holds, --replace rewrites it
+    assert main(["import", str(chat), "--db", str(store), "--run-id", "chat", "--split", "eval"]) == 0
+    assert _splits(store)[("chat", "heldout")] == 1
+    assert main(["import", str(chat), "--db", str(store), "--run-id", "chat", "--split", "eval",
+                 "--replace"]) == 0
+    assert _splits(store)[("chat", "eval")] == 1 and ("chat", "heldout") not in _splits(store)
     assert main(["import", str(chat), "--db", str(store), "--split", "no way"]) == 2
     assert "--split 'no way' must be" in capsys.readouterr().err
 
