@@ -31,9 +31,10 @@ them (ChatML ``<|im_end|>``/``<|im_start|>user``) taken off. The prompt is one `
 or, for a run imported from chat messages (``role: text`` lines), those messages again.
 ``tools``: the conversation's own list when it was imported with one (``info.extra.tools``),
 else one schema per function it calls (the search env's documented; others with the argument
-names seen), else left out (whether a tool was offered is not known; the failure rules read it). Importing the file with ``--format messages`` gives back the conversations of an
-imported run turn for turn (``tests/test_chat_export.py``); the metadata keys (traj_id, task_id,
-step, split, reward, success) are ones that importer reads.
+names seen), else left out (whether a tool was offered is not known; the failure rules read
+it). Importing the file with ``--format messages`` gives back the conversations of an imported
+run turn for turn, failure classes included (``tests/test_chat_export.py``); the metadata keys
+(traj_id, task_id, step, split, reward, success) are ones that importer reads.
 """
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ JSON_TYPES = {str: "string", bool: "boolean", int: "integer", float: "number", l
               dict: "object"}
 
 
-# -- one trajectory ----------------------------------------------------------------------------------
+# -- one trajectory ------------------------------------------------------------------------------
 def _loaded(value: Any) -> Any:
     if isinstance(value, str):
         try:
