@@ -91,3 +91,22 @@ def test_tags_searched_filtered_and_exported(demo, tmp_path):  # noqa: F811
     assert export.export_jsonl(store, run, out, export.Filters(tag="loops-on-query")) == 1
     line = json.loads(out.read_text().splitlines()[0])
     assert line["traj_id"] == some[0] and line["tags"] == records[some[0]]["tags"]
+
+
+def test_every_parameter_a_page_writes_is_declared():
+    """A page that reads or writes a URL parameter pages/_params.py does not declare would have
+    its own links refused: every name in the pages' url_select / adopt_url / publish_url calls
+    (and Failures' filters) is declared for some page."""
+    import re
+    from pathlib import Path
+
+    from pages._failfilters import PARAMS as FILTERS
+    from pages._params import COMMON
+    root = Path(__file__).resolve().parent.parent
+    code = "\n".join(p.read_text() for p in [root / "app.py", *sorted((root / "pages").glob("*.py"))])
+    used = set(re.findall(r'(?:adopt_url|publish_url)\(\s*"(\w+)"', code))
+    used |= set(re.findall(r'\bparam="(\w+)"', code))          # url_select's keyword
+    used |= set(FILTERS.values())
+    declared = set(COMMON).union(*PAGES.values())
+    assert used and used <= declared, used - declared
+    assert {"group", "traj", "spike", "mismatch_step", "classes", "tags"} <= used
