@@ -241,3 +241,22 @@ def test_the_job_on_a_sample_store(tmp_path):
     bad = subprocess.run([*cmd[:-1], "nope"], cwd=ROOT, capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode == 2 and "no run 'nope'" in bad.stderr and str(store) in bad.stderr
+
+
+# ---- the Dynamics panel, through AppTest (tests/test_browser_behaviours.py: in Chromium) ----------
+from tests.test_pages import app, demo  # noqa: E402,F401  (fixtures)
+
+
+def test_dynamics_lists_the_alarm_and_its_trajectories(app, tmp_path):
+    store = tmp_path / "stores" / "shortcut.duckdb"
+    store.parent.mkdir()
+    constructed_run(Recorder(store), "paid", [8, 10, 12, 14], paid=True)
+    run_job(store, "paid")
+    at = app("dynamics", store_dir=str(store.parent), store=str(store), run="paid")
+    assert not at.exception, at.exception
+    warnings = [w.value for w in at.warning]
+    assert any("Shallow-strategy alarm at step 3: **no_successful_tool_call**" in w
+               for w in warnings), warnings
+    ranked = next(f.value for f in at.dataframe if "contribution" in f.value.columns)
+    assert ranked["replay"].iloc[0].startswith("replay?") and "step=3" in ranked["replay"].iloc[0]
+    assert (ranked["value"].head(3) == 1.0).all()    # the no-search trajectories pushed it up
