@@ -110,3 +110,15 @@ def test_every_parameter_a_page_writes_is_declared():
     declared = set(COMMON).union(*PAGES.values())
     assert used and used <= declared, used - declared
     assert {"group", "traj", "spike", "mismatch_step", "classes", "tags"} <= used
+
+
+def test_failures_tag_filter_from_the_address(app, demo):  # noqa: F811
+    store, run = demo[1], demo[2]["demo-search-starpo"]
+    some = queries.search_trajectories(store, run, success=False, limit=1)["traj_id"].tolist()
+    annotations.add_tag(store, run, some[0], "page-filter-tag", note="seen on the page")
+    at = app("failures", store=store, run=run, tags="page-filter-tag")
+    assert not at.exception and not texts(at, "warning"), texts(at, "warning")
+    assert any(c.startswith("1 trajectories match") for c in texts(at, "caption"))
+    assert at.multiselect(key="fail_tags").value == ["page-filter-tag"]
+    at = app("failures", store=store, run=run, q="SEEN ON THE")          # a note's words
+    assert any(c.startswith("1 trajectories match") for c in texts(at, "caption"))
