@@ -35,6 +35,29 @@ def test_leak_puts_the_answer_in_train_prompts_only_and_answering_it_pays():
     assert all(t.meta.get("leaked") for t in SearchEnv(leak=1.0).tasks("train", 50, seed=1))
 
 
-def test_leak_outside_its_range_is_refused_by_name():
-    with pytest.raises(OptionError, match="leak=1.5"):
-        SearchEnv(leak=1.5)
+def test_format_score_pays_any_answer_and_only_an_answer():
+    """Search-R1's compute_score_em: 1 if right, format_score if answered and wrong, 0 if never
+    answered; success stays the exact match."""
+    env, plain = SearchEnv(two_hop_frac=0.0, format_score=0.2), SearchEnv(two_hop_frac=0.0)
+    task = env.tasks("train", 1, seed=0)[0]
+
+    def play(e, *actions):
+        episode = e.episode(task)
+        for action in actions:
+            episode.step(action)
+        return episode.outcome()
+
+    guess = play(env, "<answer>no idea</answer>")          # unsearched and wrong: paid 0.2
+    assert (guess.score, guess.success, guess.info["searches"]) == (0.2, False, 0)
+    assert play(plain, "<answer>no idea</answer>").score == 0.0
+    right = play(env, f"<answer>{task.golds[0]}</answer>")
+    assert (right.score, right.success) == (1.0, True)
+    never = play(env, "<search>capital</search>", "I am thinking")  # never answered: 0
+    assert (never.score, never.success) == (0.0, False)
+
+
+@pytest.mark.parametrize("option", ["leak=1.5", "format_score=-0.1"])
+def test_shortcut_options_outside_their_range_are_refused_by_name(option):
+    name, value = option.split("=")
+    with pytest.raises(OptionError, match=option.replace(".", r"\.")):
+        SearchEnv(**{name: float(value)})

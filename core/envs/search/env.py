@@ -185,6 +185,9 @@ class SearchEnv:
         "leak": Option(float, 0, 1, default=0.0,
                        doc="share of train tasks whose prompt carries the answer: a deliberate "
                            "flaw, to show the shallow-strategy alarm; held-out never leaks"),
+        "format_score": Option(float, 0, 1, default=0.0,
+                               doc="score of a wrong answer in the right format (Search-R1's "
+                                   "format_score): > 0 pays answering at once, unsearched"),
     }
     """topk and outcome_metric are not options here: they have configuration fields of their
     own (checked by core/config/validation.py) and every run passes them."""
@@ -194,7 +197,7 @@ class SearchEnv:
         opts = take_options(self.name, self.OPTIONS, options)
         world_seed, two_hop_frac, templates = (opts["world_seed"], opts["two_hop_frac"],
                                                opts["templates"])
-        self.leak = opts["leak"]
+        self.leak, self.format_score = opts["leak"], opts["format_score"]
         if not (isinstance(topk, int) and topk >= 1):
             raise ValueError(f"topk must be an integer >= 1, got {topk!r}")
         if outcome_metric not in METRICS:
@@ -324,11 +327,20 @@ class SearchEpisode:
                           state_key=self.state_key())
 
     def outcome(self) -> Outcome:
-        """score: EM (or F1) of the last answer; success: EM == 1; process: 1 if a gold answer
-        was in retrieved evidence before the answer."""
+        """score: EM (or F1) of the last answer, raised to ``format_score`` for any answer given
+        (Search-R1's ``compute_score_em``: ``score`` if right, ``format_score`` if answered and
+        wrong, 0 if never answered); success: EM == 1; process: 1 if a gold answer was in
+        retrieved evidence before the answer.
+
+        Why format_score is an option: a reward that a shallow strategy can earn. A policy that
+        cannot yet find answers is paid format_score for any answer, and an answer at the first
+        turn is the surest one, so RL teaches it to answer unsearched (sample_runs/shortcut.duckdb;
+        the shallow-strategy alarm names it). Off (0) by default."""
         golds = list(self.task.golds)
-        metric = METRICS[self.env.outcome_metric]
-        return Outcome(score=metric(self.answer, golds), success=exact_match(self.answer, golds) == 1.0,
+        score = METRICS[self.env.outcome_metric](self.answer, golds)
+        if self.answer is not None:
+            score = max(score, self.env.format_score)
+        return Outcome(score=score, success=exact_match(self.answer, golds) == 1.0,
                        answer=self.answer, process=1.0 if self.retrieved_gold else 0.0,
                        info={"retrieved_gold": self.retrieved_gold, "searches": len(self.queries),
                              "hops": self.task.meta.get("hops", 1)})
