@@ -2,6 +2,10 @@
 logprobs and advantages, made by the real packages (requirements-rl.txt; CI installs them)."""
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 
 from pages._tokens import mask_lint
@@ -180,3 +184,79 @@ def test_art_trajectory_groups_import_with_their_groups_steps_and_splits(tmp_pat
     followed = queries.trajectories(store, "art-val").set_index("traj_id")
     assert sorted(followed.index) == sorted(trajs[trajs["split"] == "eval"].index)
     assert set(followed["split"]) == {"eval"}
+
+
+# -- verifiers (prime-rl) --------------------------------------------------------------------------
+VERIFIERS = Path(__file__).parent / "fixtures" / "verifiers"
+"""traces.jsonl written by verifiers 0.4.0's own Trace/Episode classes and write_episode
+(make_traces.py beside it says how, and why not in this venv: verifiers needs openai < 3)."""
+
+
+def test_verifiers_traces_import_token_level_and_follow(tmp_path, capsys):
+    from core.model.models import load_tokenizer
+    from storage import io
+    from storage.ingest.feed import write_records
+    from storage.ingest.files import guess_format
+    from storage.ingest.follow import Follower
+    from storage.ingest.import_batch import finish_import
+    from storage.ingest.report import ImportReport
+    from storage.ingest.verifiers_traces import read_verifiers
+    from storage.migrations import prepare
+
+    episodes = [json.loads(line) for line in (VERIFIERS / "traces.jsonl").read_text().splitlines()]
+    run_dir = tmp_path / "outputs" / "toy"
+    run_dir.mkdir(parents=True)
+    shutil.copy(VERIFIERS / "traces.jsonl", run_dir / "traces.jsonl")
+    assert guess_format(tmp_path / "outputs") == "verifiers"
+
+    # with the model's tokenizer (Python API): each token's own text
+    tokenizer, store = load_tokenizer("tiny"), tmp_path / "vf.duckdb"
+    prepare(store)
+    report, run = ImportReport("vf", "traces.jsonl", "verifiers"), {"name": "vf", "config": None,
+                                                                  "created": False}
+    write_records(((w, r, 0) for w, r in read_verifiers(run_dir, tokenizer=tokenizer)),
+                  store, "verifiers", "vf", run, report)
+    finish_import(store, "vf", "verifiers", run, report)
+    assert (report.imported, report.failed) == (4, 0), report.errors
+    trajs = queries.trajectories(store, "vf").set_index("traj_id")
+    first = episodes[0]["traces"][0]
+    assert set(trajs.index) == {e["traces"][0]["id"] for e in episodes}
+    row = trajs.loc[first["id"]]
+    assert (row["step"], row["split"], row["group_id"], row["reward"], row["success"]) == \
+        (2, "train", "g0", 1.0, True)
+    assert sorted(trajs["split"]) == ["eval", "eval", "train", "train"]  # prime-rl's eval work
+    assert row["advantage"] == pytest.approx(0.7071)
+
+    toks = queries.tokens(store, "vf", first["id"])
+    ids = [i for n in first["nodes"] for i in n["token_ids"]]
+    assert toks["token_id"].tolist() == ids
+    assert "".join(toks["text"]) == tokenizer.decode(ids)
+    sampled = [lp for n in first["nodes"] for lp in n["logprobs"]]
+    act = toks[toks["trained"]]
+    assert (act["role"] == "action").all() and act["logprob"].tolist() == pytest.approx(sampled)
+    assert act["train_logprob"].tolist() == pytest.approx(
+        [x for n in first["nodes"] for x in n.get("trainer_logprobs") or []])
+    obs = toks[toks["role"] == "observation"]
+    assert "5" in "".join(obs["text"]) and not obs["trained"].any()  # the tool's reply
+    assert mask_lint(toks, queries.turns(store, "vf", [first["id"]])).empty
+    turns = queries.turns(store, "vf", [first["id"]])
+    assert turns["action_type"].tolist() == ["tool", "answer"]
+    assert "training/rollout_probs_diff_mean" in dict(_q(
+        store, "SELECT name, value FROM metrics WHERE run_id = 'vf' AND step = 2"))
+
+    # the command line (no tokenizer): ids, masks and logprobs kept, the text says it is ids
+    cli_store = tmp_path / "cli.duckdb"
+    assert io.main(["import", str(tmp_path / "outputs"), "--db", str(cli_store),
+                    "--run-id", "vf-cli"]) == 0
+    assert "4 imported" in capsys.readouterr().out
+    cli = queries.tokens(cli_store, "vf-cli", first["id"])
+    assert cli[cli["trained"]]["logprob"].tolist() == act["logprob"].tolist()
+    assert cli["text"].iloc[0] == f"<{ids[0]}>"
+
+    # followed as vf-eval appends it: a line at a time, the same ids
+    follower = Follower(run_dir, tmp_path / "f.duckdb", "verifiers", "vf-f", log=lambda m: None)
+    try:
+        assert follower.poll_once() == 1
+    finally:
+        follower.close()
+    assert set(queries.trajectories(tmp_path / "f.duckdb", "vf-f")["traj_id"]) == set(trajs.index)

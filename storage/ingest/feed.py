@@ -22,10 +22,11 @@ from storage.ingest import art_logs, tail
 from storage.ingest.dumps import trl_record, verl_record
 from storage.ingest.import_batch import write_batch
 from storage.ingest.messages import messages_record
+from storage.ingest.verifiers_traces import episode_records
 from storage.interchange import LineError, parse_json, to_rows, validate
 from storage.token_rows import BatchSize
 
-APPENDED = ("jsonl", "messages")  # formats followed a complete line at a time
+APPENDED = ("jsonl", "messages", "verifiers")  # formats followed a complete line at a time
 BATCH_RECORDS = 200
 BATCH_BYTES = 8 << 20
 Item = tuple[str, Any, int]  # (where, record or LineError, bytes of input it came from)
@@ -44,7 +45,8 @@ def jsonl_items(fd: int, start: int, stop: int, max_line_bytes: int, until: int,
     """Generic JSONL records of ``[start, stop)``, ending with the line that reaches ``until``;
     ``progress`` is kept at [end offset of the last line taken, mark of the file up to it].
     ``record(obj, offset)`` turns each parsed line into the generic record (another format's
-    lines), or raises LineError."""
+    lines), or raises LineError; a list of them is a line holding several (a verifiers
+    episode of several agents' traces), each yielded in turn."""
     marker = tail.Marker(fd, start)
     for at, end, line in tail.lines(fd, start, stop, max_line_bytes, marker.add):
         progress[:] = [end, marker.mark(end)]
@@ -52,7 +54,12 @@ def jsonl_items(fd: int, start: int, stop: int, max_line_bytes: int, until: int,
             yield (f"byte {at}", LineError(f"line longer than the limit of {max_line_bytes} "
                                            "bytes (--max-line-bytes)"), end - at)
         elif line.strip():
-            yield f"byte {at}", _converted(parse_json(line), at, record), len(line)
+            got = _converted(parse_json(line), at, record)
+            if isinstance(got, list):
+                for k, rec in enumerate(got):
+                    yield f"byte {at}[{k}]", rec, len(line) // len(got)
+            else:
+                yield f"byte {at}", got, len(line)
         if end >= until:
             return
 
@@ -75,6 +82,9 @@ def appended_items(fmt: str, fd: int, name: str, start: int, stop: int, max_line
     ``import`` gives them, ``{file stem}:{byte offset of the line}``."""
     if fmt == "jsonl":
         return jsonl_items(fd, start, stop, max_line_bytes, until, progress)
+    if fmt == "verifiers":  # an episode a line, its traces' own ids
+        return jsonl_items(fd, start, stop, max_line_bytes, until, progress,
+                           lambda obj, at: episode_records(obj))
     stem = Path(name).stem
     return jsonl_items(fd, start, stop, max_line_bytes, until, progress,
                        lambda obj, at: messages_record(obj, f"{stem}:{at}"))

@@ -19,14 +19,16 @@ from storage.ingest.inspect_import import import_inspect
 from storage.interchange import (MAX_LINE_BYTES, LineError, guarded, read_json_lines, to_rows,
                                  validate)
 from storage.ingest.messages import read_messages
+from storage.ingest.verifiers_traces import read_verifiers
 from storage.ingest.report import ImportReport, default_run_id
 from storage.migrations import prepare
 from storage.recorder import check_run_id, clean_text
 from storage.token_rows import BatchSize
 
 FORMATS = ("jsonl", "verl", "trl")
-IMPORT_FORMATS = FORMATS + ("inspect", "messages", "art")
-IMPORT_READERS = {**READERS, "messages": read_messages, "art": read_art}
+IMPORT_FORMATS = FORMATS + ("inspect", "messages", "art", "verifiers")
+IMPORT_READERS = {**READERS, "messages": read_messages, "art": read_art,
+                  "verifiers": read_verifiers}
 INSPECT_JSON = re.compile(rb'^\s*\{\s*"version"\s*:\s*\d+\s*,\s*"status"\s*:')
 
 
@@ -45,6 +47,8 @@ def guess_format(source: Path) -> str:
             return "trl"
         if any(source.rglob("*.eval")) or any(map(_inspect_json, source.rglob("*.json"))):
             return "inspect"
+        if any(source.rglob("traces.jsonl")):
+            return "verifiers"  # a vf-eval run directory (storage/ingest/verifiers_traces.py)
         first = min(source.rglob("*.jsonl"), default=None)  # an ART model's trajectories/
         return "art" if first is not None and guess_format(first) == "art" else "verl"
     if source.suffix == ".parquet":
@@ -60,6 +64,8 @@ def guess_format(source: Path) -> str:
             return "messages"
         if isinstance(obj, dict) and isinstance(obj.get("trajectories"), list):
             return "art"  # one ART TrajectoryGroup a line (storage/ingest/art_logs.py)
+        if isinstance(obj, dict) and isinstance(obj.get("traces"), list):
+            return "verifiers"  # one verifiers Episode a line
         break
     return "jsonl"
 

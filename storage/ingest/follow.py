@@ -83,7 +83,7 @@ from storage.ingest.report import ImportReport, default_run_id
 from storage.recorder import check_run_id, clean_text, now
 
 PATTERNS = {"verl": ("*.jsonl",), "trl": ("completions_*.parquet",), "jsonl": ("*.jsonl",),
-            "art": ("*.jsonl",),
+            "art": ("*.jsonl",), "verifiers": ("traces.jsonl",),
             "messages": ("*.jsonl",), "inspect": ("*.eval", "*.json")}
 HEARTBEAT_S = 30.0
 

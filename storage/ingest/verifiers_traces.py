@@ -1,0 +1,193 @@
+"""verifiers' ``traces.jsonl`` (prime-rl's environments) as trajectories: the ``verifiers`` format.
+
+verifiers 0.4.0 appends one ``Episode`` per line to ``{run dir}/traces.jsonl``
+(``verifiers.v1.utils.trace_store.write_episode``: ``vf-eval``, and prime-rl's orchestrator for
+the rollouts it trains on), a ``configs/eval.json`` beside it::
+
+    {"id", "env": {"id"}, "task": {"type", "data", "key"?, "hash"?}, "group": {"id"}?,
+     "run": {"type": "train", "id", "work": {"type": "train"|"eval", "step"}}
+            | {"type": "eval", "id"}?, "ok", "errors": [...],
+     "traces": [{"id", "agent": {"config", "name"}, "tools",
+                 "nodes": [{"parent", "message": {"role", "content", "tool_calls"?},
+                            "sampled", "token_ids", "mask", "logprobs",
+                            "advantages"?, "trainer_logprobs"?, "reference_logprobs"?}],
+                 "rewards": {name: {"score", "weight"}}, "metrics": {...},
+                 "is_completed", "ok", "stop_condition"?, "error"?}]}
+
+What is kept, per trace (one trajectory; an episode of several agents gives several):
+
+* Its branch: the path from the last node up its ``parent`` links (verifiers'
+  ``Branch``: one root-to-leaf path, one training sample). Its messages give the prompt and
+  turns by the ``messages`` rules (storage/ingest/messages.py; verifiers' flat tool calls
+  ``{"id", "name", "arguments"}`` read as OpenAI's).
+* Tokens, when every node on the path has ``token_ids`` (a relay turn of an evaluation has
+  none: then the text is all there is, rebuilt into pieces): each node's span, ``mask`` True
+  being the sampled, trained tokens (the action), the rest scaffold and input messages (prompt
+  before the first sampled token, observation after, never trained). ``logprobs``,
+  ``advantages``, ``trainer_logprobs`` and ``reference_logprobs`` are per sampled token
+  (verifiers' layout) and land on the mask's True positions. Token text needs the model's
+  tokenizer (the file has ids only): ``read_verifiers(..., tokenizer=...)`` decodes them
+  (storage/token_text.py); without one each token's text is ``<id>``, noted.
+* Step and split: ``run.work.step`` and ``run.work.type`` (prime-rl's in-training evaluations
+  are ``eval``); a standalone ``vf-eval`` run (``run.type`` eval, or no run) is step 0, split
+  ``eval``. Group: ``group.id``, else the task's key or hash, else its prompt's hash (as
+  ``vf-eval -r N`` repeats one task N times).
+* Reward: the sum of ``score * weight`` (``Trace.reward``); each reward a component by its
+  name; success from a ``correct``/``accuracy``-style reward or metric (> 0), else reward >= 1.
+  Trajectory id: the trace's ``id``.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Iterator
+
+from storage.ingest.dumps import SUCCESS_FIELDS
+from storage.ingest.messages import messages_record
+from storage.ingest.rollout_tokens import first_trained, rollout_tokens
+from storage.interchange import MAX_LINE_BYTES, LineError, guarded, read_json_lines
+
+TRACES_FILE = "traces.jsonl"
+PER_TOKEN = {"logprobs": "logprob", "trainer_logprobs": "train_logprob",
+             "advantages": "advantage"}
+
+
+def step_split(episode: dict) -> tuple[int, str]:
+    """(step, split) an episode's ``run`` says (module docstring)."""
+    run = episode.get("run") if isinstance(episode.get("run"), dict) else {}
+    work = run.get("work") if isinstance(run.get("work"), dict) else None
+    if run.get("type") != "train" or work is None:
+        return 0, "eval"
+    step = work.get("step")
+    step = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else 0
+    return step, "eval" if work.get("type") == "eval" else "train"
+
+
+def episode_records(episode: Any, tokenizer=None) -> list[Any]:
+    """Generic records (or a LineError each) of one ``traces.jsonl`` line."""
+    if not isinstance(episode, dict) or not isinstance(episode.get("traces"), list):
+        return [LineError("line must be an object with a 'traces' list (one verifiers Episode)")]
+    step, split = step_split(episode)
+    task = episode.get("task") if isinstance(episode.get("task"), dict) else {}
+    group = episode.get("group") if isinstance(episode.get("group"), dict) else {}
+    out = []
+    for k, trace in enumerate(episode["traces"]):
+        try:
+            out.append(_trace(trace, step, split, task, group.get("id"), tokenizer))
+        except LineError as exc:
+            out.append(LineError(f"traces[{k}]: {exc}"))
+    return out
+
+
+def _path(nodes: list) -> list[dict]:
+    """The nodes from the root to the last node, following ``parent``."""
+    path, at, seen = [], len(nodes) - 1, set()
+    while at is not None:
+        if not isinstance(at, int) or not 0 <= at < len(nodes) or at in seen:
+            raise LineError(f"node parent {at!r} is not an earlier node of the trace")
+        seen.add(at)
+        node = nodes[at]
+        if not isinstance(node, dict) or not isinstance(node.get("message"), dict):
+            raise LineError(f"nodes[{at}] must be an object with a 'message'")
+        path.append(node)
+        at = node.get("parent")
+    return path[::-1]
+
+
+def _message(m: dict) -> dict:
+    """A verifiers message as OpenAI's (its tool calls are flat ``{"id", "name", "arguments"}``)."""
+    calls = m.get("tool_calls")
+    if isinstance(calls, list):
+        m = {**m, "tool_calls": [{"id": c.get("id"), "type": "function",
+                                  "function": {"name": c.get("name"),
+                                               "arguments": c.get("arguments")}}
+                                 if isinstance(c, dict) and "function" not in c else c
+                                 for c in calls]}
+    return m
+
+
+def _trace(trace: Any, step: int, split: str, task: dict, group: Any, tokenizer) -> dict:
+    if not isinstance(trace, dict) or not isinstance(trace.get("nodes"), list) \
+            or not trace["nodes"]:
+        raise LineError("must be an object with a non-empty 'nodes' list")
+    path = _path(trace["nodes"])
+    rewards = {name: r["score"] * r.get("weight", 1.0)
+               for name, r in (trace.get("rewards") or {}).items()
+               if isinstance(r, dict) and isinstance(r.get("score"), (int, float))}
+    metrics = trace.get("metrics") if isinstance(trace.get("metrics"), dict) else {}
+    said = {**metrics, **rewards}
+    success = next((said[f] > 0 for f in SUCCESS_FIELDS if isinstance(said.get(f), (int, float))
+                    and math.isfinite(said[f])), None)
+    info = {"trainer": "verifiers", "metrics": metrics, "ok": trace.get("ok"),
+            "stop_condition": trace.get("stop_condition"), "errors": trace.get("errors")}
+    line = {"messages": [_message(n["message"]) for n in path], "reward": sum(rewards.values()),
+            "step": step, "split": split, "info": {k: v for k, v in info.items() if v},
+            "tools": trace.get("tools") or []}
+    if success is not None:
+        line["success"] = success
+    trace_id = str(trace.get("id") or f"s{step}-{id(trace)}")
+    rec = messages_record(line, trace_id)
+    rec["group_id"] = str(group or task.get("key") or task.get("hash")
+                          or f"{step}:{rec['task_id']}")
+    if rewards:
+        rec["rewards"] = rewards
+    if all(isinstance(n.get("token_ids"), list) and n["token_ids"] for n in path):
+        rec["tokens"], notes = _tokens(path, tokenizer)
+        rec["advantage"] = first_trained(rec["tokens"], "advantage")
+        rec["info"]["import_notes"] = rec["info"].get("import_notes", []) + notes
+    return rec
+
+
+def _tokens(path: list[dict], tokenizer) -> tuple[list[dict], list[str]]:
+    """Token rows of a branch whose nodes carry their spans (module docstring)."""
+    ids, mask, values = [], [], {name: [] for name in PER_TOKEN}
+    for node in path:
+        span, kept = node["token_ids"], node.get("mask") or [False] * len(node["token_ids"])
+        if len(kept) != len(span):
+            raise LineError(f"a node's mask has {len(kept)} entries for {len(span)} token ids")
+        sampled = sum(map(bool, kept))
+        for name in PER_TOKEN:  # per sampled token, spread onto the mask's True positions
+            given = node.get(name) or []
+            if given and len(given) != sampled:
+                raise LineError(f"a node's {name} has {len(given)} values for {sampled} "
+                                "sampled tokens")
+            it = iter(given)
+            values[name] += [next(it, None) if m else None for m in kept]
+        ids += span
+        mask += [bool(m) for m in kept]
+    notes = []
+    if tokenizer is not None:
+        from storage.token_text import token_texts
+        texts = token_texts(tokenizer, ids)
+    else:
+        texts = [f"<{i}>" for i in ids]
+        notes.append("token text is each token's id: the file holds ids only (import with a "
+                     "tokenizer to decode them)")
+    first = mask.index(True) if True in mask else len(ids)
+    tokens, _ = rollout_tokens(texts[:first], ids[:first], texts[first:], ids[first:],
+                               mask[first:])
+    for name, field in PER_TOKEN.items():
+        for row, value in zip(tokens[first:], values[name][first:]):
+            if value is not None:
+                row[field] = float(value)
+    return tokens, notes
+
+
+def read_verifiers(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES, tokenizer=None
+                   ) -> Iterator[tuple[str, Any]]:
+    """(where, generic record or LineError) of every trace in a ``traces.jsonl``, or in every
+    ``traces.jsonl`` under a folder (a ``vf-eval`` output directory holds one per run)."""
+    root = Path(path)
+    files = sorted(root.rglob(TRACES_FILE)) if root.is_dir() else [root]
+    for file in files:
+        yield from guarded(file.name, _lines(file, max_line_bytes, tokenizer))
+
+
+def _lines(file: Path, max_line_bytes: int, tokenizer) -> Iterator[tuple[str, Any]]:
+    for lineno, obj in read_json_lines(file, max_line_bytes):
+        where = f"{file.name}:{lineno}"
+        if isinstance(obj, LineError):
+            yield where, obj
+            continue
+        for k, rec in enumerate(episode_records(obj, tokenizer)):
+            yield f"{where}[{k}]", rec
