@@ -11,7 +11,7 @@ from urllib.parse import urlencode
 import streamlit as st
 
 from pages import _common as c
-from pages import _glossary
+from pages import _terms
 from pages import _evaljob
 from storage import queries
 
@@ -58,7 +58,7 @@ def _relation(a: str, b: str) -> str:
 
 pick = c.picked()
 st.title("Compare")
-_glossary.intro("compare")
+_terms.intro("compare")
 st.caption("Two held-out evaluations side by side: tasks gained and lost, how failures changed, "
            "where the trajectories first diverge.")
 evals = c.read_or_stop(load_evaluations, pick.store)

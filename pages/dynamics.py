@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from pages import _common as c
-from pages import _glossary
+from pages import _terms
 from pages import _behaviours, _info_gain, _mismatch, _params, _signals
 from storage import queries
 
@@ -30,7 +30,7 @@ def step_gradients(store: str, run_id: str, last_step: int, step: int
 
 pick = c.picked()
 st.title("Dynamics")
-_glossary.intro("dynamics")
+_terms.intro("dynamics")
 wide = c.read_or_stop(c.load_metrics, pick.store, pick.run_id, pick.last_step)
 if wide.empty:
     c.stop("This run recorded no metrics yet.")
@@ -294,7 +294,7 @@ grad_first = int(wide["grad/norm"].first_valid_index())
 event = st.plotly_chart(framed(fig, None, height=320, first=grad_first), key="dyn_grad",
                         on_select="rerun", selection_mode="points")
 st.caption(f"Spike: norm above the median of the previous {_signals.SPIKE_WINDOW} steps + "
-           f"{_signals.SPIKE_K:g} × 1.4826 × {_glossary.link('mad', 'MAD')} (a robust "
+           f"{_signals.SPIKE_K:g} × 1.4826 × {_terms.link('mad', 'MAD')} (a robust "
            "five-sigma), and above "
            f"{_signals.SPIKE_FLOOR:g} (norms near 0 are never spikes). "
            "Click a point to inspect it.")

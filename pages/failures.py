@@ -6,7 +6,7 @@ import plotly.express as px
 import streamlit as st
 
 from pages import _clusterjob, _common as c
-from pages import _glossary
+from pages import _terms
 from pages import _failfilters, _panels, _params
 from storage import queries
 from storage.failures import DESCRIPTIONS
@@ -96,7 +96,7 @@ def _cluster_views(pick: c.Pick, table, per_step, members) -> None:
     """The clusters' table, their share of each step's failures, and one cluster's members."""
     first = table.iloc[0]
     score = "" if first["silhouette"] != first["silhouette"] else \
-        f", {_glossary.link('silhouette')} {first['silhouette']:.2f}"
+        f", {_terms.link('silhouette')} {first['silhouette']:.2f}"
     st.caption(f"{len(members)} failing trajectories in {len(table)} clusters (k chosen by "
                f"silhouette{score}); embedding {c.safe_label(first['model'])}, computed "
                f"{str(first['created_at'])[:16]} UTC. Terms: what sets a cluster apart "
@@ -192,7 +192,7 @@ def count_charts(counted, left_out: int, first: int, last: int, counted_splits: 
 
 pick = c.picked()
 st.title("Failures")
-_glossary.intro("failures")
+_terms.intro("failures")
 counts = c.read_or_stop(c.load_failure_counts, pick.store, pick.run_id, pick.last_step)
 if counts.empty:
     c.stop("This run recorded no trajectories (metrics only): nothing to classify.")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 from pages import _common as c
-from pages import _glossary
+from pages import _terms
 from pages import _branches, _credit, _grid
 from storage import queries
 
@@ -18,7 +18,7 @@ def _load_gains(store: str, run_id: str, traj_ids: tuple[str, ...]):
 c.ensure_app()
 pick = c.picked()
 st.title("Groups")
-_glossary.intro("groups")
+_terms.intro("groups")
 if pick.step is None:
     c.stop("This run recorded no trajectories (metrics only): no groups to compare.")
 groups = c.read_or_stop(c.load_groups, pick.store, pick.run_id, pick.last_step, pick.step)

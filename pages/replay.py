@@ -6,13 +6,13 @@ import json
 import streamlit as st
 
 from pages import _common as c
-from pages import _glossary
+from pages import _terms
 from pages import _boards, _branches, _calls, _info_gain, _live, _panels, _params, _states, _tokens
 
 c.ensure_app()
 pick = c.picked()
 st.title("Replay")
-_glossary.intro("replay")
+_terms.intro("replay")
 if pick.step is None:
     c.stop("This run recorded no trajectories (metrics only): nothing to replay.")
 trajs = c.read_or_stop(c.load_trajectories, pick.store, pick.run_id, pick.last_step, pick.step)
@@ -29,17 +29,17 @@ row, read_now = _live.fresh(pick, traj_id, row)  # an OTel agent still running: 
 _live.hint(row)
 cols = st.columns(5)
 cols[0].metric("Reward", "-" if c.missing(row["reward"]) else f"{row['reward']:.3f}",
-               help=_glossary.help_for("reward"))
+               help=_terms.help_for("reward"))
 cols[1].metric("Advantage", "-" if c.missing(row["advantage"]) else f"{row['advantage']:.3f}",
-               help=_glossary.help_for("advantage"))
+               help=_terms.help_for("advantage"))
 cols[2].metric("Success", "yes" if c.flag(row["success"]) else "no",
-               help=_glossary.help_for("success"))
+               help=_terms.help_for("success"))
 cols[3].metric("Turns", c.int_of(row["num_turns"], 0))
 # Not a metric: st.metric cuts a long value ("collateral...") to its column's width.
 with cols[4].container(key="replay_failure_class"):
-    st.caption("Failure class", help=_glossary.help_for("failure-class"))
+    st.caption("Failure class", help=_terms.help_for("failure-class"))
     st.markdown("**" + c.safe_label(c.text_of(row["failure_class"]) or "unclassified", 80) + "**")
-st.caption(_glossary.reward_beside_success(pick.config))
+st.caption(_terms.reward_beside_success(pick.config))
 st.caption(f"group {c.safe_label(row['group_id'])} · task {c.safe_label(row['task_id'])} · "
            f"split {c.safe_label(row['split'])} · finish {c.safe_label(row['finish_reason'])}"
            + (" · filtered out of the update (StarPO-S)" if c.flag(row["filtered"]) else ""))

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from pages import _common as c
-from pages import _glossary
+from pages import _terms
 from pages import _runlist
 from storage import queries
 
@@ -64,7 +64,7 @@ def run_frame(table: pd.DataFrame) -> pd.DataFrame:
 
 
 st.title("Runs")
-_glossary.intro("runs")
+_terms.intro("runs")
 table = c.run_table()
 for bad in table[table["run_id"].isna()].to_dict("records") if not table.empty else []:
     st.warning("A store could not be read:")

@@ -13,13 +13,13 @@ import streamlit as st
 from core.config import ALGOS, ENVS as ENVS_BUILTIN, MODELS, PRESETS, ConfigError, TrainConfig
 from core.config import describe_options
 from pages import _common as c
-from pages import _glossary
+from pages import _terms
 from pages import _jobs
 from storage import db, queries
 
 c.ensure_app()
 st.title("Train")
-_glossary.intro("train")
+_terms.intro("train")
 # Drawn last (after a launch has been handled) but shown first: the job is what a user watches.
 job_area = st.container()
 st.subheader("New job")
@@ -217,7 +217,7 @@ def job_panel() -> None:
         wide = queries.metrics(job["db"], run["run_id"], [*CURVES, *LOSSES])
         if not wide.empty:
             st.plotly_chart(curves(wide), key="train_live")
-            st.caption(_glossary.reward_beside_success(queries.run_config(run.get("config"))))
+            st.caption(_terms.reward_beside_success(queries.run_config(run.get("config"))))
     if job["alive"] and st.button("Stop after the current step", key="train_stop"):
         try:
             _jobs.stop(job)

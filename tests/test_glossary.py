@@ -9,30 +9,30 @@ import re
 
 import pytest
 
-from pages import _glossary
+from pages import _terms
 from tests.test_pages import app, demo  # noqa: F401  (fixtures)
 
 PAGES = ("runs", "replay", "groups", "dynamics", "failures", "compare", "train")
 
 
 def test_reward_beside_success_says_why_they_differ_from_the_config():
-    bandit = _glossary.reward_beside_success({"env": "bandit", "w_outcome": 1.0})
+    bandit = _terms.reward_beside_success({"env": "bandit", "w_outcome": 1.0})
     assert "probability 0.25" in bandit and "higher expected value" in bandit
-    search = _glossary.reward_beside_success(
+    search = _terms.reward_beside_success(
         {"env": "search", "w_outcome": 1.0, "w_format": 0.0, "w_cost": 1.0, "w_process": 0.2})
     assert search.startswith("Reward = 1·outcome + 1·cost + 0.2·process")  # w_format 0 left out
-    assert "score the source recorded" in _glossary.reward_beside_success({"env": "inspect"})
+    assert "score the source recorded" in _terms.reward_beside_success({"env": "inspect"})
 
 
 def test_links_name_only_terms_the_glossary_defines():
-    for _text, terms in _glossary.INTROS.values():
+    for _text, terms in _terms.INTROS.values():
         for anchor in terms:
-            assert _glossary.link(anchor) == f"[{_glossary.TERMS[anchor][0]}](glossary#{anchor})"
+            assert _terms.link(anchor) == f"[{_terms.TERMS[anchor][0]}](glossary#{anchor})"
     with pytest.raises(KeyError):
-        _glossary.link("no-such-term")
-    assert set(_glossary.INTROS) == set(PAGES)
+        _terms.link("no-such-term")
+    assert set(_terms.INTROS) == set(PAGES)
     # the silhouette's bounds as the Failures page applies them (Kaufman & Rousseeuw)
-    assert "below 0.25 no substantial structure" in _glossary.TERMS["silhouette"][1]
+    assert "below 0.25 no substantial structure" in _terms.TERMS["silhouette"][1]
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -40,9 +40,9 @@ def test_each_page_opens_with_its_explanation_and_linked_terms(app, demo, page):
     at = app(page, store=demo[1], run=demo[2]["demo-search-starpo"])
     assert not at.exception, at.exception
     intro = [cap.value for cap in at.caption if "Healthy:" in cap.value]
-    assert intro and intro[0].startswith(_glossary.INTROS[page][0]), page
+    assert intro and intro[0].startswith(_terms.INTROS[page][0]), page
     anchors = re.findall(r"\]\(glossary#([a-z0-9-]+)\)", intro[0])
-    assert anchors == list(_glossary.INTROS[page][1])
+    assert anchors == list(_terms.INTROS[page][1])
 
 
 def test_glossary_page_has_an_anchor_and_a_definition_per_term(app, demo):  # noqa: F811
@@ -50,6 +50,6 @@ def test_glossary_page_has_an_anchor_and_a_definition_per_term(app, demo):  # no
     assert not at.exception, at.exception
     assert at.title[0].value == "Glossary"
     heads = {h.proto.anchor: h.value for h in at.subheader}
-    assert heads == {a: term for a, (term, _) in _glossary.TERMS.items()}
+    assert heads == {a: term for a, (term, _) in _terms.TERMS.items()}
     assert [m.value for m in at.markdown if m.value in
-            {d for _, d in _glossary.TERMS.values()}] == [d for _, d in _glossary.TERMS.values()]
+            {d for _, d in _terms.TERMS.values()}] == [d for _, d in _terms.TERMS.values()]

@@ -1,7 +1,8 @@
 """What the app's words mean: one definition per term (the formulas are the code's, cited by file),
 a one-line intro per page saying what it shows and what healthy looks like, and the helpers
 that link a term to its entry on the Glossary page (pages/glossary.py, ``/glossary#<anchor>``)
-or put its definition in a widget's hover help.
+or put its definition in a widget's hover help. (Not named ``_glossary.py``: on a first request
+Streamlit lists pages/ itself, and ``_glossary`` and ``glossary`` would both be /glossary.)
 
 Every text here is the project's own, never a store's: it is safe to render as markdown.
 """
