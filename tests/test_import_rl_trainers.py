@@ -260,3 +260,45 @@ def test_verifiers_traces_import_token_level_and_follow(tmp_path, capsys):
     finally:
         follower.close()
     assert set(queries.trajectories(tmp_path / "f.duckdb", "vf-f")["traj_id"]) == set(trajs.index)
+
+
+# -- SkyRL ---------------------------------------------------------------------------------------
+def test_skyrl_generator_output_recorded_token_by_token(tmp_path):
+    """skyrl-train 0.3.1 requires Python 3.12 (this venv is 3.11): the GeneratorOutput is built in
+    the shape skyrl_train.generators.base declares (a TypedDict of lists), not by the package."""
+    from core.model.models import load_tokenizer
+    from storage.integrations.skyrl_output import SkyRLRecorder
+
+    tokenizer = load_tokenizer("tiny")
+    ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    prompt = ids("Who wrote Dune?")
+    act, obs, ans = ids("<search>Dune</search>"), ids("<information>Herbert</information>"), \
+        ids("<answer>Frank Herbert</answer>")
+    output = {
+        "prompt_token_ids": [prompt, prompt],
+        "response_ids": [act + obs + ans, ids("<answer>Asimov</answer>")],
+        "loss_masks": [[1] * len(act) + [0] * len(obs) + [1] * len(ans),
+                       [1] * len(ids("<answer>Asimov</answer>"))],
+        "rollout_logprobs": [[-0.5] * (len(act) + len(obs) + len(ans)),
+                             [-1.0] * len(ids("<answer>Asimov</answer>"))],
+        "rewards": [1.0, [0.0] * len(ids("<answer>Asimov</answer>"))],  # per rollout or token
+        "trajectory_ids": [{"instance_id": "dune", "repetition_id": 0},
+                           {"instance_id": "dune", "repetition_id": 1}],
+        "stop_reasons": ["stop", "length"], "rollout_metrics": None, "is_last_step": None,
+    }
+    store = tmp_path / "skyrl.duckdb"
+    recorder = SkyRLRecorder(store, tokenizer, run_id="sky")
+    report = recorder.record(output, step=5)
+    recorder.close()
+    assert (report.imported, report.failed) == (2, 0), report.errors
+    trajs = queries.trajectories(store, "sky", 5).set_index("traj_id")
+    assert set(trajs.index) == {"s5-dune_0", "s5-dune_1"} and set(trajs["group_id"]) == {"s5-dune"}
+    assert trajs.loc["s5-dune_0", "num_turns"] == 2 and trajs.loc["s5-dune_1", "reward"] == 0.0
+    toks = queries.tokens(store, "sky", "s5-dune_0")
+    assert toks["token_id"].tolist() == prompt + act + obs + ans
+    assert "".join(toks[toks["role"] == "observation"]["text"]) == \
+        "<information>Herbert</information>"
+    assert toks[toks["trained"]]["logprob"].eq(-0.5).all()
+    assert mask_lint(toks, queries.turns(store, "sky", ["s5-dune_0"])).empty
+    cut = queries.turns(store, "sky", ["s5-dune_1"])
+    assert bool(cut["action_truncated"].iloc[-1])

@@ -37,16 +37,12 @@ module loads without verl's stack (tests/test_import_rl_trainers.py builds a rea
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Iterator
 
 from storage.ingest.dumps import task_id_of
-from storage.ingest.feed import write_records
-from storage.ingest.import_batch import finish_import, refuse_foreign, run_source
 from storage.ingest.report import ImportReport
 from storage.ingest.rollout_tokens import first_trained, rollout_tokens
-from storage.migrations import prepare
-from storage.recorder import check_run_id
+from storage.integrations.step_recorder import StepRecorder
 from storage.token_text import token_texts
 
 FORMAT = "verl-batch"
@@ -124,31 +120,17 @@ def _sample_fields(extra: dict, i: int, reward: float) -> dict:
     return out
 
 
-class VerlBatchRecorder:
+class VerlBatchRecorder(StepRecorder):
     """Writes each step's batch into ``run_id`` of the store at ``db_path`` (module docstring)."""
 
     def __init__(self, db_path, tokenizer, run_id: str | None = None,
                  run_name: str = "verl", config: dict | None = None):
-        self.db, self.tokenizer = db_path, tokenizer
-        self.run_id = check_run_id(run_id) if run_id else time.strftime("verl-%Y%m%d-%H%M%S")
-        prepare(db_path)
-        refuse_foreign(self.run_id, run_source(db_path, self.run_id))  # never a trainer's run
-        self.run = {"name": run_name, "config": {"trainer": "verl", **(config or {})},
-                    "created": False}
+        super().__init__(db_path, FORMAT, run_id, run_name, {"trainer": "verl", **(config or {})})
+        self.tokenizer = tokenizer
 
     def record(self, batch, step: int | None = None, split: str = "train") -> ImportReport:
         """Write ``batch`` (a ``verl.DataProto`` after advantages) as step ``step`` (default
         its ``meta_info["global_steps"]``); a sample that fails validation fails alone, in the
         report's errors. Returns what was written."""
         step = int(step if step is not None else batch.meta_info.get("global_steps", 0))
-        report = ImportReport(self.run_id, f"step {step}", FORMAT)
-        items = ((f"step {step} sample {i}", rec, 0)
-                 for i, rec in enumerate(batch_records(batch, self.tokenizer, step, split)))
-        write_records(items, self.db, FORMAT, self.run_id, self.run, report)
-        finish_import(self.db, self.run_id, FORMAT, self.run, report, live=True)
-        return report
-
-    def close(self) -> None:
-        """Mark the run finished (it stays ``running`` while steps come in)."""
-        report = ImportReport(self.run_id, "end of training", FORMAT)
-        finish_import(self.db, self.run_id, FORMAT, self.run, report)
+        return self.write(batch_records(batch, self.tokenizer, step, split), step)

@@ -1,0 +1,89 @@
+"""Record SkyRL's generator output into a store, from inside the user's SkyRL trainer.
+
+    from storage.integrations.skyrl_output import SkyRLRecorder
+    recorder = SkyRLRecorder("runs/skyrl.duckdb", tokenizer, run_name="my skyrl run")
+    ...
+    generator_output = await generator.generate(generator_input)   # skyrl_train 0.3.1
+    recorder.record(generator_output, step=global_step, split="train")
+
+``record`` reads the ``GeneratorOutput`` dict as ``skyrl_train.generators.base`` (0.3.1)
+declares it, B rollouts at a time:
+
+* ``prompt_token_ids`` (B lists) and ``response_ids`` (B lists): the ids; text decoded with the
+  tokenizer (storage/token_text.py).
+* ``loss_masks`` (B lists, one entry per response token): 1 trained (the model's tokens), 0 an
+  observation spliced into a multi-turn response (storage/ingest/rollout_tokens.py).
+* ``rollout_logprobs`` (optional, per response token): the sampler's logprob, on trained tokens.
+* ``rewards``: one float per rollout, or per response token (SkyRL's token-level rewards),
+  then summed.
+* ``trajectory_ids`` (optional ``TrajectoryID(instance_id, repetition_id)``, or the dict of
+  its fields): the group is ``s{step}-{instance_id}`` (SkyRL's GRPO groups the repetitions of
+  one instance), the trajectory ``s{step}-{instance_id}_{repetition_id}`` (its
+  ``to_string()``); without them each rollout is its own group.
+* ``stop_reasons`` (optional): the finish reason (``length`` noted as cut).
+
+Advantages are not in the generator output (SkyRL computes them afterwards, in its
+``TrainingInputBatch``), so the trajectories carry none; Groups shows the rewards.
+skyrl-train 0.3.1 requires Python 3.12 (this project runs 3.11) and pins ray 2.51.1 and
+flash-attn, so the test builds the dict in the shape the package declares, not with it.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from storage.ingest.dumps import task_id_of
+from storage.ingest.report import ImportReport
+from storage.ingest.rollout_tokens import rollout_tokens
+from storage.integrations.step_recorder import StepRecorder
+from storage.token_text import token_texts
+
+FORMAT = "skyrl"
+
+
+def _traj_id(tid: Any) -> tuple[str, int] | None:
+    """(instance_id, repetition_id) of a ``TrajectoryID`` or its dict, else None."""
+    if tid is None:
+        return None
+    if isinstance(tid, dict):
+        return str(tid["instance_id"]), int(tid["repetition_id"])
+    return str(tid.instance_id), int(tid.repetition_id)
+
+
+def generator_records(output: dict, tokenizer, step: int, split: str = "train"
+                      ) -> Iterator[dict]:
+    """One generic record (storage/interchange.py) per rollout of a SkyRL ``GeneratorOutput``."""
+    prompts, responses = output["prompt_token_ids"], output["response_ids"]
+    masks, logprobs = output["loss_masks"], output.get("rollout_logprobs")
+    ids_of, stops = output.get("trajectory_ids"), output.get("stop_reasons")
+    for i, (p_ids, r_ids) in enumerate(zip(prompts, responses)):
+        texts = token_texts(tokenizer, list(p_ids) + list(r_ids))
+        tokens, turns = rollout_tokens(texts[:len(p_ids)], p_ids, texts[len(p_ids):], r_ids,
+                                       masks[i], logprobs=logprobs[i] if logprobs else None)
+        reward = output["rewards"][i]
+        reward = float(sum(reward)) if isinstance(reward, (list, tuple)) else float(reward)
+        prompt = "".join(texts[:len(p_ids)])
+        ident = _traj_id(ids_of[i]) if ids_of else None
+        instance, rep = ident if ident else (f"{i}", 0)
+        rec = {"traj_id": f"s{step}-{instance}_{rep}", "group_id": f"s{step}-{instance}",
+               "task_id": task_id_of(prompt), "step": step, "split": split, "prompt": prompt,
+               "turns": turns, "tokens": tokens, "reward": reward, "success": reward >= 1.0,
+               "info": {"trainer": "skyrl", "import_notes": ["success inferred as reward >= 1"]}}
+        if stops and stops[i] is not None:
+            rec["finish_reason"] = str(stops[i])
+            if stops[i] == "length":
+                turns[-1]["action_truncated"] = True
+        yield rec
+
+
+class SkyRLRecorder(StepRecorder):
+    """Writes each step's generator output into ``run_id`` of the store at ``db_path``."""
+
+    def __init__(self, db_path, tokenizer, run_id: str | None = None,
+                 run_name: str = "skyrl", config: dict | None = None):
+        super().__init__(db_path, FORMAT, run_id, run_name, {"trainer": "skyrl",
+                                                             **(config or {})})
+        self.tokenizer = tokenizer
+
+    def record(self, output: dict, step: int, split: str = "train") -> ImportReport:
+        """Write one step's ``GeneratorOutput``; returns what was written."""
+        return self.write(generator_records(output, self.tokenizer, int(step), split), step)

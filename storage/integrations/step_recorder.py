@@ -1,0 +1,40 @@
+"""What the trainer-side recorders (verl's batch, SkyRL's generator output) share: a run of
+their own in a store, each step's generic records (storage/interchange.py) validated and written
+in bounded batches (storage/ingest/feed.py), the run ``running`` until ``close()``."""
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+from storage.ingest.feed import write_records
+from storage.ingest.import_batch import finish_import, refuse_foreign, run_source
+from storage.ingest.report import ImportReport
+from storage.migrations import prepare
+from storage.recorder import check_run_id
+
+
+class StepRecorder:
+    """Writes each step's records into ``run_id`` of the store at ``db_path`` (default id
+    ``{fmt}-{date}-{time}``); the source the store records is ``import:{fmt}``."""
+
+    def __init__(self, db_path, fmt: str, run_id: str | None = None, run_name: str | None = None,
+                 config: dict | None = None):
+        self.db, self.fmt = db_path, fmt
+        self.run_id = check_run_id(run_id) if run_id else time.strftime(f"{fmt}-%Y%m%d-%H%M%S")
+        prepare(db_path)
+        refuse_foreign(self.run_id, run_source(db_path, self.run_id))  # never a trainer's run
+        self.run = {"name": run_name or self.run_id, "config": config, "created": False}
+
+    def write(self, records: Iterable[dict], step: int) -> ImportReport:
+        """Write one step's records; a record that fails validation fails alone, in the
+        report's errors. Returns what was written."""
+        report = ImportReport(self.run_id, f"step {step}", self.fmt)
+        items = ((f"step {step} sample {i}", rec, 0) for i, rec in enumerate(records))
+        write_records(items, self.db, self.fmt, self.run_id, self.run, report)
+        finish_import(self.db, self.run_id, self.fmt, self.run, report, live=True)
+        return report
+
+    def close(self) -> None:
+        """Mark the run finished (it stays ``running`` while steps come in)."""
+        finish_import(self.db, self.run_id, self.fmt, self.run,
+                      ImportReport(self.run_id, "end of training", self.fmt))
