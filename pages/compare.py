@@ -20,13 +20,13 @@ CLASS_WIDTH = 215  # px: the longest class name (wrong_answer_without_evidence) 
 
 
 @st.cache_data(ttl=c.RUN_TTL_S * 6, max_entries=c.MAX_ENTRIES, show_spinner=False)
-def load_evaluations(store: str):
-    return queries.evaluations(store)
+def load_evaluations(store: str, imported_train: bool = False):
+    return queries.evaluations(store, imported_train)
 
 
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
-def load_diff(store: str, a: str, b: str):
-    return queries.eval_diff(store, _parse(a), _parse(b))
+def load_diff(store: str, a: str, b: str, imported_train: bool = False):
+    return queries.eval_diff(store, _parse(a), _parse(b), imported_train)
 
 
 def _forget() -> None:
@@ -62,15 +62,32 @@ _terms.intro("compare")
 st.caption("Two held-out evaluations side by side: tasks gained and lost, how failures changed, "
            "where the trajectories first diverge.")
 evals = c.read_or_stop(load_evaluations, pick.store)
+# Imported runs without an eval split (every import but Inspect's, unless marked --split eval):
+# their train steps can be paired too, on the task ids two runs (or two steps) share.
+wider = c.read_or_stop(load_evaluations, pick.store, True)
+train_only = {f"{r.run_id}:{int(r.step)}" for r in wider.itertuples() if r.split != "eval"}
+train_too = False
+if train_only:
+    linked = any(st.query_params.get(p) in train_only for p in ("a", "b"))
+    train_too = st.toggle("Imported runs' train splits too", value=linked, key="cmp_train",
+                          help="Lists the steps of imported runs that hold no eval split, to "
+                               "pair two imported runs (two agents or models on the same "
+                               "prompts) or two steps of one on the task ids they share. A "
+                               "trainer's train steps sample new tasks each step: they seldom "
+                               "share any.")
+    if train_too:
+        evals = wider
 if evals.empty:
     c.stop("No held-out evaluation in this store: runs evaluate with `--eval-every N` (trajectories "
            "of split 'eval'), and Compare sets two of them side by side. An imported run has "
            "one when it is imported with `--split eval` (`agentrl import FILE --db STORE --split "
            "eval`; verl's `validation_data_dir` folders and Inspect logs are eval by themselves): "
-           "two runs, or two steps of one, are then paired on the task ids they share.")
+           "two runs, or two steps of one, are then paired on the task ids they share"
+           + (", or switch on \"Imported runs' train splits too\" above." if train_only else "."))
 names = {}
 for r in evals.itertuples():
-    label = f"{c.text_of(r.name) or r.run_id} · {r.run_id[-6:]} · step {int(r.step)}"
+    label = f"{c.text_of(r.name) or r.run_id} · {r.run_id[-6:]} · step {int(r.step)}" + (
+        " · train split" if r.split != "eval" else "")
     names[f"{r.run_id}:{int(r.step)}"] = f"{label} · {r.solved:.0%} solved of {int(r.tasks)} tasks"
 options = list(names)
 # Defaults: the sidebar run's first and last evaluations; a run evaluated once is compared with
@@ -90,13 +107,14 @@ if a == b:
            "This store holds one evaluation only: Compare needs two.")
 st.caption(_relation(a, b))
 try:
-    d = load_diff(pick.store, a, b)
+    d = load_diff(pick.store, a, b, train_too)
 except ValueError as exc:
     c.stop(str(exc))
 (run_a, step_a), (run_b, step_b) = _parse(a), _parse(b)
 cov, counts, paired = d["coverage"], d["counts"], d["paired"]
 key = "task id and episode seed" if cov["seeded"] else "task id"
-st.caption(f"What is compared: the evaluation trajectories (split 'eval') of A and of B, paired "
+splits = " and ".join(dict.fromkeys(f"'{'train' if o in train_only else 'eval'}'" for o in (a, b)))
+st.caption(f"What is compared: the trajectories of split {splits} of A and of B, paired "
            f"on {key}: {cov['shared']} in both, {cov['only_a']} only in A, {cov['only_b']} only "
            "in B. A key with several rollouts counts as solved when at least half succeeded.",
            help="An imported run's task id is the source's own (Inspect's sample id, a line's "

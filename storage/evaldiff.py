@@ -1,6 +1,8 @@
 """Checkpoint A vs B: how two held-out evaluations differ, task by task. Torch-free, pandas only.
 
-An *evaluation* is one (run, step) of trajectories with split 'eval'. Two evaluations are compared
+An *evaluation* is one (run, step) of trajectories with split 'eval' (``imported_train``: also
+the split 'train' steps of an imported run that has no 'eval' split, so two imported runs, or
+two steps of one, pair on the task ids they share). Two evaluations are compared
 on what they share: a task is keyed by (task_id, episode seed) when the seed was recorded
 (``info.episode_seed``), else by task_id alone. With several rollouts of one key, the key counts
 as solved when at least half of them succeeded, and its other columns are the first rollout's.
@@ -30,46 +32,56 @@ CHANGES = ("gained", "lost", "kept", "unsolved")
 
 
 # -- reads -----------------------------------------------------------------------------------------
-def evaluations(path: str | Path) -> pd.DataFrame:
-    """Every evaluation in the store: run_id, name, step, trajectories, tasks, solved (rate)."""
+def _compared(alias: str, imported_train: bool) -> str:
+    """The SQL condition on trajectories ``alias`` that makes them an evaluation's."""
+    if not imported_train:
+        return f"{alias}.split = 'eval'"
+    return (f"({alias}.split = 'eval' OR ({alias}.split = 'train' AND {alias}.run_id IN "
+            "(SELECT run_id FROM runs WHERE starts_with(coalesce(source, ''), 'import')) AND "
+            f"{alias}.run_id NOT IN (SELECT run_id FROM trajectories WHERE split = 'eval')))")
+
+
+def evaluations(path: str | Path, imported_train: bool = False) -> pd.DataFrame:
+    """Every evaluation in the store: run_id, name, step, split, trajectories, tasks, solved
+    (rate)."""
     with db.reading(path) as con:
         if check_version(con, where=str(path)) == 0:
             raise db.StoreError(f"{path} is not a store of this project (no schema recorded)")
-        return con.execute("""
-            SELECT t.run_id, any_value(r.name) AS name, t.step, count(*) AS trajectories,
-                   count(DISTINCT t.task_id) AS tasks,
+        return con.execute(f"""
+            SELECT t.run_id, any_value(r.name) AS name, t.step, any_value(t.split) AS split,
+                   count(*) AS trajectories, count(DISTINCT t.task_id) AS tasks,
                    avg(CASE WHEN t.success THEN 1.0 ELSE 0.0 END) AS solved
             FROM trajectories t LEFT JOIN runs r ON r.run_id = t.run_id
-            WHERE t.split = 'eval'
+            WHERE {_compared("t", imported_train)}
             GROUP BY t.run_id, t.step ORDER BY any_value(r.created_at), t.run_id, t.step""").df()
 
 
-def read_evaluation_pair(path: str | Path, a: tuple[str, int], b: tuple[str, int]
-                         ) -> tuple[pd.DataFrame, pd.DataFrame]:
+def read_evaluation_pair(path: str | Path, a: tuple[str, int], b: tuple[str, int],
+                         imported_train: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(trajectories, turns) of evaluations ``a`` and ``b`` = (run_id, step), in one open.
 
     trajectories: side ('A'/'B'), run_id, step, traj_id, task_id, seed, success, failure_class,
     num_turns, answer, finish_reason; turns: side, traj_id, turn, action, observation,
     action_type, action_valid."""
-    frames, turn_frames = [], []
+    frames, turn_frames, compared = [], [], _compared("t", imported_train)
     with db.reading(path) as con:
         if check_version(con, where=str(path)) == 0:
             raise db.StoreError(f"{path} is not a store of this project (no schema recorded)")
         for side, (run_id, step) in (("A", a), ("B", b)):
-            traj = con.execute("""
+            traj = con.execute(f"""
                 SELECT ? AS side, run_id, step, traj_id, task_id,
                        json_extract_string(info, '$.episode_seed') AS seed,
                        coalesce(success, false) AS success,
                        coalesce(failure_class, CASE WHEN success THEN 'success'
                                 ELSE 'unclassified' END) AS failure_class,
                        num_turns, answer, finish_reason
-                FROM trajectories WHERE run_id = ? AND step = ? AND split = 'eval'
+                FROM trajectories t WHERE run_id = ? AND step = ? AND {compared}
                 ORDER BY task_id, traj_id""", [side, run_id, int(step)]).df()
-            turns = con.execute("""
+            turns = con.execute(f"""
                 SELECT ? AS side, u.traj_id, u.turn, u.action, u.observation, u.action_type,
                        u.action_valid
                 FROM turns u JOIN trajectories t ON t.run_id = u.run_id AND t.traj_id = u.traj_id
-                WHERE u.run_id = ? AND t.step = ? AND t.split = 'eval'
+                WHERE u.run_id = ? AND t.step = ? AND {compared}
                 ORDER BY u.traj_id, u.turn""", [side, run_id, int(step)]).df()
             frames.append(traj)
             turn_frames.append(turns)
@@ -198,9 +210,10 @@ def sign_test(gained: int, lost: int) -> float:
     return min(1.0, 2 * tail)
 
 
-def diff(path: str | Path, a: tuple[str, int], b: tuple[str, int]) -> dict:
+def diff(path: str | Path, a: tuple[str, int], b: tuple[str, int],
+         imported_train: bool = False) -> dict:
     """Everything the Compare page shows for evaluations ``a`` and ``b`` = (run_id, step)."""
-    traj, turns = read_evaluation_pair(path, a, b)
+    traj, turns = read_evaluation_pair(path, a, b, imported_train)
     if traj[traj["side"] == "A"].empty or traj[traj["side"] == "B"].empty:
         missing = [f"{r} step {s}" for side, (r, s) in (("A", a), ("B", b))
                    if traj[traj["side"] == side].empty]

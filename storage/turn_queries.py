@@ -211,14 +211,16 @@ def failure_clusters(path: str | Path, run_id: str) -> dict[str, pd.DataFrame]:
 
 
 # -- checkpoint A vs B (storage/evaldiff.py computes; these are the page's entry points) ----------
-def evaluations(path: str | Path) -> pd.DataFrame:
-    """Every held-out evaluation (run_id, name, step, trajectories, tasks, solved) in the store."""
-    return evaldiff.evaluations(path)
+def evaluations(path: str | Path, imported_train: bool = False) -> pd.DataFrame:
+    """Every held-out evaluation (run_id, name, step, split, trajectories, tasks, solved) in the
+    store; ``imported_train``: imported runs' train steps too (storage.evaldiff.evaluations)."""
+    return evaldiff.evaluations(path, imported_train)
 
 
-def eval_diff(path: str | Path, a: tuple[str, int], b: tuple[str, int]) -> dict:
+def eval_diff(path: str | Path, a: tuple[str, int], b: tuple[str, int],
+              imported_train: bool = False) -> dict:
     """Evaluation ``a`` vs ``b`` (each (run_id, step)): see storage.evaldiff.diff."""
-    return evaldiff.diff(path, a, b)
+    return evaldiff.diff(path, a, b, imported_train)
 
 
 def first_divergence(turns_a: pd.DataFrame, turns_b: pd.DataFrame) -> int | None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from storage import db
 from storage.ingest.follow import Follower
 from storage.io import main
+from tests.test_pages import app, demo  # noqa: F401  (fixtures)
 
 
 def _verl(folder: Path, step: int, n: int = 3) -> None:
@@ -65,3 +66,36 @@ def test_follow_takes_the_split_and_knows_a_validation_folder(tmp_path):
         finally:
             follower.close()
     assert _splits(store) == {("val", "eval"): 3, ("r", "eval"): 3}
+
+
+def _agent(path: Path, answers: dict[str, str]) -> None:
+    """One agent's conversations on three prompts, rewarded 1 when it answers 'yes'."""
+    path.write_text("".join(json.dumps({
+        "task_id": task, "reward": float(said == "yes"),
+        "messages": [{"role": "user", "content": f"Is {task} true?"},
+                     {"role": "assistant", "content": said}]}) + "\n"
+        for task, said in answers.items()))
+
+
+def test_compare_pairs_two_imported_runs_train_splits_when_asked(tmp_path, app):
+    stores = tmp_path / "stores"
+    stores.mkdir()
+    store = stores / "agents.duckdb"
+    _agent(tmp_path / "careful.jsonl", {"p": "yes", "q": "yes", "r": "no"})
+    _agent(tmp_path / "hasty.jsonl", {"p": "yes", "q": "no", "r": "yes"})
+    for name in ("careful", "hasty"):
+        assert main(["import", str(tmp_path / f"{name}.jsonl"), "--db", str(store),
+                     "--run-id", name]) == 0
+    at = app("compare", store_dir=str(stores), store=str(store), run="careful")
+    assert any("No held-out evaluation" in i.value for i in at.info)
+    at.toggle(key="cmp_train").set_value(True).run()
+    assert not at.exception, at.exception
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["gained"] == "1" and metrics["lost"] == "1" and metrics["solved in A"] == "2 / 3"
+    assert any(cap.value.startswith("What is compared: the trajectories of split 'train' of A "
+                                    "and of B, paired on task id: 3 in both") for cap in at.caption)
+    # a link naming a train step opens with the train splits listed
+    at = app("compare", store_dir=str(stores), store=str(store), run="careful", a="careful:0",
+             b="hasty:0")
+    assert at.toggle(key="cmp_train").value and not at.exception
+    assert {m.label: m.value for m in at.metric}["lost"] == "1"
