@@ -62,12 +62,13 @@ def dynamics_panel(pick: c.Pick, wide: pd.DataFrame) -> None:
         return
     alarms = alarm_list(wide)
     for step, name in alarms[:SHOWN_ALARMS]:
-        st.warning(f"Shallow-strategy alarm at step {step}: **{name}** reinforced "
-                   f"(Cov(A, b) > 0, p < 0.05) for consecutive steps while its rate rose.")
+        st.warning(f"Shallow-strategy alarm at step {step}: **{c.safe_label(name, 80)}** "
+                   "reinforced (Cov(A, b) > 0, p < 0.05) for consecutive steps while its rate "
+                   "rose.")
         top = contributors(pick.store, pick.run_id, pick.last_step, step, name, 1)
         if len(top):
             c.replay_link(pick, step, top["traj_id"].iloc[0],
-                          label=f"Replay {top['traj_id'].iloc[0]}, the step's top contributor",
+                          label=f"Replay {top['traj_id'].iloc[0]} (top contributor)",
                           key=f"beh_alarm_{step}_{name}")
     if len(alarms) > SHOWN_ALARMS:
         st.caption(f"{len(alarms) - SHOWN_ALARMS:,} more alarms: pick their step and behaviour "

@@ -255,7 +255,7 @@ def test_dynamics_lists_the_alarm_and_its_trajectories(app, tmp_path):
     at = app("dynamics", store_dir=str(store.parent), store=str(store), run="paid")
     assert not at.exception, at.exception
     warnings = [w.value for w in at.warning]
-    assert any("Shallow-strategy alarm at step 3: **no_successful_tool_call**" in w
+    assert any("Shallow-strategy alarm at step 3: **no\\_successful\\_tool\\_call**" in w
                for w in warnings), warnings
     ranked = next(f.value for f in at.dataframe if "contribution" in f.value.columns)
     assert ranked["replay"].iloc[0].startswith("replay?") and "step=3" in ranked["replay"].iloc[0]
