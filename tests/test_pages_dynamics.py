@@ -6,8 +6,10 @@ the pages that use it. tests/test_browser_dynamics.py checks the same in a real 
 from __future__ import annotations
 
 import ast
+import base64
 import json
 
+import numpy as np
 import pytest
 
 from pages import _signals
@@ -39,16 +41,35 @@ def _kl_run(path, config: dict) -> str:
     return run_id
 
 
-# -- one x range -----------------------------------------------------------------------------------
-def test_every_step_chart_spans_the_runs_steps(app):
+# -- x ranges --------------------------------------------------------------------------------------
+def _xs(trace: dict) -> list:
+    """A trace's x values; plotly sends numeric arrays base64-encoded (``bdata``)."""
+    x = trace.get("x") or []
+    if isinstance(x, dict):
+        x = np.frombuffer(base64.b64decode(x["bdata"]), dtype=x["dtype"]).tolist()
+    return [v for v in x if v is not None]
+
+
+def _first_x(chart: dict) -> float:
+    """The first step a chart's curves hold (alarm lines and bands left out)."""
+    return min(v for t in chart["data"] if not str(t.get("name", "")).endswith("alarm")
+               and t.get("fill") != "toself" for v in _xs(t))
+
+
+def test_every_step_chart_starts_at_its_data_and_ends_at_the_runs_last_step(app):
+    """SFT steps 1-20, then RL step 21: the SFT charts span 1..21, the RL ones start at 21
+    (issue 51: a chart starting at step 0 or 1 whose data starts later is mostly empty)."""
     at = app("dynamics", store_dir="sample_runs", store=SAMPLE_STORE, run=SAMPLE_RUN,
              curves="all")
     charts = step_charts(at)
     assert len(charts) >= 10
-    ranges = {tuple(c["layout"]["xaxis"].get("range") or ()) for c in charts}
-    assert len(ranges) == 1, ranges                   # one range: the charts line up
-    lo, hi = ranges.pop()
-    assert lo <= 1 and hi >= 21 and hi - lo < 22, (lo, hi)   # the run's steps, a little margin
+    starts = {}
+    for c in charts:
+        lo, hi = c["layout"]["xaxis"]["range"]
+        first = _first_x(c)
+        assert 21 <= hi < 22 and first - 1 < lo < first, (c["layout"].get("title"), lo, hi, first)
+        starts[c["layout"]["title"]["text"] if c["layout"].get("title") else None] = first
+    assert starts["Reward (mean ± std)"] == 21 and starts["SFT and value loss"] == 1, starts
 
 
 # -- legends ---------------------------------------------------------------------------------------
