@@ -13,8 +13,10 @@ from storage.annotations import add_tag
 from storage.io import main
 
 ROOT = Path(__file__).resolve().parent.parent
-SEARCH = ROOT / "sample_runs" / "search_smollm2.duckdb"  # a real trained SmolLM2 search run
-SEARCH_RUN = "20261129-233052-4ded2d"
+SEARCH = ROOT / "sample_runs" / "search_smollm2.duckdb"  # real trained SmolLM2 search runs
+GOOD = ("SELECT traj_id FROM trajectories WHERE run_id = '{run}' AND success AND num_turns = 2 "
+        "AND split = 'train' ORDER BY step DESC, traj_id LIMIT 8")
+"""The good ones: successful episodes that searched once, then answered (the latest steps')."""
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "x + y", "parameters": {
     "type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}}}}}]
 
@@ -107,12 +109,14 @@ def test_trl_sft_trainer_trains_a_step_on_an_exported_search_run(tmp_path):
 
     from core.model.policy import load_base_model, load_tokenizer
 
-    out = tmp_path / "good.jsonl"  # keep the good ones: successful two-turn episodes at step 30
-    assert main(["export", "--db", str(SEARCH), "--run", SEARCH_RUN, "--format", "messages",
-                 "--out", str(out), "--success", "true", "--step-min", "30",
-                 "--where", "num_turns = 2 AND split = 'train'"]) == 0
+    with db.reading(SEARCH) as con:  # the store's run with the most such episodes
+        run = con.execute("SELECT run_id FROM trajectories WHERE success AND num_turns = 2 "
+                          "GROUP BY run_id ORDER BY count(*) DESC LIMIT 1").fetchone()[0]
+    out = tmp_path / "good.jsonl"
+    assert main(["export", "--db", str(SEARCH), "--run", run, "--format", "messages",
+                 "--out", str(out), "--sql", GOOD.format(run=run)]) == 0
     data = load_dataset("json", data_files=str(out), split="train")
-    assert len(data) >= 2
+    assert len(data) >= 2 and all(line["success"] for line in data)
     torch.manual_seed(0)
     torch.set_num_threads(1)
     tok = load_tokenizer("tiny")
