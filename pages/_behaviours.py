@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 import streamlit as st
 
 from pages import _common as c
@@ -32,24 +33,36 @@ def alarm_list(wide: pd.DataFrame) -> list[tuple[int, str]]:
     return sorted(out)
 
 
-def lines(wide: pd.DataFrame, names: list[str], title: str, key: str,
-          marks: list[tuple[int, str]] = ()) -> None:
-    fig = go.Figure()
-    for n in names:
-        if n in wide.columns:
-            s = wide[n].dropna()
-            fig.add_trace(go.Scatter(x=s.index, y=s.values, mode="lines+markers",
-                                     name=c.plot_text(n)))
-    for step, name in marks:
-        col = f"behaviour/{name}/rate"
-        if col in wide.columns and col in names:
-            fig.add_trace(go.Scatter(x=[step], y=[wide.loc[step, col]], mode="markers",
-                                     marker={"symbol": "x", "size": 12, "color": "red"},
-                                     name=c.plot_text(f"alarm: {name}"), showlegend=False))
-    fig.update_layout(title=title, height=300, margin={"t": 40, "b": 10, "l": 50, "r": 10},
-                      legend={"orientation": "h", "y": -0.25, "yanchor": "top"})
-    fig.update_xaxes(title_text="step")
-    st.plotly_chart(fig, key=key)
+ROWS = ("Rate (mean over the step)", "Cov(A, b): > 0 was reinforced", "Reward and its variance")
+
+
+def chart(wide: pd.DataFrame, picked: list[str], marks: list[tuple[int, str]]) -> None:
+    """One figure, three rows on one step axis: the picked behaviours' rates (alarms as red
+    crosses), their Cov(A, b), and reward beside its variance. One chart, not three: each
+    plotly chart costs the browser a layout of its own, and Dynamics already draws many."""
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                        subplot_titles=ROWS)
+    series = [(1, [f"behaviour/{n}/rate" for n in picked]),
+              (2, [f"behaviour/{n}/adv_cov" for n in picked]),
+              (3, ["reward/mean", "reward/std", "reward/group_std_mean"])]
+    for row, names in series:
+        for n in names:
+            if n in wide.columns:
+                s = wide[n].dropna()
+                fig.add_trace(go.Scatter(x=s.index, y=s.values, mode="lines+markers",
+                                         name=c.plot_text(n)), row=row, col=1)
+    alarmed = [(step, name) for step, name in marks if name in picked]
+    if alarmed:
+        fig.add_trace(go.Scatter(
+            x=[s for s, _ in alarmed],
+            y=[wide.loc[s, f"behaviour/{n}/rate"] for s, n in alarmed], mode="markers",
+            marker={"symbol": "x", "size": 12, "color": "red"}, name="shallow-strategy alarm",
+            text=[c.plot_text(n) for _, n in alarmed], hovertemplate="%{text} at step %{x}"),
+            row=1, col=1)
+    fig.update_layout(height=720, margin={"t": 40, "b": 10, "l": 60, "r": 20},
+                      legend={"orientation": "h", "y": -0.08, "yanchor": "top"})
+    fig.update_xaxes(title_text="step", row=3, col=1)
+    st.plotly_chart(fig, key="beh_chart")
 
 
 def dynamics_panel(pick: c.Pick, wide: pd.DataFrame) -> None:
@@ -78,16 +91,7 @@ def dynamics_panel(pick: c.Pick, wide: pd.DataFrame) -> None:
     picked = st.multiselect("Behaviours", names, default=sorted(set(shares) | set(alarmed)),
                             key="beh_pick", help="Shares in [0, 1] are picked first; tokens, "
                             "turns, tool calls and query entropy have their own scales.")
-    left, middle, right = st.columns(3)
-    with left:
-        lines(wide, [f"behaviour/{n}/rate" for n in picked], "Rate (mean over the step)",
-              "beh_rate", alarms)
-    with middle:
-        lines(wide, [f"behaviour/{n}/adv_cov" for n in picked], "Cov(A, b): > 0 was reinforced",
-              "beh_cov")
-    with right:
-        lines(wide, ["reward/mean", "reward/std", "reward/group_std_mean"],
-              "Reward and its variance", "beh_reward")
+    chart(wide, picked, alarms)
     st.caption("Cov(A, b) over the step's training trajectories is, to first order, the "
                "direction the policy-gradient step moved the behaviour's frequency "
                "(docs/behaviours.md says when it misleads). An alarm: a behaviour of the "
