@@ -65,7 +65,8 @@ def confidence(k: int, silhouette: float | None, k_limit: int = K_LIMIT) -> tupl
 def failing(path: str | Path, run_id: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The run's trajectories that did not succeed, and their turns (observations trimmed).
 
-    Returns (trajectories: traj_id, step, split, failure_class, answer, finish_reason, task_id;
+    Returns (trajectories: traj_id, step, split, failure_class, answer, finish_reason, task_id,
+    golds;
     turns: traj_id, turn, action, observation, error), both ordered."""
     with db.reading(path) as con:
         if check_version(con, where=str(path)) == 0:
@@ -75,7 +76,7 @@ def failing(path: str | Path, run_id: str) -> tuple[pd.DataFrame, pd.DataFrame]:
             raise ValueError(f"{path} has no run {run_id!r}")
         traj = con.execute("""
             SELECT traj_id, step, split, coalesce(failure_class, 'unclassified') AS failure_class,
-                   answer, finish_reason, task_id
+                   answer, finish_reason, task_id, golds
             FROM trajectories WHERE run_id = ? AND NOT coalesce(success, false)
             ORDER BY step, traj_id""", [run_id]).df()
         has_error = con.execute("""SELECT count(*) FROM information_schema.columns

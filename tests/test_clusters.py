@@ -152,6 +152,11 @@ def test_label_terms_are_failure_modes_not_the_names_of_the_task():
     assert "timeout" in terms[0] and "hole" in terms[1]
     unmasked = clusters.distinguishing_terms(texts, np.array([0, 0, 1, 1]), top=3)
     assert "giakrohae" in unmasked[0]     # what the mask is for
+    # a document's title and a gold answer are names even where the model lower-cased them
+    searched = ["A: <search>zonistis company</search> | O: Doc 1(Title: Zonistis) a trading firm",
+                "answer: gakresto"]
+    assert clusters.entity_words(searched, known=['["Gakresto River"]']) == {
+        "zonistis", "gakresto", "river"}
 
 
 @pytest.mark.parametrize("k, s, level, named, said", [

@@ -139,6 +139,7 @@ def centroid_distance(vectors: np.ndarray, labels: np.ndarray) -> np.ndarray:
 
 WORD = re.compile(r"[A-Za-z][A-Za-z_'-]*")
 SENTENCE_END = re.compile(r"[.!?:;>|)(\]\[\"]$")
+TITLE = re.compile(r"Title:\s*([^)]{1,80})\)")  # Search-R1's "Doc 1(Title: ...)"
 
 
 def entity_words(texts: Sequence[str], known: Sequence[str] = ()) -> set[str]:
@@ -147,7 +148,9 @@ def entity_words(texts: Sequence[str], known: Sequence[str] = ()) -> set[str]:
     * a word written Capitalised mid-sentence -- after a lower-case word ("capital of Giakrohae")
       or after such a name ("Parort Rene") -- and nowhere written in lower case (so "The" at a
       sentence start, "KeyError" or "Up" after a tag are kept);
-    * every Capitalised word of ``known`` (the tasks' ids, the agents' answers)."""
+    * every Capitalised word of ``known`` (the tasks' ids, gold answers, the agents' answers)
+      and of a retrieved document's title (``Doc 1(Title: Zonistis)``), even where the model
+      wrote it in lower case ("<search>zonistis company</search>")."""
     lower, named = set(), set()
     for text in texts:
         prev_ok = False
@@ -164,11 +167,13 @@ def entity_words(texts: Sequence[str], known: Sequence[str] = ()) -> set[str]:
             # ends a sentence, a tag or a field ("A:", "</search>", "Title:")
             prev_ok = starts_clean and (word.islower() or word.lower() in named) \
                 and not SENTENCE_END.search(raw)
-    for text in known:
+    said = set()
+    titles = [t for text in texts for t in TITLE.findall(str(text))]
+    for text in [*known, *titles]:
         for word in WORD.findall(str(text or "")):
             if len(word) > 1 and word[0].isupper() and not word.isupper():
-                named.add(word.lower().strip("'-"))
-    return named - lower
+                said.add(word.lower().strip("'-"))
+    return (named - lower) | said
 
 
 def distinguishing_terms(texts: Sequence[str], labels: np.ndarray, top: int = 6,
@@ -344,7 +349,8 @@ def _cluster_and_store(store, run_id: str, model: str, traj, texts, vectors, lap
     matrix = np.stack(vectors).astype(np.float32)
     labels, k, score = cluster(matrix)
     laps("cluster")
-    known = [*traj["task_id"].dropna().astype(str), *traj["answer"].dropna().astype(str)]
+    known = [*traj["task_id"].dropna().astype(str), *traj["answer"].dropna().astype(str),
+             *traj["golds"].dropna().astype(str)]
     terms = distinguishing_terms(texts, labels, masked=entity_words(texts, known))
     laps("terms")
     silhouette = None if math.isnan(score) else score
