@@ -15,6 +15,7 @@ import yaml
 from core.config import TrainConfig
 from core.commands.train import build_parser, main, resolve_config
 from storage import queries
+from storage.behaviours import run_job
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--env", "search", "--model", "tiny", "--group-size", "2", "--tasks-per-step", "2",
@@ -105,6 +106,14 @@ def test_two_step_run_writes_every_table_consistently(tmp_path):
         (1, 14), (2, 14), (3, 14)]
     assert _q(db, "SELECT count(*) FROM trajectories WHERE split IN ('train', 'sft') "
                   "AND grad_norm IS NULL") == [(0,)]
+    # behaviours (storage/behaviours/) at each RL step, the same as ``agentrl behaviours``
+    # computes afterwards from the store
+    paid = "SELECT step, name, value FROM metrics WHERE starts_with(name, 'behaviour/') ORDER BY ALL"
+    recorded = _q(db, paid)
+    assert {s for s, n, _ in recorded if n == "behaviour/turns/rate"} == {2, 3}
+    run_job(db, run_id)
+    rounded = lambda rows: [(s, n, round(v, 9)) for s, n, v in rows]  # noqa: E731
+    assert rounded(_q(db, paid)) == rounded(recorded)
 
 
 def test_configuration_errors_exit_2_naming_the_field(tmp_path, capsys):
