@@ -260,3 +260,27 @@ def test_dynamics_lists_the_alarm_and_its_trajectories(app, tmp_path):
     ranked = next(f.value for f in at.dataframe if "contribution" in f.value.columns)
     assert ranked["replay"].iloc[0].startswith("replay?") and "step=3" in ranked["replay"].iloc[0]
     assert (ranked["value"].head(3) == 1.0).all()    # the no-search trajectories pushed it up
+
+
+def test_a_failing_behaviour_is_named_and_never_stops_training(tmp_path, capsys):
+    path = tmp_path / "store.duckdb"
+    constructed_run(Recorder(path), "paid", [8, 10], paid=True)
+
+    @register_behaviour("test_broken")
+    def broken(t):
+        raise KeyError("cart")
+    try:
+        done = subprocess.run([sys.executable, "-c", (
+            "import sys; from storage.behaviours import register_behaviour, main\n"
+            "register_behaviour('test_broken')(lambda t: {}['cart'])\n"
+            f"sys.exit(main(['--db', {str(path)!r}, '--run', 'paid']))")],
+            cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2
+        assert "behaviour 'test_broken' failed on trajectory 's1-g0-r0'" in done.stderr
+        rows, metrics = StepBehaviours()(1, {"trajectories": {"traj_id": ["a"], "split": ["train"],
+                                                              "answer": [None]},
+                                             "turns": {}})
+        assert (rows, metrics) == ({}, {})
+        assert "behaviours, step 1: behaviour 'test_broken' failed" in capsys.readouterr().err
+    finally:
+        BEHAVIOURS.pop("test_broken")

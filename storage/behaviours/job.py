@@ -154,7 +154,12 @@ class StepBehaviours:
         self.tools_offered = self.tools_offered or offers_tools(turns.to_dict("records"))
         recs = records(trajs, turns, gains, self.tools_offered)
         mask = [s not in NOT_TRAINED for s in trajs.get("split", ["train"] * len(trajs))]
-        rows, stats_ = step_results(recs, mask)
+        try:
+            rows, stats_ = step_results(recs, mask)
+        except ValueError as exc:  # a behaviour function raised: the step is recorded without
+            print(f"behaviours, step {step}: {exc}; none recorded for this step",
+                  file=sys.stderr)  # behaviours, and training goes on
+            return {}, {}
         metrics = stat_metrics(stats_)
         if any(mask):
             for name, s in stats_.items():
@@ -260,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         done = run_job(args.db, args.run, args.k, args.alpha)
-    except db.StoreError as exc:
+    except (db.StoreError, ValueError) as exc:  # ValueError: a behaviour function raised
         print(f"agentrl behaviours: {exc}", file=sys.stderr)
         return 2
     print(f"{done['trajectories']} trajectories, {done['rows']} behaviour rows, "
