@@ -368,16 +368,31 @@ inspect_run() {
     compact inspect_agents.duckdb
 }
 
-ALL=(collapse spike apps credit import_run branches inspect_run)
+# -- 12. a reward a shallow strategy earns, and the alarm that names it -----------------------------
+# sample_runs/shortcut.yaml holds the whole configuration and says why: format_score=0.2 pays any
+# well-formed answer, the tiny model never finds a right one, so RL teaches it to answer at once,
+# unsearched. Then the behaviours job writes each step's behaviour rates, Cov(A, b) and the
+# shallow-strategy alarms into the store. About 8 minutes on 2 busy CPU cores.
+shortcut() {
+    local db="$OUT/shortcut.duckdb" run
+    fresh shortcut.duckdb
+    timed "$PY" -m core.train --config sample_runs/shortcut.yaml --quiet
+    run=$("$PY" -c "from storage import queries; import sys
+print(queries.runs(sys.argv[1])['run_id'].iloc[0])" "$db")
+    timed "$PY" -m storage.behaviours.job --db "$db" --run "$run"  # = agentrl behaviours
+    compact shortcut.duckdb
+}
+
+ALL=(collapse spike apps credit import_run branches inspect_run shortcut)
 if [ $# -gt 0 ]; then
     ALL=()
     for name in "$@"; do
         case "$name" in
             import) ALL+=(import_run) ;;
             inspect) ALL+=(inspect_run) ;;
-            collapse|spike|apps|careless|credit|branches|search|search_sft|search_credit|mismatch)
+            collapse|spike|apps|careless|credit|branches|search|search_sft|search_credit|mismatch|shortcut)
                 ALL+=("$name") ;;
-            *) echo "unknown run '$name' (collapse spike apps careless credit import branches inspect search search_sft search_credit mismatch)" >&2
+            *) echo "unknown run '$name' (collapse spike apps careless credit import branches inspect search search_sft search_credit mismatch shortcut)" >&2
                exit 2 ;;
         esac
     done

@@ -1,7 +1,9 @@
-"""The search env's ``leak`` option (a reward a shallow strategy can earn) and the committed run
-trained on it (sample_runs/shortcut.duckdb): the shallow-strategy alarm holds for the shortcut
-and stays quiet for the behaviours the run did not learn."""
+"""The search env's flaws a shallow strategy can earn (``leak``, ``format_score``) and the
+committed run trained on ``format_score`` (sample_runs/shortcut.duckdb): the shallow-strategy
+alarm holds for the shortcut and stays quiet for the behaviours the run did not learn."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +63,32 @@ def test_shortcut_options_outside_their_range_are_refused_by_name(option):
     name, value = option.split("=")
     with pytest.raises(OptionError, match=option.replace(".", r"\.")):
         SearchEnv(**{name: float(value)})
+
+
+# -- the committed run trained on the flaw (sample_runs/README.md, section 12) --------------------
+STORE = Path(__file__).resolve().parent.parent / "sample_runs" / "shortcut.duckdb"
+SHORTCUT = ("no_successful_tool_call", "answer_not_in_observations")
+"""Answering at once, unsearched, is a trajectory with no tool call and an answer no
+observation held: both behaviours are the shortcut."""
+NOT_LEARNED = ("repeated_action", "query_template_reuse", "conflict_not_followed",
+               "evidence_ignored")
+
+
+def shortcut_run() -> tuple[str, str]:
+    from storage import queries
+    return str(STORE), queries.runs(str(STORE))["run_id"].iloc[0]
+
+
+def test_shortcut_run_learned_to_answer_unsearched_and_never_right():
+    from storage import queries
+    store, run = shortcut_run()
+    trajs = queries.trajectories(store, run)
+    train = trajs[trajs["split"] == "train"]
+    by_step = train.groupby("step")
+    unsearched = by_step.apply(lambda t: ((t["num_turns"] == 1) & t["answer"].notna()).mean())
+    reward = by_step["reward"].mean()
+    first, last = sorted(reward.index)[:3], sorted(reward.index)[-3:]
+    # Reward up, answers at the first turn up, nothing right anywhere (train or held-out).
+    assert reward[last].mean() > 2 * reward[first].mean()
+    assert unsearched[last].mean() > 0.5 > 0.2 > unsearched[first].mean()
+    assert not trajs.loc[trajs["split"].isin(["train", "eval"]), "success"].any()
