@@ -10,6 +10,7 @@ import pytest
 
 from pages._tokens import mask_lint
 from storage import db, queries
+from tests.test_pages import app, demo, texts  # noqa: F401  (fixtures)
 
 
 def _q(store, sql, params=()):
@@ -302,3 +303,32 @@ def test_skyrl_generator_output_recorded_token_by_token(tmp_path):
     assert mask_lint(toks, queries.turns(store, "sky", ["s5-dune_0"])).empty
     cut = queries.turns(store, "sky", ["s5-dune_1"])
     assert bool(cut["action_truncated"].iloc[-1])
+
+
+def test_pages_on_a_recorded_verl_batch(app, tmp_path):
+    """Replay's token view coloured by mismatch and advantage, Groups and Dynamics (its mismatch
+    charts) load on the import."""
+    pytest.importorskip("verl")
+    from core.model.models import load_tokenizer
+    from storage.integrations.verl_batch import VerlBatchRecorder
+
+    tokenizer = load_tokenizer("tiny")
+    store = tmp_path / "verl.duckdb"
+    recorder = VerlBatchRecorder(store, tokenizer, run_id="verl-pages")
+    for step in (1, 2):
+        recorder.record(_verl_batch(tokenizer, step)[0])
+    recorder.close()
+    for colour in ("mismatch", "advantage"):
+        at = app("replay", store_dir=str(tmp_path), store=str(store), run="verl-pages", step=2,
+                 traj="s2-dune-0", turn=1, colour=colour)
+        assert not at.exception, at.exception
+        said = " ".join(texts(at, "info") + texts(at, "warning"))
+        assert "recorded no" not in said and "observation/prompt token trained" not in said
+    at = app("groups", store_dir=str(tmp_path), store=str(store), run="verl-pages", step=2,
+             group="s2-dune")
+    assert not at.exception, at.exception
+    at = app("dynamics", store_dir=str(tmp_path), store=str(store), run="verl-pages")
+    assert not at.exception, at.exception
+    captions = " ".join(texts(at, "caption"))
+    assert "verl's training/rollout_probs_diff_*" in captions  # the mismatch charts are drawn
+    assert "Mismatch" not in captions.split("Not recorded in this run:")[-1]
