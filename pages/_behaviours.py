@@ -13,6 +13,7 @@ from pages import _common as c
 from storage import queries
 
 SHOWN_ALARMS = 5
+MARKERS_UP_TO = 300  # longer series as lines only: each marker is an SVG element (dynamics.py)
 
 
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
@@ -49,8 +50,9 @@ def chart(wide: pd.DataFrame, picked: list[str], marks: list[tuple[int, str]]) -
         for n in names:
             if n in wide.columns:
                 s = wide[n].dropna()
-                fig.add_trace(go.Scatter(x=s.index, y=s.values, mode="lines+markers",
-                                         name=c.plot_text(n)), row=row, col=1)
+                fig.add_trace(go.Scatter(x=s.index, y=s.values, name=c.plot_text(n),
+                                         mode="lines+markers" if len(s) <= MARKERS_UP_TO
+                                         else "lines"), row=row, col=1)
     alarmed = [(step, name) for step, name in marks if name in picked]
     if alarmed:
         fig.add_trace(go.Scatter(
