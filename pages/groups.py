@@ -87,7 +87,10 @@ table["success"] = trajs.set_index("traj_id")["success"]
 table["filtered"] = trajs.set_index("traj_id")["filtered"]
 table["replay"] = [c.replay_url(pick, pick.step, t) for t in table.index]
 st.dataframe(table, key="groups_credit", column_config={
-    "replay": st.column_config.LinkColumn("replay", display_text="open")})
+    "replay": st.column_config.LinkColumn("replay", display_text="open"),
+    "reward": st.column_config.NumberColumn("reward", help=_terms.help_for("reward")),
+    "stored advantage": st.column_config.NumberColumn("stored advantage",
+                                                      help=_terms.help_for("advantage"))})
 imported = c.text_of(pick.run.get("source")) not in (None, "trainer")
 st.caption("Stored advantage, from training: " + "; ".join(_credit.convention(pick.config, imported))
            + ". The other columns are computed here from the stored rewards with the trainer's "
