@@ -5,6 +5,7 @@ behind a step's covariance, each one click from Replay (storage/behaviours/, doc
 from __future__ import annotations
 
 import pandas as pd
+import plotly
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import streamlit as st
@@ -34,36 +35,48 @@ def alarm_list(wide: pd.DataFrame) -> list[tuple[int, str]]:
     return sorted(out)
 
 
-ROWS = ("Rate (mean over the step)", "Cov(A, b): > 0 was reinforced", "Reward and its variance")
+REWARD = ["reward/mean", "reward/std", "reward/group_std_mean"]
+COLOURS = plotly.colors.qualitative.Plotly + plotly.colors.qualitative.D3
 
 
 def chart(wide: pd.DataFrame, picked: list[str], marks: list[tuple[int, str]]) -> None:
-    """One figure, three rows on one step axis: the picked behaviours' rates (alarms as red
-    crosses), their Cov(A, b), and reward beside its variance. One chart, not three: each
-    plotly chart costs the browser a layout of its own, and Dynamics already draws many."""
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        subplot_titles=ROWS)
-    series = [(1, [f"behaviour/{n}/rate" for n in picked]),
-              (2, [f"behaviour/{n}/adv_cov" for n in picked]),
-              (3, ["reward/mean", "reward/std", "reward/group_std_mean"])]
-    for row, names in series:
-        for n in names:
-            if n in wide.columns:
-                s = wide[n].dropna()
-                fig.add_trace(go.Scatter(x=s.index, y=s.values, name=c.plot_text(n),
-                                         mode="lines+markers" if len(s) <= MARKERS_UP_TO
-                                         else "lines"), row=row, col=1)
+    """One figure on one step axis: the picked behaviours' rates (alarms as red crosses) over
+    their Cov(A, b), each behaviour one colour in both, then reward beside its variance where
+    recorded. One chart, not three: each plotly chart costs the browser a layout of its own,
+    and Dynamics already draws many."""
+    reward = [n for n in REWARD if n in wide.columns]
+    titles = ["Rate (mean over the step)", "Cov(A, b): > 0 was reinforced"]
+    titles += ["Reward and its variance"] if reward else []
+    fig = make_subplots(rows=len(titles), cols=1, shared_xaxes=True, vertical_spacing=0.07,
+                        subplot_titles=titles)
+
+    def line(n: str, row: int, **style) -> None:
+        s = wide[n].dropna()
+        fig.add_trace(go.Scatter(x=s.index, y=s.values, mode="lines+markers"
+                                 if len(s) <= MARKERS_UP_TO else "lines", **style), row=row, col=1)
+
+    for i, name in enumerate(picked):
+        colour = COLOURS[i % len(COLOURS)]
+        for row, metric in ((1, "rate"), (2, "adv_cov")):
+            if f"behaviour/{name}/{metric}" in wide.columns:
+                line(f"behaviour/{name}/{metric}", row, line={"color": colour},
+                     legendgroup=name, showlegend=row == 1,
+                     name=c.plot_text(f"behaviour/{name}/rate, adv_cov"),
+                     hovertemplate=c.plot_text(f"behaviour/{name}/{metric}")
+                     + " %{y:.3g} at step %{x}<extra></extra>")
+    for n in reward:
+        line(n, 3, name=c.plot_text(n), line={"dash": "dot"})
     alarmed = [(step, name) for step, name in marks if name in picked]
     if alarmed:
         fig.add_trace(go.Scatter(
             x=[s for s, _ in alarmed],
             y=[wide.loc[s, f"behaviour/{n}/rate"] for s, n in alarmed], mode="markers",
             marker={"symbol": "x", "size": 12, "color": "red"}, name="shallow-strategy alarm",
-            text=[c.plot_text(n) for _, n in alarmed], hovertemplate="%{text} at step %{x}"),
-            row=1, col=1)
-    fig.update_layout(height=720, margin={"t": 40, "b": 10, "l": 60, "r": 20},
-                      legend={"orientation": "h", "y": -0.08, "yanchor": "top"})
-    fig.update_xaxes(title_text="step", row=3, col=1)
+            text=[c.plot_text(n) for _, n in alarmed],
+            hovertemplate="alarm: %{text} at step %{x}<extra></extra>"), row=1, col=1)
+    fig.update_layout(height=260 * len(titles), margin={"t": 40, "b": 10, "l": 60, "r": 20},
+                      legend={"orientation": "h", "y": -0.12, "yanchor": "top"})
+    fig.update_xaxes(title_text="step", row=len(titles), col=1)
     st.plotly_chart(fig, key="beh_chart")
 
 

@@ -53,7 +53,7 @@ def test_chart_and_alarm_link_reach_replay(page, server):
     # the charts, drawn by plotly (their titles and the rate chart's legend, metric names as
     # stored)
     for text in ("Rate (mean over the step)", "Cov(A, b): > 0 was reinforced",
-                 "behaviour/no_successful_tool_call/rate"):
+                 "behaviour/no_successful_tool_call/rate, adv_cov"):
         page.locator("[data-testid=stPlotlyChart]").get_by_text(text).first.wait_for(
             timeout=30_000)
     alarm = page.get_by_text("Shallow-strategy alarm at step 3:").first
