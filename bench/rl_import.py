@@ -1,0 +1,162 @@
+"""Import throughput and memory of the RL trainers' rollouts (issue 50), token rows per second.
+
+    .venv/bin/python bench/rl_import.py [--rollouts 512] [--tokens 1500]
+
+Each row runs in a child process of its own and prints token rows written per second (wall,
+the child's own perf_counter around the import only) and the child's peak RSS (ru_maxrss),
+beside the RSS it had before importing (Python, torch/verl where needed, the input in memory):
+
+* ``verl-batch``: a real ``verl.DataProto`` of R rollouts of T tokens (a fifth prompt, the rest
+  response, every fourth response token an observation), recorded by
+  ``VerlBatchRecorder.record`` with the tiny model's tokenizer (requirements-rl.txt).
+* ``verifiers``: tests/fixtures/verifiers/traces.jsonl (written by verifiers' own writer),
+  its lines repeated with fresh trace ids to R episodes, imported by ``python -m storage.io
+  import`` (no tokenizer: token text is the id) and through ``read_verifiers`` with the
+  tokenizer (each token decoded).
+* ``art``: R/2 groups of 2 trajectories made with ART's own classes and
+  ``serialize_trajectory_groups``, each answer T/2 words: rows are rebuilt from the text.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+COMMON = r"""
+import json, resource, sys, time
+sys.path.insert(0, ROOT)
+from storage import db
+def rows(store):
+    with db.reading(store) as con:
+        return con.execute("SELECT count(*) FROM tokens").fetchone()[0]
+def report(name, store, seconds, before):
+    n = rows(store)
+    print(json.dumps({"format": name, "token_rows": n, "seconds": round(seconds, 2),
+                      "rows_per_s": round(n / seconds), "rss_before_mb": before,
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}))
+def rss():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+"""
+
+VERL = COMMON + r"""
+import numpy as np, torch
+from verl import DataProto
+from core.model.models import load_tokenizer
+from storage.integrations.verl_batch import VerlBatchRecorder
+R, T, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+tok = load_tokenizer("tiny")
+P = T // 5
+g = torch.Generator().manual_seed(0)
+ids = torch.randint(100, 40000, (R, T), generator=g)
+mask = torch.ones(R, T - P, dtype=torch.long)
+mask[:, 3::4] = 0
+lp = -torch.rand(R, T - P, generator=g)
+batch = DataProto.from_dict(tensors={
+    "prompts": ids[:, :P], "responses": ids[:, P:], "input_ids": ids,
+    "attention_mask": torch.ones(R, T, dtype=torch.long), "response_mask": mask,
+    "old_log_probs": lp, "rollout_log_probs": lp - 0.01, "advantages": torch.randn(R, T - P),
+    "token_level_rewards": torch.zeros(R, T - P)},
+    non_tensors={"uid": np.array([f"u{i // 8}" for i in range(R)], dtype=object)})
+before = rss()
+t = time.perf_counter()
+rec = VerlBatchRecorder(out, tok, run_id="bench")
+rec.record(batch, step=1)
+report("verl-batch", out, time.perf_counter() - t, before)
+"""
+
+VERIFIERS = r"""
+import json, sys, uuid
+src, R, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+lines = open(src).read().splitlines()
+with open(out, "w") as f:
+    for i in range(R):
+        ep = json.loads(lines[i % len(lines)])
+        for t in ep["traces"]:
+            t["id"] = uuid.uuid4().hex
+        f.write(json.dumps(ep) + "\n")
+"""
+
+VERIFIERS_IMPORT = COMMON + r"""
+from storage import io
+src, out, decode = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+before = rss()
+if decode:
+    from core.model.models import load_tokenizer
+    from storage.ingest.feed import write_records
+    from storage.ingest.import_batch import finish_import
+    from storage.ingest.report import ImportReport
+    from storage.ingest.verifiers_traces import read_verifiers
+    from storage.migrations import prepare
+    tok = load_tokenizer("tiny")
+    before = rss()
+    t = time.perf_counter()
+    prepare(out)
+    rep, run = ImportReport("b", src, "verifiers"), {"name": "b", "config": None, "created": False}
+    write_records(((w, r, 0) for w, r in read_verifiers(src, tokenizer=tok)), out, "verifiers",
+                  "b", run, rep)
+    finish_import(out, "b", "verifiers", run, rep)
+else:
+    t = time.perf_counter()
+    assert io.main(["import", src, "--db", out, "--format", "verifiers", "--run-id", "b"]) == 0
+report("verifiers" + (" (tokenizer)" if decode else " (ids)"), out, time.perf_counter() - t, before)
+"""
+
+ART = COMMON + r"""
+import art
+from art.utils.trajectory_logging import serialize_trajectory_groups
+from storage import io
+R, T, out, log = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+def one(i):
+    words = " ".join(f"w{i}-{k}" for k in range(T // 2))
+    return art.Trajectory(messages_and_choices=[{"role": "user", "content": f"Task {i}"},
+                                                {"role": "assistant", "content": words}],
+                          reward=1.0)
+open(log, "w").write(serialize_trajectory_groups(
+    [art.TrajectoryGroup([one(2 * g), one(2 * g + 1)]) for g in range(R // 2)]))
+before = rss()
+t = time.perf_counter()
+assert io.main(["import", log, "--db", out, "--format", "art", "--run-id", "b"]) == 0
+report("art", out, time.perf_counter() - t, before)
+"""
+
+
+def _child(code: str, *args: str) -> dict | None:
+    done = subprocess.run([sys.executable, "-c", code.replace("ROOT", repr(str(ROOT)), 1),
+                           *args], capture_output=True, text=True, cwd=ROOT)
+    lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
+    if done.returncode or not lines:
+        print(f"failed: {done.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return json.loads(lines[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rollouts", type=int, default=512)
+    parser.add_argument("--tokens", type=int, default=1500)
+    args = parser.parse_args()
+    R, T = str(args.rollouts), str(args.tokens)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        rows = [_child(VERL, R, T, str(tmp / "verl.duckdb"))]
+        fixture = ROOT / "tests" / "fixtures" / "verifiers" / "traces.jsonl"
+        scaled = tmp / "traces.jsonl"
+        subprocess.run([sys.executable, "-c", VERIFIERS, str(fixture), str(int(R) * 10),
+                        str(scaled)], check=True)
+        rows.append(_child(VERIFIERS_IMPORT, str(scaled), str(tmp / "vf.duckdb"), "0"))
+        rows.append(_child(VERIFIERS_IMPORT, str(scaled), str(tmp / "vf2.duckdb"), "1"))
+        rows.append(_child(ART, R, T, str(tmp / "art.duckdb"), str(tmp / "0001.jsonl")))
+    for row in rows:
+        if row:
+            print(f"{row['format']:<24} {row['token_rows']:>9,} rows {row['seconds']:>7.2f} s "
+                  f"{row['rows_per_s']:>11,} rows/s  RSS {row['rss_before_mb']} -> "
+                  f"{row['peak_rss_mb']} MB")
+
+
+if __name__ == "__main__":
+    main()
