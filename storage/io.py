@@ -70,6 +70,16 @@ from storage.recorder import check_run_id, clean_text
 SPLIT_HELP = ("every trajectory's split, e.g. eval to compare it (default: the format's own: "
               "Inspect eval, TRL's mode, a verl folder named val*/validation*/eval* eval; else "
               "train)")
+TOKENIZER_HELP = ("verifiers: the model's tokenizer.json (or its folder), to decode the token ids "
+                  "into each token's text (default: the text is the id)")
+
+
+def _tokenizer(args):
+    """The tokenizer ``--tokenizer`` names, read without transformers; None without it."""
+    if not getattr(args, "tokenizer", None):
+        return None
+    from storage.ingest.verifiers_traces import TokenizerFile
+    return TokenizerFile(args.tokenizer)
 
 
 def _bool(text: str) -> bool:
@@ -96,6 +106,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="replace trajectories already in the run (default: skip them)")
     imp.add_argument("--max-line-bytes", type=int, default=MAX_LINE_BYTES)
     imp.add_argument("--split", help=SPLIT_HELP)
+    imp.add_argument("--tokenizer", help=TOKENIZER_HELP)
     fol = sub.add_parser("follow", help="import each new complete file of DIR as it appears, "
                                         "until Ctrl-C (verl rollout dumps, TRL completions, "
                                         "JSONL, messages, Inspect AI logs)")
@@ -110,6 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     fol.add_argument("--max-line-bytes", type=int, default=MAX_LINE_BYTES,
                      help="a longer line fails alone, with a message (default 16 MiB)")
     fol.add_argument("--split", help=SPLIT_HELP)
+    fol.add_argument("--tokenizer", help=TOKENIZER_HELP)
     exp = sub.add_parser("export", help="export a run (or a filtered selection) to JSONL/Parquet, "
                          "or send it as OpenTelemetry spans")
     exp.add_argument("--db", required=True)
@@ -139,7 +151,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _import(args) -> int:
     result = import_runs(args.file, args.db, args.format, args.run_name, args.run_id,
-                         args.replace, max_line_bytes=args.max_line_bytes, split=args.split)
+                         args.replace, max_line_bytes=args.max_line_bytes, split=args.split,
+                         tokenizer=_tokenizer(args))
     for line in result.errors[:50]:  # whole inputs that could not be read (logs of a directory)
         print(f"error: {clean_text(line)}", file=sys.stderr)
     for report in result.reports:
@@ -213,7 +226,7 @@ def _follow(args) -> int:
         report = follow(args.dir, args.db, args.format, args.run_id, args.run_name, args.poll,
                         log=lambda m: print(m, flush=True), should_stop=lambda: stop["now"],
                         max_line_bytes=getattr(args, "max_line_bytes", MAX_LINE_BYTES),
-                        split=getattr(args, "split", None))
+                        split=getattr(args, "split", None), tokenizer=_tokenizer(args))
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -253,14 +253,26 @@ def test_verifiers_traces_import_token_level_and_follow(tmp_path, capsys):
     cli = queries.tokens(cli_store, "vf-cli", first["id"])
     assert cli[cli["trained"]]["logprob"].tolist() == act["logprob"].tolist()
     assert cli["text"].iloc[0] == f"<{ids[0]}>"
+    # ... with --tokenizer (the model's tokenizer.json, read without transformers): the text
+    assert io.main(["import", str(run_dir), "--db", str(cli_store), "--run-id", "vf-tok",
+                    "--tokenizer", tokenizer.name_or_path]) == 0
+    assert queries.tokens(cli_store, "vf-tok", first["id"])["text"].tolist() == \
+        toks["text"].tolist()
+    assert io.main(["import", str(run_dir), "--db", str(cli_store), "--run-id", "vf-bad",
+                    "--tokenizer", str(tmp_path / "nothing")]) == 2
+    assert "not a readable tokenizer.json" in capsys.readouterr().err
 
-    # followed as vf-eval appends it: a line at a time, the same ids
-    follower = Follower(run_dir, tmp_path / "f.duckdb", "verifiers", "vf-f", log=lambda m: None)
+    # followed as vf-eval appends it: a line at a time, the same ids and texts
+    from storage.ingest.verifiers_traces import TokenizerFile
+    follower = Follower(run_dir, tmp_path / "f.duckdb", "verifiers", "vf-f", log=lambda m: None,
+                        tokenizer=TokenizerFile(tokenizer.name_or_path))
     try:
         assert follower.poll_once() == 1
     finally:
         follower.close()
     assert set(queries.trajectories(tmp_path / "f.duckdb", "vf-f")["traj_id"]) == set(trajs.index)
+    assert queries.tokens(tmp_path / "f.duckdb", "vf-f", first["id"])["text"].tolist() == \
+        toks["text"].tolist()
 
 
 # -- SkyRL ---------------------------------------------------------------------------------------

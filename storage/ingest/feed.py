@@ -76,7 +76,7 @@ def _converted(obj: Any, at: int, record: Callable[[Any, int], Any] | None) -> A
 
 
 def appended_items(fmt: str, fd: int, name: str, start: int, stop: int, max_line_bytes: int,
-                   until: int, progress: list) -> Iterator[Item]:
+                   until: int, progress: list, tokenizer=None) -> Iterator[Item]:
     """``jsonl_items`` of a file appended line by line in ``fmt`` (``APPENDED``): generic JSONL,
     or OpenAI-style conversations (storage/ingest/messages.py) with the trajectory ids
     ``import`` gives them, ``{file stem}:{byte offset of the line}``."""
@@ -84,7 +84,7 @@ def appended_items(fmt: str, fd: int, name: str, start: int, stop: int, max_line
         return jsonl_items(fd, start, stop, max_line_bytes, until, progress)
     if fmt == "verifiers":  # an episode a line, its traces' own ids
         return jsonl_items(fd, start, stop, max_line_bytes, until, progress,
-                           lambda obj, at: episode_records(obj))
+                           lambda obj, at: episode_records(obj, tokenizer))
     stem = Path(name).stem
     return jsonl_items(fd, start, stop, max_line_bytes, until, progress,
                        lambda obj, at: messages_record(obj, f"{stem}:{at}"))

@@ -6,6 +6,7 @@ storage/io.py's docstring, the command line that calls this.
 from __future__ import annotations
 
 import re
+from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -87,10 +88,11 @@ def run_name_of(source: Path) -> str:
 def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
                 run_name: str | None = None, run_id: str | None = None, replace: bool = False,
                 batch_size: int = 200, max_line_bytes: int = MAX_LINE_BYTES,
-                live: bool = False, split: str | None = None) -> ImportReport:
+                live: bool = False, split: str | None = None, tokenizer=None) -> ImportReport:
     """Import ``source`` into the store at ``db_path``; see the module docstring. ``live``
     (storage/ingest/follow.py: more files will follow) leaves the run ``running`` instead of
-    ``finished``; ``split`` replaces every trajectory's own (storage/ingest/import_batch.py)."""
+    ``finished``; ``split`` replaces every trajectory's own (storage/ingest/import_batch.py);
+    ``tokenizer`` decodes a token-id-only format's tokens (verifiers)."""
     source = Path(source)
     if not source.exists():
         raise FileNotFoundError(f"no such file or directory: {source}")
@@ -109,6 +111,8 @@ def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
     refuse_foreign(run_id, run_source(db_path, run_id))
     report = ImportReport(run_id, source.name, fmt)
     reader = IMPORT_READERS.get(fmt, _read_generic)
+    if fmt == "verifiers" and tokenizer is not None:  # ids decoded into each token's text
+        reader = partial(read_verifiers, tokenizer=tokenizer)
     first_seen, batch, size = {}, [], BatchSize(batch_size)
     run = {"name": run_name or run_name_of(source), "config": None, "created": False,
            "split": check_split(split)}
@@ -159,7 +163,7 @@ class ImportRuns:
 def import_runs(source: str | Path, db_path: str | Path, fmt: str | None = None,
                 run_name: str | None = None, run_id: str | None = None, replace: bool = False,
                 live: bool = False, max_line_bytes: int = MAX_LINE_BYTES,
-                split: str | None = None) -> ImportRuns:
+                split: str | None = None, tokenizer=None) -> ImportRuns:
     """``import_file`` for any input, including those that hold several runs (an Inspect log
     directory: one run per task and model, storage/ingest/inspect_import.py). The one place
     that hands ``split`` (``--split``; None: the format's own) to every importer."""
@@ -171,7 +175,8 @@ def import_runs(source: str | Path, db_path: str | Path, fmt: str | None = None,
                                 split=split)
         return ImportRuns(result.reports, result.errors)
     return ImportRuns([import_file(source, db_path, fmt, run_name, run_id, replace, live=live,
-                                   max_line_bytes=max_line_bytes, split=split)])
+                                   max_line_bytes=max_line_bytes, split=split,
+                                   tokenizer=tokenizer)])
 
 
 def _reason(exc: BaseException) -> str:

@@ -136,7 +136,8 @@ class Follower(Pollers, LogPoller):
     def __init__(self, directory, db_path, fmt: str, run_id: str | None = None,
                  run_name: str | None = None, log: Callable[[str], None] = print,
                  max_line_bytes: int = MAX_LINE_BYTES,
-                 should_stop: Callable[[], bool] = lambda: False, split: str | None = None):
+                 should_stop: Callable[[], bool] = lambda: False, split: str | None = None,
+                 tokenizer=None):
         if fmt not in PATTERNS:
             raise ValueError(f"unknown format {fmt!r}; expected one of {tuple(PATTERNS)}")
         if not max_line_bytes > 0:
@@ -152,6 +153,7 @@ class Follower(Pollers, LogPoller):
         # --split, else the format's own: a verl folder named as validation's is split eval
         self.split = check_split(split) or (verl_split(self.dir.resolve().name)
                                             if fmt == "verl" else None)
+        self.tokenizer = tokenizer  # verifiers: token ids decoded into their text
         self.run_ids = {self.run_id} if fmt != "inspect" else set()  # marked finished at the end
         self.report = FollowReport(self.run_id)
         self.seen: dict[str, tuple] = {}       # name -> (identity, key) at the last poll
@@ -333,13 +335,15 @@ def _order(path: Path) -> tuple:
 def follow(directory, db_path, fmt: str, run_id: str | None = None, run_name: str | None = None,
            poll_s: float = 1.0, log: Callable[[str], None] = print,
            should_stop: Callable[[], bool] = lambda: False,
-           max_line_bytes: int = MAX_LINE_BYTES, split: str | None = None) -> FollowReport:
+           max_line_bytes: int = MAX_LINE_BYTES, split: str | None = None,
+           tokenizer=None) -> FollowReport:
     """Poll until ``should_stop()`` or the store goes away; see the module docstring.
-    ``split``: every trajectory's split (default: the format's own)."""
+    ``split``: every trajectory's split (default: the format's own); ``tokenizer``: verifiers'
+    token ids decoded into their text."""
     if not poll_s > 0:
         raise ValueError(f"--poll must be a positive number of seconds, got {poll_s}")
     follower = Follower(directory, db_path, fmt, run_id, run_name, log, max_line_bytes,
-                        should_stop, split)
+                        should_stop, split, tokenizer)
     runs = "runs under" if fmt == "inspect" else "run"
     log(f"following {follower.dir} ({fmt}: {' '.join(PATTERNS[fmt])}) into {db_path}, {runs} "
         f"{follower.run_id}; Ctrl-C to stop")

@@ -110,7 +110,8 @@ class Pollers:
     def _import_range(self, name: str, t: Tracked, fd: int, stop: int) -> int:
         start, progress = t.offset, [t.offset, t.check]
         items = feed.appended_items(self.fmt, fd, name, start, stop, self.max_line,
-                                    start + PIECE_BYTES, progress)
+                                    start + PIECE_BYTES, progress,
+                                    getattr(self, "tokenizer", None))
         made = self._import(name, items, lambda: tuple(progress), start)
         if made or self.tries.get(f"{name}#{start}", 0) >= MAX_TRIES:
             t.offset, t.check = progress

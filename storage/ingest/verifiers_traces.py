@@ -27,7 +27,8 @@ What is kept, per trace (one trajectory; an episode of several agents gives seve
   ``advantages``, ``trainer_logprobs`` and ``reference_logprobs`` are per sampled token
   (verifiers' layout) and land on the mask's True positions. Token text needs the model's
   tokenizer (the file has ids only): ``read_verifiers(..., tokenizer=...)`` decodes them
-  (storage/token_text.py); without one each token's text is ``<id>``, noted.
+  (storage/token_text.py; ``import``/``follow --tokenizer PATH`` reads the model's
+  ``tokenizer.json``); without one each token's text is ``<id>``, noted.
 * Step and split: ``run.work.step`` and ``run.work.type`` (prime-rl's in-training evaluations
   are ``eval``); a standalone ``vf-eval`` run (``run.type`` eval, or no run) is step 0, split
   ``eval``. Group: ``group.id``, else the task's key or hash, else its prompt's hash (as
@@ -171,6 +172,28 @@ def _tokens(path: list[dict], tokenizer) -> tuple[list[dict], list[str]]:
             if value is not None:
                 row[field] = float(value)
     return tokens, notes
+
+
+class TokenizerFile:
+    """A model's ``tokenizer.json`` (or the folder holding it) read with the ``tokenizers``
+    library, shaped as storage/token_text.py's ``token_texts`` reads a tokenizer: what
+    ``--tokenizer`` gives an import, without transformers."""
+
+    def __init__(self, path: str | Path):
+        from tokenizers import Tokenizer
+        path = Path(path)
+        file = path / "tokenizer.json" if path.is_dir() else path
+        try:
+            self.backend_tokenizer = Tokenizer.from_file(str(file))
+        except Exception as exc:  # a missing or unreadable file: say which, and why
+            raise ValueError(f"--tokenizer {file}: not a readable tokenizer.json "
+                             f"({type(exc).__name__}: {exc})") from None
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [self.backend_tokenizer.id_to_token(int(i)) or "" for i in ids]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.backend_tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
 
 
 def read_verifiers(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES, tokenizer=None
