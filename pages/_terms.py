@@ -140,10 +140,9 @@ INTROS: dict[str, tuple[str, tuple[str, ...]]] = {
     "compare": ("Two held-out evaluations task by task: tasks gained and lost and how their "
                 "failure classes changed. Healthy: more gained than lost, each loss explained.",
                 ("held-out", "success", "failure-class")),
-    "train": ("Start a training job from a preset or your own settings and follow it: progress, "
-              "live curves, log. Healthy: held-out success rising at each evaluation (the "
-              "workshop demo goes from 0 to 1.0).",
-              ("group-size", "held-out", "reward", "success")),
+    # short: it stands beside the title (the form's Launch button stays above a laptop's fold)
+    "train": ("Start a training job and follow it. Healthy: held-out success rising at each "
+              "evaluation (the workshop demo: 0 to 1.0).", ("held-out", "success")),
 }
 
 
@@ -164,6 +163,15 @@ def intro(page: str) -> None:
     text, terms = INTROS[page]
     with st.container(key="page_intro"):
         st.caption(text + " Terms: " + ", ".join(link(a) for a in terms) + ".")
+
+
+def title(text: str, page: str) -> None:
+    """The page's title with its intro beside it, not under it: a line under the title pushed
+    Train's Launch button below a laptop's fold and Replay's token view a screen further."""
+    left, right = st.columns([1, 4], vertical_alignment="bottom")
+    left.title(text)
+    with right:
+        intro(page)
 
 
 def reward_beside_success(config: dict) -> str:

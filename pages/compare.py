@@ -57,8 +57,7 @@ def _relation(a: str, b: str) -> str:
 
 
 pick = c.picked()
-st.title("Compare")
-_terms.intro("compare")
+_terms.title("Compare", "compare")
 st.caption("Two held-out evaluations side by side: tasks gained and lost, how failures changed, "
            "where the trajectories first diverge.")
 evals = c.read_or_stop(load_evaluations, pick.store)

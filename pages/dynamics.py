@@ -29,8 +29,7 @@ def step_gradients(store: str, run_id: str, last_step: int, step: int
 
 
 pick = c.picked()
-st.title("Dynamics")
-_terms.intro("dynamics")
+_terms.title("Dynamics", "dynamics")
 wide = c.read_or_stop(c.load_metrics, pick.store, pick.run_id, pick.last_step)
 if wide.empty:
     c.stop("This run recorded no metrics yet.")

@@ -191,8 +191,7 @@ def count_charts(counted, left_out: int, first: int, last: int, counted_splits: 
 
 
 pick = c.picked()
-st.title("Failures")
-_terms.intro("failures")
+_terms.title("Failures", "failures")
 counts = c.read_or_stop(c.load_failure_counts, pick.store, pick.run_id, pick.last_step)
 if counts.empty:
     c.stop("This run recorded no trajectories (metrics only): nothing to classify.")

@@ -17,8 +17,7 @@ def _load_gains(store: str, run_id: str, traj_ids: tuple[str, ...]):
 
 c.ensure_app()
 pick = c.picked()
-st.title("Groups")
-_terms.intro("groups")
+_terms.title("Groups", "groups")
 if pick.step is None:
     c.stop("This run recorded no trajectories (metrics only): no groups to compare.")
 groups = c.read_or_stop(c.load_groups, pick.store, pick.run_id, pick.last_step, pick.step)

@@ -11,8 +11,7 @@ from pages import _boards, _branches, _calls, _info_gain, _live, _panels, _param
 
 c.ensure_app()
 pick = c.picked()
-st.title("Replay")
-_terms.intro("replay")
+_terms.title("Replay", "replay")
 if pick.step is None:
     c.stop("This run recorded no trajectories (metrics only): nothing to replay.")
 trajs = c.read_or_stop(c.load_trajectories, pick.store, pick.run_id, pick.last_step, pick.step)
@@ -39,10 +38,10 @@ cols[3].metric("Turns", c.int_of(row["num_turns"], 0))
 with cols[4].container(key="replay_failure_class"):
     st.caption("Failure class", help=_terms.help_for("failure-class"))
     st.markdown("**" + c.safe_label(c.text_of(row["failure_class"]) or "unclassified", 80) + "**")
-st.caption(_terms.reward_beside_success(pick.config))
 st.caption(f"group {c.safe_label(row['group_id'])} · task {c.safe_label(row['task_id'])} · "
            f"split {c.safe_label(row['split'])} · finish {c.safe_label(row['finish_reason'])}"
-           + (" · filtered out of the update (StarPO-S)" if c.flag(row["filtered"]) else ""))
+           + (" · filtered out of the update (StarPO-S)" if c.flag(row["filtered"]) else "")
+           + ". " + _terms.reward_beside_success(pick.config))
 if c.text_of(row.get("prompt")):
     with st.expander("Prompt (the task as the model was asked it)"):
         st.code(row["prompt"], language=None, wrap_lines=True)

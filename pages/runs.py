@@ -63,8 +63,7 @@ def run_frame(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-st.title("Runs")
-_terms.intro("runs")
+_terms.title("Runs", "runs")
 table = c.run_table()
 for bad in table[table["run_id"].isna()].to_dict("records") if not table.empty else []:
     st.warning("A store could not be read:")

@@ -18,8 +18,7 @@ from pages import _jobs
 from storage import db, queries
 
 c.ensure_app()
-st.title("Train")
-_terms.intro("train")
+_terms.title("Train", "train")
 # Drawn last (after a launch has been handled) but shown first: the job is what a user watches.
 job_area = st.container()
 st.subheader("New job")
