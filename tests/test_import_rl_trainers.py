@@ -344,3 +344,22 @@ def test_pages_on_a_recorded_verl_batch(app, tmp_path):
     captions = " ".join(texts(at, "caption"))
     assert "verl's training/rollout_probs_diff_*" in captions  # the mismatch charts are drawn
     assert "Mismatch" not in captions.split("Not recorded in this run:")[-1]
+
+
+def test_a_real_vf_eval_run_imports_as_its_evaluation(tmp_path):
+    """tests/fixtures/verifiers/vf-eval: vf-eval 0.4.0 run against agentrl endpoint (tiny), upload
+    off (toy_sum_taskset.py says how): a standalone evaluation, text only, 3 tasks x 2."""
+    from storage.ingest.files import guess_format, import_file
+
+    run = VERIFIERS / "vf-eval"
+    assert guess_format(run) == "verifiers"
+    store = tmp_path / "vfe.duckdb"
+    report = import_file(run, store, run_id="vfe")
+    assert (report.imported, report.failed) == (6, 0), report.errors
+    trajs = queries.trajectories(store, "vfe")
+    assert set(trajs["split"]) == {"eval"} and set(trajs["step"]) == {0}
+    assert sorted(trajs.groupby("group_id").size()) == [2, 2, 2]  # -r 2: a task's rollouts
+    assert trajs["prompt"].str.contains(r"What is \d\+2\?").all()
+    assert (trajs["reward"] == 0.0).all() and not trajs["success"].any()  # the tiny model
+    turns = queries.turns(store, "vfe", trajs["traj_id"].tolist())
+    assert len(turns) == 6 and turns["action"].str.len().gt(0).all()

@@ -46,6 +46,8 @@ class ChatRequest:
     logprobs: bool = False
     top_logprobs: int = 0
     model: str | None = None
+    stream: bool = False
+    """Answer as server-sent events (``chat.completion.chunk``s, then ``[DONE]``)."""
 
 
 def content_length(values: list[str], transfer_encoding: str | None,
@@ -99,13 +101,14 @@ def parse_chat_request(raw: bytes, *, context: int) -> ChatRequest | RequestErro
         fields[name] = value
     if req.get("n") not in (None, 1):
         return RequestError(400, "n", f"{req['n']!r}: only n = 1 is supported")
-    if req.get("stream"):
-        return RequestError(400, "stream", "streaming is not supported; send stream: false")
+    if req.get("stream") not in (None, True, False):
+        return RequestError(400, "stream", f"{req['stream']!r}: must be true or false")
     stop = fields.pop("stop", ())
     # max_completion_tokens is the newer name; it wins when both are given, as with OpenAI
     limit = fields.pop("max_completion_tokens", fields.pop("max_tokens", None))
     stops = (stop,) if isinstance(stop, str) else stop
-    return ChatRequest(**fields, max_tokens=limit, stop=tuple(s for s in stops if s))
+    return ChatRequest(**fields, max_tokens=limit, stop=tuple(s for s in stops if s),
+                       stream=bool(req.get("stream")))
 
 
 def completion_budget(requested: int | None, prompt_tokens: int,

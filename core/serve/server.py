@@ -106,9 +106,10 @@ class ChatHandler(BaseHTTPRequestHandler):
         self._leave()
         self.answered = True
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        headers = dict(headers or {})
+        self.send_header("Content-Type", headers.pop("Content-Type", "application/json"))
         self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
+        for k, v in headers.items():
             self.send_header(k, v)
         if close:
             self.send_header("Connection", "close")
@@ -277,7 +278,27 @@ class ChatHandler(BaseHTTPRequestHandler):
                 return None
             return self._error(503, f"the request took over {self.limits.request_s:g} s "
                                "(--max-request-s)", {"Retry-After": "1"})
-        self._send(200, json.dumps(completion_body(req, out, self.model.name)).encode())
+        body = completion_body(req, out, self.model.name)
+        if req.stream:
+            return self._send(200, stream_body(body), {"Content-Type": "text/event-stream"})
+        self._send(200, json.dumps(body).encode())
+
+
+def stream_body(body: dict) -> bytes:
+    """``body`` (a chat.completion) as the server-sent events a streaming client reads: the
+    whole reply in one ``chat.completion.chunk`` (the reply is made before anything is sent),
+    its finish reason in the next, the usage in a last one with no choices (what
+    ``stream_options.include_usage`` asks for; clients that did not ask ignore it), then
+    ``[DONE]``. For clients and agent harnesses that only ever stream (verifiers')."""
+    head = {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    choice = body["choices"][0]
+    chunks = [{**head, "choices": [{"index": 0, "delta": {"role": "assistant",
+                                                          "content": choice["message"]["content"]},
+                                    "logprobs": choice["logprobs"], "finish_reason": None}]},
+              {**head, "choices": [{"index": 0, "delta": {},
+                                    "finish_reason": choice["finish_reason"]}]},
+              {**head, "choices": [], "usage": body["usage"]}]
+    return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks).encode() + b"data: [DONE]\n\n"
 
 
 def completion_body(req: ChatRequest, out: dict, model_name: str) -> dict:
