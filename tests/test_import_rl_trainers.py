@@ -363,3 +363,21 @@ def test_a_real_vf_eval_run_imports_as_its_evaluation(tmp_path):
     assert (trajs["reward"] == 0.0).all() and not trajs["success"].any()  # the tiny model
     turns = queries.turns(store, "vfe", trajs["traj_id"].tolist())
     assert len(turns) == 6 and turns["action"].str.len().gt(0).all()
+
+
+def test_a_bad_verifiers_trace_fails_alone_naming_why():
+    from storage.ingest.verifiers_traces import episode_records
+
+    def spoiled(change):
+        ep = json.loads((VERIFIERS / "traces.jsonl").read_text().splitlines()[0])
+        change(ep["traces"][0]["nodes"])
+        return str(episode_records(ep)[0])
+
+    def huge(nodes):
+        nodes[1].update(token_ids=[1] * 200_000, mask=[False] * 200_000)
+
+    assert "200058 token ids on the branch, over the limit of 131072" in spoiled(huge)
+    assert "mask has 1 entries for" in spoiled(lambda n: n[1].update(mask=[False]))
+    assert "logprobs has 2 values for" in spoiled(lambda n: n[2].update(logprobs=[-1.0, -2.0]))
+    assert "is not an earlier node" in spoiled(lambda n: n[0].update(parent=4))
+    assert "a 'traces' list" in str(episode_records({"traces": None})[0])

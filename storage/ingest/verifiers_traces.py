@@ -47,6 +47,7 @@ from storage.ingest.dumps import SUCCESS_FIELDS
 from storage.ingest.messages import messages_record
 from storage.ingest.rollout_tokens import first_trained, rollout_tokens
 from storage.interchange import MAX_LINE_BYTES, LineError, guarded, read_json_lines
+from storage.token_rows import MAX_TRAJECTORY_TOKENS
 
 TRACES_FILE = "traces.jsonl"
 PER_TOKEN = {"logprobs": "logprob", "trainer_logprobs": "train_logprob",
@@ -140,7 +141,13 @@ def _trace(trace: Any, step: int, split: str, task: dict, group: Any, tokenizer)
 
 
 def _tokens(path: list[dict], tokenizer) -> tuple[list[dict], list[str]]:
-    """Token rows of a branch whose nodes carry their spans (module docstring)."""
+    """Token rows of a branch whose nodes carry their spans (module docstring); refused, before
+    a row is made, past ``MAX_TRAJECTORY_TOKENS`` (a 16 MiB line holds 8M one-digit ids: rows
+    for them all would cost gigabytes)."""
+    total = sum(len(n["token_ids"]) for n in path)
+    if total > MAX_TRAJECTORY_TOKENS:
+        raise LineError(f"{total} token ids on the branch, over the limit of "
+                        f"{MAX_TRAJECTORY_TOKENS} per trajectory")
     ids, mask, values = [], [], {name: [] for name in PER_TOKEN}
     for node in path:
         span, kept = node["token_ids"], node.get("mask") or [False] * len(node["token_ids"])
