@@ -48,10 +48,11 @@ from storage.token_text import token_texts
 FORMAT = "verl-batch"
 
 
-def _rows(batch, name: str) -> list | None:
-    """``batch.batch[name]`` as nested lists (B, ...), or None when verl did not fill it."""
+def _sample(batch, i: int):
+    """Sample ``i``'s row of each tensor as a list (None where verl did not fill the key): one
+    row at a time, so what is held beside the batch is one sample's numbers, not the batch's."""
     tensors = batch.batch
-    return tensors[name].tolist() if name in tensors.keys() else None
+    return lambda name: tensors[name][i].tolist() if name in tensors.keys() else None
 
 
 def _plain(value: Any) -> Any:
@@ -65,32 +66,31 @@ def _plain(value: Any) -> Any:
 
 def batch_records(batch, tokenizer, step: int, split: str = "train") -> Iterator[dict]:
     """One generic record (storage/interchange.py) per sample of a verl ``DataProto``."""
-    responses = _rows(batch, "responses")
-    attention = _rows(batch, "attention_mask")
-    width = len(responses[0]) if responses else 0
-    prompts = _rows(batch, "prompts") or [row[:-width] for row in _rows(batch, "input_ids")]
-    mask = _rows(batch, "response_mask") or [row[-width:] for row in attention]
-    rollout, old = _rows(batch, "rollout_log_probs"), _rows(batch, "old_log_probs")
-    advantages, rewards = _rows(batch, "advantages"), _rows(batch, "token_level_rewards")
-    scores = _rows(batch, "token_level_scores")
     extra = batch.non_tensor_batch
     uids = extra.get("uid")
     seen: dict[str, int] = {}
-    for i in range(len(responses)):
-        p_len = len(prompts[i])
-        p_keep = [j for j in range(p_len) if attention[i][j]]
-        r_keep = [j for j in range(width) if attention[i][p_len + j]]
-        p_ids, r_ids = [prompts[i][j] for j in p_keep], [responses[i][j] for j in r_keep]
+    for i in range(len(batch.batch["responses"])):
+        row = _sample(batch, i)
+        responses, attention = row("responses"), row("attention_mask")
+        width = len(responses)
+        prompt_ids = row("prompts") or row("input_ids")[:-width]
+        mask = row("response_mask") or attention[-width:]
+        old, rewards, scores = row("old_log_probs"), row("token_level_rewards"), \
+            row("token_level_scores")
+        p_len = len(prompt_ids)
+        p_keep = [j for j in range(p_len) if attention[j]]
+        r_keep = [j for j in range(width) if attention[p_len + j]]
+        p_ids, r_ids = [prompt_ids[j] for j in p_keep], [responses[j] for j in r_keep]
         texts = token_texts(tokenizer, p_ids + r_ids)  # one decode: characters split across
-        pick = (lambda rows: None if rows is None else [rows[i][j] for j in r_keep])  # the cut
+        pick = (lambda values: None if values is None else [values[j] for j in r_keep])  # the cut
         tokens, turns = rollout_tokens(
             texts[:len(p_ids)], p_ids, texts[len(p_ids):], r_ids, pick(mask),
-            logprobs=pick(rollout if rollout is not None else old),
-            train_logprobs=pick(old), advantages=pick(advantages))
+            logprobs=pick(row("rollout_log_probs") or old), train_logprobs=pick(old),
+            advantages=pick(row("advantages")))
         uid = str(uids[i]) if uids is not None else f"{i}"
         k = seen[uid] = seen.get(uid, -1) + 1
-        reward = float(sum(rewards[i])) if rewards is not None else 0.0
-        score = float(sum(scores[i])) if scores is not None else reward
+        reward = float(sum(rewards)) if rewards is not None else 0.0
+        score = float(sum(scores)) if scores is not None else reward
         prompt = "".join(texts[:len(p_ids)])
         rec = {"traj_id": f"s{step}-{uid}-{k}", "task_id": task_id_of(prompt),
                "group_id": f"s{step}-{uid}", "step": step, "split": split, "prompt": prompt,
