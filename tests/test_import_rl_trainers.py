@@ -363,6 +363,9 @@ def test_a_real_vf_eval_run_imports_as_its_evaluation(tmp_path):
     assert (trajs["reward"] == 0.0).all() and not trajs["success"].any()  # the tiny model
     turns = queries.turns(store, "vfe", trajs["traj_id"].tolist())
     assert len(turns) == 6 and turns["action"].str.len().gt(0).all()
+    # --split overrides the format's own (ours: a second run to pair on Compare, say)
+    import_file(run, store, run_id="vfe-as-train", split="train")
+    assert set(queries.trajectories(store, "vfe-as-train")["split"]) == {"train"}
 
 
 def test_a_bad_verifiers_trace_fails_alone_naming_why():
