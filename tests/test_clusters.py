@@ -79,6 +79,8 @@ def test_job_on_a_real_store_caches_and_the_page_reads_it(tmp_path, embedder, ca
     table, per_step, members = read["clusters"], read["per_step"], read["members"]
     assert table["size"].sum() == failing == len(members)
     assert list(table["cluster"]) == list(range(first["k"]))
+    from storage.embeddings import confidence     # the summary carries the page's verdict
+    assert (first["confidence"], first["named"]) == confidence(first["k"], first["silhouette"])[:2]
     assert (table["size"].diff().dropna() <= 0).all()          # numbered by size
     assert table["terms"].str.len().min() > 0 and table["classes"].str.len().min() > 0
     assert np.allclose(per_step.groupby("step")["share"].sum(), 1.0)

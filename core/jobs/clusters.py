@@ -360,4 +360,6 @@ def _cluster_and_store(store, run_id: str, model: str, traj, texts, vectors, lap
                          "silhouette": silhouette})
     store_io.save_clusters(store, run_id, model, rows)
     laps("store clusters")
-    return {"k": k, "silhouette": None if silhouette is None else round(silhouette, 3)}
+    level, named, _ = store_io.confidence(k, silhouette)
+    return {"k": k, "silhouette": None if silhouette is None else round(silhouette, 3),
+            "confidence": level, "named": named}
