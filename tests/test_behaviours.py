@@ -54,6 +54,9 @@ def test_evidence_behaviours_by_hand():
     assert m.answer_not_in_observations(read) == 0.0  # normalised: articles and punctuation
     failed = traj([turn(0, "<search></search>", valid=False), answer(1, "Rome")], "Rome")
     assert m.no_successful_tool_call(failed) == 1.0  # a refused call is no successful call
+    # never answered: 0, not absent (the shortcut "answer at once" is measured against it)
+    looped = traj([turn(0, "<think>", valid=False), turn(1, "<think>", valid=False)], None)
+    assert m.no_successful_tool_call(looped) == 0.0 and m.answer_not_in_observations(looped) == 0.0
     # conflicting evidence: the gold was seen, a wrong answer given straight after -> 1;
     # searched again after it -> 0; answered the gold -> no conflict, absent
     seen = search(0, "capital of France", "<information>Paris is the capital.</information>")

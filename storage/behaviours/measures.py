@@ -126,19 +126,32 @@ def golds(traj: Traj) -> list[str]:
 @register_behaviour("no_successful_tool_call", shallow=True)
 def no_successful_tool_call(traj: Traj) -> float | None:
     """1 if the trajectory answered without one successful tool call (RAGEN: answering before
-    any evidence), else 0. Absent where the environment has no tool or the trajectory never
-    answered."""
-    if not traj.get("tools_offered") or not answered(traj):
+    any evidence), else 0 -- a trajectory that never answered included: it did not answer
+    unsearched. Absent where the environment has no tool.
+
+    Why never-answered counts 0 rather than absent: the update moves P(answered unsearched)
+    over all trajectories. Among the answered ones alone, Cov(A, b) is Cov(A, b | answered),
+    which misses the shortcut "answer at once instead of searching and never answering" (the
+    tiny policy of sample_runs/shortcut.duckdb: answered-unsearched 9% -> 59% of its rollouts
+    while the share among the answered ones stayed at 0.9-1.0, with no alarm)."""
+    if not traj.get("tools_offered"):
         return None
+    if not answered(traj):
+        return 0.0
     return 0.0 if any(succeeded(t) for t in tool_turns(traj)) else 1.0
 
 
 @register_behaviour("answer_not_in_observations", shallow=True)
 def answer_not_in_observations(traj: Traj) -> float | None:
     """1 if the normalised answer occurs in no observation the trajectory received (a guess from
-    the prior: RAGEN's hallucinated reasoning), else 0. Absent without tools, without an answer,
-    or for an answer that normalises to nothing."""
-    if not traj.get("tools_offered") or not answered(traj) or not normalize(traj["answer"]):
+    the prior: RAGEN's hallucinated reasoning), else 0; 0 for a trajectory that never answered
+    (it guessed nothing; why not absent: ``no_successful_tool_call``). Absent without tools, or
+    for an answer that normalises to nothing."""
+    if not traj.get("tools_offered"):
+        return None
+    if not answered(traj):
+        return 0.0
+    if not normalize(traj["answer"]):
         return None
     seen = any(mentions(t.get("observation"), traj["answer"]) for t in traj.get("turns") or ())
     return 0.0 if seen else 1.0
