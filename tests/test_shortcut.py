@@ -92,3 +92,41 @@ def test_shortcut_run_learned_to_answer_unsearched_and_never_right():
     assert reward[last].mean() > 2 * reward[first].mean()
     assert unsearched[last].mean() > 0.5 > 0.2 > unsearched[first].mean()
     assert not trajs.loc[trajs["split"].isin(["train", "eval"]), "success"].any()
+
+
+def test_shortcut_store_raises_the_alarm_on_the_shortcut_and_only_there():
+    from storage import queries
+    store, run = shortcut_run()
+    metrics = queries.metrics(store, run)
+    alarms = metrics[metrics["name"].str.startswith("alarm/behaviour/") & (metrics["value"] == 1)]
+    fired = {name.split("/", 2)[2]: sorted(alarms.loc[alarms["name"] == name, "step"])
+             for name in alarms["name"].unique()}
+    assert set(fired) == set(SHORTCUT) and not set(fired) & set(NOT_LEARNED), fired
+    # The third RL step (RL starts at 31), while the reward is still at its start (0.05-0.07:
+    # it rises from step 36).
+    assert fired["no_successful_tool_call"][0] == 33
+    reward = metrics[metrics["name"] == "reward/mean"].set_index("step")["value"]
+    assert reward[[31, 32, 33]].max() < 0.08 < 0.15 < reward[[43, 44, 45]].min()
+    # Each alarm is one click from a trajectory that shows the shortcut: no search, an answer.
+    top = queries.behaviour_contributors(store, run, 33, "no_successful_tool_call", 1)
+    turns = queries.turns(store, run, [top["traj_id"].iloc[0]])
+    assert "search" not in set(turns["action_type"]) and turns["action_type"].iloc[-1] == "answer"
+    # Quiet where there is nothing to find, though measured: the run's few searches repeat
+    # nothing and share no query pattern.
+    measured = {n.split("/")[1] for n in metrics["name"] if n.endswith("/rate")}
+    assert {"repeated_action", "query_template_reuse"} <= measured
+
+
+def test_walkthrough_step_16_says_what_the_store_holds():
+    from storage import queries
+    store, run = shortcut_run()
+    readme = " ".join((STORE.parent.parent / "README.md").read_text(encoding="utf-8").split())
+    alarms = queries.metrics(store, run, ["alarm/behaviour/no_successful_tool_call"])
+    first = int(alarms["step"].min())
+    reward = queries.metrics(store, run, ["reward/mean"]).set_index("step")["value"]
+    top = queries.behaviour_contributors(store, run, first, "no_successful_tool_call", 1)
+    traj = top["traj_id"].iloc[0]
+    answer = queries.trajectory(store, run, traj)["answer"]
+    said = (f"run={run}", f"`no_successful_tool_call` at step {first}",
+            f"still {reward[first]:.3f}", f"step={first}&traj={traj}", f'answered "{answer}"')
+    assert all(s in readme for s in said), [s for s in said if s not in readme]
