@@ -3,7 +3,9 @@ pieces by this test (the other trainer), the store read while it follows, Ctrl-C
 from __future__ import annotations
 
 import json
+import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -17,17 +19,39 @@ ROOT = Path(__file__).resolve().parent.parent
 POLL = 0.2
 
 
+READY = "Ctrl-C to stop"
+
+
 def start(directory: Path, db: Path, fmt: str, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(
+    """The follower, once it says it follows: its Ctrl-C handler is in place from that line on
+    (a SIGINT sent while it is still importing its modules would be Python's KeyboardInterrupt,
+    which is not what the tests mean to send). What it said so far is kept in ``proc.said``."""
+    proc = subprocess.Popen(
         [sys.executable, "-m", "storage.io", "follow", str(directory), "--db", str(db),
          "--format", fmt, "--poll", str(POLL), *extra],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # read the raw pipe a byte at a time: nothing may wait in a Python buffer that the
+    # descriptor-level reads of communicate() would then never see
+    said, fd = b"", proc.stdout.fileno()
+    deadline = time.monotonic() + 120
+    while READY.encode() not in said and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            byte = os.read(fd, 1)
+            if not byte:  # it ended: its output says why
+                break
+            said += byte
+        elif proc.poll() is not None:
+            break
+    proc.said = said.decode("utf-8", "replace")
+    return proc
 
 
 def stop(proc: subprocess.Popen) -> str:
     """Ctrl-C, then the follower's output; it must exit 0 by itself."""
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=30)
+    out = getattr(proc, "said", "") + out
     assert proc.returncode == 0, out
     assert "followed for" in out, out
     return out
