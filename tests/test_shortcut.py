@@ -130,3 +130,19 @@ def test_walkthrough_step_16_says_what_the_store_holds():
     said = (f"run={run}", f"`no_successful_tool_call` at step {first}",
             f"still {reward[first]:.3f}", f"step={first}&traj={traj}", f'answered "{answer}"')
     assert all(s in readme for s in said), [s for s in said if s not in readme]
+
+
+from tests.test_pages import app, demo  # noqa: E402,F401  (fixtures)
+
+
+def test_dynamics_page_shows_the_alarm_and_links_its_trajectory(app):
+    """What a user sees at walkthrough step 16 (AppTest; no browser): the alarm at step 33 and
+    the step's trajectories ranked by their share of the covariance, each linked to Replay."""
+    store, run = shortcut_run()
+    at = app("dynamics", store_dir=str(STORE.parent), store=store, run=run)
+    assert not at.exception, at.exception
+    warnings = [w.value for w in at.warning if "Shallow-strategy alarm" in w.value]
+    assert warnings and "at step 33: **no\\_successful\\_tool\\_call**" in " ".join(warnings), \
+        warnings
+    ranked = next(f.value for f in at.dataframe if "contribution" in f.value.columns)
+    assert "step=33" in ranked["replay"].iloc[0] and ranked["traj_id"].iloc[0] == "s33-g0-r5"
