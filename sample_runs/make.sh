@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Regenerate the sample runs in sample_runs/ with this project's own trainer and importer.
 #
-#   bash sample_runs/make.sh            every run below (about 33 minutes on 2 CPU cores)
+#   bash sample_runs/make.sh            every run below (about 42 minutes on 2 CPU cores)
 #   bash sample_runs/make.sh spike      only the named ones: collapse spike apps careless credit
-#                                       import branches inspect search (careless: only the
+#                                       import branches inspect shortcut search (careless: only the
 #                                       imported run of apps_tiny; inspect: needs inspect-ai;
 #                                       search, search_sft, search_credit: SmolLM2, an hour or
 #                                       more each, and mismatch: SmolLM2, about 25 minutes;
