@@ -97,6 +97,8 @@ for store, experiments in grouped:
 st.caption("Stores fold open and shut; a run's name opens it on Dynamics. A 'running' run whose "
            f"trainer has not written for {queries.STALE_AFTER_S // 60} minutes is shown as "
            "'interrupted'.")
+if "bandit" in set(frame["env"].dropna().astype(str)):  # the workshop demo: reward 0.15, success 1
+    st.caption("Bandit runs: " + _terms.reward_beside_success({"env": "bandit"}))
 
 st.subheader("Compare runs")
 labels = {i: f"{r['run']} ({r['run_id']})" for i, r in frame.iterrows()}

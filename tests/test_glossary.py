@@ -53,3 +53,15 @@ def test_glossary_page_has_an_anchor_and_a_definition_per_term(app, demo):  # no
     assert heads == {a: term for a, (term, _) in _terms.TERMS.items()}
     assert [m.value for m in at.markdown if m.value in
             {d for _, d in _terms.TERMS.values()}] == [d for _, d in _terms.TERMS.values()]
+
+
+def test_runs_explains_a_bandit_runs_reward_beside_its_success(app, tmp_path):  # noqa: F811
+    from storage.recorder import Recorder
+    rec = Recorder(tmp_path / "s.duckdb")
+    rec.start_run({"env": "bandit", "model": "tiny", "algo": "dr_grpo"}, name="workshop")
+    rec.record_step(1, metrics={"reward/mean": 0.15, "success/rate": 1.0})
+    rec.finish("finished")
+    at = app("runs", store_dir=str(tmp_path))
+    assert not at.exception
+    said = [cap.value for cap in at.caption if cap.value.startswith("Bandit runs:")]
+    assert said and "probability 0.25" in said[0]
