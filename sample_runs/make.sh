@@ -376,7 +376,7 @@ inspect_run() {
 shortcut() {
     local db="$OUT/shortcut.duckdb" run
     fresh shortcut.duckdb
-    timed "$PY" -m core.train --config sample_runs/shortcut.yaml --quiet
+    timed "$PY" -m core.train --config sample_runs/shortcut.yaml --db "$db" --quiet
     run=$("$PY" -c "from storage import queries; import sys
 print(queries.runs(sys.argv[1])['run_id'].iloc[0])" "$db")
     timed "$PY" -m storage.behaviours.job --db "$db" --run "$run"  # = agentrl behaviours
