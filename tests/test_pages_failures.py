@@ -70,7 +70,8 @@ def test_failures_panel_shows_hostile_text_as_text(app, demo):
 def test_failures_search_says_which_fields_and_how_it_combines(app, demo):
     at = app("failures", store=demo[1], run=demo[2]["demo-search-starpo"])
     said = [c for c in texts(at, "caption") if c.startswith("Searches the prompt")]
-    assert said and "not the answer" in said[0] and "every filter above" in said[0]
+    # the fields it reads, the tags and notes among them, and that it narrows the filters
+    assert said and "tags and notes" in said[0] and "every filter above" in said[0]
 
 
 # -- replay's tag box ------------------------------------------------------------------------------
