@@ -13,7 +13,7 @@ core.train ARGS`` and so on:
     follow    python -m storage.io follow       import a folder's files as they appear
     otlp      python -m storage.otlp            receive agents' OpenTelemetry traces, live
     otlp-scores  python -m storage.otlp.scores  rewards graded later, keyed by trace id
-    behaviours  python -m storage.behaviours.job  what the advantage paid for, per behaviour
+    behaviours  python -m storage.behaviours    what the advantage paid for, per behaviour
     endpoint  python -m core.endpoint_server    a local model over the OpenAI-compatible protocol
     app       streamlit run app.py              the web app (as ``make run`` serves it)
 """
