@@ -287,3 +287,39 @@ def test_a_failing_behaviour_is_named_and_never_stops_training(tmp_path, capsys)
         assert "behaviours, step 1: behaviour 'test_broken' failed" in capsys.readouterr().err
     finally:
         BEHAVIOURS.pop("test_broken")
+
+
+def test_a_reimport_keeps_the_behaviours_the_job_wrote(tmp_path):
+    """An import re-derives its run's metrics after each file (import DIR again, follow): the
+    behaviour metrics and alarms the job wrote are the job's record, not derived, and stay."""
+    from storage.behaviours.job import PREFIXES
+    from storage.ingest.import_batch import JOB_METRIC_PREFIXES
+    from storage.io import main as io_main
+    from tests.test_follow import verl_line
+    assert PREFIXES == JOB_METRIC_PREFIXES  # the two modules name the job's metrics alike
+    dumps, store = tmp_path / "rollouts", tmp_path / "s.duckdb"
+    dumps.mkdir()
+    (dumps / "1.jsonl").write_text("".join(verl_line(1, k) for k in range(4)))
+    assert io_main(["import", str(dumps), "--db", str(store), "--format", "verl"]) == 0
+
+    def job_metrics():
+        con = duckdb.connect(str(store), read_only=True)
+        try:
+            return con.execute("SELECT run_id, step, name, value FROM metrics WHERE "
+                               "starts_with(name, 'behaviour/') ORDER BY ALL").fetchall()
+        finally:
+            con.close()
+    con = duckdb.connect(str(store), read_only=True)
+    (run_id,) = con.execute("SELECT run_id FROM runs").fetchone()
+    con.close()
+    run_job(store, run_id)
+    written = job_metrics()
+    assert any(name == "behaviour/turns/rate" for _, _, name, _ in written)
+    (dumps / "2.jsonl").write_text("".join(verl_line(2, k) for k in range(4)))
+    assert io_main(["import", str(dumps), "--db", str(store), "--format", "verl"]) == 0
+    con = duckdb.connect(str(store), read_only=True)
+    steps = {s for (s,) in con.execute("SELECT DISTINCT step FROM metrics WHERE run_id = ? AND "
+                                       "name = 'reward/mean'", [run_id]).fetchall()}
+    con.close()
+    assert steps == {1, 2}        # the derived metrics were re-derived with the new file ...
+    assert job_metrics() == written  # ... and the job's are as it wrote them

@@ -321,6 +321,18 @@ is undefined). As the trainer does, the mismatch is taken over the tokens whose 
 beside it, ``mismatch/nonfinite_tokens``, instead of making every metric of their step NaN (a
 step whose tokens are all such has only the count)."""
 
+# Metrics a later job wrote on the run (agentrl behaviours: storage/behaviours/job.py PREFIXES)
+# are its own record, not derived here: a re-import or a followed file keeps them.
+JOB_METRIC_PREFIXES = ("behaviour/", "alarm/behaviour/")
+
+
+def rederive_metrics(con, run_id: str) -> None:
+    """Replace the run's derived metrics (``DERIVED_METRICS_SQL``) inside the caller's
+    transaction, keeping the metrics other jobs wrote (``JOB_METRIC_PREFIXES``)."""
+    keep = " AND ".join("NOT starts_with(name, ?)" for _ in JOB_METRIC_PREFIXES)
+    con.execute(f"DELETE FROM metrics WHERE run_id = ? AND {keep}", [run_id, *JOB_METRIC_PREFIXES])
+    con.execute("INSERT INTO metrics BY NAME " + DERIVED_METRICS_SQL, {"run": run_id})
+
 
 def finish_import(db_path, run_id, fmt, run, report, stopped: str | None = None,
                    live: bool = False) -> None:
@@ -340,8 +352,7 @@ def finish_import(db_path, run_id, fmt, run, report, stopped: str | None = None,
         if (run["created"] or run.get("refresh_config")) and run["config"]:
             config = {"env": "unknown", "model": "unknown", "algo": "unknown", **run["config"]}
             con.execute("UPDATE runs SET config = ? WHERE run_id = ?", [to_json(config), run_id])
-        con.execute("DELETE FROM metrics WHERE run_id = ?", [run_id])
-        con.execute("INSERT INTO metrics BY NAME " + DERIVED_METRICS_SQL, {"run": run_id})
+        rederive_metrics(con, run_id)
         con.execute("UPDATE runs SET status = ?, error = ?, updated_at = ?, "
                     "last_step = (SELECT max(step) FROM trajectories WHERE run_id = ?) "
                     "WHERE run_id = ?", ["failed" if stopped else "running" if live

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from storage import db
 from storage.failures import classify
-from storage.ingest.import_batch import DERIVED_METRICS_SQL, WRITE_ERRORS, write_batch
+from storage.ingest.import_batch import WRITE_ERRORS, rederive_metrics, write_batch
 from storage.ingest.report import ImportReport
 from storage.interchange import LineError, to_rows, validate
 from storage.otlp.assemble import OpenTrace, build_record
@@ -217,8 +217,7 @@ def apply_scores(db_path, scores: list[Score], name: str, run: str | None = None
             (out.failed.append(f"{where_}: could not be written") if where_ in failed
              else out.scored.append(traj_id))
         with db.writing(db_path) as con:  # the run's derived metrics read the rewards
-            con.execute("DELETE FROM metrics WHERE run_id = ?", [run_id])
-            con.execute("INSERT INTO metrics BY NAME " + DERIVED_METRICS_SQL, {"run": run_id})
+            rederive_metrics(con, run_id)
     return out
 
 

@@ -26,7 +26,7 @@ import duckdb
 import pyarrow as pa
 
 from storage import db
-from storage.ingest.import_batch import (DERIVED_METRICS_SQL, WRITE_ERRORS, count,
+from storage.ingest.import_batch import (WRITE_ERRORS, count, rederive_metrics,
                                          finish_import, write_batch, write_runs)
 from storage.ingest.report import ImportReport
 from storage.interchange import LineError, to_rows, validate
@@ -265,8 +265,7 @@ class Writer:
                 config = {"env": "otel", "model": "unknown", "algo": "none", **run["config"]}
                 con.execute("UPDATE runs SET config = ? WHERE run_id = ?",
                             [to_json(config), run_id])
-            con.execute("DELETE FROM metrics WHERE run_id = ?", [run_id])
-            con.execute("INSERT INTO metrics BY NAME " + DERIVED_METRICS_SQL, {"run": run_id})
+            rederive_metrics(con, run_id)
             con.execute("UPDATE runs SET status = 'running', updated_at = ?, last_step = "
                         "(SELECT max(step) FROM trajectories WHERE run_id = ?) "
                         "WHERE run_id = ?", [now(), run_id, run_id])
