@@ -61,18 +61,33 @@ NEVER = ("**Information gain**: not available for a run recorded by {source}. It
          "import never has it.")
 
 
-def never_measured(pick) -> str | None:
-    """Why a run can never have information gain (None: it can): only this trainer measures it."""
+NOT_RECORDED = ("**Information gain**: not recorded in this run, which has ended. The trainer "
+                "measures it while training on envs with gold answers (search, apps), with "
+                "record_info_gain on, in runs recorded since it was added; a grid or bandit run "
+                "never has it.")
+ENDED = ("finished", "stopped", "failed")
+
+
+def never_measured(pick, names: list[str] | None = None) -> str | None:
+    """Why a run can never have information gain (None: it can): only this trainer measures it,
+    and only while it trains, so an ended run of its with no signal recorded (``names``, the
+    run's turn-signal names, empty) will not get any."""
     source = c.text_of(pick.run.get("source"))
-    return None if source in (None, "trainer") else NEVER.format(source=c.safe_label(source))
+    if source not in (None, "trainer"):
+        return NEVER.format(source=c.safe_label(source))
+    if names is not None and not names and c.text_of(pick.run.get("status")) in ENDED:
+        return NOT_RECORDED
+    return None
 
 
 def replay_panel(pick, traj_id: str, turns: pd.DataFrame) -> None:
     """Replay: the trajectory's answer probability along its turns and each turn's gain."""
     everything = c.read_or_stop(load_signals, pick.store, pick.run_id, traj_id)
-    if everything.empty and never_measured(pick):  # one line, not an empty panel
-        st.caption(never_measured(pick))
-        return
+    if everything.empty:
+        names = c.read_or_stop(load_names, pick.store, pick.run_id, pick.last_step)
+        if never_measured(pick, names):  # one line, not an empty panel
+            st.caption(never_measured(pick, names))
+            return
     st.subheader("Information gain")
     # training's signals only: branch-from-turn analyses record their own q (core/jobs/branch.py)
     everything = everything[everything["source"] == "train"]
@@ -116,8 +131,8 @@ def dynamics_panel(pick) -> None:
     """Dynamics: mean information gain per turn index, over the run and step by step (and the
     same for SPA's contributions or the PRM's scores when the run recorded them)."""
     names = c.read_or_stop(load_names, pick.store, pick.run_id, pick.last_step)
-    if not names and never_measured(pick):  # one line, not an empty panel
-        st.caption(never_measured(pick))
+    if not names and never_measured(pick, names):  # one line, not an empty panel
+        st.caption(never_measured(pick, names))
         return
     st.subheader("Information gain per turn")
     if "info_gain" not in names:

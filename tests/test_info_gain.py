@@ -290,9 +290,16 @@ def test_replay_and_dynamics_show_the_gains(open_page, trained):
     assert at.get("plotly_chart")  # the two charts (and the page's others) drew
 
 
-def test_pages_say_not_computed_on_a_store_recorded_before(open_page):
-    store = str(Path("sample_runs/search_smollm2.duckdb").resolve())
-    run_id = queries.runs(store).run_id.iloc[0]
-    for page in ("replay", "dynamics"):
-        at = open_page(page, store, run=run_id)
-        assert any("Information gain not computed yet" in i.value for i in at.info), page
+def test_pages_say_in_one_line_when_an_ended_run_never_recorded_it(open_page):
+    """A finished run recorded before the measure (search) or on an env without gold answers
+    (frozenlake) will never get it: one line says why, no empty panel."""
+    for name in ("search_smollm2", "spike_frozenlake"):
+        store = str(Path(f"sample_runs/{name}.duckdb").resolve())
+        run_id = queries.runs(store).run_id.iloc[0]
+        for page in ("replay", "dynamics"):
+            at = open_page(page, store, run=run_id)
+            assert not at.exception, (name, page)
+            assert not any("Information gain" in h.value for h in at.subheader), (name, page)
+            said = [x.value for x in at.caption if "not recorded in this run" in x.value]
+            assert len(said) == 1 and "never has it" in said[0], (name, page)
+            assert not any("not computed yet" in i.value for i in at.info), (name, page)
