@@ -68,6 +68,7 @@ from collections import deque
 from typing import Any, Callable, Iterator
 
 from storage.recorder import NON_FINITE, clean_json, clean_text
+from storage.token_columns import TokenColumns
 from storage.token_rows import MAX_TRAJECTORY_TOKENS, TokenRows, pieces
 
 ROLES = ("prompt", "action", "observation")
@@ -261,6 +262,32 @@ def _token(tok: Any) -> dict | None:
     return out
 
 
+_TURN_KINDS = {name: kind for name, (kind, _) in TURN_FIELDS.items()}
+
+
+def _turn(turn: Any) -> dict | None:
+    """``_fields(turn, TURN_FIELDS)`` for a turn whose every value is plainly valid, else None
+    (``_fields`` then names what is wrong): a trainer's multi-turn rollout gives a turn every
+    few tokens, and the general check was a third of its import (bench/rl_import.py)."""
+    if type(turn) is not dict or type(turn.get("action")) is not str:
+        return None
+    out = {}
+    for name, value in turn.items():
+        kind = _TURN_KINDS.get(name)
+        if kind is None or value is None:
+            continue
+        vt = type(value)
+        if kind == "num":
+            if vt is int and -2**53 < value < 2**53:
+                value = float(value)
+            elif vt is not float or not -_INF < value < _INF:
+                return None
+        elif kind != "json" and vt is not (bool if kind == "bool" else str):
+            return None
+        out[name] = value
+    return out
+
+
 def _fields(obj: Any, spec: dict, where: str, keep_extra: bool) -> dict:
     if not isinstance(obj, dict):
         raise LineError(f"{where or 'line'} must be a JSON object, got {_type_name(obj)}")
@@ -344,7 +371,24 @@ def refuse_many_values(obj: Any, where: str = "the record") -> None:
 
 
 def validate(obj: Any) -> dict:
-    """A normalised trajectory record, or LineError saying which field is wrong and how."""
+    """A normalised trajectory record, or LineError saying which field is wrong and how. A
+    trainer's ``tokens`` given as ``TokenColumns`` (storage/token_columns.py) are checked as
+    columns, under the same rules and messages as tokens given as objects."""
+    columns = obj.get("tokens") if isinstance(obj, dict) else None
+    if isinstance(columns, TokenColumns):
+        obj = {k: v for k, v in obj.items() if k != "tokens"}
+        problem = columns.check(MAX_TRAJECTORY_TOKENS, LOGPROB_SLACK)
+        if problem:
+            raise LineError(problem)
+    else:
+        columns = None
+    rec = _validated(obj)
+    if columns is not None:
+        rec["tokens"] = columns
+    return rec
+
+
+def _validated(obj: Any) -> dict:
     refuse_many_values(obj)
     refuse_non_finite(obj)
     rec = _fields(obj, TOP_FIELDS, "", keep_extra=True)
@@ -353,7 +397,8 @@ def validate(obj: Any) -> dict:
         if len(rec.get(name, ())) > limit:
             raise LineError(f"field '{name}' holds {len(rec[name])} entries, over the limit of "
                             f"{limit} per trajectory")
-    rec["turns"] = [_fields(t, TURN_FIELDS, f"turns[{i}].", False) for i, t in enumerate(rec["turns"])]
+    rec["turns"] = [_turn(t) or _fields(t, TURN_FIELDS, f"turns[{i}].", False)
+                    for i, t in enumerate(rec["turns"])]
     if "tokens" in rec:
         rec["tokens"] = [_token(t) or _fields(t, TOKEN_FIELDS, f"tokens[{i}].", False)
                          for i, t in enumerate(rec["tokens"])]
@@ -409,7 +454,9 @@ def to_rows(rec: dict, classify: Callable | None = None) -> dict[str, Any]:
         info["extra"] = rec["extra"]
     components = reward_components(rec, notes)
     advantage = rec.get("advantage")
-    if "tokens" in rec:  # given tokens carry their own advantages, or none
+    if isinstance(rec.get("tokens"), TokenColumns):
+        token_rows = TokenRows(tid, step, columns=rec["tokens"])
+    elif "tokens" in rec:  # given tokens carry their own advantages, or none
         token_rows = TokenRows(tid, step, given=rec["tokens"])
     else:
         token_rows = TokenRows.rebuilt(tid, step, _texts(rec), advantage)

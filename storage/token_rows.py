@@ -72,7 +72,8 @@ class Segment:
 class TokenRows:
     """The ``tokens`` rows of one trajectory (``traj_id``, ``step``, ``pos`` and each token's
     fields), made on each iteration. ``given``: the tokens the record came with (validated
-    dicts), else ``segments`` rebuilt from its text. ``fixed``: values every row takes (an
+    dicts), or ``columns`` (a trainer's rollout, storage/token_columns.py: written as one Arrow
+    table, ``table()``), else ``segments`` rebuilt from its text. ``fixed``: values every row takes (an
     evaluation log's ``trained`` False). ``advantage``: a rebuilt trained row's."""
     traj_id: str
     step: int
@@ -81,6 +82,7 @@ class TokenRows:
     advantage: float | None = None
     fixed: dict[str, Any] = field(default_factory=dict)
     cuts: list[dict] = field(default_factory=list)
+    columns: Any = None
 
     @classmethod
     def rebuilt(cls, traj_id: str, step: int, texts: list[tuple[str, str, int]],
@@ -99,11 +101,15 @@ class TokenRows:
         return out
 
     def __len__(self) -> int:
+        if self.columns is not None:
+            return len(self.columns)
         return len(self.given) if self.given is not None else sum(s.rows for s in self.segments)
 
     @property
     def chars(self) -> int:
         """Characters of text this trajectory holds for its rows (a batch's bound)."""
+        if self.columns is not None:
+            return self.columns.chars()
         if self.given is not None:
             return sum(len(t["text"]) for t in self.given)
         return sum(len(s.text) for s in self.segments)
@@ -112,14 +118,21 @@ class TokenRows:
         """How many rows are trained (the trajectory's ``response_tokens``)."""
         if "trained" in self.fixed:
             return len(self) if self.fixed["trained"] is True else 0
+        if self.columns is not None:
+            return int(self.columns.trained.sum())
         if self.given is not None:
             return sum(1 for t in self.given if t.get("trained", t["role"] == "action"))
         return sum(s.rows for s in self.segments if s.role == "action")
 
+    def table(self):
+        """The rows of a columnar trajectory as one Arrow table (``columns`` set)."""
+        return self.columns.table(self.traj_id, self.step)
+
     def __iter__(self) -> Iterator[dict]:
         base = {"traj_id": self.traj_id, "step": self.step}
-        if self.given is not None:
-            for pos, tok in enumerate(self.given):
+        given = self.columns.rows() if self.columns is not None else self.given
+        if given is not None:
+            for pos, tok in enumerate(given):
                 yield {**base, "pos": pos, **tok,
                        "trained": tok.get("trained", tok["role"] == "action"), **self.fixed}
             return

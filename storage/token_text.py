@@ -5,6 +5,7 @@ re-exports ``token_texts``.
 from __future__ import annotations
 
 import codecs
+import weakref
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -28,22 +29,68 @@ def is_byte_level(tokenizer) -> bool:
     return backend is not None and type(backend.decoder).__name__ == "ByteLevel"
 
 
+_VOCAB: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+"""Per tokenizer, what its tokens seen so far are: {id: text} of those whose bytes are whole
+UTF-8 on their own, {id: bytes} of the others (a character cut across tokens). Bounded by the
+vocabulary; an importer decodes 10^5-10^6 tokens a step, a few thousand distinct ones."""
+
+
+def _vocab(tokenizer, ids: list[int]) -> tuple[dict[int, str], dict[int, bytes]]:
+    """The tokenizer's ``_VOCAB`` entry, learning the ids of ``ids`` it has not seen yet."""
+    try:
+        whole, partial = _VOCAB.setdefault(tokenizer, ({}, {}))
+    except TypeError:  # a tokenizer that cannot be weakly referenced: learnt for this call only
+        whole, partial = {}, {}
+    new = set(ids).difference(whole).difference(partial)
+    if new:
+        new = list(new)
+        for i, piece in zip(new, tokenizer.convert_ids_to_tokens(new)):
+            raw = b"".join(bytes([BYTE_DECODER[c]]) if c in BYTE_DECODER else c.encode()
+                           for c in piece)
+            try:
+                whole[i] = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                partial[i] = raw
+    return whole, partial
+
+
 def token_texts(tokenizer, ids: list[int]) -> list[str]:
     """Text of each token such that ``''.join(token_texts(ids)) == tokenizer.decode(ids)``.
 
     A character split over several byte-level tokens is attributed to the token that completes
     it (earlier ones get ''), so concatenation never produces stray replacement characters.
+    When every token's bytes are whole UTF-8 on their own (no character cut), each text is its
+    token's, looked up (``_VOCAB``) instead of decoded.
     """
     if not is_byte_level(tokenizer):
         return _texts_by_prefix(tokenizer, ids)
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    texts = []
-    for piece in tokenizer.convert_ids_to_tokens(list(ids)):
-        raw = b"".join(bytes([BYTE_DECODER[c]]) if c in BYTE_DECODER else c.encode() for c in piece)
-        texts.append(decoder.decode(raw))
-    if texts:
-        texts[-1] += decoder.decode(b"", final=True)
+    ids = list(map(int, ids))
+    whole, partial = _vocab(tokenizer, ids)
+    if not partial or partial.keys().isdisjoint(ids):
+        return [whole[i] for i in ids]
+    texts = [whole.get(i) for i in ids]
+    done = 0
+    for start in [j for j, text in enumerate(texts) if text is None]:
+        if start >= done:
+            done = _decode_from(texts, ids, start, whole, partial)
     return texts
+
+
+def _decode_from(texts: list, ids: list[int], start: int, whole: dict, partial: dict) -> int:
+    """Decode ``ids`` into ``texts`` from ``start`` (a token whose bytes are not whole UTF-8)
+    until the decoder holds no cut character and the next token is whole again: what one
+    decoder over the whole sequence gives there, since it holds nothing before ``start``.
+    Returns where it stopped."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    j = start
+    while j < len(ids):
+        i = ids[j]
+        texts[j] = decoder.decode(partial[i] if i in partial else whole[i].encode())
+        j += 1
+        if not decoder.getstate()[0] and (j == len(ids) or ids[j] not in partial):
+            return j
+    texts[-1] += decoder.decode(b"", final=True)
+    return j
 
 
 def _texts_by_prefix(tokenizer, ids: list[int]) -> list[str]:

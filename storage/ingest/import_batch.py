@@ -85,6 +85,32 @@ def _insert_chunks(con, table: str, rows: Iterator[dict], run_id: str) -> None:
         _insert(con, table, chunk, run_id)
 
 
+def _insert_tokens(con, token_rows: list, run_id: str) -> None:
+    """The token rows of a batch's trajectories: those given as columns (a trainer's rollout,
+    storage/token_columns.py) as Arrow tables of about ``ROW_CHUNK`` rows, the others made and
+    inserted ``ROW_CHUNK`` at a time; either way a batch's rows are never all held twice."""
+    _insert_chunks(con, "tokens", (r for t in token_rows if t.columns is None for r in t),
+                   run_id)
+    tables, held = [], 0
+    for rows in (t for t in token_rows if t.columns is not None):
+        tables.append(rows.table())
+        held += len(rows)
+        if held >= ROW_CHUNK:
+            _insert_table(con, "tokens", tables, run_id)
+            tables, held = [], 0
+    if tables:
+        _insert_table(con, "tokens", tables, run_id)
+
+
+def _insert_table(con, table: str, tables: list[pa.Table], run_id: str) -> None:
+    """Insert Arrow ``tables`` (columns named as ``table``'s; one missing from some is NULL)."""
+    arrow = pa.concat_tables(tables, promote_options="default")
+    arrow = arrow.append_column("run_id", pa.repeat(pa.scalar(run_id, pa.string()), len(arrow)))
+    con.register("_import_rows", arrow)
+    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _import_rows")
+    con.unregister("_import_rows")
+
+
 def _ensure_run(con, run_id: str, fmt: str, run: dict) -> None:
     if con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone():
         return
@@ -198,7 +224,7 @@ def _write_rows(con, run_id, fmt, run, batch, replace) -> tuple[int, int, int, i
         batch = [(w, rows) for w, rows in batch if rows["trajectories"][0]["traj_id"] not in present]
     for table in TRAJ_TABLES:
         if table == "tokens":  # made and inserted a chunk at a time (storage/token_rows.py)
-            _insert_chunks(con, table, (r for _, rows in batch for r in rows[table]), run_id)
+            _insert_tokens(con, [rows[table] for _, rows in batch], run_id)
         else:
             _insert(con, table, [r for _, rows in batch for r in rows[table]], run_id)
     if replace:

@@ -12,6 +12,8 @@ The rules, the same for every trainer:
   what the trainer trained.
 * A turn starts at each run of action tokens; the observation tokens after it, up to the next
   action, are that turn's observation. Token rows carry the turn index (the prompt's is -1).
+* The tokens are columns (storage/token_columns.py): the roles, turns and values come from
+  array operations, the turns' texts from one join per run of tokens, never a dict per token.
 * The sampler's ``logprob``, the trainer's ``train_logprob`` and the ``advantage`` are kept on
   trained tokens only: trainers fill masked positions with zeros or with values nothing
   sampled (verl's agent loop writes 0.0 as the rollout logprob of a tool's tokens), and a
@@ -21,41 +23,67 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+import pyarrow as pa
 
-def rollout_tokens(prompt_texts: Sequence[str], prompt_ids: Sequence[int],
-                   texts: Sequence[str], ids: Sequence[int], mask: Sequence,
-                   logprobs: Sequence[float] | None = None,
-                   train_logprobs: Sequence[float] | None = None,
-                   advantages: Sequence[float] | None = None) -> tuple[list[dict], list[dict]]:
-    """(``tokens``, ``turns``) of one rollout: the prompt (``prompt_texts``/``prompt_ids``), then
-    its response (``texts``/``ids``, each with its loss ``mask`` and, per response position,
-    the optional sampler ``logprobs``, trainer ``train_logprobs`` and ``advantages``)."""
-    tokens = [{"text": t, "role": "prompt", "trained": False, "token_id": int(i), "turn": -1}
-              for t, i in zip(prompt_texts, prompt_ids)]
-    turns: list[dict] = []
-    previous_trained = False
-    for j, (text, tid) in enumerate(zip(texts, ids)):
-        trained = bool(mask[j])
-        if trained and not previous_trained:
-            turns.append({"action": "", "observation": ""})
-        if not turns:  # observation before any action (a response that opens with a tool's
-            turns.append({"action": "", "observation": ""})  # text): an empty first action
-        row = {"text": text, "role": "action" if trained else "observation", "trained": trained,
-               "token_id": int(tid), "turn": len(turns) - 1}
-        if trained:
-            turns[-1]["action"] += text
-            for name, values in (("logprob", logprobs), ("train_logprob", train_logprobs),
-                                 ("advantage", advantages)):
-                if values is not None:
-                    row[name] = float(values[j])
-        else:
-            turns[-1]["observation"] += text
-        tokens.append(row)
-        previous_trained = trained
-    return tokens, turns or [{"action": "", "observation": ""}]
+from storage.interchange import LineError
+from storage.token_columns import ACTION, OBSERVATION, PROMPT, TokenColumns, texts_array
 
 
-def first_trained(tokens: list[dict], name: str) -> float | None:
-    """``name`` (``advantage``) of the first trained token: the trajectory's, under outcome
-    estimators (GRPO, RLOO: every trained token gets the same value)."""
-    return next((t[name] for t in tokens if t["trained"] and name in t), None)
+def response_turns(role: np.ndarray, n_prompt: int) -> np.ndarray:
+    """Each response token's turn: a turn starts at each run of action tokens, and a response
+    that opens with observation tokens has an empty first action (turn 0 is theirs)."""
+    action = role[n_prompt:] == ACTION
+    starts = action & ~np.concatenate(([False], action[:-1]))
+    turn = np.cumsum(starts, dtype=np.int32) - 1
+    if len(action) and not action[0]:
+        turn += 1
+    return turn
+
+
+def rollout_columns(texts: Sequence[str] | pa.Array, ids: Sequence[int], n_prompt: int,
+                    mask: Sequence, logprobs=None, train_logprobs=None, advantages=None,
+                    with_turns: bool = True) -> tuple[TokenColumns, list[dict]]:
+    """(tokens as ``TokenColumns``, ``turns``) of one rollout: ``ids`` and their ``texts``, the
+    first ``n_prompt`` the prompt, the rest its response with its loss ``mask`` and, per
+    response position, the optional sampler ``logprobs``, trainer ``train_logprobs`` and
+    ``advantages`` (kept on trained tokens only). ``turns`` ([] unless ``with_turns``) holds
+    each turn's action and observation text; ``texts`` must then be a list of strings."""
+    ids = np.asarray(ids, np.int64)
+    n = len(ids)
+    for name, values in (("mask", mask), ("logprobs", logprobs),
+                         ("train_logprobs", train_logprobs), ("advantages", advantages)):
+        if values is not None and len(values) != n - n_prompt:
+            raise LineError(f"{name} has {len(values)} entries for {n - n_prompt} response "
+                            "tokens")
+    role = np.full(n, OBSERVATION, np.int8)
+    role[:n_prompt] = PROMPT
+    trained = np.zeros(n, bool)
+    trained[n_prompt:] = np.asarray(mask, np.float64) != 0
+    role[trained] = ACTION
+    turn = np.full(n, -1, np.int32)
+    turn[n_prompt:] = response_turns(role, n_prompt)
+    text = texts if isinstance(texts, pa.Array) else texts_array(texts)
+    cols = TokenColumns(text, role, turn, ids)
+    for name, values in (("logprob", logprobs), ("train_logprob", train_logprobs),
+                         ("advantage", advantages)):
+        if values is not None:
+            full = np.zeros(n, np.float64)
+            full[n_prompt:] = np.asarray(values, np.float64)
+            cols.set_values(name, full, trained)
+    turns = _turns(texts, role, turn, n_prompt) if with_turns else []
+    return cols, turns
+
+
+def _turns(texts: Sequence[str], role: np.ndarray, turn: np.ndarray, n_prompt: int
+           ) -> list[dict]:
+    """Each turn's action and observation text: one join per run of same-role tokens."""
+    count = int(turn[-1]) + 1 if len(turn) > n_prompt else 0
+    turns = [{"action": "", "observation": ""} for _ in range(count)]
+    cuts = np.flatnonzero(np.diff(role[n_prompt:])) + 1 + n_prompt
+    for a, b in zip(np.concatenate(([n_prompt], cuts)).tolist(),
+                    np.concatenate((cuts, [len(role)])).tolist()):
+        if a < b:
+            key = "action" if role[a] == ACTION else "observation"
+            turns[turn[a]][key] += "".join(texts[a:b])
+    return turns or [{"action": "", "observation": ""}]

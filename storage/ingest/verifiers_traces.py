@@ -43,10 +43,15 @@ import math
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from storage.ingest.dumps import SUCCESS_FIELDS
 from storage.ingest.messages import messages_record
-from storage.ingest.rollout_tokens import first_trained, rollout_tokens
+from storage.ingest.rollout_tokens import rollout_columns
 from storage.interchange import MAX_LINE_BYTES, LineError, guarded, read_json_lines
+from storage.token_columns import TokenColumns, texts_array
 from storage.token_rows import MAX_TRAJECTORY_TOKENS
 
 TRACES_FILE = "traces.jsonl"
@@ -135,12 +140,12 @@ def _trace(trace: Any, step: int, split: str, task: dict, group: Any, tokenizer)
         rec["rewards"] = rewards
     if all(isinstance(n.get("token_ids"), list) and n["token_ids"] for n in path):
         rec["tokens"], notes = _tokens(path, tokenizer)
-        rec["advantage"] = first_trained(rec["tokens"], "advantage")
+        rec["advantage"] = rec["tokens"].first("advantage")
         rec["info"]["import_notes"] = rec["info"].get("import_notes", []) + notes
     return rec
 
 
-def _tokens(path: list[dict], tokenizer) -> tuple[list[dict], list[str]]:
+def _tokens(path: list[dict], tokenizer) -> tuple[TokenColumns, list[str]]:
     """Token rows of a branch whose nodes carry their spans (module docstring); refused, before
     a row is made, past ``MAX_TRAJECTORY_TOKENS`` (a 16 MiB line holds 8M one-digit ids: rows
     for them all would cost gigabytes)."""
@@ -148,36 +153,42 @@ def _tokens(path: list[dict], tokenizer) -> tuple[list[dict], list[str]]:
     if total > MAX_TRAJECTORY_TOKENS:
         raise LineError(f"{total} token ids on the branch, over the limit of "
                         f"{MAX_TRAJECTORY_TOKENS} per trajectory")
-    ids, mask, values = [], [], {name: [] for name in PER_TOKEN}
+    spans, masks, values = [], [], {name: [] for name in PER_TOKEN}
     for node in path:
-        span, kept = node["token_ids"], node.get("mask") or [False] * len(node["token_ids"])
-        if len(kept) != len(span):
-            raise LineError(f"a node's mask has {len(kept)} entries for {len(span)} token ids")
-        sampled = sum(map(bool, kept))
+        span = np.asarray(node["token_ids"], np.int64)
+        kept = np.asarray(node.get("mask") or np.zeros(len(span)), np.float64) != 0
+        if kept.shape != span.shape:
+            raise LineError(f"a node's mask has {len(node.get('mask'))} entries for "
+                            f"{len(span)} token ids")
+        sampled = int(kept.sum())
         for name in PER_TOKEN:  # per sampled token, spread onto the mask's True positions
             given = node.get(name) or []
             if given and len(given) != sampled:
                 raise LineError(f"a node's {name} has {len(given)} values for {sampled} "
                                 "sampled tokens")
-            it = iter(given)
-            values[name] += [next(it, None) if m else None for m in kept]
-        ids += span
-        mask += [bool(m) for m in kept]
+            full, present = np.zeros(len(span)), np.zeros(len(span), bool)
+            if given:
+                full[kept], present[kept] = np.asarray(given, np.float64), True
+            values[name].append((full, present))
+        spans.append(span)
+        masks.append(kept)
+    ids, mask = np.concatenate(spans), np.concatenate(masks)
     notes = []
     if tokenizer is not None:
         from storage.token_text import token_texts
-        texts = token_texts(tokenizer, ids)
-    else:
-        texts = [f"<{i}>" for i in ids]
+        texts = texts_array(token_texts(tokenizer, ids.tolist()))
+    else:  # "<id>", made by Arrow's string kernels, not a Python string per token
+        texts = pc.binary_join_element_wise("<", pa.array(ids).cast(pa.string()), ">", "")
         notes.append("token text is each token's id: the file holds ids only (import with a "
                      "tokenizer to decode them)")
-    first = mask.index(True) if True in mask else len(ids)
-    tokens, _ = rollout_tokens(texts[:first], ids[:first], texts[first:], ids[first:],
-                               mask[first:])
+    hits = np.flatnonzero(mask)
+    first = int(hits[0]) if len(hits) else len(ids)
+    tokens, _ = rollout_columns(texts, ids, first, mask[first:], with_turns=False)
     for name, field in PER_TOKEN.items():
-        for row, value in zip(tokens[first:], values[name][first:]):
-            if value is not None:
-                row[field] = float(value)
+        full = np.concatenate([v for v, _ in values[name]])
+        present = np.concatenate([p for _, p in values[name]]) & tokens.trained
+        if present.any():
+            tokens.values[field], tokens.present[field] = full, present
     return tokens, notes
 
 

@@ -33,8 +33,9 @@ from typing import Any, Iterator
 
 from storage.ingest.dumps import task_id_of
 from storage.ingest.report import ImportReport
-from storage.ingest.rollout_tokens import rollout_tokens
+from storage.ingest.rollout_tokens import rollout_columns
 from storage.integrations.step_recorder import StepRecorder
+from storage.interchange import LineError
 from storage.token_text import token_texts
 
 FORMAT = "skyrl"
@@ -56,9 +57,14 @@ def generator_records(output: dict, tokenizer, step: int, split: str = "train"
     masks, logprobs = output["loss_masks"], output.get("rollout_logprobs")
     ids_of, stops = output.get("trajectory_ids"), output.get("stop_reasons")
     for i, (p_ids, r_ids) in enumerate(zip(prompts, responses)):
-        texts = token_texts(tokenizer, list(p_ids) + list(r_ids))
-        tokens, turns = rollout_tokens(texts[:len(p_ids)], p_ids, texts[len(p_ids):], r_ids,
-                                       masks[i], logprobs=logprobs[i] if logprobs else None)
+        ids = list(p_ids) + list(r_ids)
+        texts = token_texts(tokenizer, ids)
+        try:
+            tokens, turns = rollout_columns(texts, ids, len(p_ids), masks[i],
+                                            logprobs=logprobs[i] if logprobs else None)
+        except LineError as exc:  # this rollout fails alone, in the report
+            yield LineError(f"rollout {i}: {exc}")
+            continue
         reward = output["rewards"][i]
         reward = float(sum(reward)) if isinstance(reward, (list, tuple)) else float(reward)
         prompt = "".join(texts[:len(p_ids)])

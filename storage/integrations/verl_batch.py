@@ -39,9 +39,11 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+import numpy as np
+
 from storage.ingest.dumps import task_id_of
 from storage.ingest.report import ImportReport
-from storage.ingest.rollout_tokens import first_trained, rollout_tokens
+from storage.ingest.rollout_tokens import rollout_columns
 from storage.integrations.step_recorder import StepRecorder
 from storage.token_text import token_texts
 
@@ -49,10 +51,17 @@ FORMAT = "verl-batch"
 
 
 def _sample(batch, i: int):
-    """Sample ``i``'s row of each tensor as a list (None where verl did not fill the key): one
-    row at a time, so what is held beside the batch is one sample's numbers, not the batch's."""
+    """Sample ``i``'s row of each tensor as a numpy array (floats as float64; None where verl
+    did not fill the key): one row at a time, so what is held beside the batch is one
+    sample's numbers, not the batch's."""
     tensors = batch.batch
-    return lambda name: tensors[name][i].tolist() if name in tensors.keys() else None
+
+    def row(name: str):
+        if name not in tensors.keys():
+            return None
+        value = tensors[name][i].detach().cpu()
+        return (value.double() if value.is_floating_point() else value).numpy()
+    return row
 
 
 def _plain(value: Any) -> Any:
@@ -71,32 +80,34 @@ def batch_records(batch, tokenizer, step: int, split: str = "train") -> Iterator
     seen: dict[str, int] = {}
     for i in range(len(batch.batch["responses"])):
         row = _sample(batch, i)
-        responses, attention = row("responses"), row("attention_mask")
+        responses, attention = row("responses"), row("attention_mask") != 0
         width = len(responses)
-        prompt_ids = row("prompts") or row("input_ids")[:-width]
-        mask = row("response_mask") or attention[-width:]
+        prompt_ids = row("prompts")
+        prompt_ids = row("input_ids")[:-width] if prompt_ids is None else prompt_ids
+        mask = row("response_mask")
+        mask = attention[-width:] if mask is None else mask
         old, rewards, scores = row("old_log_probs"), row("token_level_rewards"), \
             row("token_level_scores")
+        sampled = row("rollout_log_probs")
         p_len = len(prompt_ids)
-        p_keep = [j for j in range(p_len) if attention[j]]
-        r_keep = [j for j in range(width) if attention[p_len + j]]
-        p_ids, r_ids = [prompt_ids[j] for j in p_keep], [responses[j] for j in r_keep]
-        texts = token_texts(tokenizer, p_ids + r_ids)  # one decode: characters split across
-        pick = (lambda values: None if values is None else [values[j] for j in r_keep])  # the cut
-        tokens, turns = rollout_tokens(
-            texts[:len(p_ids)], p_ids, texts[len(p_ids):], r_ids, pick(mask),
-            logprobs=pick(row("rollout_log_probs") or old), train_logprobs=pick(old),
-            advantages=pick(row("advantages")))
+        p_keep, r_keep = attention[:p_len], attention[p_len:p_len + width]
+        ids = np.concatenate((prompt_ids[p_keep], responses[r_keep]))
+        n_prompt = int(p_keep.sum())
+        texts = token_texts(tokenizer, ids.tolist())  # one decode: characters split across
+        pick = (lambda values: None if values is None else values[r_keep])  # the cut
+        tokens, turns = rollout_columns(
+            texts, ids, n_prompt, mask[r_keep], logprobs=pick(old if sampled is None else sampled),
+            train_logprobs=pick(old), advantages=pick(row("advantages")))
         uid = str(uids[i]) if uids is not None else f"{i}"
         k = seen[uid] = seen.get(uid, -1) + 1
-        reward = float(sum(rewards)) if rewards is not None else 0.0
-        score = float(sum(scores)) if scores is not None else reward
-        prompt = "".join(texts[:len(p_ids)])
+        reward = float(sum(rewards.tolist())) if rewards is not None else 0.0
+        score = float(sum(scores.tolist())) if scores is not None else reward
+        prompt = "".join(texts[:n_prompt])
         rec = {"traj_id": f"s{step}-{uid}-{k}", "task_id": task_id_of(prompt),
                "group_id": f"s{step}-{uid}", "step": step, "split": split, "prompt": prompt,
                "turns": turns, "reward": reward, "tokens": tokens,
                "rewards": {"outcome": score, "format": 0.0, "cost": 0.0, "process": 0.0},
-               "advantage": first_trained(tokens, "advantage")}
+               "advantage": tokens.first("advantage")}
         if abs(reward - score) > 1e-9:
             rec["rewards"]["kl_penalty"] = reward - score
         rec.update(_sample_fields(extra, i, reward))

@@ -1,0 +1,149 @@
+"""A trainer's token-level rollout held as columns, not as a dict per token.
+
+Why: the importers of verl's batch, SkyRL's generator output and verifiers' traces give
+10^5-10^6 tokens a step; a dict per token, validated field by field and turned back into columns
+for the insert, held them to 50-75k token rows/s (bench/rl_import.py). Here a trajectory's
+tokens are numpy arrays (ids, roles, turns, logprobs...) and one Arrow string array of texts,
+validated with array operations under storage/interchange.py's token rules and messages (the
+first bad token named), and written as Arrow tables (storage/ingest/import_batch.py), a batch
+bounded in rows by storage/token_rows.py's caps as before.
+
+Absent values: ``values[name]`` is a float array with ``present[name]`` saying where a value
+was given (a trainer's logprob exists on trained tokens only); absent is NULL in the store.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from storage.recorder import clean_text
+
+ROLES = ("prompt", "action", "observation")
+PROMPT, ACTION, OBSERVATION = range(3)
+LOGPROBS = ("logprob", "train_logprob")
+"""Log-probabilities: finite and <= 0 (``LOGPROB_SLACK`` above 0 read as 0.0)."""
+NUMBERS = ("advantage",)
+VALUE_ORDER = ("logprob", "token_id", "advantage", "train_logprob")
+"""The order storage/interchange.py's TOKEN_FIELDS checks a token's fields in: the first bad
+field of the first bad token is the one named, as the per-token check names it."""
+
+
+def texts_array(texts) -> pa.Array:
+    """``texts`` (strings) as an Arrow string array, cleaned as every stored text is
+    (storage/recorder.py ``clean_text``): one join and one scan when nothing needs it."""
+    texts = list(texts)
+    joined = "".join(texts)
+    if clean_text(joined) != joined:
+        texts = [clean_text(t) for t in texts]
+    return pa.array(texts, pa.string())
+
+
+@dataclass
+class TokenColumns:
+    """One trajectory's tokens: ``role`` codes into ``ROLES`` (trained = action), ``turn``
+    (-1 the prompt), ``token_id`` (or None), ``text``, and per-token ``values``."""
+    text: pa.Array
+    role: np.ndarray
+    turn: np.ndarray
+    token_id: np.ndarray | None = None
+    values: dict[str, np.ndarray] = field(default_factory=dict)
+    present: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.role)
+
+    @property
+    def trained(self) -> np.ndarray:
+        return self.role == ACTION
+
+    def set_values(self, name: str, values, where: np.ndarray) -> None:
+        """``values`` (one per ``where`` True position, or one per token) as ``name``."""
+        out = np.zeros(len(self), np.float64)
+        given = np.asarray(values, np.float64)
+        if len(given) == len(self):
+            given = given[where]
+        out[where] = given
+        self.values[name], self.present[name] = out, where.copy()
+
+    def first(self, name: str) -> float | None:
+        """``name`` of the first trained token that has it (the trajectory's advantage, under
+        outcome estimators: every trained token gets the same value), else None."""
+        if name not in self.values:
+            return None
+        hits = np.flatnonzero(self.present[name] & self.trained)
+        return float(self.values[name][hits[0]]) if len(hits) else None
+
+    def chars(self) -> int:
+        """Characters of text held (a batch's bound, storage/token_rows.py ``BatchSize``)."""
+        return int(pc.sum(pc.utf8_length(self.text)).as_py() or 0) if len(self.text) else 0
+
+    def check(self, limit: int, slack: float) -> str | None:
+        """None if every token is valid, else what storage/interchange.py's per-token check
+        says of the first bad one: over ``limit`` tokens; a token id outside [0, 2^31); a
+        logprob not finite or above ``slack`` (kept values up to it become 0.0); an advantage
+        not finite. Texts are strings by construction."""
+        n = len(self)
+        if n > limit:
+            return f"field 'tokens' holds {n} entries, over the limit of {limit} per trajectory"
+        bad: dict[str, np.ndarray] = {}
+        if self.token_id is not None:
+            bad["token_id"] = (self.token_id < 0) | (self.token_id >= 2**31)
+        for name, values in self.values.items():
+            with np.errstate(invalid="ignore"):
+                wrong = ~np.isfinite(values)
+                if name in LOGPROBS:
+                    wrong |= values > slack
+            bad[name] = wrong & self.present[name]
+        firsts = {name: int(np.argmax(b)) for name, b in bad.items() if b.any()}
+        if not firsts:
+            for name in LOGPROBS:
+                if name in self.values:
+                    np.minimum(self.values[name], 0.0, out=self.values[name])
+            return None
+        at = min(firsts.values())
+        name = next(k for k in VALUE_ORDER if firsts.get(k) == at)
+        where = f"tokens[{at}].{name}"
+        if name == "token_id":
+            return f"field '{where}' must be between 0 and 2^31-1, got {int(self.token_id[at])}"
+        if name in LOGPROBS:
+            return (f"field '{where}' must be a log-probability (finite and <= 0), got "
+                    f"{float(self.values[name][at])!r}")
+        return f"field '{where}' must be a finite number (a double cannot hold it)"
+
+    def table(self, traj_id: str, step: int) -> pa.Table:
+        """The ``tokens`` table's rows of this trajectory (without ``run_id``)."""
+        n = len(self)
+        cols = {"traj_id": pa.repeat(pa.scalar(traj_id, pa.string()), n),
+                "step": pa.array(np.full(n, step, np.int32)),
+                "pos": pa.array(np.arange(n, dtype=np.int32)),
+                "text": self.text,
+                "role": pa.DictionaryArray.from_arrays(
+                    pa.array(self.role.astype(np.int8)), pa.array(ROLES)).cast(pa.string()),
+                "turn": pa.array(self.turn.astype(np.int32)),
+                "trained": pa.array(self.trained)}
+        if self.token_id is not None:
+            cols["token_id"] = pa.array(self.token_id.astype(np.int32))
+        for name, values in self.values.items():
+            cols[name] = pa.array(values, pa.float64(), mask=~self.present[name])
+        return pa.table(cols)
+
+    def rows(self) -> list[dict]:
+        """The rows as dicts (the general writers' path, storage/ingest/import_batch.py
+        ``write_runs``): absent values left out, as a dict token leaves them out."""
+        out = []
+        ids = self.token_id.tolist() if self.token_id is not None else None
+        texts, roles, turns = self.text.to_pylist(), self.role.tolist(), self.turn.tolist()
+        values = {k: (v.tolist(), self.present[k].tolist()) for k, v in self.values.items()}
+        for i in range(len(self)):
+            row = {"text": texts[i], "role": ROLES[roles[i]], "trained": roles[i] == ACTION,
+                   "turn": turns[i]}
+            if ids is not None:
+                row["token_id"] = ids[i]
+            for name, (vals, given) in values.items():
+                if given[i]:
+                    row[name] = vals[i]
+            out.append(row)
+        return out
