@@ -1,18 +1,20 @@
 """Import throughput and memory of the RL trainers' rollouts (issue 50), token rows per second.
 
-    .venv/bin/python bench/rl_import.py [--rollouts 512] [--tokens 1500]
+    .venv/bin/python bench/rl_import.py [--rollouts 512] [--tokens 1500] [--turns 4]
 
 Each row runs in a child process of its own and prints token rows written per second (wall,
 the child's own perf_counter around the import only) and the child's peak RSS (ru_maxrss),
 beside the RSS it had before importing (Python, torch/verl where needed, the input in memory):
 
 * ``verl-batch``: a real ``verl.DataProto`` of R rollouts of T tokens (a fifth prompt, the rest
-  response, every fourth response token an observation), recorded by
-  ``VerlBatchRecorder.record`` with the tiny model's tokenizer (requirements-rl.txt).
+  response, every fourth response token an observation: ~T/5 turns a rollout), recorded by
+  ``VerlBatchRecorder.record`` with the tiny model's tokenizer (requirements-rl.txt); with
+  ``--turns N`` also one of N turns a rollout (each turn's last fifth an observation).
 * ``verifiers``: tests/fixtures/verifiers/traces.jsonl (written by verifiers' own writer),
-  its lines repeated with fresh trace ids to R episodes, imported by ``python -m storage.io
-  import`` (no tokenizer: token text is the id) and through ``read_verifiers`` with the
-  tokenizer (each token decoded).
+  its lines repeated with fresh trace ids to 10 R episodes (~72 tokens a trace), imported by
+  ``python -m storage.io import`` (no tokenizer: token text is the id) and through
+  ``read_verifiers`` with the tokenizer (each token decoded); then R episodes whose nodes'
+  spans (ids, mask, per-token values) are repeated to ~T tokens a trace, imported with ids.
 * ``art``: R/2 groups of 2 trajectories made with ART's own classes and
   ``serialize_trajectory_groups``, each answer T/2 words: rows are rebuilt from the text.
 """
@@ -48,13 +50,18 @@ import numpy as np, torch
 from verl import DataProto
 from core.model.models import load_tokenizer
 from storage.integrations.verl_batch import VerlBatchRecorder
-R, T, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+R, T, out, turns = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 tok = load_tokenizer("tiny")
 P = T // 5
 g = torch.Generator().manual_seed(0)
 ids = torch.randint(100, 40000, (R, T), generator=g)
 mask = torch.ones(R, T - P, dtype=torch.long)
-mask[:, 3::4] = 0
+if turns:  # each turn's last fifth an observation
+    span = (T - P) // turns
+    for k in range(turns):
+        mask[:, k * span + span * 4 // 5:(k + 1) * span] = 0
+else:
+    mask[:, 3::4] = 0
 lp = -torch.rand(R, T - P, generator=g)
 batch = DataProto.from_dict(tensors={
     "prompts": ids[:, :P], "responses": ids[:, P:], "input_ids": ids,
@@ -66,24 +73,28 @@ before = rss()
 t = time.perf_counter()
 rec = VerlBatchRecorder(out, tok, run_id="bench")
 rec.record(batch, step=1)
-report("verl-batch", out, time.perf_counter() - t, before)
+report(f"verl-batch ({turns} turns)" if turns else "verl-batch", out, time.perf_counter() - t, before)
 """
 
 VERIFIERS = r"""
 import json, sys, uuid
-src, R, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+src, R, out, reps = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 lines = open(src).read().splitlines()
 with open(out, "w") as f:
     for i in range(R):
         ep = json.loads(lines[i % len(lines)])
         for t in ep["traces"]:
             t["id"] = uuid.uuid4().hex
+            for node in t["nodes"]:  # longer traces: each node's span repeated reps times
+                for key in ("token_ids", "mask", "logprobs", "trainer_logprobs", "advantages"):
+                    if isinstance(node.get(key), list):
+                        node[key] = node[key] * reps
         f.write(json.dumps(ep) + "\n")
 """
 
 VERIFIERS_IMPORT = COMMON + r"""
 from storage import io
-src, out, decode = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+src, out, decode, label = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4]
 before = rss()
 if decode:
     from core.model.models import load_tokenizer
@@ -103,7 +114,7 @@ if decode:
 else:
     t = time.perf_counter()
     assert io.main(["import", src, "--db", out, "--format", "verifiers", "--run-id", "b"]) == 0
-report("verifiers" + (" (tokenizer)" if decode else " (ids)"), out, time.perf_counter() - t, before)
+report(f"verifiers ({label})", out, time.perf_counter() - t, before)
 """
 
 ART = COMMON + r"""
@@ -139,21 +150,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=512)
     parser.add_argument("--tokens", type=int, default=1500)
+    parser.add_argument("--turns", type=int, default=0,
+                        help="also a verl batch of this many turns a rollout")
     args = parser.parse_args()
     R, T = str(args.rollouts), str(args.tokens)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        rows = [_child(VERL, R, T, str(tmp / "verl.duckdb"))]
+        rows = [_child(VERL, R, T, str(tmp / "verl.duckdb"), "0")]
+        if args.turns:
+            rows.append(_child(VERL, R, T, str(tmp / "verl-turns.duckdb"), str(args.turns)))
         fixture = ROOT / "tests" / "fixtures" / "verifiers" / "traces.jsonl"
         scaled = tmp / "traces.jsonl"
         subprocess.run([sys.executable, "-c", VERIFIERS, str(fixture), str(int(R) * 10),
-                        str(scaled)], check=True)
-        rows.append(_child(VERIFIERS_IMPORT, str(scaled), str(tmp / "vf.duckdb"), "0"))
-        rows.append(_child(VERIFIERS_IMPORT, str(scaled), str(tmp / "vf2.duckdb"), "1"))
+                        str(scaled), "1"], check=True)
+        rows.append(_child(VERIFIERS_IMPORT, str(scaled), str(tmp / "vf.duckdb"), "0", "ids"))
+        rows.append(_child(VERIFIERS_IMPORT, str(scaled), str(tmp / "vf2.duckdb"), "1",
+                           "tokenizer"))
+        long = tmp / "long.jsonl"  # traces of about T tokens (the fixture's hold ~72)
+        subprocess.run([sys.executable, "-c", VERIFIERS, str(fixture), R, str(long),
+                        str(max(1, int(T) // 72))], check=True)
+        rows.append(_child(VERIFIERS_IMPORT, str(long), str(tmp / "vf3.duckdb"), "0",
+                           f"ids, {T}-token traces"))
         rows.append(_child(ART, R, T, str(tmp / "art.duckdb"), str(tmp / "0001.jsonl")))
     for row in rows:
         if row:
-            print(f"{row['format']:<24} {row['token_rows']:>9,} rows {row['seconds']:>7.2f} s "
+            print(f"{row['format']:<32} {row['token_rows']:>9,} rows {row['seconds']:>7.2f} s "
                   f"{row['rows_per_s']:>11,} rows/s  RSS {row['rss_before_mb']} -> "
                   f"{row['peak_rss_mb']} MB")
 

@@ -113,23 +113,6 @@ class TokenColumns:
                     f"{float(self.values[name][at])!r}")
         return f"field '{where}' must be a finite number (a double cannot hold it)"
 
-    def table(self, traj_id: str, step: int) -> pa.Table:
-        """The ``tokens`` table's rows of this trajectory (without ``run_id``)."""
-        n = len(self)
-        cols = {"traj_id": pa.repeat(pa.scalar(traj_id, pa.string()), n),
-                "step": pa.array(np.full(n, step, np.int32)),
-                "pos": pa.array(np.arange(n, dtype=np.int32)),
-                "text": self.text,
-                "role": pa.DictionaryArray.from_arrays(
-                    pa.array(self.role.astype(np.int8)), pa.array(ROLES)).cast(pa.string()),
-                "turn": pa.array(self.turn.astype(np.int32)),
-                "trained": pa.array(self.trained)}
-        if self.token_id is not None:
-            cols["token_id"] = pa.array(self.token_id.astype(np.int32))
-        for name, values in self.values.items():
-            cols[name] = pa.array(values, pa.float64(), mask=~self.present[name])
-        return pa.table(cols)
-
     def rows(self) -> list[dict]:
         """The rows as dicts (the general writers' path, storage/ingest/import_batch.py
         ``write_runs``): absent values left out, as a dict token leaves them out."""
@@ -147,3 +130,45 @@ class TokenColumns:
                     row[name] = vals[i]
             out.append(row)
         return out
+
+
+def tokens_table(items: list[tuple[str, int, "TokenColumns"]]) -> pa.Table:
+    """The ``tokens`` table's rows (without ``run_id``) of several trajectories' columns
+    ``(traj_id, step, columns)``: each column concatenated once for them all, so a batch's
+    rows cost array copies, not Python work per trajectory. A value some trajectories lack
+    is NULL on their rows."""
+    sizes = np.array([len(c) for _, _, c in items], np.int64)
+    n = int(sizes.sum())
+    ids = pa.array([t for t, _, _ in items], pa.string())
+    starts = np.cumsum(sizes) - sizes
+    role = np.concatenate([c.role for _, _, c in items]) if items else np.zeros(0, np.int8)
+    cols = {"traj_id": pa.DictionaryArray.from_arrays(
+                pa.array(np.repeat(np.arange(len(items), dtype=np.int32), sizes)),
+                ids).cast(pa.string()),
+            "step": pa.array(np.repeat(np.array([s for _, s, _ in items], np.int32), sizes)),
+            "pos": pa.array((np.arange(n, dtype=np.int64) - np.repeat(starts, sizes))
+                            .astype(np.int32)),
+            "text": pa.concat_arrays([c.text for _, _, c in items]) if items
+            else pa.array([], pa.string()),
+            "role": pa.DictionaryArray.from_arrays(pa.array(role), pa.array(ROLES))
+            .cast(pa.string()),
+            "turn": pa.array(np.concatenate([c.turn for _, _, c in items]).astype(np.int32)
+                             if items else np.zeros(0, np.int32)),
+            "trained": pa.array(role == ACTION)}
+    if any(c.token_id is not None for _, _, c in items):
+        cols["token_id"] = _joined([(c.token_id, None) for _, _, c in items], sizes, np.int32)
+    for name in dict.fromkeys(k for _, _, c in items for k in c.values):
+        cols[name] = _joined([(c.values.get(name), c.present.get(name)) for _, _, c in items],
+                             sizes, np.float64)
+    return pa.table(cols)
+
+
+def _joined(parts: list, sizes: np.ndarray, dtype) -> pa.Array:
+    """One Arrow column of ``parts`` ((values or None, where given or None: everywhere)), NULL
+    where a part has no values or does not give one."""
+    values = np.concatenate([np.zeros(k, dtype) if v is None else v.astype(dtype, copy=False)
+                             for (v, _), k in zip(parts, sizes)])
+    given = np.concatenate([np.zeros(k, bool) if v is None else
+                            (np.ones(k, bool) if p is None else p)
+                            for (v, p), k in zip(parts, sizes)])
+    return pa.array(values, mask=~given)

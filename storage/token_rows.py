@@ -72,8 +72,8 @@ class Segment:
 class TokenRows:
     """The ``tokens`` rows of one trajectory (``traj_id``, ``step``, ``pos`` and each token's
     fields), made on each iteration. ``given``: the tokens the record came with (validated
-    dicts), or ``columns`` (a trainer's rollout, storage/token_columns.py: written as one Arrow
-    table, ``table()``), else ``segments`` rebuilt from its text. ``fixed``: values every row takes (an
+    dicts), or ``columns`` (a trainer's rollout, storage/token_columns.py, written as Arrow
+    tables), else ``segments`` rebuilt from its text. ``fixed``: values every row takes (an
     evaluation log's ``trained`` False). ``advantage``: a rebuilt trained row's."""
     traj_id: str
     step: int
@@ -123,10 +123,6 @@ class TokenRows:
         if self.given is not None:
             return sum(1 for t in self.given if t.get("trained", t["role"] == "action"))
         return sum(s.rows for s in self.segments if s.role == "action")
-
-    def table(self):
-        """The rows of a columnar trajectory as one Arrow table (``columns`` set)."""
-        return self.columns.table(self.traj_id, self.step)
 
     def __iter__(self) -> Iterator[dict]:
         base = {"traj_id": self.traj_id, "step": self.step}

@@ -15,6 +15,7 @@ import pyarrow as pa
 from storage import db
 from storage.ingest.report import ImportReport
 from storage.recorder import RUN_ID_RE, clean_column, clean_text, now, to_json
+from storage.token_columns import tokens_table
 from storage.token_rows import ROW_CHUNK
 
 TRAJ_TABLES = ("trajectories", "rewards", "turns", "tokens", "test_results")
@@ -91,20 +92,19 @@ def _insert_tokens(con, token_rows: list, run_id: str) -> None:
     inserted ``ROW_CHUNK`` at a time; either way a batch's rows are never all held twice."""
     _insert_chunks(con, "tokens", (r for t in token_rows if t.columns is None for r in t),
                    run_id)
-    tables, held = [], 0
+    items, held = [], 0
     for rows in (t for t in token_rows if t.columns is not None):
-        tables.append(rows.table())
+        items.append((rows.traj_id, rows.step, rows.columns))
         held += len(rows)
         if held >= ROW_CHUNK:
-            _insert_table(con, "tokens", tables, run_id)
-            tables, held = [], 0
-    if tables:
-        _insert_table(con, "tokens", tables, run_id)
+            _insert_table(con, "tokens", tokens_table(items), run_id)
+            items, held = [], 0
+    if items:
+        _insert_table(con, "tokens", tokens_table(items), run_id)
 
 
-def _insert_table(con, table: str, tables: list[pa.Table], run_id: str) -> None:
-    """Insert Arrow ``tables`` (columns named as ``table``'s; one missing from some is NULL)."""
-    arrow = pa.concat_tables(tables, promote_options="default")
+def _insert_table(con, table: str, arrow: pa.Table, run_id: str) -> None:
+    """Insert an Arrow table whose columns are named as ``table``'s (the others NULL)."""
     arrow = arrow.append_column("run_id", pa.repeat(pa.scalar(run_id, pa.string()), len(arrow)))
     con.register("_import_rows", arrow)
     con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _import_rows")

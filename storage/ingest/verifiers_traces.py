@@ -45,7 +45,6 @@ from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from storage.ingest.dumps import SUCCESS_FIELDS
 from storage.ingest.messages import messages_record
@@ -153,42 +152,43 @@ def _tokens(path: list[dict], tokenizer) -> tuple[TokenColumns, list[str]]:
     if total > MAX_TRAJECTORY_TOKENS:
         raise LineError(f"{total} token ids on the branch, over the limit of "
                         f"{MAX_TRAJECTORY_TOKENS} per trajectory")
-    spans, masks, values = [], [], {name: [] for name in PER_TOKEN}
+    ids, mask, sizes = [], [], []
+    given = {name: [] for name in PER_TOKEN}  # per name: the values, each node's count of them
     for node in path:
-        span = np.asarray(node["token_ids"], np.int64)
-        kept = np.asarray(node.get("mask") or np.zeros(len(span)), np.float64) != 0
-        if kept.shape != span.shape:
-            raise LineError(f"a node's mask has {len(node.get('mask'))} entries for "
-                            f"{len(span)} token ids")
-        sampled = int(kept.sum())
+        span = node["token_ids"]
+        kept = node.get("mask") or [False] * len(span)
+        if len(kept) != len(span):
+            raise LineError(f"a node's mask has {len(kept)} entries for {len(span)} token ids")
+        sampled = sum(map(bool, kept))
         for name in PER_TOKEN:  # per sampled token, spread onto the mask's True positions
-            given = node.get(name) or []
-            if given and len(given) != sampled:
-                raise LineError(f"a node's {name} has {len(given)} values for {sampled} "
+            values = node.get(name) or []
+            if values and len(values) != sampled:
+                raise LineError(f"a node's {name} has {len(values)} values for {sampled} "
                                 "sampled tokens")
-            full, present = np.zeros(len(span)), np.zeros(len(span), bool)
-            if given:
-                full[kept], present[kept] = np.asarray(given, np.float64), True
-            values[name].append((full, present))
-        spans.append(span)
-        masks.append(kept)
-    ids, mask = np.concatenate(spans), np.concatenate(masks)
+            given[name].append((values, len(span)))
+        ids += span
+        mask += kept
+    ids, mask = np.asarray(ids, np.int64), np.asarray(mask, np.float64) != 0
     notes = []
     if tokenizer is not None:
         from storage.token_text import token_texts
         texts = texts_array(token_texts(tokenizer, ids.tolist()))
-    else:  # "<id>", made by Arrow's string kernels, not a Python string per token
-        texts = pc.binary_join_element_wise("<", pa.array(ids).cast(pa.string()), ">", "")
+    else:
+        texts = pa.array([f"<{i}>" for i in ids.tolist()], pa.string())
         notes.append("token text is each token's id: the file holds ids only (import with a "
                      "tokenizer to decode them)")
     hits = np.flatnonzero(mask)
     first = int(hits[0]) if len(hits) else len(ids)
     tokens, _ = rollout_columns(texts, ids, first, mask[first:], with_turns=False)
     for name, field in PER_TOKEN.items():
-        full = np.concatenate([v for v, _ in values[name]])
-        present = np.concatenate([p for _, p in values[name]]) & tokens.trained
-        if present.any():
-            tokens.values[field], tokens.present[field] = full, present
+        nodes = given[name]
+        if not any(values for values, _ in nodes):
+            continue
+        present = mask & np.repeat([bool(values) for values, _ in nodes],
+                                   [size for _, size in nodes])
+        full = np.zeros(len(ids))
+        full[present] = np.asarray([v for values, _ in nodes for v in values], np.float64)
+        tokens.values[field], tokens.present[field] = full, present
     return tokens, notes
 
 
