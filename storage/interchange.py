@@ -375,16 +375,13 @@ def validate(obj: Any) -> dict:
     trainer's ``tokens`` given as ``TokenColumns`` (storage/token_columns.py) are checked as
     columns, under the same rules and messages as tokens given as objects."""
     columns = obj.get("tokens") if isinstance(obj, dict) else None
-    if isinstance(columns, TokenColumns):
-        obj = {k: v for k, v in obj.items() if k != "tokens"}
-        problem = columns.check(MAX_TRAJECTORY_TOKENS, LOGPROB_SLACK)
-        if problem:
-            raise LineError(problem)
-    else:
-        columns = None
-    rec = _validated(obj)
-    if columns is not None:
-        rec["tokens"] = columns
+    if not isinstance(columns, TokenColumns):
+        return _validated(obj)
+    rec = _validated({k: v for k, v in obj.items() if k != "tokens"})
+    problem = columns.check(MAX_TRAJECTORY_TOKENS, LOGPROB_SLACK)
+    if problem:
+        raise LineError(problem)
+    rec["tokens"] = columns
     return rec
 
 

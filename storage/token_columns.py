@@ -29,6 +29,18 @@ NUMBERS = ("advantage",)
 VALUE_ORDER = ("logprob", "token_id", "advantage", "train_logprob")
 """The order storage/interchange.py's TOKEN_FIELDS checks a token's fields in: the first bad
 field of the first bad token is the one named, as the per-token check names it."""
+NON_FINITE_ORDER = ("logprob", "train_logprob", "advantage")
+"""The order a rollout's token object holds its values in (storage/ingest/rollout_tokens.py
+made them so), in which ``refuse_non_finite`` met the first non-finite one."""
+
+
+def _first(bad: dict[str, np.ndarray], order: tuple[str, ...]) -> tuple[int | None, str]:
+    """(the first token any of ``bad``'s masks marks, the first of ``order`` marking it)."""
+    firsts = {k: int(np.argmax(b)) for k, b in bad.items() if b.any()}
+    if not firsts:
+        return None, ""
+    at = min(firsts.values())
+    return at, next(k for k in order if firsts.get(k) == at)
 
 
 def texts_array(texts) -> pa.Array:
@@ -81,37 +93,35 @@ class TokenColumns:
         return int(pc.sum(pc.utf8_length(self.text)).as_py() or 0) if len(self.text) else 0
 
     def check(self, limit: int, slack: float) -> str | None:
-        """None if every token is valid, else what storage/interchange.py's per-token check
-        says of the first bad one: over ``limit`` tokens; a token id outside [0, 2^31); a
-        logprob not finite or above ``slack`` (kept values up to it become 0.0); an advantage
-        not finite. Texts are strings by construction."""
+        """None if every token is valid, else what storage/interchange.py says of the same
+        tokens given as objects: over ``limit`` tokens; then the first token holding a value no
+        double holds (NaN, +-inf: ``refuse_non_finite``'s message); then the first with a token
+        id outside [0, 2^31) or a logprob above ``slack`` (``_check``'s). Kept logprobs up to
+        ``slack`` become 0.0. Texts are strings by construction."""
         n = len(self)
         if n > limit:
             return f"field 'tokens' holds {n} entries, over the limit of {limit} per trajectory"
-        bad: dict[str, np.ndarray] = {}
+        with np.errstate(invalid="ignore"):
+            at, name = _first({k: ~np.isfinite(v) & self.present[k]
+                               for k, v in self.values.items()}, NON_FINITE_ORDER)
+            if at is not None:
+                return f"field 'tokens[{at}].{name}' must be a finite number (a double cannot " \
+                       "hold it)"
+            bad = {k: (v > slack) & self.present[k] for k, v in self.values.items()
+                   if k in LOGPROBS}
         if self.token_id is not None:
             bad["token_id"] = (self.token_id < 0) | (self.token_id >= 2**31)
-        for name, values in self.values.items():
-            with np.errstate(invalid="ignore"):
-                wrong = ~np.isfinite(values)
-                if name in LOGPROBS:
-                    wrong |= values > slack
-            bad[name] = wrong & self.present[name]
-        firsts = {name: int(np.argmax(b)) for name, b in bad.items() if b.any()}
-        if not firsts:
-            for name in LOGPROBS:
-                if name in self.values:
-                    np.minimum(self.values[name], 0.0, out=self.values[name])
+        at, name = _first(bad, VALUE_ORDER)
+        if at is None:
+            for k in LOGPROBS:
+                if k in self.values:
+                    np.minimum(self.values[k], 0.0, out=self.values[k])
             return None
-        at = min(firsts.values())
-        name = next(k for k in VALUE_ORDER if firsts.get(k) == at)
         where = f"tokens[{at}].{name}"
         if name == "token_id":
             return f"field '{where}' must be between 0 and 2^31-1, got {int(self.token_id[at])}"
-        if name in LOGPROBS:
-            return (f"field '{where}' must be a log-probability (finite and <= 0), got "
-                    f"{float(self.values[name][at])!r}")
-        return f"field '{where}' must be a finite number (a double cannot hold it)"
+        return (f"field '{where}' must be a log-probability (finite and <= 0), got "
+                f"{float(self.values[name][at])!r}")
 
     def rows(self) -> list[dict]:
         """The rows as dicts (the general writers' path, storage/ingest/import_batch.py

@@ -5,6 +5,7 @@ re-exports ``token_texts``.
 from __future__ import annotations
 
 import codecs
+import re
 import weakref
 
 
@@ -22,6 +23,21 @@ def _byte_decoder() -> dict[str, int]:
 
 
 BYTE_DECODER = _byte_decoder()
+_TO_BYTES = {ord(c): b for c, b in BYTE_DECODER.items()}
+_NOT_LATIN = re.compile("[\x80-\xa0\xad]")
+"""Characters below 256 outside the byte-level alphabet: UTF-8 encodes them in two bytes."""
+
+
+def _raw(piece: str) -> bytes:
+    """The bytes a byte-level token's piece stands for: its alphabet's characters as the byte
+    each encodes, any other character as its UTF-8 (a special token's text)."""
+    if not _NOT_LATIN.search(piece):
+        try:  # one translate and one encode in C, instead of a step per character
+            return piece.translate(_TO_BYTES).encode("latin-1")
+        except UnicodeEncodeError:
+            pass
+    return b"".join(bytes([BYTE_DECODER[c]]) if c in BYTE_DECODER else c.encode()
+                    for c in piece)
 
 
 def is_byte_level(tokenizer) -> bool:
@@ -45,8 +61,7 @@ def _vocab(tokenizer, ids: list[int]) -> tuple[dict[int, str], dict[int, bytes]]
     if new:
         new = list(new)
         for i, piece in zip(new, tokenizer.convert_ids_to_tokens(new)):
-            raw = b"".join(bytes([BYTE_DECODER[c]]) if c in BYTE_DECODER else c.encode()
-                           for c in piece)
+            raw = _raw(piece)
             try:
                 whole[i] = raw.decode("utf-8")
             except UnicodeDecodeError:
