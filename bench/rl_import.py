@@ -8,7 +8,8 @@ beside the RSS it had before importing (Python, torch/verl where needed, the inp
 
 * ``verl-batch``: a real ``verl.DataProto`` of R rollouts of T tokens (a fifth prompt, the rest
   response, every fourth response token an observation: ~T/5 turns a rollout), recorded by
-  ``VerlBatchRecorder.record`` with the tiny model's tokenizer (requirements-rl.txt); with
+  ``VerlBatchRecorder.record`` with the tiny model's tokenizer (requirements-rl.txt), timed
+  without making the recorder (once a run: it prepares the store, ~0.3 s); with
   ``--turns N`` also one of N turns a rollout (each turn's last fifth an observation).
 * ``verifiers``: tests/fixtures/verifiers/traces.jsonl (written by verifiers' own writer),
   its lines repeated with fresh trace ids to 10 R episodes (~72 tokens a trace), imported by
@@ -69,10 +70,10 @@ batch = DataProto.from_dict(tensors={
     "old_log_probs": lp, "rollout_log_probs": lp - 0.01, "advantages": torch.randn(R, T - P),
     "token_level_rewards": torch.zeros(R, T - P)},
     non_tensors={"uid": np.array([f"u{i // 8}" for i in range(R)], dtype=object)})
+rec = VerlBatchRecorder(out, tok, run_id="bench")  # once a run (it prepares the store)
 before = rss()
 t = time.perf_counter()
-rec = VerlBatchRecorder(out, tok, run_id="bench")
-rec.record(batch, step=1)
+rec.record(batch, step=1)  # what each step pays
 report(f"verl-batch ({turns} turns)" if turns else "verl-batch", out, time.perf_counter() - t, before)
 """
 

@@ -8,6 +8,8 @@ import codecs
 import re
 import weakref
 
+import numpy as np
+
 
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet, reversed: printable stand-in character -> the byte it encodes."""
@@ -45,28 +47,46 @@ def is_byte_level(tokenizer) -> bool:
     return backend is not None and type(backend.decoder).__name__ == "ByteLevel"
 
 
-_VOCAB: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-"""Per tokenizer, what its tokens seen so far are: {id: text} of those whose bytes are whole
-UTF-8 on their own, {id: bytes} of the others (a character cut across tokens). Bounded by the
-vocabulary; an importer decodes 10^5-10^6 tokens a step, a few thousand distinct ones."""
+class _Vocab:
+    """What a tokenizer's tokens seen so far are, by id: the text of those whose bytes are whole
+    UTF-8 on their own (``whole``, and ``texts`` indexed by id), the bytes of the others
+    (``partial``: a character cut across tokens). Bounded by the vocabulary; an importer
+    decodes 10^5-10^6 tokens a step, of a few thousand distinct ones."""
 
+    def __init__(self, size: int):
+        self.whole: dict[int, str] = {}
+        self.partial: dict[int, bytes] = {}
+        self.texts = np.full(size, None, object)
+        self.state = np.zeros(size, np.int8)  # 0 not seen yet, 1 whole, 2 partial
 
-def _vocab(tokenizer, ids: list[int]) -> tuple[dict[int, str], dict[int, bytes]]:
-    """The tokenizer's ``_VOCAB`` entry, learning the ids of ``ids`` it has not seen yet."""
-    try:
-        whole, partial = _VOCAB.setdefault(tokenizer, ({}, {}))
-    except TypeError:  # a tokenizer that cannot be weakly referenced: learnt for this call only
-        whole, partial = {}, {}
-    new = set(ids).difference(whole).difference(partial)
-    if new:
-        new = list(new)
-        for i, piece in zip(new, tokenizer.convert_ids_to_tokens(new)):
+    def learn(self, tokenizer, ids: np.ndarray) -> None:
+        new = np.unique(ids[self.state[ids] == 0]).tolist()
+        for i, piece in zip(new, tokenizer.convert_ids_to_tokens(new) if new else []):
             raw = _raw(piece)
             try:
-                whole[i] = raw.decode("utf-8")
+                self.whole[i] = self.texts[i] = raw.decode("utf-8")
+                self.state[i] = 1
             except UnicodeDecodeError:
-                partial[i] = raw
-    return whole, partial
+                self.partial[i], self.state[i] = raw, 2
+
+
+_VOCAB: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _vocab(tokenizer, ids: np.ndarray) -> _Vocab:
+    """The tokenizer's ``_Vocab``, having learnt ``ids``; ValueError for an id outside it."""
+    size = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+    if len(ids) and not (0 <= int(ids.min()) and int(ids.max()) < size):
+        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+        raise ValueError(f"token id {bad} is outside the tokenizer's vocabulary of {size}")
+    try:
+        vocab = _VOCAB.get(tokenizer)
+        if vocab is None or len(vocab.state) != size:
+            vocab = _VOCAB[tokenizer] = _Vocab(size)
+    except TypeError:  # a tokenizer that cannot be weakly referenced: learnt for this call only
+        vocab = _Vocab(size)
+    vocab.learn(tokenizer, ids)
+    return vocab
 
 
 def token_texts(tokenizer, ids: list[int]) -> list[str]:
@@ -74,20 +94,20 @@ def token_texts(tokenizer, ids: list[int]) -> list[str]:
 
     A character split over several byte-level tokens is attributed to the token that completes
     it (earlier ones get ''), so concatenation never produces stray replacement characters.
-    When every token's bytes are whole UTF-8 on their own (no character cut), each text is its
-    token's, looked up (``_VOCAB``) instead of decoded.
+    Tokens whose bytes are whole UTF-8 on their own are looked up by id (``_Vocab``); only from
+    a token that cuts a character is the sequence decoded, until the cut is closed.
     """
     if not is_byte_level(tokenizer):
         return _texts_by_prefix(tokenizer, ids)
-    ids = list(map(int, ids))
-    whole, partial = _vocab(tokenizer, ids)
-    if not partial or partial.keys().isdisjoint(ids):
-        return [whole[i] for i in ids]
-    texts = [whole.get(i) for i in ids]
-    done = 0
-    for start in [j for j, text in enumerate(texts) if text is None]:
-        if start >= done:
-            done = _decode_from(texts, ids, start, whole, partial)
+    arr = np.asarray(ids, np.int64).reshape(-1)
+    vocab = _vocab(tokenizer, arr)
+    texts = vocab.texts[arr].tolist()
+    cuts = np.flatnonzero(vocab.state[arr] == 2).tolist()
+    if cuts:
+        ids, done = arr.tolist(), 0
+        for start in cuts:
+            if start >= done:
+                done = _decode_from(texts, ids, start, vocab.whole, vocab.partial)
     return texts
 
 
