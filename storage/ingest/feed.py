@@ -188,11 +188,13 @@ def trl_items(fd: int, name: str) -> Iterator[Item]:
 
 
 def write_records(items: Iterable[Item], db_path, fmt: str, run_id: str, run: dict, report,
-                  check: Callable[[], None] = lambda: None) -> None:
+                  check: Callable[[], None] = lambda: None,
+                  records: int = BATCH_RECORDS) -> None:
     """Validate each record and write them in bounded batches into ``run_id``, counting into
     ``report`` (an ``ImportReport``); a bad record fails alone. ``check`` runs before each write
-    (the follower's: is the store still the one it started with)."""
-    first_seen, batch, held, rows_held = {}, [], 0, BatchSize(BATCH_RECORDS)
+    (the follower's: is the store still the one it started with). ``records``: a batch's cap
+    in trajectories, beside its caps in token rows and characters (storage/token_rows.py)."""
+    first_seen, batch, held, rows_held = {}, [], 0, BatchSize(records)
     for where, obj, size in items:
         report.lines += 1
         try:

@@ -13,6 +13,13 @@ from storage.migrations import prepare
 from storage.recorder import check_run_id
 
 
+STEP_BATCH_RECORDS = 4096
+"""Rollouts a step writes in one transaction: a step arrives in memory whole, so its batches are
+bounded by their token rows and text (storage/token_rows.py ``BatchSize``, 500k rows) rather
+than by a count of records; each transaction costs a commit and a checkpoint (a 256 x 1,500-token
+verl step in two transactions, 200 + 56 rollouts: 1.13 s; in one: 0.96 s)."""
+
+
 class StepRecorder:
     """Writes each step's records into ``run_id`` of the store at ``db_path`` (default id
     ``{fmt}-{date}-{time}``); the source the store records is ``import:{fmt}``."""
@@ -30,7 +37,8 @@ class StepRecorder:
         report's errors. Returns what was written."""
         report = ImportReport(self.run_id, f"step {step}", self.fmt)
         items = ((f"step {step} sample {i}", rec, 0) for i, rec in enumerate(records))
-        write_records(items, self.db, self.fmt, self.run_id, self.run, report)
+        write_records(items, self.db, self.fmt, self.run_id, self.run, report,
+                      records=STEP_BATCH_RECORDS)
         finish_import(self.db, self.run_id, self.fmt, self.run, report, live=True)
         return report
 
