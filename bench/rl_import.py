@@ -74,7 +74,8 @@ rec = VerlBatchRecorder(out, tok, run_id="bench")  # once a run (it prepares the
 before = rss()
 t = time.perf_counter()
 rec.record(batch, step=1)  # what each step pays
-report(f"verl-batch ({turns} turns)" if turns else "verl-batch", out, time.perf_counter() - t, before)
+report(f"verl-batch ({turns} turns)" if turns else "verl-batch", out, time.perf_counter() - t,
+       before)
 """
 
 VERIFIERS = r"""
