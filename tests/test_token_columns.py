@@ -73,7 +73,8 @@ def test_columns_are_checked_as_the_same_tokens_given_as_objects(spoil, said):
 def test_a_recorded_step_keeps_each_bad_rollout_alone_and_writes_the_rest_in_chunks(
         tmp_path, monkeypatch):
     """SkyRL's recorder with the tiny tokenizer: a rollout with a NaN sampler logprob on a
-    trained token and one whose loss mask is short fail alone, named; the others are written
+    trained token, one whose loss mask is short and one with an id outside the tokenizer's
+    vocabulary fail alone, named; the others are written
     in Arrow chunks of a few rows (ROW_CHUNK made small), every row where it belongs."""
     from core.model.models import load_tokenizer
     from storage.ingest import import_batch
@@ -84,21 +85,23 @@ def test_a_recorded_step_keeps_each_bad_rollout_alone_and_writes_the_rest_in_chu
     ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     prompt, answer = ids("What is 2+3?"), ids("<answer>5</answer>")
     good = [-0.5] * len(answer)
-    output = {"prompt_token_ids": [prompt] * 4, "response_ids": [answer] * 4,
+    outside = len(tokenizer) + 5  # an id no token of the tokenizer has
+    output = {"prompt_token_ids": [prompt] * 5, "response_ids": [answer] * 4 + [[outside]],
               "loss_masks": [[1] * len(answer), [1] * len(answer), [1] * (len(answer) - 1),
-                             [1] * len(answer)],
+                             [1] * len(answer), [1]],
               "rollout_logprobs": [good, [-0.5, math.nan] + good[2:], good,
-                                   [5e-5] + good[1:]],
-              "rewards": [1.0, 0.0, 0.0, 1.0],
-              "trajectory_ids": [{"instance_id": "sum", "repetition_id": k} for k in range(4)]}
+                                   [5e-5] + good[1:], [-1.0]],
+              "rewards": [1.0, 0.0, 0.0, 1.0, 0.0],
+              "trajectory_ids": [{"instance_id": "sum", "repetition_id": k} for k in range(5)]}
     store = tmp_path / "sky.duckdb"
     recorder = SkyRLRecorder(store, tokenizer, run_id="sky")
     report = recorder.record(output, step=1)
     recorder.close()
-    assert (report.imported, report.failed) == (2, 2)
+    assert (report.imported, report.failed) == (2, 3)
     errors = " | ".join(str(e) for e in report.errors)
     assert f"field 'tokens[{len(prompt) + 1}].logprob' must be a finite number" in errors
     assert f"mask has {len(answer) - 1} entries for {len(answer)} response tokens" in errors
+    assert f"token id {outside} is outside the tokenizer's vocabulary of" in errors
     with db.reading(store) as con:
         rows = con.execute("SELECT traj_id, pos, token_id, role, trained, logprob FROM tokens "
                            "ORDER BY traj_id, pos").fetchall()
@@ -110,3 +113,22 @@ def test_a_recorded_step_keeps_each_bad_rollout_alone_and_writes_the_rest_in_chu
         assert [r[2] for r in mine] == prompt + answer
         assert [r[5] for r in mine] == [None] * len(prompt) + (good if k == 0 else
                                                                 [0.0] + good[1:])
+
+
+def test_a_verifiers_trace_with_an_id_outside_the_vocabulary_fails_alone():
+    import json
+    from pathlib import Path
+
+    from core.model.models import load_tokenizer
+    from storage.ingest.verifiers_traces import episode_records
+
+    tokenizer = load_tokenizer("tiny")
+    line = (Path(__file__).parent / "fixtures" / "verifiers" / "traces.jsonl").read_text()
+    episode = json.loads(line.splitlines()[0])
+    episode["traces"].append(json.loads(json.dumps(episode["traces"][0])))
+    episode["traces"][1]["id"] = "spoiled"
+    episode["traces"][1]["nodes"][0]["token_ids"][0] = 2**40
+    good, bad = episode_records(episode, tokenizer)
+    assert len(good["tokens"]) > 0 and good["tokens"].first("logprob") is not None
+    assert isinstance(bad, LineError)
+    assert f"token id {2**40} is outside the tokenizer's vocabulary of" in str(bad)

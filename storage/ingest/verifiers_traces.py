@@ -172,7 +172,10 @@ def _tokens(path: list[dict], tokenizer) -> tuple[TokenColumns, list[str]]:
     notes = []
     if tokenizer is not None:
         from storage.token_text import token_texts
-        texts = texts_array(token_texts(tokenizer, ids.tolist()))
+        try:
+            texts = texts_array(token_texts(tokenizer, ids.tolist()))
+        except ValueError as exc:  # an id outside the tokenizer's vocabulary: this trace only
+            raise LineError(str(exc)) from None
     else:
         texts = pa.array([f"<{i}>" for i in ids.tolist()], pa.string())
         notes.append("token text is each token's id: the file holds ids only (import with a "

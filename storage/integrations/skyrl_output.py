@@ -58,11 +58,11 @@ def generator_records(output: dict, tokenizer, step: int, split: str = "train"
     ids_of, stops = output.get("trajectory_ids"), output.get("stop_reasons")
     for i, (p_ids, r_ids) in enumerate(zip(prompts, responses)):
         ids = list(p_ids) + list(r_ids)
-        texts = token_texts(tokenizer, ids)
         try:
+            texts = token_texts(tokenizer, ids)
             tokens, turns = rollout_columns(texts, ids, len(p_ids), masks[i],
                                             logprobs=logprobs[i] if logprobs else None)
-        except LineError as exc:  # this rollout fails alone, in the report
+        except (LineError, ValueError) as exc:  # this rollout fails alone, in the report
             yield LineError(f"rollout {i}: {exc}")
             continue
         reward = output["rewards"][i]

@@ -45,6 +45,7 @@ from storage.ingest.dumps import task_id_of
 from storage.ingest.report import ImportReport
 from storage.ingest.rollout_tokens import rollout_columns
 from storage.integrations.step_recorder import StepRecorder
+from storage.interchange import LineError
 from storage.token_text import token_texts
 
 FORMAT = "verl-batch"
@@ -93,13 +94,17 @@ def batch_records(batch, tokenizer, step: int, split: str = "train") -> Iterator
         p_keep, r_keep = attention[:p_len], attention[p_len:p_len + width]
         ids = np.concatenate((prompt_ids[p_keep], responses[r_keep]))
         n_prompt = int(p_keep.sum())
-        texts = token_texts(tokenizer, ids.tolist())  # one decode: characters split across
-        pick = (lambda values: None if values is None else values[r_keep])  # the cut
+        uid = str(uids[i]) if uids is not None else f"{i}"
+        k = seen[uid] = seen.get(uid, -1) + 1
+        try:  # one decode of prompt and response: a character split across the cut stays whole
+            texts = token_texts(tokenizer, ids.tolist())
+        except ValueError as exc:  # an id outside the tokenizer's vocabulary: this sample only
+            yield LineError(f"sample {i}: {exc}")
+            continue
+        pick = (lambda values: None if values is None else values[r_keep])
         tokens, turns = rollout_columns(
             texts, ids, n_prompt, mask[r_keep], logprobs=pick(old if sampled is None else sampled),
             train_logprobs=pick(old), advantages=pick(row("advantages")))
-        uid = str(uids[i]) if uids is not None else f"{i}"
-        k = seen[uid] = seen.get(uid, -1) + 1
         reward = float(sum(rewards.tolist())) if rewards is not None else 0.0
         score = float(sum(scores.tolist())) if scores is not None else reward
         prompt = "".join(texts[:n_prompt])
