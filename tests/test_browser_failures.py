@@ -172,10 +172,10 @@ def test_chat_markers_are_hidden_in_readable_views_and_kept_in_the_token_view(pa
 def test_search_says_what_it_searches_and_how_it_combines(page, server):
     goto(page, server, "failures", "Failures")
     box = page.locator(".st-key-fail_search input")
-    note = page.get_by_text(re.compile(r"^Searches the prompt and every turn's action and "
-                                       r"observation"))
+    note = page.get_by_text(re.compile(r"^Searches the prompt, every turn's action and "
+                                       r"observation, and the tags and notes"))
     text = note.inner_text()
-    assert "not the answer" in text and "every filter above" in text, text
+    assert "case-insensitive" in text and "every filter above" in text, text
     assert 0 < doc_y(note)["top"] - doc_y(box)["bottom"] < 60     # said where the box is
     no_exception(page)
 

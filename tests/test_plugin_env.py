@@ -24,6 +24,7 @@ from core.commands.train import checked_env
 from examples.guess import Factory
 from pages import _jobs
 from storage import queries
+from pages import _params
 from tests.test_pages import PAGES, _NavigationPagesManager
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -274,7 +275,10 @@ def test_the_example_run_opens_on_every_page(guess_store, monkeypatch, tmp_path)
     st.cache_data.clear()
     for page, title in PAGES.items():
         at = AppTest.from_file(APP, default_timeout=60).run()
-        at.query_params.update({"store": db, "run": run_id, "step": "2", "traj": "s2-g0-r0"})
+        # a link carries the parameters its page reads (pages/_params.py refuses the others)
+        wanted = {"store": db, "run": run_id, "step": "2", "traj": "s2-g0-r0"}
+        at.query_params.update({k: v for k, v in wanted.items() if k in _params.COMMON
+                                or k in _params.PAGES[page]})
         at = at.switch_page(f"pages/{page}.py").run()
         assert not at.exception, f"{page}: {at.exception}"
         assert at.title and at.title[0].value == title, page
