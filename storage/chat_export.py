@@ -47,6 +47,7 @@ from typing import Any, Iterator
 from storage import db
 from storage.export import Filters, selected_ids
 from storage.protocol import render_call
+from storage.recorder import from_json
 
 SEARCH_TOOL = {"type": "function", "function": {
     "name": "search", "description": "Search the knowledge base; returns the top documents.",
@@ -64,18 +65,9 @@ JSON_TYPES = {str: "string", bool: "boolean", int: "integer", float: "number", l
 
 
 # -- one trajectory ------------------------------------------------------------------------------
-def _loaded(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return None
-    return value
-
-
 def _calls(turn: dict) -> list[dict]:
     """The turn's tool calls ``{"name", "arguments"}``, read from what the env parsed."""
-    parsed, kind, action = _loaded(turn.get("parsed")) or {}, turn.get("action_type"), \
+    parsed, kind, action = from_json(turn.get("parsed")) or {}, turn.get("action_type"), \
         turn.get("action") or ""
     if not isinstance(parsed, dict):
         return []
@@ -180,7 +172,7 @@ def _schema(name: str, arguments: Any) -> dict:
 def conversation(traj: dict, turns: list[dict], chat: bool) -> dict:
     """One trajectory (``trajectories`` row, its ``turns`` rows in order) as a dataset line;
     ``chat``: the run was imported from chat messages (see the module docstring)."""
-    info = _loaded(traj.get("info")) or {}
+    info = from_json(traj.get("info")) or {}
     messages = _prompt_messages(traj.get("prompt") or "", chat)
     tools: dict[str, dict] = {}
     for turn in turns:
@@ -206,7 +198,7 @@ def conversation(traj: dict, turns: list[dict], chat: bool) -> dict:
         for i, c, (result, error) in zip(ids, calls, _errors(results, turn.get("error"), chat)):
             messages.append({"role": "tool", "tool_call_id": i, "name": c["name"],
                              "content": result} | ({"error": error} if error else {}))
-            tools.setdefault(c["name"], _schema(c["name"], _loaded(c["arguments"])))
+            tools.setdefault(c["name"], _schema(c["name"], from_json(c["arguments"])))
     own = (info.get("extra") or {}).get("tools") if isinstance(info.get("extra"), dict) else None
     line = {"messages": messages}
     if isinstance(own, list) or tools:  # none called and no list given: whether any tool was

@@ -149,6 +149,17 @@ def to_json(value: Any, ensure_ascii: bool = True) -> Any:
     return clean_text(text)  # what ``default=str`` made of unknown objects
 
 
+def from_json(value: Any) -> Any:
+    """A stored JSON column read back: its value when it is JSON text (None when the text does
+    not parse), anything else as it is (DuckDB may hand a JSON column over already parsed)."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except (ValueError, RecursionError):
+            return None
+    return value
+
+
 def to_frame(table: str, rows: Rows) -> pd.DataFrame:
     """Normalise rows for ``table`` into a DataFrame (metrics may be a {name: value} dict),
     cleaned at the recording boundary (module docstring) before pandas sees a string."""

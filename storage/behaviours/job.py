@@ -18,7 +18,6 @@ evaluation log) has its non-branch trajectories used for rates, with no advantag
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -33,18 +32,10 @@ from storage.behaviours.measures import BEHAVIOURS, behaviour_values, kind
 from storage.behaviours.payoff import ALPHA, K_STEPS, AlarmTracker, alarm_steps, step_stats
 from storage.migrations import prepare
 from storage.protocol import TOOL_ACTIONS
+from storage.recorder import from_json
 
 NOT_TRAINED = ("eval", "sft", "expert", "branch")
 PREFIXES = ("behaviour/", "alarm/behaviour/")
-
-
-def _json(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return None
-    return value
 
 
 def offers_tools(turns) -> bool:
@@ -80,7 +71,7 @@ def records(trajs: pd.DataFrame, turns: pd.DataFrame, gains: pd.DataFrame,
     for r in trajs.to_dict("records"):
         offered = r.get("tools_offered")
         r = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
-        r["golds"] = _json(r.get("golds"))
+        r["golds"] = from_json(r.get("golds"))
         r["tools_offered"] = tools_offered if offered is None or offered != offered \
             else str(offered).lower() == "true"
         r["turns"] = sorted(by_traj.get(r["traj_id"], []), key=lambda t: t["turn"])
