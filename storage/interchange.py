@@ -64,9 +64,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections import deque
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
+from storage.json_lines import (MAX_LINE_BYTES, MAX_RECORD_VALUES, LineError,  # noqa: F401
+                                guarded, parse_json, read_json_lines, refuse_many_values,
+                                refuse_non_finite)
 from storage.recorder import NON_FINITE, clean_json, clean_text
 from storage.token_columns import TokenColumns
 from storage.token_rows import MAX_TRAJECTORY_TOKENS, TokenRows, pieces
@@ -74,70 +76,10 @@ from storage.token_rows import MAX_TRAJECTORY_TOKENS, TokenRows, pieces
 ROLES = ("prompt", "action", "observation")
 STANDARD_COMPONENTS = ("outcome", "format", "cost", "process")
 MAX_ID_CHARS = 256
-MAX_LINE_BYTES = 16 * 1024 * 1024
 MAX_TURNS = 10_000
 MAX_COMPONENTS = 1_000
-MAX_RECORD_VALUES = 2_000_000
 LOGPROB_SLACK = 1e-4
 """A float32 log-softmax of a near-certain token can print a hair above 0; this much is kept."""
-
-
-class LineError(ValueError):
-    """What is wrong with one input line (the caller adds where it was)."""
-
-
-# -- reading lines ---------------------------------------------------------------------------------
-def read_json_lines(path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed object or LineError) for each non-blank line; never loads a huge line."""
-    with open(path, "rb") as f:
-        lineno = 0
-        while True:
-            line = f.readline(max_line_bytes + 1)
-            if not line:
-                return
-            lineno += 1
-            if len(line) > max_line_bytes and not line.endswith(b"\n"):
-                while (more := f.readline(1 << 20)) and not more.endswith(b"\n"):
-                    pass  # skip the rest of the oversized line
-                yield lineno, LineError(f"line longer than the limit of {max_line_bytes} bytes")
-                continue
-            if line.strip():
-                yield lineno, parse_json(line)
-
-
-def guarded(name: str, items: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
-    """``items`` ((where, record or LineError) of one file named ``name``) until reading the file
-    breaks off: any exception out of the reader (an unreadable file, a directory named like one,
-    MemoryError) then ends it with one last item, (``name``, LineError saying why), so that file
-    fails alone, named, and the import goes on with the next."""
-    try:
-        yield from items
-    except Exception as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{exc}"
-        yield name, LineError(f"could not be read: {type(exc).__name__}: {why}")
-
-
-def _refuse_constant(name: str):
-    raise LineError(f"{name} is not a JSON number")
-
-
-def parse_json(line: bytes) -> Any:
-    try:
-        text = line.decode("utf-8").rstrip("\r\n")
-    except UnicodeDecodeError as exc:
-        return LineError(f"not UTF-8 text (bad byte at offset {exc.start})")
-    try:  # a lone surrogate escaped in a string (half an emoji) is kept: stored as U+FFFD
-        return json.loads(text, parse_constant=_refuse_constant)
-    except json.JSONDecodeError as exc:
-        return LineError(f"not valid JSON: {exc.msg} at character {exc.pos + 1}")
-    except LineError as exc:
-        return exc
-    except ValueError as exc:  # an integer of more than 4300 digits (Python's conversion limit)
-        return LineError(f"not valid JSON: {exc}")
-    except RecursionError:
-        return LineError("JSON nested too deeply")
-    except MemoryError:
-        return LineError("out of memory parsing the line")
 
 
 # -- validation -----------------------------------------------------------------------------------
@@ -326,48 +268,6 @@ def run_said(obj: Any) -> dict[str, str]:
             if value is not None:
                 said[what] = value.strip()[:RUN_SAID_CHARS]
     return said
-
-
-def refuse_non_finite(obj: Any) -> None:
-    """LineError naming the first field holding a float no double holds (``1e999`` parses to inf).
-
-    The C encoder finds out whether there is one; only then is the path looked for."""
-    try:
-        json.dumps(obj, allow_nan=False)
-        return
-    except ValueError:
-        pass
-    stack = deque([(obj, "")])
-    while stack:
-        value, where = stack.popleft()
-        if isinstance(value, float) and not math.isfinite(value):
-            raise LineError(f"field '{where}' must be a finite number (a double cannot hold it)")
-        if isinstance(value, dict):
-            stack += [(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()]
-        elif isinstance(value, list):
-            stack += [(v, f"{where}[{i}]") for i, v in enumerate(value)]
-
-
-def count_values(value: Any, limit: int) -> int:
-    """JSON values in ``value`` (objects, lists and leaves), counted up to just past ``limit``."""
-    stack, n = [value], 0
-    while stack and n <= limit:
-        v = stack.pop()
-        n += 1
-        if isinstance(v, dict):
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
-    return n
-
-
-def refuse_many_values(obj: Any, where: str = "the record") -> None:
-    """LineError when ``obj`` holds more than ``MAX_RECORD_VALUES`` JSON values: what a record
-    costs past its parse is a few copies of each (about 100 bytes a value apiece), so the count,
-    not the bytes, bounds it (16 MiB of ``[{},{},...]`` is 5.6M of them)."""
-    if count_values(obj, MAX_RECORD_VALUES) > MAX_RECORD_VALUES:
-        raise LineError(f"{where} holds more than {MAX_RECORD_VALUES} JSON values (objects, "
-                        "lists, numbers, strings), the limit for one trajectory")
 
 
 def validate(obj: Any) -> dict:
