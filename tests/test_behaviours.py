@@ -96,9 +96,11 @@ def test_query_patterns_reuse_and_entropy():
     assert query_pattern("Who founded Rurer in 1834?") == "who founded <e> in <e>"
     a = traj([search(0, "capital of Osk", "-"), search(1, "mayor of Osk", "-")], None, tid="a")
     b = traj([search(0, "capital of Varnia", "-")], None, tid="b")
-    c = traj([search(0, "who rules Telith", "-")], None, task="t2", tid="c")
+    c = traj([search(0, "capital of Telith", "-")], None, task="t2", tid="c")
     d = traj([answer(0, "x")], "x", task="t2", tid="d")
-    assert m.query_template_reuse([a, b, c, d]) == [0.5, 1.0, 0.0, None]
+    # reuse is across tasks: a's "capital of <e>" counts for c's (task t2), not for b's (t1)
+    assert m.query_template_reuse([a, b, c, d]) == [0.5, 1.0, 1.0, None]
+    assert m.query_template_reuse([a, b]) == [0.0, 0.0]
     h = m.query_entropy([a, b, c, d])
     assert h[0] == h[1] == pytest.approx(-(2 / 3) * math.log2(2 / 3) - (1 / 3) * math.log2(1 / 3))
     assert h[2] == h[3] == 0.0

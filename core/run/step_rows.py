@@ -13,6 +13,7 @@ from typing import Mapping, Sequence
 from core.rollout.diagnostics import COMPONENTS, success_of
 from core.rollout.trajectory import Trajectory
 from core.run.stage_results import TOKEN_VALUE_COLUMNS, StageResults
+from storage.recorder import JSON_COLUMNS, clean_column, clean_json
 
 _PRIVATE_INFO = ("token_entropy",)
 """Per-token lists the rollout keeps in Trajectory.info that have their own column."""
@@ -138,13 +139,31 @@ def step_tables(trajs: Sequence[Trajectory], results: StageResults | None = None
     """Every per-trajectory table of one step, ready for ``Recorder.record_step``: the
     trajectories as the rollout and rewards left them, with the stages' ``results``."""
     results = results or StageResults()
-    return {"trajectories": trajectory_rows(trajs, results.grad_norms),
-            "rewards": reward_rows(trajs),
-            "turns": turn_rows(trajs, results.turn_advantages),
-            "tokens": token_rows(trajs, results.token_values),
-            "test_results": test_rows(trajs),
-            "renders": render_rows(trajs),
-            "turn_signals": _signal_columns(results.turn_signals)}
+    tables = {"trajectories": trajectory_rows(trajs, results.grad_norms),
+              "rewards": reward_rows(trajs),
+              "turns": turn_rows(trajs, results.turn_advantages),
+              "tokens": token_rows(trajs, results.token_values),
+              "test_results": test_rows(trajs),
+              "renders": render_rows(trajs),
+              "turn_signals": _signal_columns(results.turn_signals)}
+    return {name: clean_columns(name, cols) for name, cols in tables.items()}
+
+
+def clean_columns(table: str, cols: dict[str, list]) -> dict[str, list]:
+    """``cols`` under the recorder's rule for text (storage/recorder.py: a lone surrogate becomes
+    U+FFFD, NUL U+2400), applied here, before any consumer of the step's rows: the behaviours
+    step builds DataFrames from them before the recorder sees them, and a lone surrogate in an
+    action's error text (``raise ValueError(chr(55296))``) failed that and the run with it.
+    JSON columns keep their structure (the behaviours read ``parsed`` as a mapping)."""
+    json_names = JSON_COLUMNS.get(table, ())
+    out = {}
+    for name, values in cols.items():
+        if name in json_names:
+            out[name] = [None if v is None else clean_json(v) for v in values]
+        else:
+            cleaned = clean_column(values)
+            out[name] = values if cleaned is values else list(cleaned)
+    return out
 
 
 def _signal_columns(rows: Sequence[dict]) -> dict[str, list]:

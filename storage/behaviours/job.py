@@ -9,11 +9,20 @@ Writes, replacing what an earlier job wrote for the run (rerunning is idempotent
             behaviour/<name>/p         one-sided p-value that Cov(A, b) > 0
             alarm/behaviour/<name>     1.0 at each step where the shallow-strategy alarm holds
 
-A trajectory's advantage A is its stored ``trajectories.advantage`` (the trainer writes the
-trajectory-level advantage; importers write the file's when it has one), else the mean
-advantage of its trained tokens, else it has none and stays out of the covariance. Training
-trajectories are those whose split is not eval, sft, expert or branch; a run with none (an
-evaluation log) has its non-branch trajectories used for rates, with no advantage.
+A trajectory's advantage A is the one the loss applied: the mean of ``tokens.advantage`` over
+its trained tokens (the loss mask as the optimiser applied it), for runs trained here and imports
+alike. Only where no trained token carries an advantage (an import without token advantages, a
+trajectory filtered out of the update) is it the stored ``trajectories.advantage``, else it has
+none and stays out of the covariance. Why not ``trajectories.advantage`` first: for GiGPO, IGPO,
+SPA and PRM runs it is the episode or outcome scalar, while the loss used per-turn credit (GiGPO's
+step term, IGPO's gains): on credit_gigpo every trajectory differs, and a step whose episode
+advantages are all 0 still paid its tokens. Training trajectories are those whose split is not
+eval, sft, expert or branch; a run with none (an evaluation log) has its non-branch trajectories
+used for rates, with no advantage.
+
+The step's rows reach this module cleaned by the recorder's rule for text (core/run/step_rows.py
+``clean_columns``); and whatever the behaviours step raises, the trainer's step is recorded
+without behaviours, never failed (``StepBehaviours``).
 """
 from __future__ import annotations
 
@@ -25,6 +34,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 
 from storage import db
@@ -69,15 +79,41 @@ def records(trajs: pd.DataFrame, turns: pd.DataFrame, gains: pd.DataFrame,
         tools_offered = offers_tools(t for ts in by_traj.values() for t in ts)
     out = []
     for r in trajs.to_dict("records"):
-        offered = r.get("tools_offered")
+        declared = r.get("tools_offered")
         r = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
         r["golds"] = from_json(r.get("golds"))
-        r["tools_offered"] = tools_offered if offered is None or offered != offered \
-            else str(offered).lower() == "true"
         r["turns"] = sorted(by_traj.get(r["traj_id"], []), key=lambda t: t["turn"])
+        r["tools_offered"] = _tools_offered(declared, r["turns"], tools_offered)
         r["info_gain"] = gain_of.get(r["traj_id"]) or None
         out.append(r)
     return out
+
+
+def _tools_offered(declared, turns: Sequence[Mapping], run_default: bool) -> bool:
+    """Whether a tool was offered to this trajectory: yes if it called one (what the trajectory
+    did beats a declaration: an import writes ``info.tools_offered = false`` for a trace whose
+    tool list is empty, though its agent called ``add``), else the declaration where there is
+    one, else whether the run shows a tool (``offers_tools``)."""
+    if any(kind(t) in TOOL_ACTIONS for t in turns):
+        return True
+    if declared is None or declared != declared:  # NULL, or pandas' NaN for it
+        return run_default
+    return str(declared).lower() == "true"
+
+
+def applied_advantage(traj_ids: Sequence[str], stored: Sequence[float | None],
+                      token_traj: Sequence[str], token_trained: Sequence,
+                      token_adv: Sequence[float | None]) -> list[float | None]:
+    """Each trajectory's A (module docstring): the mean advantage over its trained tokens with a
+    finite one, else its ``stored`` trajectory advantage. The trainer's per-step call hands the
+    step's token columns; the job does the same in SQL (``_read``)."""
+    tokens = pd.DataFrame({"traj_id": list(token_traj),
+                           "trained": pd.array(list(token_trained), dtype="boolean"),
+                           "adv": pd.to_numeric(pd.Series(list(token_adv), dtype=object),
+                                                errors="coerce").astype(float)})
+    keep = tokens["trained"].fillna(False).to_numpy(bool) & np.isfinite(tokens["adv"].to_numpy())
+    mean = tokens[keep].groupby("traj_id")["adv"].mean().to_dict() if keep.any() else {}
+    return [mean.get(tid, a) for tid, a in zip(traj_ids, stored)]
 
 
 def training_mask(splits: Sequence[str | None]) -> list[bool]:
@@ -132,10 +168,26 @@ class StepBehaviours:
         self.tools_offered = False
 
     def __call__(self, step: int, tables: Mapping[str, Mapping[str, list]]) -> tuple[dict, dict]:
-        """(behaviour rows, metrics) of one step from its ``step_tables`` column lists."""
+        """(behaviour rows, metrics) of one step from its ``step_tables`` column lists; ({}, {})
+        and a line on stderr if anything in it raises: the step is recorded without behaviours
+        and training goes on."""
+        try:
+            return self._step(step, tables)
+        except Exception as exc:  # noqa: BLE001 -- an analysis never fails the run it reads
+            why = exc if type(exc) is ValueError else f"{type(exc).__name__}: {exc}"
+            print(f"behaviours, step {step}: {why}; none recorded for this step",
+                  file=sys.stderr)
+            return {}, {}
+
+    def _step(self, step: int, tables: Mapping[str, Mapping[str, list]]) -> tuple[dict, dict]:
         trajs = pd.DataFrame(tables.get("trajectories") or {})
         if trajs.empty:
             return {}, {}
+        tokens = tables.get("tokens") or {}
+        if tokens.get("advantage") is not None and "advantage" in trajs:
+            trajs["advantage"] = applied_advantage(
+                trajs["traj_id"].tolist(), trajs["advantage"].tolist(), tokens["traj_id"],
+                tokens.get("trained") or [None] * len(tokens["traj_id"]), tokens["advantage"])
         turns = pd.DataFrame(tables.get("turns") or {})
         parsed = turns.get("parsed")
         turns["query"] = [p.get("query") if isinstance(p, Mapping) else None
@@ -145,12 +197,7 @@ class StepBehaviours:
         self.tools_offered = self.tools_offered or offers_tools(turns.to_dict("records"))
         recs = records(trajs, turns, gains, self.tools_offered)
         mask = [s not in NOT_TRAINED for s in trajs.get("split", ["train"] * len(trajs))]
-        try:
-            rows, stats_ = step_results(recs, mask)
-        except ValueError as exc:  # a behaviour function raised: the step is recorded without
-            print(f"behaviours, step {step}: {exc}; none recorded for this step",
-                  file=sys.stderr)  # behaviours, and training goes on
-            return {}, {}
+        rows, stats_ = step_results(recs, mask)
         metrics = stat_metrics(stats_)
         if any(mask):
             for name, s in stats_.items():
@@ -165,13 +212,12 @@ def _read(con, run_id: str) -> list[dict]:
         SELECT traj_id, step, split, task_id, answer, golds, success, finish_reason, num_turns,
                response_tokens, advantage, info->>'tools_offered' AS tools_offered
         FROM trajectories WHERE run_id = ? ORDER BY step, traj_id""", [run_id]).df()
-    if trajs["advantage"].isna().any():
-        token_adv = con.execute("""
-            SELECT traj_id, avg(advantage) AS a FROM tokens
-            WHERE run_id = ? AND trained AND advantage IS NOT NULL GROUP BY traj_id""",
-                                [run_id]).df()
-        fill = trajs["traj_id"].map(dict(zip(token_adv["traj_id"], token_adv["a"])))
-        trajs["advantage"] = trajs["advantage"].fillna(fill)
+    applied = con.execute("""
+        SELECT traj_id, avg(advantage) AS a FROM tokens
+        WHERE run_id = ? AND trained AND isfinite(advantage) GROUP BY traj_id""", [run_id]).df()
+    if len(applied):  # the advantage the loss used (module docstring), else the stored one
+        token_mean = trajs["traj_id"].map(dict(zip(applied["traj_id"], applied["a"])))
+        trajs["advantage"] = token_mean.astype(float).fillna(trajs["advantage"])
     turns = con.execute("""
         SELECT traj_id, turn, action, observation, action_valid, action_type, error,
                parsed->>'query' AS query

@@ -11,7 +11,7 @@ A trajectory is a plain mapping (``records`` in job.py builds it from the tables
 from its step's rows):
 
     traj_id, step, split, task_id, answer (None: never answered), golds (list or None),
-    success, finish_reason, num_turns, response_tokens (None: not recorded),
+    success (the trajectory's own grade, None where not recorded), finish_reason, num_turns, response_tokens (None: not recorded),
     tools_offered (the run's environment has a tool or search action),
     turns: [{turn, action, observation, action_valid, action_type, error, parsed}],
     info_gain: {turn: gain} or None (IGPO's per-turn gain, turn_signals, where recorded)
@@ -122,6 +122,44 @@ def golds(traj: Traj) -> list[str]:
     return [g for g in traj.get("golds") or () if isinstance(g, str) and g.strip()]
 
 
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_ANSWER_IS = re.compile(r"\banswer\s*(?:is|:|=)\s*", re.IGNORECASE)
+
+
+def answer_forms(traj: Traj) -> list[str]:
+    """The answer as recorded and the short forms a free-text answer states it in: the content
+    of an ``<answer>`` tag or a ``\\boxed{}``, and the text after the last "answer is" /
+    "answer:" / "answer =" (``"The answer is 5."`` -> ``"5."``). Forms that normalise to
+    nothing are left out; [] for a trajectory that never answered.
+
+    >>> answer_forms({"answer": "The answer is 5"})
+    ['The answer is 5', '5']
+    """
+    text = traj.get("answer")
+    if text is None:
+        return []
+    forms = [text, *_ANSWER_TAG.findall(text), *_BOXED.findall(text)]
+    said = list(_ANSWER_IS.finditer(text))
+    if said:
+        forms.append(text[said[-1].end():])
+    return [f for f in dict.fromkeys(f.strip() for f in forms) if normalize(f)]
+
+
+def graded_right(traj: Traj) -> bool | None:
+    """Whether the answer is right, by the trajectory's own grade first: ``success`` where it is
+    recorded (an environment's or a log's scorer, which reads free text better than a string
+    match); else whether an answer form equals a gold under Search-R1's normalisation; None
+    without a grade or golds. No measure may contradict the grade: a graded-right answer never
+    conflicts with a gold it saw, and is grounded if a gold was observed."""
+    if traj.get("success") is not None:
+        return bool(traj["success"])
+    gold = {normalize(g) for g in golds(traj)}
+    if not gold:
+        return None
+    return any(normalize(f) in gold for f in answer_forms(traj))
+
+
 # ---- per trajectory ------------------------------------------------------------------------------
 @register_behaviour("no_successful_tool_call", shallow=True)
 def no_successful_tool_call(traj: Traj) -> float | None:
@@ -143,17 +181,19 @@ def no_successful_tool_call(traj: Traj) -> float | None:
 
 @register_behaviour("answer_not_in_observations", shallow=True)
 def answer_not_in_observations(traj: Traj) -> float | None:
-    """1 if the normalised answer occurs in no observation the trajectory received (a guess from
-    the prior: RAGEN's hallucinated reasoning), else 0; 0 for a trajectory that never answered
-    (it guessed nothing; why not absent: ``no_successful_tool_call``). Absent without tools, or
-    for an answer that normalises to nothing."""
+    """1 if no form of the answer (``answer_forms``; a gold too when the answer is graded right,
+    ``graded_right``) occurs in any observation the trajectory received (a guess from the prior:
+    RAGEN's hallucinated reasoning), else 0; 0 for a trajectory that never answered (it guessed
+    nothing; why not absent: ``no_successful_tool_call``). Absent without tools, or for an answer
+    that normalises to nothing."""
     if not traj.get("tools_offered"):
         return None
     if not answered(traj):
         return 0.0
-    if not normalize(traj["answer"]):
+    forms = answer_forms(traj) + (golds(traj) if graded_right(traj) else [])
+    if not forms:
         return None
-    seen = any(mentions(t.get("observation"), traj["answer"]) for t in traj.get("turns") or ())
+    seen = any(mentions(t.get("observation"), f) for t in traj.get("turns") or () for f in forms)
     return 0.0 if seen else 1.0
 
 
@@ -189,15 +229,18 @@ def repeated_action(traj: Traj) -> float | None:
 @register_behaviour("conflict_not_followed", shallow=True)
 def conflict_not_followed(traj: Traj) -> float | None:
     """Evidence against the answer was seen and not followed up. Concretely: some observation
-    held a gold answer while the final answer matches no gold (the evidence conflicts with what
-    the policy answered); 1 if no successful tool call came after the first such observation (it
+    held a gold answer while the answer is wrong by the trajectory's own grade (``graded_right``:
+    its ``success``, else no answer form equals a gold): the evidence conflicts with what the
+    policy answered; 1 if no successful tool call came after the first such observation (it
     answered without checking again), 0 if it searched again. Absent where golds are not
-    recorded, no tool is offered, or no observation conflicted with the answer."""
+    recorded, no tool is offered, the answer is right, a wrong grade meets an answer that equals
+    a gold (the grader read something else: no evidence against it), or no observation held a
+    gold."""
     gold = golds(traj)
     if not gold or not traj.get("tools_offered") or not answered(traj):
         return None
-    answer = normalize(traj["answer"])
-    if answer in {normalize(g) for g in gold}:
+    if graded_right(traj) or {normalize(f) for f in answer_forms(traj)} & \
+            {normalize(g) for g in gold}:
         return None
     turns = list(traj.get("turns") or ())
     first = next((i for i, t in enumerate(turns)
@@ -297,17 +340,22 @@ def queries(traj: Traj) -> list[str]:
 
 @register_behaviour("query_template_reuse", scope="step", shallow=True)
 def query_template_reuse(trajs: Sequence[Traj]) -> list[float | None]:
-    """Per trajectory: share of its queries whose pattern (``query_pattern``) another trajectory
-    of the step also used -- RAGEN's templated queries, one pattern filled with each task's
-    entity. A trajectory repeating its own query is ``repeated_action``, not this. Absent for a
-    trajectory without queries."""
+    """Per trajectory: share of its queries whose pattern (``query_pattern``) a trajectory of
+    *another task* of the step also used -- RAGEN's templated queries, one pattern filled with
+    each task's entity. Other rollouts of the same task do not count: a group converging on its
+    task's right query is learning, not templating (4 tasks x 8 rollouts each settling on its own
+    query raised the alarm when they did). A trajectory repeating its own query is
+    ``repeated_action``, not this. A trajectory without a task id is a task of its own. Absent
+    for a trajectory without queries."""
     patterns = [[query_pattern(q) for q in queries(t)] for t in trajs]
-    users: dict[str, set[int]] = {}
-    for i, ps in enumerate(patterns):
+    tasks = [t.get("task_id") if t.get("task_id") is not None else ("traj", i)
+             for i, t in enumerate(trajs)]
+    users: dict[str, set] = {}
+    for task, ps in zip(tasks, patterns):
         for p in ps:
-            users.setdefault(p, set()).add(i)
-    return [None if not ps else sum(len(users[p]) > 1 for p in ps) / len(ps)
-            for ps in patterns]
+            users.setdefault(p, set()).add(task)
+    return [None if not ps else sum(len(users[p] - {task}) > 0 for p in ps) / len(ps)
+            for task, ps in zip(tasks, patterns)]
 
 
 @register_behaviour("query_entropy", scope="step")
