@@ -84,15 +84,17 @@ def _adopt_run_from_url(options: list[tuple[str, str]]) -> None:
             "listed)"))
 
 
-def _redraw_on_new_step(store: str, run_id: str, shown_last: int) -> None:
-    """Runs every FOLLOW_S seconds while a live run is shown: a new step -> redraw the page."""
+def _redraw_on_new_data(store: str, run_id: str, shown: str) -> None:
+    """Runs every FOLLOW_S seconds while a live run is shown: new data (a step, a trajectory an
+    import or the OTLP receiver wrote, one that grew) or an end -> redraw the page."""
     try:
         row = queries.runs(store).set_index("run_id").loc[run_id]
+        now = queries.run_version(store, run_id)
     except (db.StoreError, KeyError):
         return
-    last = c.int_of(row["last_step"], -1)
-    if last != shown_last or row["shown_status"] != "running":
+    if now != shown or row["shown_status"] != "running":
         c.run_table.clear()
+        c.run_version.clear()
         st.rerun()
 
 
@@ -127,15 +129,15 @@ def run_picker(with_step: bool) -> None:
     st.session_state["_url_run"] = (store, run_id)
 
     row = readable[(readable["store"] == store) & (readable["run_id"] == run_id)].iloc[0]
-    last = c.int_of(row["last_step"], -1)
+    version = c.read_or_stop(c.run_version, store, run_id)
     if row["shown_status"] == "running" and st.sidebar.toggle(
             "Follow the live run", value=True, key="follow_live",
-            help=f"Re-reads the run every {FOLLOW_S} s and redraws the page when a step lands."):
-        st.fragment(lambda: _redraw_on_new_step(store, run_id, last), run_every=FOLLOW_S)()
+            help=f"Re-reads the run every {FOLLOW_S} s and redraws the page when new data lands."):
+        st.fragment(lambda: _redraw_on_new_data(store, run_id, version), run_every=FOLLOW_S)()
     if not with_step:
         st.sidebar.caption("Stores: " + ", ".join(queries.store_dirs()))
         return
-    steps = c.read_or_stop(c.load_steps, store, run_id, last)
+    steps = c.read_or_stop(c.load_steps, store, run_id, version)
     if not steps:
         st.sidebar.caption("This run recorded no trajectories (metrics only).")
         return

@@ -18,7 +18,7 @@ MARKERS_UP_TO = 300  # longer series as lines only: each marker is an SVG elemen
 
 
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
-def contributors(store: str, run_id: str, last_step: int, step: int, name: str, n: int = 5):
+def contributors(store: str, run_id: str, version: str, step: int, name: str, n: int = 5):
     return queries.behaviour_contributors(store, run_id, step, name, n)
 
 
@@ -93,7 +93,7 @@ def dynamics_panel(pick: c.Pick, wide: pd.DataFrame) -> None:
         st.warning(f"Shallow-strategy alarm at step {step}: **{c.safe_label(name, 80)}** "
                    "reinforced (Cov(A, b) > 0, p < 0.05) for consecutive steps while its rate "
                    "rose.")
-        top = contributors(pick.store, pick.run_id, pick.last_step, step, name, 1)
+        top = contributors(pick.store, pick.run_id, pick.version, step, name, 1)
         if len(top):
             c.replay_link(pick, step, top["traj_id"].iloc[0],
                           label=f"Replay {top['traj_id'].iloc[0]} (top contributor)",
@@ -118,7 +118,7 @@ def dynamics_panel(pick: c.Pick, wide: pd.DataFrame) -> None:
     name = one.selectbox("Behaviour", names, index=names.index(default_name), key="beh_name")
     step = two.selectbox("Step", steps, index=steps.index(default_step)
                          if default_step in steps else 0, key="beh_step")
-    ranked = contributors(pick.store, pick.run_id, pick.last_step, step, name, 10)
+    ranked = contributors(pick.store, pick.run_id, pick.version, step, name, 10)
     if ranked.empty:
         st.info(f"Step {step}: no trajectory with both {name} and an advantage.")
         return

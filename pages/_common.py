@@ -1,8 +1,10 @@
 """What every page shares: the run picked in the sidebar, cached reads, links, empty states.
 
-Cached reads are keyed on (store, run_id, last_step, ...): a live run's last_step moves on with
-every recorded step, so its pages refresh, while a finished run's data is read once. The run list
-itself is re-read every few seconds (its ``last_step`` column is what moves the keys).
+Cached reads are keyed on (store, run_id, version, ...): ``version`` is what changes when the
+run's data does (its last step and a fingerprint of its trajectories, storage/queries.py
+``run_version``), read again every few seconds, so a live run's pages refresh -- an imported or
+OTLP run too, whose trajectories all sit at step 0 while they arrive and grow -- while a finished
+run's data is read once. The run list itself is re-read every few seconds.
 
 Untrusted text (model actions, observations, imported prompts, error messages from tools) is only
 ever shown through ``st.code``, ``st.text``, ``st.dataframe``, ``st.json`` or the escaped HTML of
@@ -23,7 +25,7 @@ from storage import db, queries
 
 REPLAY = "pages/replay.py"
 RUN_TTL_S = 5      # the run list: status and last_step of live runs
-LIVE_TTL_S = 3600  # data of one run at one last_step: the key changes when the run moves on, so
+LIVE_TTL_S = 3600  # data of one run at one version: the key changes when the run moves on, so
 #                    this only bounds how long a run nobody looks at stays in memory (30 s made
 #                    every page re-read and re-pivot 100k-trajectory runs on most visits)
 MAX_ENTRIES = 64   # per loader: a live run leaves one entry per step it was viewed at
@@ -151,6 +153,11 @@ class Pick:
     @property
     def last_step(self) -> int:
         return int_of(self.run.get("last_step"), -1)
+
+    @property
+    def version(self) -> str:
+        """What the cached reads of this run are keyed by (see the module's docstring)."""
+        return read_or_stop(run_version, self.store, self.run_id)
 
     @property
     def config(self) -> dict:
@@ -282,13 +289,19 @@ def run_table() -> pd.DataFrame:
     return queries.all_runs(queries.discover_stores())
 
 
+@st.cache_data(ttl=RUN_TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
+def run_version(store: str, run_id: str) -> str:
+    """A run's data version (queries.run_version), re-read every RUN_TTL_S seconds."""
+    return queries.run_version(store, run_id)
+
+
 @st.cache_data(ttl=LIVE_TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
-def load_steps(store: str, run_id: str, last_step: int) -> list[int]:
+def load_steps(store: str, run_id: str, version: str) -> list[int]:
     return [int(s) for s in queries.steps(store, run_id)["step"]]
 
 
 @st.cache_data(ttl=LIVE_TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
-def load_metrics(store: str, run_id: str, last_step: int) -> pd.DataFrame:
+def load_metrics(store: str, run_id: str, version: str) -> pd.DataFrame:
     """Metrics as a wide table: one row per step, one column per metric name."""
     long = queries.metrics(store, run_id)
     if long.empty:
@@ -298,13 +311,13 @@ def load_metrics(store: str, run_id: str, last_step: int) -> pd.DataFrame:
 
 
 @st.cache_data(ttl=LIVE_TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
-def load_trajectories(store: str, run_id: str, last_step: int, step: int | None = None,
+def load_trajectories(store: str, run_id: str, version: str, step: int | None = None,
                       group_id: str | None = None) -> pd.DataFrame:
     return queries.trajectories(store, run_id, step=step, group_id=group_id)
 
 
 @st.cache_data(ttl=LIVE_TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
-def load_groups(store: str, run_id: str, last_step: int, step: int) -> pd.DataFrame:
+def load_groups(store: str, run_id: str, version: str, step: int) -> pd.DataFrame:
     return queries.groups(store, run_id, step)
 
 
@@ -329,7 +342,7 @@ def load_tests(store: str, run_id: str, traj_ids: tuple[str, ...]) -> pd.DataFra
 
 
 @st.cache_data(ttl=LIVE_TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
-def load_failure_counts(store: str, run_id: str, last_step: int) -> pd.DataFrame:
+def load_failure_counts(store: str, run_id: str, version: str) -> pd.DataFrame:
     return queries.failure_counts(store, run_id)
 
 

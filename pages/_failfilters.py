@@ -77,6 +77,13 @@ def restore(pick: Pick, classes: list[str], splits: list[str], lo: int, hi: int,
                                                             for k in view):
         st.session_state.update({k: kept.get(k, default) for k, default in view.items()})
     st.session_state["_fail_view_of"] = here
+    # A filter still at its default follows the default as the run grows (a live run's new
+    # class, its new steps): kept at the old one, it would leave them out without a word.
+    before = st.session_state.setdefault("_fail_defaults", {}).get(here, {})
+    for key, default in view.items():
+        if key in before and _same(key, st.session_state.get(key)) == _same(key, before[key]):
+            st.session_state[key] = default
+    st.session_state["_fail_defaults"][here] = view
     seen = st.session_state.setdefault("_url_seen", {})
     for key, param in PARAMS.items():
         if key not in view:

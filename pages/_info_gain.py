@@ -32,12 +32,12 @@ def load_signals(store: str, run_id: str, traj_id: str) -> pd.DataFrame:
 
 
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
-def load_by_turn(store: str, run_id: str, last_step: int, name: str = "info_gain") -> pd.DataFrame:
+def load_by_turn(store: str, run_id: str, version: str, name: str = "info_gain") -> pd.DataFrame:
     return queries.signal_by_turn(store, run_id, name)
 
 
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
-def load_names(store: str, run_id: str, last_step: int) -> list[str]:
+def load_names(store: str, run_id: str, version: str) -> list[str]:
     return queries.signal_names(store, run_id)
 
 
@@ -84,7 +84,7 @@ def replay_panel(pick, traj_id: str, turns: pd.DataFrame) -> None:
     """Replay: the trajectory's answer probability along its turns and each turn's gain."""
     everything = c.read_or_stop(load_signals, pick.store, pick.run_id, traj_id)
     if everything.empty:
-        names = c.read_or_stop(load_names, pick.store, pick.run_id, pick.last_step)
+        names = c.read_or_stop(load_names, pick.store, pick.run_id, pick.version)
         if never_measured(pick, names):  # one line, not an empty panel
             st.caption(never_measured(pick, names))
             return
@@ -130,7 +130,7 @@ def replay_panel(pick, traj_id: str, turns: pd.DataFrame) -> None:
 def dynamics_panel(pick) -> None:
     """Dynamics: mean information gain per turn index, over the run and step by step (and the
     same for SPA's contributions or the PRM's scores when the run recorded them)."""
-    names = c.read_or_stop(load_names, pick.store, pick.run_id, pick.last_step)
+    names = c.read_or_stop(load_names, pick.store, pick.run_id, pick.version)
     if not names and never_measured(pick, names):  # one line, not an empty panel
         st.caption(never_measured(pick, names))
         return
@@ -151,7 +151,7 @@ def dynamics_panel(pick) -> None:
 
 def by_turn_charts(pick, name: str, label: str) -> None:
     """Mean of ``name`` by turn index over the whole run, and per step one line per turn index."""
-    by_turn = c.read_or_stop(load_by_turn, pick.store, pick.run_id, pick.last_step, name)
+    by_turn = c.read_or_stop(load_by_turn, pick.store, pick.run_id, pick.version, name)
     overall = (by_turn.assign(total=by_turn["mean"] * by_turn["n"]).groupby("turn")
                .agg(total=("total", "sum"), n=("n", "sum")))
     overall["mean"] = overall["total"] / overall["n"]

@@ -10,7 +10,7 @@ from storage import queries
 
 
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
-def load(store: str, run_id: str, last_step: int, step: int):
+def load(store: str, run_id: str, version: str, step: int):
     return (queries.mismatch_distribution(store, run_id, step),
             queries.mismatch_ranking(store, run_id, step))
 
@@ -50,7 +50,7 @@ def dynamics_panel(pick: c.Pick, wide) -> None:
     default = pick.step if pick.step in steps else steps[-1]
     step = c.url_select("Step", steps, key="mismatch_step", param="mismatch_step",
                         default=default, cast=int, format_func=str)
-    table, ranked = c.read_or_stop(load, pick.store, pick.run_id, pick.last_step, step)
+    table, ranked = c.read_or_stop(load, pick.store, pick.run_id, pick.version, step)
     if table.empty:
         st.info(f"Step {step} recorded no token with both logprobs.")
         return

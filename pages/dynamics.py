@@ -13,16 +13,16 @@ from storage import queries
 c.ensure_app()
 
 
-# Cached per (store, run, last_step): a finished run is read and scanned once, a live one once per
-# recorded step, and a rerun (a click, a widget) reads nothing.
+# Cached per (store, run, version): a finished run is read and scanned once, a live one once per
+# change of its data (pages/_common.py), and a rerun (a click, a widget) reads nothing.
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
-def spike_table(store: str, run_id: str, last_step: int) -> pd.DataFrame:
+def spike_table(store: str, run_id: str, version: str) -> pd.DataFrame:
     """The spike detector over the whole run (a Python loop over its steps)."""
-    return _signals.spike_threshold(c.load_metrics(store, run_id, last_step)["grad/norm"])
+    return _signals.spike_threshold(c.load_metrics(store, run_id, version)["grad/norm"])
 
 
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
-def step_gradients(store: str, run_id: str, last_step: int, step: int
+def step_gradients(store: str, run_id: str, version: str, step: int
                    ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(top trajectories by gradient norm, per-module norms) of one step, in one store open."""
     return queries.step_gradients(store, run_id, step)
@@ -30,7 +30,7 @@ def step_gradients(store: str, run_id: str, last_step: int, step: int
 
 pick = c.picked()
 _terms.title("Dynamics", "dynamics")
-wide = c.read_or_stop(c.load_metrics, pick.store, pick.run_id, pick.last_step)
+wide = c.read_or_stop(c.load_metrics, pick.store, pick.run_id, pick.version)
 if wide.empty:
     c.stop("This run recorded no metrics yet.")
 alarms = sorted(_signals.collapse_alarms(wide, single_turn=_signals.single_turn(pick.config))
@@ -280,7 +280,7 @@ _behaviours.dynamics_panel(pick, wide)
 st.subheader("Gradient norm and spikes")
 if "grad/norm" not in wide.columns:
     c.stop("No gradient norms recorded in this run (imported runs carry none).")
-sp = spike_table(pick.store, pick.run_id, pick.last_step)
+sp = spike_table(pick.store, pick.run_id, pick.version)
 fig = go.Figure([go.Scatter(x=sp.index, y=sp["value"], mode=line_mode(len(sp)), name="grad/norm"),
                  go.Scatter(x=sp.index, y=sp["median"], mode="lines", name="rolling median",
                             line={"dash": "dash"}),
@@ -311,7 +311,7 @@ threshold = sp.loc[chosen, "threshold"]
 st.caption(f"{'Spike' if chosen in spikes else 'Step'} {chosen}: grad/norm "
            f"{sp.loc[chosen, 'value']:.3g}"
            + (f", threshold {threshold:.3g}" if threshold == threshold else ""))
-ranked, modules = step_gradients(pick.store, pick.run_id, pick.last_step, chosen)
+ranked, modules = step_gradients(pick.store, pick.run_id, pick.version, chosen)
 if ranked.empty:
     st.info(f"Step {chosen} recorded no per-trajectory gradient norms.")
 else:

@@ -16,12 +16,15 @@ c.ensure_app()
 MAX_BARS = 100
 SHOWN_ROWS = 500  # rows of the results table; the count and the export cover every match
 CLASS_WIDTH = 215  # px: the longest class name (wrong_answer_without_evidence) whole
+OPEN_MEANING = ("Not a failure: an agent still running, received over OpenTelemetry. Its "
+                "trajectory grows as its spans arrive and has no reward, success or class until "
+                "it ends; this page shows it as it stands.")
 
 
-# Cached per (store, run, last_step, facets): a rerun (selecting a row, typing a tag) re-reads
+# Cached per (store, run, version, facets): a rerun (selecting a row, typing a tag) re-reads
 # nothing. Tags are read fresh: this page writes them.
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
-def search(store: str, run_id: str, last_step: int, text: str, classes: tuple | None,
+def search(store: str, run_id: str, version: str, text: str, classes: tuple | None,
            step_range: tuple[int, int], splits: tuple | None, success: bool | None,
            tags: tuple | None = None, tags_seen: str = ""):
     """``tags_seen``: the run's tags as read now, so a tag saved here is searched at once."""
@@ -32,7 +35,7 @@ def search(store: str, run_id: str, last_step: int, text: str, classes: tuple | 
 
 
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
-def count(store: str, run_id: str, last_step: int, text: str, classes: tuple | None,
+def count(store: str, run_id: str, version: str, text: str, classes: tuple | None,
           step_range: tuple[int, int], splits: tuple | None, success: bool | None,
           tags: tuple | None = None, tags_seen: str = "") -> int:
     """How many match, when more than the table shows."""
@@ -43,7 +46,7 @@ def count(store: str, run_id: str, last_step: int, text: str, classes: tuple | N
 
 
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
-def load_clusters(store: str, run_id: str, last_step: int, computed: str):
+def load_clusters(store: str, run_id: str, version: str, computed: str):
     """``computed``: when the last cluster job finished, so a new result is read once."""
     return queries.failure_clusters(store, run_id)
 
@@ -54,7 +57,7 @@ def cluster_panel(pick: c.Pick) -> None:
     job = _clusterjob.state(pick.store, pick.run_id)
     running = bool(job and job["alive"])
     done_at = str(job.get("at", "")) if job and job.get("phase") == "done" else ""
-    found = c.read_or_stop(load_clusters, pick.store, pick.run_id, pick.last_step, done_at)
+    found = c.read_or_stop(load_clusters, pick.store, pick.run_id, pick.version, done_at)
     table, per_step, members = found["clusters"], found["per_step"], found["members"]
     right = _cluster_job(pick, job, running, computed=not table.empty)
     if table.empty:
@@ -139,12 +142,12 @@ def _cluster_views(pick: c.Pick, table, per_step, members) -> None:
 
 
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
-def task_ids(store: str, run_id: str, last_step: int) -> list[str]:
+def task_ids(store: str, run_id: str, version: str) -> list[str]:
     return queries.task_ids(store, run_id)
 
 
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
-def task_history(store: str, run_id: str, last_step: int, task: str):
+def task_history(store: str, run_id: str, version: str, task: str):
     return queries.task_history(store, run_id, task)
 
 
@@ -155,8 +158,9 @@ def class_meanings(counts) -> None:
     per = counts.groupby("failure_class", as_index=False)["n"].sum().sort_values(
         "n", ascending=False)
     per["share"] = per["n"] / per["n"].sum() * 100
-    per["meaning"] = [DESCRIPTIONS.get(k, "A class this version's rules do not define (set by "
-                                          "the imported file).") for k in per["failure_class"]]
+    meanings = {**DESCRIPTIONS, queries.OPEN_CLASS: OPEN_MEANING}
+    per["meaning"] = [meanings.get(k, "A class this version's rules do not define (set by "
+                                      "the imported file).") for k in per["failure_class"]]
     per = per[["failure_class", "n", "share", "meaning"]]
     evaluation = set(counts["split"].dropna()) <= {"eval"}
     with st.expander(f"What the {len(per)} classes of this run mean", expanded=evaluation):
@@ -170,11 +174,14 @@ def count_charts(counted, left_out: int, first: int, last: int, counted_splits: 
     shown = counted.assign(failure_class=counted["failure_class"].map(c.plot_text))
     # Solved trajectories are a bar of their own no more: on a run that learns they outnumber every
     # failure class together and squash the bars that matter; the title says how many.
-    failed = shown[shown["failure_class"] != "success"]
+    failed = shown[~shown["failure_class"].isin(["success", queries.OPEN_CLASS])]
     per_class = failed.groupby("failure_class", as_index=False)["n"].sum().sort_values("n")
     solved_n = int(shown.loc[shown["failure_class"] == "success", "n"].sum())
+    open_n = int(shown.loc[shown["failure_class"] == queries.OPEN_CLASS, "n"].sum())
     left.plotly_chart(px.bar(per_class, x="n", y="failure_class", orientation="h", height=320,
-                             title=f"Failed trajectories per class ({solved_n} solved not drawn)"),
+                             title=f"Failed trajectories per class ({solved_n} solved"
+                                   + (f", {open_n} still open" if open_n else "")
+                                   + " not drawn)"),
                       key="fail_per_class")
     # One bar per step drew ~20k SVG bars on the 3,125-step bench run (seconds of browser time):
     # long runs get one bar per `width` steps, labelled by the bin's first step.
@@ -192,7 +199,7 @@ def count_charts(counted, left_out: int, first: int, last: int, counted_splits: 
 
 pick = c.picked()
 _terms.title("Failures", "failures")
-counts = c.read_or_stop(c.load_failure_counts, pick.store, pick.run_id, pick.last_step)
+counts = c.read_or_stop(c.load_failure_counts, pick.store, pick.run_id, pick.version)
 if counts.empty:
     c.stop("This run recorded no trajectories (metrics only): nothing to classify.")
 
@@ -249,9 +256,9 @@ if any(_params.flagged(p) for p in _failfilters.PARAMS.values()):
 _params.refuse(*_failfilters.PARAMS.values(), what="this run's filters")
 matching = _failfilters.current(view, first, last)
 seen = f"{len(tagged)}:{tagged['created_at'].max() if len(tagged) else ''}"
-found = search(pick.store, pick.run_id, pick.last_step, **matching, tags_seen=seen)
+found = search(pick.store, pick.run_id, pick.version, **matching, tags_seen=seen)
 total = len(found) if len(found) < SHOWN_ROWS else \
-    count(pick.store, pick.run_id, pick.last_step, **matching, tags_seen=seen)
+    count(pick.store, pick.run_id, pick.version, **matching, tags_seen=seen)
 st.caption(f"{total} trajectories match" + (f" (first {SHOWN_ROWS} shown; export writes all)"
                                             if total > len(found) else "")
            + ". Select a row to read it and tag it.")
@@ -296,12 +303,12 @@ if clusters_tab.open:
         cluster_panel(pick)
 if task_tab.open:
     with task_tab:
-        tasks = task_ids(pick.store, pick.run_id, pick.last_step)
+        tasks = task_ids(pick.store, pick.run_id, pick.version)
         if not tasks:
             st.info("No task ids recorded in this run.")
         else:
             task = st.selectbox("Task", tasks, key="fail_task", format_func=str)
-            history = task_history(pick.store, pick.run_id, pick.last_step, task)
+            history = task_history(pick.store, pick.run_id, pick.version, task)
             solved = history[history["successes"] > 0]
             st.caption("First solved at step " + str(int(solved["step"].iloc[0]))
                        if not solved.empty else "Never solved in this run.")

@@ -20,7 +20,7 @@ pick = c.picked()
 _terms.title("Groups", "groups")
 if pick.step is None:
     c.stop("This run recorded no trajectories (metrics only): no groups to compare.")
-groups = c.read_or_stop(c.load_groups, pick.store, pick.run_id, pick.last_step, pick.step)
+groups = c.read_or_stop(c.load_groups, pick.store, pick.run_id, pick.version, pick.step)
 if groups.empty:
     c.stop(f"Step {pick.step} recorded no groups.")
 
@@ -28,7 +28,7 @@ functions = c.trl_reward_functions(pick.store, pick.run_id)
 if functions:
     # TRL logs each step's completions as a table (prompt, completion, each reward function)
     with st.expander(f"Every completion of step {pick.step}, as TRL logs them", expanded=True):
-        everyone = c.load_trajectories(pick.store, pick.run_id, pick.last_step, pick.step)
+        everyone = c.load_trajectories(pick.store, pick.run_id, pick.version, pick.step)
         said = c.load_turns(pick.store, pick.run_id, tuple(everyone["traj_id"]))
         completion = said.groupby("traj_id")["action"].agg(
             lambda parts: "\n".join(str(p) for p in parts if p is not None))
@@ -57,7 +57,7 @@ if g["reward_std"] == 0:
 if g["filtered"]:
     st.info("Filtered out by StarPO-S (or |A| too small): recorded, but dropped from the update.")
 
-trajs = c.load_trajectories(pick.store, pick.run_id, pick.last_step, pick.step, group_id)
+trajs = c.load_trajectories(pick.store, pick.run_id, pick.version, pick.step, group_id)
 ids = trajs["traj_id"].tolist()
 turns = c.load_turns(pick.store, pick.run_id, tuple(ids))
 

@@ -8,13 +8,14 @@ import streamlit as st
 from pages import _common as c
 from pages import _terms
 from pages import _boards, _branches, _calls, _info_gain, _live, _panels, _params, _states, _tokens
+from storage import queries
 
 c.ensure_app()
 pick = c.picked()
 _terms.title("Replay", "replay")
 if pick.step is None:
     c.stop("This run recorded no trajectories (metrics only): nothing to replay.")
-trajs = c.read_or_stop(c.load_trajectories, pick.store, pick.run_id, pick.last_step, pick.step)
+trajs = c.read_or_stop(c.load_trajectories, pick.store, pick.run_id, pick.version, pick.step)
 if st.query_params.get("traj") and st.query_params["traj"] not in set(trajs["traj_id"]):
     # a link to a trajectory recorded since the cached read (a branch job's continuation)
     trajs = c.read_or_stop(_branches.fresh_trajectories, pick)
@@ -31,7 +32,8 @@ cols[0].metric("Reward", "-" if c.missing(row["reward"]) else f"{row['reward']:.
                help=_terms.help_for("reward"))
 cols[1].metric("Advantage", "-" if c.missing(row["advantage"]) else f"{row['advantage']:.3f}",
                help=_terms.help_for("advantage"))
-cols[2].metric("Success", "yes" if c.flag(row["success"]) else "no",
+still_open = c.text_of(row["failure_class"]) == queries.OPEN_CLASS   # no outcome yet
+cols[2].metric("Success", "open" if still_open else "yes" if c.flag(row["success"]) else "no",
                help=_terms.help_for("success"))
 cols[3].metric("Turns", c.int_of(row["num_turns"], 0))
 # Not a metric: st.metric cuts a long value ("collateral...") to its column's width.
@@ -39,7 +41,8 @@ with cols[4].container(key="replay_failure_class"):
     st.caption("Failure class", help=_terms.help_for("failure-class"))
     st.markdown("**" + c.safe_label(c.text_of(row["failure_class"]) or "unclassified", 80) + "**")
 st.caption(f"group {c.safe_label(row['group_id'])} · task {c.safe_label(row['task_id'])} · "
-           f"split {c.safe_label(row['split'])} · finish {c.safe_label(row['finish_reason'])}"
+           f"split {c.safe_label(row['split'])} · finish "
+           f"{'none yet (the agent still runs)' if still_open else c.safe_label(row['finish_reason'])}"
            + (" · filtered out of the update (StarPO-S)" if c.flag(row["filtered"]) else "")
            + ". " + _terms.reward_beside_success(pick.config))
 if c.text_of(row.get("prompt")):

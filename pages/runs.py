@@ -17,17 +17,23 @@ c.ensure_app()
 SPARK_METRICS = ("reward/mean", "success/rate")
 
 
-# Keyed on the runs' last steps: a live run's entries change with each step, a finished run's
-# are read once (they expired after 5 s before, so nearly every visit re-read every run).
+# Keyed on the runs' last steps and last writes (``moved``): a live run's entries change as it
+# writes (an OTLP or followed import at step 0 too), a finished run's are read once (they
+# expired after 5 s before, so nearly every visit re-read every run).
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
-def series(store: str, run_ids: tuple[str, ...], last_steps: tuple[int, ...],
+def series(store: str, run_ids: tuple[str, ...], moved: tuple[str, ...],
            names: tuple[str, ...]) -> pd.DataFrame:
     return queries.metric_series(store, list(run_ids), list(names))
 
 
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
-def metric_names(store: str, run_id: str, last_step: int) -> list[str]:
+def metric_names(store: str, run_id: str, moved: str) -> list[str]:
     return queries.metric_names(store, run_id)
+
+
+def moved(run: dict) -> str:
+    """What changes when a run of the run list writes: its last step and last write."""
+    return f"{c.int_of(run.get('last_step'), -1)}:{run.get('updated_at')}"
 
 
 SPARK_POINTS = 100
@@ -47,14 +53,15 @@ def run_frame(table: pd.DataFrame) -> pd.DataFrame:
     """The runs table with config columns, last metric values and sparkline lists."""
     rows = []
     for store, part in table.groupby("store", sort=False):
-        last = tuple(c.int_of(x, -1) for x in part["last_step"])
-        long = series(store, tuple(part["run_id"]), last, SPARK_METRICS)
+        long = series(store, tuple(part["run_id"]), tuple(map(moved, part.to_dict("records"))),
+                      SPARK_METRICS)
         for run in part.to_dict("records"):
             cfg = queries.run_config(run["config"])
             row = {"run": f"{run['name']}", "status": run["shown_status"],
                    "env": cfg.get("env"), "model": cfg.get("model"), "algo": c.algo_label(cfg),
                    "source": run.get("source"), "last step": run["last_step"],
-                   "created": run["created_at"], "store": store, "run_id": run["run_id"]}
+                   "created": run["created_at"], "store": store, "run_id": run["run_id"],
+                   "moved": moved(run)}
             for name in SPARK_METRICS:
                 vals = long[(long["run_id"] == run["run_id"]) & (long["name"] == name)]["value"]
                 row[name] = spark(vals.to_numpy(dtype=float))
@@ -109,7 +116,7 @@ chosen = st.multiselect("Runs to overlay", list(labels), format_func=labels.get,
 if not chosen:
     c.stop("Pick one or more runs to overlay their curves and compare their configs.")
 picked = frame.loc[chosen]
-last_of = {i: c.int_of(v, -1) for i, v in picked["last step"].items()}
+last_of = picked["moved"].to_dict()
 names = sorted({n for i, r in picked.iterrows()
                 for n in metric_names(r.store, r.run_id, last_of[i])})
 if names:

@@ -142,6 +142,38 @@ def metric_series(path: str | Path, run_ids: list[str], names: list[str]) -> pd.
         ORDER BY run_id, step, name""", [list(run_ids), list(names)])
 
 
+def run_version(path: str | Path, run_id: str) -> str:
+    """What changes when a run's data does, for the app's cached reads to be keyed by: the last
+    step, how many metric rows (a behaviours job adds some), and per trajectory its id, turns,
+    outcome and finish (a fingerprint, one scan of narrow columns). A run's last step alone never moves on an imported or OTLP run, whose
+    trajectories all sit at step 0 while the receiver or a followed import adds and rewrites
+    them; an open OTLP trajectory's ``info`` (its span count) is in it too, as it grows without
+    a new turn."""
+    df = _read(path, """
+        SELECT (SELECT last_step FROM runs WHERE run_id = ?) AS last_step,
+               (SELECT count(*) FROM metrics WHERE run_id = ?) AS metrics, count(*) AS n,
+               coalesce(bit_xor(hash(traj_id, num_turns, reward, success, finish_reason,
+                                     failure_class)), 0) AS rows,
+               coalesce(bit_xor(hash(info)) FILTER (WHERE finish_reason IS NULL), 0) AS open
+        FROM trajectories WHERE run_id = ?""", [run_id, run_id, run_id])
+    row = df.iloc[0]
+    last = row["last_step"]
+    return f"{'' if pd.isna(last) else int(last)}:{int(row['metrics'])}:{int(row['n'])}:" \
+           f"{int(row['rows'])}:{int(row['open'])}"
+
+
+OPEN_CLASS = "open"
+"""The class shown for an OTLP trajectory whose agent still runs (``info.otel.open``): it has no
+outcome yet, so neither a failure class nor a reward or success is shown for it."""
+OPEN_SQL = ("(t.finish_reason IS NULL AND t.info IS NOT NULL "
+            "AND coalesce(json_extract_string(t.info, '$.otel.open') = 'true', false))")
+"""Whether row ``t`` is such a trajectory (storage/otlp/assemble.py writes ``info.otel.open``
+and no finish reason until it closes; the JSON is only parsed for rows without one)."""
+SHOWN_CLASS_SQL = (f"CASE WHEN {OPEN_SQL} THEN '{OPEN_CLASS}' ELSE coalesce(t.failure_class, "
+                   "CASE WHEN t.success THEN 'success' ELSE 'unclassified' END) END")
+"""The class a page shows: the stored one, 'success' / 'unclassified' for none, 'open'."""
+
+
 def steps(path: str | Path, run_id: str) -> pd.DataFrame:
     """Steps of a run that recorded trajectories: (step, trajectories, groups, splits)."""
     return _read(path, """
@@ -154,12 +186,21 @@ def steps(path: str | Path, run_id: str) -> pd.DataFrame:
 TRAJ_COLUMNS = """step, traj_id, group_id, task_id, split, reward, advantage, success, num_turns,
                   finish_reason, failure_class, filtered, grad_norm, response_tokens, prompt,
                   answer, golds, info"""
+SHOWN_COLUMNS = f"""t.step, t.traj_id, t.group_id, t.task_id, t.split,
+                   CASE WHEN {OPEN_SQL} THEN NULL ELSE t.reward END AS reward, t.advantage,
+                   CASE WHEN {OPEN_SQL} THEN NULL ELSE t.success END AS success, t.num_turns,
+                   t.finish_reason,
+                   CASE WHEN {OPEN_SQL} THEN '{OPEN_CLASS}' ELSE t.failure_class END
+                       AS failure_class,
+                   t.filtered, t.grad_norm, t.response_tokens, t.prompt, t.answer, t.golds, t.info"""
+"""TRAJ_COLUMNS as the pages show them: an open OTLP trajectory has no reward, success or class
+yet (it reads as 'open'; the store keeps what the receiver wrote, 0.0 and all)."""
 
 
 def trajectories(path: str | Path, run_id: str, step: int | None = None,
                  group_id: str | None = None) -> pd.DataFrame:
     """A run's trajectories, optionally of one step and/or one group, ordered by step, group."""
-    sql = f"SELECT {TRAJ_COLUMNS} FROM trajectories WHERE run_id = ?"
+    sql = f"SELECT {SHOWN_COLUMNS} FROM trajectories t WHERE run_id = ?"
     params: list = [run_id]
     if step is not None:
         sql += " AND step = ?"
@@ -172,7 +213,7 @@ def trajectories(path: str | Path, run_id: str, step: int | None = None,
 
 def trajectory(path: str | Path, run_id: str, traj_id: str) -> dict | None:
     """One trajectory's row as a dict, or None when the run has no such trajectory."""
-    df = _read(path, f"SELECT {TRAJ_COLUMNS} FROM trajectories WHERE run_id = ? AND traj_id = ?",
+    df = _read(path, f"SELECT {SHOWN_COLUMNS} FROM trajectories t WHERE run_id = ? AND traj_id = ?",
                [run_id, traj_id])
     return None if df.empty else df.iloc[0].to_dict()
 
@@ -230,12 +271,15 @@ def test_results(path: str | Path, run_id: str, traj_ids: list[str]) -> pd.DataF
 
 def groups(path: str | Path, run_id: str, step: int) -> pd.DataFrame:
     """One row per task group of a step: size, reward mean/std, successes, filtered."""
-    return _read(path, """
+    # an open OTLP trajectory (its agent still runs) has no reward yet: not averaged as 0.0
+    return _read(path, f"""
         SELECT group_id, any_value(task_id) AS task_id, count(*) AS size,
-               avg(reward) AS reward_mean, coalesce(stddev_samp(reward), 0) AS reward_std,
-               sum(CASE WHEN success THEN 1 ELSE 0 END) AS successes,
+               avg(CASE WHEN {OPEN_SQL} THEN NULL ELSE reward END) AS reward_mean,
+               coalesce(stddev_samp(CASE WHEN {OPEN_SQL} THEN NULL ELSE reward END), 0)
+                   AS reward_std,
+               sum(CASE WHEN success AND NOT {OPEN_SQL} THEN 1 ELSE 0 END) AS successes,
                bool_or(coalesce(filtered, false)) AS filtered
-        FROM trajectories WHERE run_id = ? AND step = ?
+        FROM trajectories t WHERE run_id = ? AND step = ?
         GROUP BY group_id ORDER BY group_id""", [run_id, int(step)])
 
 
@@ -275,13 +319,12 @@ def step_gradients(path: str | Path, run_id: str, step: int, limit: int = 20
 
 # -- failures, search, tasks, tags -----------------------------------------------------------------
 def failure_counts(path: str | Path, run_id: str) -> pd.DataFrame:
-    """Counts per (step, split, failure_class); a NULL class reads 'success' or 'unclassified'."""
-    return _read(path, """
-        SELECT step, split,
-               coalesce(failure_class, CASE WHEN success THEN 'success' ELSE 'unclassified' END)
-                   AS failure_class,
-               count(*) AS n
-        FROM trajectories WHERE run_id = ? GROUP BY ALL ORDER BY step, failure_class""", [run_id])
+    """Counts per (step, split, failure_class); a NULL class reads 'success' or 'unclassified',
+    an OTLP trajectory whose agent still runs 'open' (SHOWN_CLASS_SQL)."""
+    return _read(path, f"""
+        SELECT step, split, {SHOWN_CLASS_SQL} AS failure_class, count(*) AS n
+        FROM trajectories t WHERE run_id = ? GROUP BY ALL ORDER BY step, failure_class""",
+                 [run_id])
 
 
 def search_trajectories(path: str | Path, run_id: str, text: str = "",
@@ -293,10 +336,10 @@ def search_trajectories(path: str | Path, run_id: str, text: str = "",
     and observation, in the prompt and in the tags and notes users saved; ``tags``: only
     trajectories carrying at least one of them."""
     where, params = _facets(run_id, text, classes, step_range, splits, success, tags)
-    sql = f"""SELECT t.step, t.traj_id, t.group_id, t.task_id, t.split, t.reward, t.success,
-                     t.num_turns, t.finish_reason,
-                     coalesce(t.failure_class, CASE WHEN t.success THEN 'success'
-                              ELSE 'unclassified' END) AS failure_class
+    sql = f"""SELECT t.step, t.traj_id, t.group_id, t.task_id, t.split,
+                     CASE WHEN {OPEN_SQL} THEN NULL ELSE t.reward END AS reward,
+                     CASE WHEN {OPEN_SQL} THEN NULL ELSE t.success END AS success,
+                     t.num_turns, t.finish_reason, {SHOWN_CLASS_SQL} AS failure_class
               FROM trajectories t WHERE {where}
               ORDER BY t.step, t.group_id, t.traj_id"""
     if limit is None:
@@ -319,8 +362,7 @@ def _facets(run_id, text, classes, step_range, splits, success, tags=None) -> tu
     where = ["t.run_id = ?"]
     params: list = [run_id]
     if classes:
-        where.append("coalesce(t.failure_class, CASE WHEN t.success THEN 'success' "
-                     "ELSE 'unclassified' END) IN (SELECT unnest(?))")
+        where.append(f"{SHOWN_CLASS_SQL} IN (SELECT unnest(?))")
         params.append(list(classes))
     if step_range is not None:
         where.append("t.step BETWEEN ? AND ?")
@@ -329,7 +371,7 @@ def _facets(run_id, text, classes, step_range, splits, success, tags=None) -> tu
         where.append("t.split IN (SELECT unnest(?))")
         params.append(list(splits))
     if success is not None:
-        where.append("coalesce(t.success, false) = ?")
+        where.append(f"coalesce(t.success, false) = ? AND NOT {OPEN_SQL}")  # open: no outcome
         params.append(bool(success))
     if tags:
         where.append("EXISTS (SELECT 1 FROM tags g WHERE g.run_id = t.run_id "
@@ -363,13 +405,12 @@ def table_columns(path: str | Path) -> pd.DataFrame:
 
 def task_history(path: str | Path, run_id: str, task_id: str) -> pd.DataFrame:
     """One task followed across steps: (step, split, rollouts, successes, reward_mean, classes)."""
-    return _read(path, """
+    return _read(path, f"""
         SELECT step, split, count(*) AS rollouts,
-               sum(CASE WHEN success THEN 1 ELSE 0 END) AS successes,
-               avg(reward) AS reward_mean,
-               string_agg(DISTINCT coalesce(failure_class, CASE WHEN success THEN 'success'
-                                            ELSE 'unclassified' END), ', ') AS classes
-        FROM trajectories WHERE run_id = ? AND task_id = ?
+               sum(CASE WHEN success AND NOT {OPEN_SQL} THEN 1 ELSE 0 END) AS successes,
+               avg(CASE WHEN {OPEN_SQL} THEN NULL ELSE reward END) AS reward_mean,
+               string_agg(DISTINCT {SHOWN_CLASS_SQL}, ', ') AS classes
+        FROM trajectories t WHERE run_id = ? AND task_id = ?
         GROUP BY step, split ORDER BY step, split""", [run_id, task_id])
 
 
