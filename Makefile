@@ -10,7 +10,7 @@ export STREAMLIT_BROWSER_GATHER_USAGE_STATS := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: run test setup system-packages layers clean-venv gpu-pack gpu-proof
+.PHONY: run test setup extras system-packages layers clean-venv gpu-pack gpu-proof
 
 setup: $(STAMP) system-packages
 
@@ -36,9 +36,26 @@ run: setup
 	$(PY) -m streamlit run app.py --server.address $(ADDRESS) --server.port $(PORT) \
 		--server.fileWatcherType none
 
-test: setup layers
+# The optional packages the suite also exercises (the product runs without them): TRL for the
+# RecorderCallback, Inspect AI to write real evaluation logs, verl and OpenPipe ART for their own
+# rollout classes. --no-deps on top of requirements.txt: each file lists what its package imports,
+# so no pin of requirements.txt moves. `make test` installs them; `make extras` alone does too.
+EXTRAS := requirements-trl.txt requirements-inspect.txt requirements-rl.txt
+EXTRAS_STAMP := $(VENV)/.extras-installed
+extras: $(EXTRAS_STAMP)
+
+$(EXTRAS_STAMP): $(STAMP) $(EXTRAS)
+	@echo "==> [extras] installing the optional packages the tests exercise: TRL, Inspect AI, verl, OpenPipe ART"
+	$(VENV)/bin/pip install --disable-pip-version-check --no-deps $(addprefix -r ,$(EXTRAS))
+	@touch $(EXTRAS_STAMP)
+
+# Tests run in parallel on the machine's cores (pytest-xdist); TEST_WORKERS=0 runs them in one
+# process. --dist loadfile keeps a test file on one worker, so a module's fixtures (a served app,
+# a trained run) are made once, not once per worker.
+TEST_WORKERS ?= auto
+test: setup extras layers
 	@echo "==> running the test suite (skipped tests and why are listed at the end)"
-	$(PY) -m pytest -q -rs
+	$(PY) -m pytest -q -rs $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 # The import layers of pyproject.toml's [tool.importlinter] contracts (docs/architecture.md).
 layers: $(STAMP)
