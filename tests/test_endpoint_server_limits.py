@@ -275,19 +275,26 @@ def test_a_body_that_does_not_arrive_in_time_gets_408(tight):
     assert status == 408 and "100 bytes" in body["error"]["message"]
 
 
-def test_connections_beyond_the_limit_get_503(tight):
-    addr = ("127.0.0.1", tight.server_address[1])
-    until(lambda: tight.active == 0, "the earlier tests' connections to end")
-    held = [socket.create_connection(addr, timeout=10) for _ in range(2)]
+def test_connections_beyond_the_limit_get_503_when_none_is_idle(model):
+    """At the connection limit with every connection busy (a body on its way), the next one is
+    answered 503 at once; an idle connection would have been closed for it instead
+    (tests/test_endpoint_server_flood.py)."""
+    srv = serve(model, limits=Limits(max_connections=2, body_s=30.0))
+    addr = ("127.0.0.1", srv.server_address[1])
     try:
-        until(lambda: tight.active == 2, "both connections to be served")
+        held = [socket.create_connection(addr, timeout=10) for _ in range(2)]
+        for s in held:  # 13 of 100 bytes: busy receiving a body, not idle
+            s.sendall(post(b'{"messages": ', key=None, length="100"))
+        until(lambda: srv.active == 2 and srv.faults.in_flight == 2, "both requests to start")
         with socket.create_connection(addr, timeout=10) as third:
             status, headers, body = reply(third)
         assert status == 503 and headers["retry-after"] == "1"
         assert "too many connections" in body["error"]["message"]
-    finally:
         for s in held:
             s.close()
-    until(lambda: tight.active == 0, "the closed connections to free their slots")
-    request = b"GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n"
-    assert exchange(tight, request, timeout=10)[0] == 200
+        until(lambda: srv.active == 0, "the closed connections to free their slots")
+        request = b"GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n"
+        assert exchange(srv, request, timeout=10)[0] == 200
+    finally:
+        srv.shutdown()
+        srv.server_close()

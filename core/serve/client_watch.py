@@ -1,8 +1,10 @@
 """A request's watch: is the client that asked still connected, and is the request past its
-deadline? core/serve/server.py asks between generated tokens and while waiting for the one
-generation lock, so a client that leaves (or a request that runs too long) frees the lock within
-about ``every_s`` instead of after its whole ``max_tokens``.
+deadline? The model (core/serve/chat_model.py) asks between generated tokens and while waiting
+for the one generation lock, so a client that leaves (or a request that runs too long) frees the
+lock within about ``every_s`` instead of after its whole ``max_tokens``.
 
+The client's departure is seen either on its socket (``sock``: peeked) or through ``left``, a
+callable the server's event loop makes true when the connection is lost (core/serve/server.py).
 A client that half-closes its socket after sending (``shutdown(SHUT_WR)``, as ``nc -N`` does)
 reads as gone: a peer's FIN and a closed socket look the same from here, and HTTP clients keep
 the socket open while they wait for the answer.
@@ -13,6 +15,7 @@ import select
 import socket
 import threading
 import time
+from typing import Callable
 
 
 def client_gone(sock: socket.socket) -> bool:
@@ -34,8 +37,9 @@ class ClientWatch:
     """``stop()`` turns true, for good, once the client is gone or ``deadline_s`` has passed since
     the watch began; ``reason`` says which ("client_gone" | "deadline")."""
 
-    def __init__(self, sock: socket.socket | None, deadline_s: float, every_s: float = 0.05):
-        self.sock, self.every_s = sock, every_s
+    def __init__(self, sock: socket.socket | None, deadline_s: float, every_s: float = 0.05,
+                 left: Callable[[], bool] | None = None):
+        self.sock, self.every_s, self.left = sock, every_s, left
         self.started = time.monotonic()
         self.deadline = self.started + deadline_s
         self.reason: str | None = None
@@ -48,7 +52,8 @@ class ClientWatch:
                 self.reason = "deadline"
             elif now >= self._next:  # the socket is asked at most every every_s
                 self._next = now + self.every_s
-                if self.sock is not None and client_gone(self.sock):
+                if (self.left is not None and self.left()) or \
+                        (self.sock is not None and client_gone(self.sock)):
                     self.reason = "client_gone"
         return self.reason is not None
 

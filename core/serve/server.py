@@ -9,7 +9,15 @@ with the model's chat template and samples with transformers ``generate``; ``GET
 lists the one model. It honours ``max_tokens`` (or ``max_completion_tokens``), ``temperature``,
 ``top_p``, ``seed``, ``stop`` (cut before the stop string, which is not returned, as OpenAI and
 vLLM do) and ``logprobs`` / ``top_logprobs`` (each returned token's logprob under the sampling
-distribution, temperature applied). One request generates at a time (a lock); the others wait.
+distribution, temperature applied). One request generates at a time, on one worker thread fed
+by a bounded queue (core/serve/generations.py): the others wait there, and the server's event loop
+keeps answering (``/v1/models``, refusals) while torch works; a full queue is a 503.
+
+The server is a starlette app on uvicorn (storage/asgi_serve.py): a request's headers must be
+complete within ``header_s`` of the connection (a client dripping them is cut off), a kept-alive
+connection idle ``idle_s`` is closed, and at ``--max-connections`` open the longest-idle connection
+is closed for a new one, so idle sockets never lock clients out; a request h11 cannot parse
+(``Content-Length: ²``) gets a JSON 400.
 
 Authentication: with ``--api-key-env VAR`` a request must carry ``Authorization: Bearer``
 followed by that variable's value (a key never appears on a command line), else 401, decided
@@ -17,13 +25,13 @@ from the headers before a byte of the body is read.
 
 Limits, so that whoever reaches the port cannot knock it over: a body over ``--max-body-mb``
 (``Content-Length``) gets 413 unread; a missing, negative or non-integer length 411/400; a bad
-field 400 with OpenAI's error object naming it (core/serve/chat_request.py); ``max_tokens`` above the
-room the model's context leaves after the prompt 400 (as OpenAI; none given: min(256, room)); a
-client that leaves stops its generation (and its wait for the lock) within 0.05-0.2 s
-(core/serve/client_watch.py); a request over ``--max-request-s`` gets 503; at most
-``--max-connections`` connections are served at once (503 for the next); what the server keeps
-per request (``server.faults.seen``) is bounded. Anything unexpected is a JSON 500, never a
-dropped connection.
+field 400 with OpenAI's error object naming it (core/serve/chat_request.py); ``max_tokens``
+above the room the model's context leaves after the prompt 400 (as OpenAI; none given:
+min(256, room)); a client that leaves stops its generation (and its wait for the model) within
+0.05-0.2 s (core/serve/client_watch.py); a request over ``--max-request-s`` gets 503; at most
+``--max-connections`` connections are open at once (an idle one is closed for a new one; 503
+when all are busy); what the server keeps per request (``server.faults.seen``) is bounded.
+Anything unexpected is a JSON 500, never a dropped connection.
 
 Faults (``--faults FILE.json``, or ``server.faults`` when started in-process with ``serve``): a list
 of rules, each ``{"fault": KIND, "when": TEXT, "times": N, ...}``. A request whose messages
@@ -35,23 +43,27 @@ scored by the model), ``401``.
 """
 from __future__ import annotations
 
-import argparse
+import asyncio
 import json
-import socket
 import threading
 import time
 import uuid
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import torch
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
 
-from core.serve.bounded_server import BoundedServer
 from core.serve.chat_model import ChatModel, token_bytes  # noqa: F401 (this module's names, kept)
-from core.serve.chat_request import (MAX_TOKENS, ChatRequest, RequestError,  # noqa: F401 (MAX_TOKENS)
-                               completion_budget, content_length, parse_chat_request)
+from core.serve.chat_request import MAX_TOKENS  # noqa: F401 (this module's name, kept)
+from core.serve.chat_request import (ChatRequest, RequestError, completion_budget,
+                                     content_length, parse_chat_request)
 from core.serve.client_watch import ClientWatch
 from core.serve.fault_plan import FaultPlan
+from core.serve.generations import Busy, Generations
+from storage.asgi_serve import BodyRefused, ServeLimits, Served, read_body
+from storage.asgi_serve import serve as serve_app
 
 
 @dataclass(frozen=True)
@@ -60,153 +72,113 @@ class Limits:
     max_body_bytes: int = 4 << 20
     """A request body's size at most: 4 MiB is ~1M tokens of text, past any context served here."""
     request_s: float = 600.0
-    """One chat request's time at most, waiting for the generation lock included."""
+    """One chat request's time at most, waiting for the model included."""
     max_connections: int = 64
-    """Connections served at once (one thread each); the next ones get 503."""
+    """Connections open at once; past it the longest-idle one is closed, else the next gets 503."""
     idle_s: float = 60.0
-    """A connection's silence at most while the server waits for its request's headers."""
+    """A kept-alive connection's silence at most between requests."""
     body_s: float = 30.0
     """Receiving one body at most (a deadline for the whole body, not per read)."""
+    header_s: float = 10.0
+    """A request's line and headers complete within this (a client dripping them is cut off)."""
+    max_waiting: int = 64
+    """Chat requests waiting for the model at most; the next gets 503 with Retry-After."""
 
 
-DRAIN_BYTES, DRAIN_S = 1 << 20, 1.0
-"""After refusing a request unread, what is still read and dropped (at most) before closing:
-closing with unread bytes resets the connection, which can destroy the refusal before the client
-reads it."""
+def _error_body(status: int, message: str, param: str | None = None) -> bytes:
+    return json.dumps({"error": {"message": message, "type": "server_error" if status >= 500
+                                 else "invalid_request_error", "param": param,
+                                 "code": status}}).encode()
 
 
-class ChatHandler(BaseHTTPRequestHandler):
-    """One connection's requests; ``make_handler`` binds the model, faults, key and limits."""
-    protocol_version = "HTTP/1.1"
-    model: ChatModel
-    faults: FaultPlan
-    api_key: str | None = None
-    limits: Limits = Limits()
-    entered = answered = False
-    """A chat request of this connection is counted in flight (set by do_POST); a reply went out."""
+def _bad_request(text: str) -> bytes:
+    """The JSON 400 for a request h11 refused before the app saw it, naming the header."""
+    param = next((h for h in ("Content-Length", "Transfer-Encoding") if h in text), None)
+    return _error_body(400, text, param)
 
-    def log_message(self, fmt, *args):  # quiet: tests and demos read their own output
-        pass
 
-    def setup(self):
-        self.timeout = self.limits.idle_s  # StreamRequestHandler.setup applies it to the socket
-        super().setup()
+class ChatApp:
+    """The routes: ``GET …/models``, ``POST …/chat/completions``; every answer JSON (or SSE)."""
+
+    def __init__(self, model: ChatModel, faults: FaultPlan, api_key: str | None,
+                 limits: Limits, generations: Generations):
+        self.model, self.faults, self.api_key, self.limits = model, faults, api_key, limits
+        self.generations = generations
+        self.app = Starlette(routes=[Route("/{path:path}", self.handle, methods=["GET", "POST"])])
 
     # -- replies ---------------------------------------------------------------------------
-    def _leave(self) -> None:
-        """The request stops counting as in flight, once."""
-        if self.entered:
-            self.entered = False
-            self.faults.enter(-1)
-
-    def _send(self, status: int, body: bytes, headers: dict | None = None,
-              close: bool = False) -> None:
-        # before the first byte goes out: a client that has its answer may send its next
-        # request at once, and counted until after the write it would read as one too many
-        self._leave()
-        self.answered = True
-        self.send_response(status)
+    @staticmethod
+    def _send(status: int, body: bytes, headers: dict | None = None,
+              close: bool = False) -> Response:
         headers = dict(headers or {})
-        self.send_header("Content-Type", headers.pop("Content-Type", "application/json"))
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in headers.items():
-            self.send_header(k, v)
-        if close:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        self.end_headers()
-        try:
-            self.wfile.write(body)
-        except OSError:  # the client gave up (its timeout), or stopped reading
-            self.close_connection = True
+        media = headers.pop("Content-Type", "application/json")
+        if close:  # uvicorn closes after it; a body still coming is drained first
+            headers["Connection"] = "close"
+        return Response(body, status, headers, media_type=media)
 
     def _error(self, status: int, message: str, headers: dict | None = None,
-               close: bool = False) -> None:
-        body = {"error": {"message": message, "type": "server_error" if status >= 500 else
-                          "invalid_request_error", "param": None, "code": status}}
-        self._send(status, json.dumps(body).encode(), headers, close)
+               close: bool = False) -> Response:
+        return self._send(status, _error_body(status, message), headers, close)
 
-    def _invalid(self, err: RequestError, close: bool = False) -> None:
-        self._send(err.status, json.dumps(err.body()).encode(), close=close)
-
-    def _refuse_unread(self, status: int, message: str = "",
-                       err: RequestError | None = None) -> None:
-        """Answer without reading the body, then close: what the client still sends is read
-        and dropped (DRAIN_BYTES, DRAIN_S at most) so that the close does not reset the
-        connection under the answer."""
-        if err is not None:
-            self._invalid(err, close=True)
-        else:
-            self._error(status, message, close=True)
-        try:
-            self.connection.shutdown(socket.SHUT_WR)
-            left, end = DRAIN_BYTES, time.monotonic() + DRAIN_S
-            while left > 0 and (rest := end - time.monotonic()) > 0:
-                self.connection.settimeout(rest)
-                chunk = self.rfile.read1(min(left, 1 << 16))
-                if not chunk:
-                    break
-                left -= len(chunk)
-        except OSError:
-            pass
+    def _invalid(self, err: RequestError, close: bool = False) -> Response:
+        return self._send(err.status, json.dumps(err.body()).encode(), close=close)
 
     # -- requests --------------------------------------------------------------------------
-    def _keyed(self) -> bool:
-        return not self.api_key or self.headers.get("Authorization") == f"Bearer {self.api_key}"
+    def _keyed(self, request: Request) -> bool:
+        return not self.api_key or \
+            request.headers.get("authorization") == f"Bearer {self.api_key}"
 
-    def do_GET(self):
-        if not self._keyed():
-            self._refuse_unread(401, "invalid API key")
-        elif self.path.rstrip("/").endswith("/models"):
-            self._send(200, json.dumps({"object": "list", "data": [
-                {"id": self.model.name, "object": "model", "owned_by": "local"}]}).encode())
-        else:
-            self._refuse_unread(404, f"no route {self.path}")
-
-    def do_POST(self):
+    async def handle(self, request: Request) -> Response:
+        path = request.url.path
+        if request.method == "GET":
+            if not self._keyed(request):
+                return self._error(401, "invalid API key", close=True)
+            if path.rstrip("/").endswith("/models"):
+                return self._send(200, json.dumps({"object": "list", "data": [
+                    {"id": self.model.name, "object": "model", "owned_by": "local"}]}).encode())
+            return self._error(404, f"no route {path}", close=True)
+        # counted until the reply is returned: a client that has its answer may send its next
+        # request at once, and counted until after the write it would read as one too many
         self.faults.enter(1)
-        self.entered = True
         try:
-            self._post()
+            return await self._post(request)
+        except ClientDisconnect:  # the client left mid-body: nobody to answer
+            return self._send(400, b"", close=True)
         except Exception as exc:  # noqa: BLE001 -- a JSON 500 rather than a dropped connection
-            if not self.answered:
-                self._error(500, f"internal error: {type(exc).__name__}: {str(exc)[:200]}",
-                            close=True)
+            return self._error(500, f"internal error: {type(exc).__name__}: {str(exc)[:200]}",
+                               close=True)
         finally:
-            self._leave()
+            self.faults.enter(-1)
 
-    def handle_expect_100(self):
-        # a client that asks before sending its body (curl does over 1 MB) hears the refusal
-        # then, instead of "100 Continue"
-        if self.command == "POST" and self._gate() is None:
-            return False
-        return super().handle_expect_100()
-
-    def _gate(self) -> int | None:
-        """The body's length when this POST may send it; None once it is refused, unread: the
-        key, the route and the length are all in the headers."""
-        if not self._keyed():
+    def _gate(self, request: Request) -> Response | None:
+        """A refusal decided from the headers alone (the key, the route, the length), sent with
+        the body unread; None when the body may be read."""
+        if not self._keyed(request):
             self.faults.record({"fault": None, "authorized": False, "seed": None,
                                 "messages": None, "bytes": 0})
-            return self._refuse_unread(401, "invalid API key")
-        if not self.path.rstrip("/").endswith("/chat/completions"):
-            return self._refuse_unread(404, f"no route {self.path}")
-        length = content_length(self.headers.get_all("Content-Length") or [],
-                                self.headers.get("Transfer-Encoding"),
+            return self._error(401, "invalid API key", close=True)
+        if not request.url.path.rstrip("/").endswith("/chat/completions"):
+            return self._error(404, f"no route {request.url.path}", close=True)
+        length = content_length(request.headers.getlist("content-length"),
+                                request.headers.get("transfer-encoding"),
                                 self.limits.max_body_bytes)
         if isinstance(length, RequestError):
-            return self._refuse_unread(length.status, err=length)
-        return length
+            return self._invalid(length, close=True)
+        return None
 
-    def _post(self):
-        self.answered = False
-        length = self._gate()
-        if length is None:
-            return
-        raw = self._read_body(length)
-        if raw is None:
-            return
-        req = parse_chat_request(raw, context=self.model.context)
+    async def _post(self, request: Request) -> Response:
+        if (refused := self._gate(request)) is not None:
+            return refused
+        try:
+            raw = await read_body(request, self.limits.max_body_bytes, self.limits.body_s)
+        except BodyRefused as exc:
+            if exc.status == 408:
+                return self._error(408, f"the body's {request.headers.get('content-length')} "
+                                   f"bytes did not arrive within {self.limits.body_s:g} s",
+                                   close=True)
+            return self._error(exc.status, str(exc), close=True)
+        # a 4 MiB body parses in tens of ms: off the loop, so other clients are not held
+        req = await asyncio.to_thread(parse_chat_request, raw, context=self.model.context)
         rule = self.faults.take(raw.decode("utf-8", "replace"))
         ok = isinstance(req, ChatRequest)
         self.faults.record({"fault": rule.get("fault") if rule else None, "authorized": True,
@@ -217,71 +189,76 @@ class ChatHandler(BaseHTTPRequestHandler):
             return self._error(401, "invalid API key")
         if not ok:
             return self._invalid(req)
-        if rule and self._fault(rule):
-            return
-        self._complete(req, rule.get("text") if rule and rule["fault"] == "reply" else None)
+        if rule and (faulted := await self._fault(rule)) is not None:
+            return faulted
+        return await self._complete(request, req,
+                                    rule.get("text") if rule and rule["fault"] == "reply" else None)
 
-    def _read_body(self, length: int) -> bytearray | None:
-        """The body's ``length`` bytes, received within ``limits.body_s`` in all (else 408);
-        None when it did not come (the reply, if any, is sent)."""
-        raw, end = bytearray(), time.monotonic() + self.limits.body_s
-        try:
-            while len(raw) < length:
-                rest = end - time.monotonic()
-                if rest <= 0:
-                    raise TimeoutError
-                self.connection.settimeout(rest)
-                chunk = self.rfile.read1(min(length - len(raw), 1 << 16))
-                if not chunk:  # the client left mid-body: nobody to answer
-                    self.close_connection = True
-                    return None
-                raw += chunk
-        except TimeoutError:
-            self._error(408, f"the body's {length} bytes did not arrive within "
-                        f"{self.limits.body_s:g} s", close=True)
-            return None
-        self.connection.settimeout(self.limits.idle_s)
-        return raw
-
-    def _fault(self, rule: dict) -> bool:
-        """Answer an injected fault; False when the rule lets the model answer."""
+    async def _fault(self, rule: dict) -> Response | None:
+        """The reply for an injected fault; None when the rule lets the model answer."""
         kind = rule["fault"]
         if kind == "timeout":  # the client has given up by now: answer without generating
-            time.sleep(float(rule.get("delay", 30)))
-            self._error(503, "answered too late")
-        elif kind in ("500", "503"):
-            self._error(int(kind), "injected server error")
-        elif kind == "429":
-            self._error(429, "rate limited", {"Retry-After": str(rule.get("retry_after", 1))})
-        elif kind == "malformed":
-            self._send(200, b'{"id": "chatcmpl-broken", "choices": [{"mess')
-        else:
-            return False
-        return True
+            await asyncio.sleep(float(rule.get("delay", 30)))
+            return self._error(503, "answered too late")
+        if kind in ("500", "503"):
+            return self._error(int(kind), "injected server error")
+        if kind == "429":
+            return self._error(429, "rate limited",
+                               {"Retry-After": str(rule.get("retry_after", 1))})
+        if kind == "malformed":
+            return self._send(200, b'{"id": "chatcmpl-broken", "choices": [{"mess')
+        return None
 
-    def _complete(self, req: ChatRequest, reply: str | None) -> None:
-        watch = ClientWatch(self.connection, self.limits.request_s)
+    def _generate(self, req: ChatRequest, reply: str | None, watch: ClientWatch):
+        """On the worker thread: the prompt's budget, then the model's answer."""
         ids = self.model.prompt_ids(req.messages)
         budget = completion_budget(req.max_tokens, len(ids), self.model.context)
         if isinstance(budget, RequestError):
-            return self._invalid(budget)
-        out = self.model.complete(
+            return budget, None
+        return budget, self.model.complete(
             ids, max_tokens=budget, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
             stop=list(req.stop), top_k=req.top_logprobs if req.logprobs else 0, reply=reply,
             watch=watch)
+
+    async def _complete(self, request: Request, req: ChatRequest,
+                        reply: str | None) -> Response:
+        left = threading.Event()
+        watch = ClientWatch(None, self.limits.request_s, left=left.is_set)
+        try:
+            job = self.generations.submit(lambda: self._generate(req, reply, watch))
+        except Busy as exc:
+            return self._error(503, f"busy: {exc}; retry", {"Retry-After": "1"})
+        result = asyncio.wrap_future(job)
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if gone.done():
+                left.set()  # the worker stops between tokens, or skips the job if not begun
+            budget, out = await result
+        finally:
+            left.set()  # also when this handler is cancelled (shutdown past its grace)
+            gone.cancel()
+        if isinstance(budget, RequestError):
+            return self._invalid(budget)
         if watch.reason is not None:  # cut short: no answer, or 503 for the deadline
             self.faults.cut_short({"reason": watch.reason, "max_tokens": budget,
                                    "completion_tokens": out["usage"]["completion_tokens"]
                                    if out else 0})
             if watch.reason == "client_gone":
-                self.close_connection = True
-                return None
+                return self._send(499, b"", close=True)  # nobody reads it
             return self._error(503, f"the request took over {self.limits.request_s:g} s "
                                "(--max-request-s)", {"Retry-After": "1"})
         body = completion_body(req, out, self.model.name)
         if req.stream:
             return self._send(200, stream_body(body), {"Content-Type": "text/event-stream"})
-        self._send(200, json.dumps(body).encode())
+        return self._send(200, json.dumps(body).encode())
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has gone (its body already read: the next message is the
+    disconnect; a half-close counts, as in client_watch)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def stream_body(body: dict) -> bytes:
@@ -318,23 +295,39 @@ def completion_body(req: ChatRequest, out: dict, model_name: str) -> dict:
             "usage": out["usage"]}
 
 
-def make_handler(model: ChatModel, faults: FaultPlan, api_key: str | None,
-                 limits: Limits = Limits()) -> type[ChatHandler]:
-    return type("Handler", (ChatHandler,), {"model": model, "faults": faults,
-                                             "api_key": api_key, "limits": limits})
+class EndpointServer:
+    """A running server: ``server_address`` (host, port), ``faults`` (the plan; ``rules`` may be
+    replaced between requests), ``active`` (connections open), ``shutdown()`` then
+    ``server_close()``."""
+
+    def __init__(self, served: Served, faults: FaultPlan, generations: Generations):
+        self.served, self.faults, self.generations = served, faults, generations
+        self.server_address = (served.host, served.port)
+
+    @property
+    def active(self) -> int:
+        return self.served.active
+
+    def shutdown(self) -> None:
+        """Stop accepting; requests in flight are answered first (at most ``request_s``)."""
+        self.served.stop()
+
+    def server_close(self) -> None:
+        """Wait for the model's queued work to end (none is cut off in the middle of torch)."""
+        self.served.stop()
+        self.generations.close()
 
 
 def serve(model: ChatModel, host: str = "127.0.0.1", port: int = 0,
           faults: list[dict] | None = None, api_key: str | None = None,
-          limits: Limits = Limits()) -> ThreadingHTTPServer:
+          limits: Limits = Limits()) -> EndpointServer:
     """Start serving in a daemon thread; ``server.server_address`` has the port, ``server.faults``
-    the fault plan (``server.faults.rules`` may be replaced between requests). Stop with
-    ``server.shutdown(); server.server_close()`` (the second waits for requests in flight)."""
+    the fault plan. Stop with ``server.shutdown(); server.server_close()``."""
     plan = FaultPlan(faults)
-    server = BoundedServer((host, port), make_handler(model, plan, api_key, limits),
-                           limits.max_connections)
-    # server_close() waits for the requests in flight: none is cut off in the middle of torch
-    server.daemon_threads, server.block_on_close = False, True
-    server.faults = plan
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    generations = Generations(limits.max_waiting)
+    app = ChatApp(model, plan, api_key, limits, generations).app
+    served = serve_app(app, ServeLimits(max_connections=limits.max_connections,
+                                        header_s=limits.header_s, idle_s=limits.idle_s,
+                                        shutdown_s=limits.request_s + limits.body_s),
+                       host, port, bad_request=_bad_request)
+    return EndpointServer(served, plan, generations)
