@@ -10,9 +10,13 @@ connection for ever, and ``Content-Length: ²`` was answered with a traceback.
 from __future__ import annotations
 
 import json
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -185,3 +189,26 @@ def _send_quietly(sock: socket.socket, data: bytes) -> None:
         sock.sendall(data)
     except OSError:
         pass
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_the_command_stops_cleanly_on_sigterm_and_sigint(sig):
+    """``python -m core.endpoint_server``: answers, then on SIGTERM (a supervisor's stop) or
+    Ctrl-C releases its port and exits 0 (SIGTERM used to kill it mid-request)."""
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, "-m", "core.endpoint_server", "--port", "0"],
+                            cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        port = int(line.split("/v1")[0].rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+            s.sendall(MODELS)
+            assert reply(s)[0] == 200
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5)
+    finally:
+        proc.kill()
+        proc.wait()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
+import signal
+import threading
 
 import torch
 
@@ -57,11 +58,16 @@ def main(argv: list[str] | None = None) -> int:
     rules = json.loads(open(args.faults).read()) if args.faults else None
     server = serve(ChatModel(args.model), args.host, args.port, rules, key, limits)
     host, port = server.server_address[:2]
+    # Ctrl-C or SIGTERM (a supervisor's stop): requests in flight are answered, then exit 0
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     print(f"serving {args.model} at http://{host}:{port}/v1 (Ctrl-C stops)", flush=True)
     try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
+        while not stop.wait(1.0):
+            pass
+    finally:
         server.shutdown()
         server.server_close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     return 0
