@@ -179,9 +179,19 @@ def m009_behaviours(con: duckdb.DuckDBPyConnection) -> None:
             run_id VARCHAR, step INTEGER, traj_id VARCHAR, name VARCHAR, value DOUBLE)""")
 
 
+def m010_token_rejected(con: duckdb.DuckDBPyConnection) -> None:
+    """Rollout correction's rejection (``--rollout-correction mis|rs``, core/learn/mismatch.py):
+    TRUE on a generated token the trainer scored whose ratio left the band, so the loss left it
+    out; FALSE on one it kept; NULL where no rejection ran (older rows, none/tis, imports).
+    ``trained`` stays the loss mask exactly as the optimiser applied it; the mismatch figures
+    (storage/mismatch_queries.py) read trained and rejected tokens, as the trainer's metrics do,
+    and the trainer's logprob is kept on the rejected tokens for them."""
+    con.execute("ALTER TABLE tokens ADD COLUMN rejected BOOLEAN")
+
+
 MIGRATIONS = [m001_initial, m002_imports, m003_turn_state, m004_turn_analyses,
               m005_failure_clusters, m006_train_logprob, m007_renders, m008_spans,
-              m009_behaviours]
+              m009_behaviours, m010_token_rejected]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -22,6 +22,12 @@ verl's own names for the same comparison, in probability space (verl's
     training/rollout_probs_diff_{max,mean,std}   |exp(lp_t) - exp(lp_s)| (std unbiased)
     training/rollout_actor_probs_pearson_corr    Pearson r of exp(lp_t) and exp(lp_s)
 
+Which tokens: every generated token the trainer scored, i.e. the loss mask before any rollout
+rejection (``mis``/``rs`` below take the most mismatched tokens out of the loss: measured after
+it, the mismatch would hide exactly them). The store keeps them apart (``tokens.rejected``,
+``trained`` stays the mask the optimiser applied), and storage/mismatch_queries.py reads the
+trained and rejected tokens, so the store's figures equal these.
+
 A token whose logprob on either side is NaN or +/-inf enters none of them: the metrics are over
 the finite tokens and ``mismatch/nonfinite_tokens`` counts the others, so one bad value cannot
 blank a step's curve.
@@ -206,7 +212,9 @@ def correct_rollout(samples: Sequence, cfg) -> dict[str, float]:
     samples (core/learn/update.py ``Sample``) that carry ``train_logprobs``: the PPO ratio is
     taken against the trainer's own logprob; "tis" and "mis" set ``is_weights``; "mis" and "rs"
     narrow the loss mask, and the trajectory's ``trained`` with it (the recorded loss mask is
-    the one the optimiser applied). Returns the correction's metrics: the weights' mean and max
+    the one the optimiser applied), and ``rejected`` names the tokens it took out (recorded as
+    ``tokens.rejected``, so the store's mismatch figures are over the same tokens as
+    ``sample_mismatch``'s, taken before the rejection). Returns the correction's metrics: the weights' mean and max
     over the trained tokens and the share truncated (tis, mis), the share masked (mis, rs)."""
     kind, cap, level = cfg.rollout_correction, cfg.rollout_is_cap, cfg.rollout_correction_level
     weights, kept, total = [], 0, 0
@@ -218,6 +226,7 @@ def correct_rollout(samples: Sequence, cfg) -> dict[str, float]:
             s.is_weights = tis_weights(s.train_logprobs, sampler, cap, s.mask, level) * s.mask
         else:
             w, keep = mis_weights(s.train_logprobs, sampler, s.mask, cap, level)
+            s.rejected = s.mask.bool() & ~keep
             s.mask = keep
             s.traj.trained = [bool(x) for x in keep[0].tolist()]
             if kind == "mis":

@@ -59,6 +59,10 @@ class Sample:
     update; core/learn/mismatch.py); None where not computed."""
     is_weights: torch.Tensor | None = None
     """Rollout correction's importance weights (``--rollout-correction tis|mis``), detached."""
+    rejected: torch.Tensor | None = None
+    """The tokens rollout correction's rejection band left out of the loss (``mis|rs``; bool like
+    ``mask``, which no longer holds them); None where no rejection ran. Recorded as
+    ``tokens.rejected``: the mismatch is measured on them too (core/learn/mismatch.py)."""
     old_values: torch.Tensor | None = None
     """The value head's estimates before the update (PPO's GAE input): the value clip's anchor."""
 

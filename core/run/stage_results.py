@@ -13,8 +13,11 @@ from typing import Mapping, Sequence
 
 from core.rollout.trajectory import Trajectory
 
-TOKEN_VALUE_COLUMNS = ("advantage", "new_logprob", "ref_logprob", "value", "train_logprob")
-"""The per-token values a ``StageResults`` holds: columns of the store's ``tokens`` table."""
+TOKEN_VALUE_COLUMNS = ("advantage", "new_logprob", "ref_logprob", "value", "train_logprob",
+                       "rejected")
+"""The per-token values a ``StageResults`` holds: columns of the store's ``tokens`` table.
+``rejected``: True on a generated token rollout correction's rejection band left out of the loss
+(``--rollout-correction mis|rs``), False on one it kept, None elsewhere and without rejection."""
 
 
 @dataclass
@@ -38,14 +41,19 @@ class StageResults:
         per-trajectory gradient norms (``UpdateResult.grad_norms``)."""
         for s in samples:
             mask = s.mask[0].tolist()
+            rejected = s.rejected[0].tolist() if s.rejected is not None else None
+            # the trainer scored the rejected tokens too: their logprob is the mismatch's
+            scored = mask if rejected is None else [m or r for m, r in zip(mask, rejected)]
 
-            def col(x):
+            def col(x, where=mask):
                 return None if x is None else [float(v) if m else None
-                                               for v, m in zip(x[0].tolist(), mask)]
+                                               for v, m in zip(x[0].tolist(), where)]
             self.token_values[s.traj.traj_id] = {
                 "advantage": col(s.advantages), "new_logprob": col(s.new_logprobs),
                 "ref_logprob": col(s.ref_logprobs), "value": col(s.values),
-                "train_logprob": col(s.train_logprobs)}
+                "train_logprob": col(s.train_logprobs, scored),
+                "rejected": None if rejected is None else
+                [bool(r) if sc else None for r, sc in zip(rejected, scored)]}
         self.grad_norms.update(grad_norms)
 
     def merge(self, other: "StageResults") -> "StageResults":
