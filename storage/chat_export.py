@@ -28,7 +28,12 @@ How a turn becomes messages, read from what the environment parsed (``turns.pars
 
 Observations are the environment's text with the chat template's markers the trainer kept around
 them (ChatML ``<|im_end|>``/``<|im_start|>user``) taken off. The prompt is one ``user`` message,
-or, for a run imported from chat messages (``role: text`` lines), those messages again.
+or, for a run imported from chat messages (``role: text`` lines), those messages again. For any
+other run (trained here, or imported with tokens) the ``system`` message the policy saw comes
+first: it is not a column, so it is read back from the trajectory's prompt tokens (the context
+as the chat template rendered it) in the templates ``SYSTEM_TURNS`` knows -- ChatML (SmolLM2,
+Qwen), Llama 3, Phi-3/Zephyr, Llama 2/Mistral ``<<SYS>>`` -- a chat template's default system
+prompt included (SmolLM2's when the environment gives none); another template gives none.
 ``tools``: the conversation's own list when it was imported with one (``info.extra.tools``),
 else one schema per function it calls (the search env's documented; others with the argument
 names seen), else left out (whether a tool was offered is not known; the failure rules read
@@ -60,6 +65,12 @@ CHAT_MARKERS_START = re.compile(r"^\s*(?:<\|im_end\|>\s*)?(?:<\|im_start\|>(\w+)
 CHAT_MARKERS_END = re.compile(r"(?:<\|im_end\|>\s*)?(?:<\|im_start\|>assistant\n?)?\s*$")
 PROMPT_ROLE = re.compile(r"^(system|developer|user): ", re.MULTILINE)
 CHAT_SOURCES = ("import:messages", "import:inspect", "otlp")
+SYSTEM_TURNS = (re.compile(r"<\|im_start\|>system\n(.*?)<\|im_end\|>", re.DOTALL),
+                re.compile(r"<\|start_header_id\|>system<\|end_header_id\|>\n\n(.*?)<\|eot_id\|>",
+                           re.DOTALL),
+                re.compile(r"<\|system\|>\n(.*?)(?:<\|end\|>|</s>)", re.DOTALL),
+                re.compile(r"<<SYS>>\n(.*?)\n<</SYS>>", re.DOTALL))
+"""The system turn of a rendered prompt, per chat template family (module docstring)."""
 JSON_TYPES = {str: "string", bool: "boolean", int: "integer", float: "number", list: "array",
               dict: "object"}
 
@@ -169,11 +180,28 @@ def _schema(name: str, arguments: Any) -> dict:
                                                             "properties": props}}}
 
 
-def conversation(traj: dict, turns: list[dict], chat: bool) -> dict:
+def system_prompt(rendered: str | None) -> str | None:
+    """The system message inside a prompt as its chat template rendered it, None if it holds
+    none this module can read (``SYSTEM_TURNS``).
+
+    >>> system_prompt("<|im_start|>system\\nBe brief.<|im_end|>\\n<|im_start|>user\\nHi<|im_end|>")
+    'Be brief.'
+    """
+    for pattern in SYSTEM_TURNS:
+        found = pattern.search(rendered or "")
+        if found:
+            return found.group(1)
+    return None
+
+
+def conversation(traj: dict, turns: list[dict], chat: bool, system: str | None = None) -> dict:
     """One trajectory (``trajectories`` row, its ``turns`` rows in order) as a dataset line;
-    ``chat``: the run was imported from chat messages (see the module docstring)."""
+    ``chat``: the run was imported from chat messages (see the module docstring); ``system``:
+    the system prompt the policy saw, where the run is not a chat import."""
     info = from_json(traj.get("info")) or {}
     messages = _prompt_messages(traj.get("prompt") or "", chat)
+    if system is not None and not chat:
+        messages.insert(0, {"role": "system", "content": system})
     tools: dict[str, dict] = {}
     for turn in turns:
         action, calls = turn.get("action") or "", _calls(turn)
@@ -215,6 +243,9 @@ TRAJ_SQL = ("SELECT traj_id, task_id, step, split, prompt, reward, success, info
             "WHERE run_id = ? AND traj_id IN (SELECT unnest(?))")
 TURN_SQL = ("SELECT traj_id, turn, action, observation, action_type, parsed, error FROM turns "
             "WHERE run_id = ? AND traj_id IN (SELECT unnest(?)) ORDER BY traj_id, turn")
+PROMPT_SQL = ("SELECT traj_id, string_agg(text, '' ORDER BY pos) FROM tokens WHERE run_id = ? "
+              "AND traj_id IN (SELECT unnest(?)) AND role = 'prompt' GROUP BY traj_id")
+"""Each trajectory's prompt tokens as the model saw them (its system prompt is read from them)."""
 
 
 def _lines(con, run_id: str, ids: list[str], chat: bool) -> Iterator[dict]:
@@ -227,8 +258,10 @@ def _lines(con, run_id: str, ids: list[str], chat: bool) -> Iterator[dict]:
     turns: dict[str, list[dict]] = {}
     for r in rows(TURN_SQL):
         turns.setdefault(r["traj_id"], []).append(r)
+    systems = {} if chat else {tid: system_prompt(text) for tid, text in
+                               con.execute(PROMPT_SQL, [run_id, ids]).fetchall()}
     for tid in ids:
-        yield conversation(trajs[tid], turns.get(tid, []), chat)
+        yield conversation(trajs[tid], turns.get(tid, []), chat, systems.get(tid))
 
 
 def _chat_source(con, run_id: str) -> bool:
