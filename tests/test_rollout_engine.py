@@ -1,9 +1,9 @@
 """The batched rollout engine (core/rollout/engine.py, core/model/kv_cache.py) samples what its definition says.
 
-The definition: at each step of a turn, every row that was in the batch when the turn began
-draws ``torch.multinomial`` from the policy's distribution given its whole history, in batch
-order, from one generator seeded with the rollout's seed; a row keeps its token while its turn
-goes on. The engine computes less than that (one KV cache across turns, a row whose turn ended
+The definition: at each step of a turn, one generator seeded with the rollout's seed gives one
+uniform number u to every row that was in the batch when the turn began, in batch order; a row's
+token is the first whose cumulative probability (the policy's distribution given its whole
+history) exceeds u; a row keeps its token while its turn goes on. The engine computes less than that (one KV cache across turns, a row whose turn ended
 is not computed until the next turn, a group's shared prompt is encoded once), so this test
 replays each recorded trajectory through the definition, with a full forward pass of the history
 for every token and no cache, and asks for the same tokens and logprobs.
@@ -82,7 +82,7 @@ def test_the_engine_samples_what_the_definition_samples(pol):
                 probs, logps = [], []
                 for traj, span in zip(trajs, spans):
                     if k >= len(span):  # its turn ended: it still draws, its token is unused
-                        probs.append(torch.full((len(pol.tokenizer),), 1.0))
+                        probs.append(None)
                         logps.append(None)
                         continue
                     ids = torch.tensor([traj.token_ids[:span[k]]])
@@ -90,11 +90,13 @@ def test_the_engine_samples_what_the_definition_samples(pol):
                     logp = torch.log_softmax(logits, -1)
                     probs.append(logp.exp())
                     logps.append(logp)
-                drawn = torch.multinomial(torch.stack(probs), 1, generator=generator)[:, 0]
+                u = torch.rand(len(trajs), generator=generator, dtype=torch.float64)
                 for b, (traj, span) in enumerate(zip(trajs, spans)):
                     if k < len(span):
                         token = traj.token_ids[span[k]]
-                        assert int(drawn[b]) == token, (turn, k, traj.traj_id)
+                        cdf = probs[b].double().cumsum(-1)
+                        drawn = int((cdf <= u[b] * cdf[-1]).sum())
+                        assert drawn == token, (turn, k, traj.traj_id)
                         assert abs(float(logps[b][token]) - traj.logprobs[span[k]]) < 1e-4
                         checked += 1
     assert checked == sum(sum(per_turn) for per_turn in lengths)

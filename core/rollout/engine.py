@@ -75,38 +75,93 @@ class _Row:
     """Key of the state the episode is in now (the next turn's anchor)."""
 
 
+_BLOCK = 128
+"""Tokens per block of the two-level inverse CDF (``_inverse_cdf``)."""
+
+
+@dataclass
+class Draw:
+    """One sampling step's result for ``n`` rows (``sample_next``)."""
+    tokens: list[int]
+    logp: list[float]
+    """Each row's logprob of its token under the temperature-scaled distribution."""
+    entropy: list[float]
+    z: torch.Tensor
+    """(n, V) the temperature-scaled logits; with ``lse`` the logprob of any other token."""
+    lse: torch.Tensor
+    """(n,) log-sum-exp of ``z``."""
+
+    def logp_of(self, i: int, token: int) -> float:
+        return float(self.z[i, token] - self.lse[i])
+
+
 def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
                 generator: torch.Generator, rows: list[int] | None = None,
-                batch_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                batch_rows: int | None = None) -> Draw:
     """Sample one token per row from logits (n, V).
 
-    Returns (tokens (n,), logp (n, V) of the temperature-scaled distribution, entropy (n,)).
-    temperature 0 is greedy (logp then of the untempered distribution).
-
-    The draw is ``torch.multinomial``'s, done by hand: token = argmax(p / q) with q ~ Exp(1),
-    q drawn for a whole batch of ``batch_rows`` rows at once (default n); ``rows`` says which
-    batch rows the logits belong to (default all, in order). A row thus gets the same q, and the
-    same token, whether or not the batch's rows that already stopped are still computed.
+    temperature 0 is greedy (the argmax of the logits; logprobs then of the untempered
+    distribution). Otherwise each row's token is the inverse CDF of its temperature-scaled (and
+    top-p truncated) distribution at one uniform number: ``batch_rows`` uniforms (default n) are
+    drawn from ``generator`` per call, and ``rows`` says which batch rows the logits belong to
+    (default all, in order). A row thus gets the same uniform, and the same token, whether or not
+    the batch's rows that already stopped are still computed; the draw costs one random number a
+    row, not one per vocabulary entry.
     """
-    logits = logits.float()
-    logp = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)
-    probs = logp.exp()
-    entropy = -(probs * logp).sum(-1)
+    z = logits.float()
+    if temperature > 0 and temperature != 1.0:
+        z = z / temperature
+    probs = torch.softmax(z, dim=-1)
     if temperature == 0:
-        return logits.argmax(-1), logp, entropy
-    if not bool(torch.isfinite(probs.sum(-1)).all()):  # what torch.multinomial refuses too
+        tokens = logits.argmax(-1)
+    else:
+        u = torch.rand(batch_rows or probs.shape[0], generator=generator, dtype=torch.float64,
+                       device=probs.device)
+        if rows is not None:
+            u = u[torch.tensor(rows, device=u.device)]
+        if top_p < 1.0:
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            outside = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest set reaching top_p
+            pick = _inverse_cdf(sorted_p.masked_fill(outside, 0.0), u)
+            tokens = order.gather(-1, pick[:, None]).squeeze(-1)
+        else:
+            tokens = _inverse_cdf(probs, u)
+    p_tok = probs.gather(-1, tokens[:, None]).squeeze(-1)
+    # log p of the drawn token (p >= 1/V for the argmax; a sampled token's p is not tiny), and
+    # from it the normaliser: no (n, V) log_softmax needed
+    logp = p_tok.log()
+    lse = z.gather(-1, tokens[:, None]).squeeze(-1) - logp
+    # H = lse - E_p[z]; nansum: a -inf logit's 0 * -inf (nan logits fail the draw already)
+    entropy = lse - (probs * z).nansum(-1)
+    return Draw(tokens.tolist(), logp.tolist(), entropy.tolist(), z, lse)
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Index i of each row with C[i-1] <= u * C[V-1] < C[i], C the row's cumulative sums: a draw
+    from probs (n, V) (unnormalised, >= 0) at the uniforms u (n,) in [0, 1). Two levels, so the
+    sums are exact enough without a float64 cumsum over V (slow on a CPU): float64 cumulative
+    sums over blocks of ``_BLOCK`` entries pick the block, then over the chosen block's entries.
+    A zero-probability entry is never picked."""
+    n, V = probs.shape
+    nb = -(-V // _BLOCK)
+    if nb * _BLOCK != V:
+        probs = torch.nn.functional.pad(probs, (0, nb * _BLOCK - V))
+    blocks = probs.view(n, nb, _BLOCK)
+    cum = blocks.sum(-1).double().cumsum(-1)                                  # (n, nb)
+    total = cum[:, -1]
+    if not bool(torch.isfinite(total).all()):  # what torch.multinomial refuses too
         raise RuntimeError("sampling: the probabilities contain nan (the logits were nan or inf)")
-    q = probs.new_empty(batch_rows or probs.shape[0], probs.shape[-1])
-    q = q.exponential_(1, generator=generator)
-    if rows is not None:
-        q = q[torch.tensor(rows, device=q.device)]
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        outside = sorted_p.cumsum(-1) - sorted_p > top_p     # keep the smallest set reaching top_p
-        sorted_p = sorted_p.masked_fill(outside, 0.0)
-        pick = (sorted_p / q).argmax(-1, keepdim=True)
-        return order.gather(-1, pick).squeeze(-1), logp, entropy
-    return (probs / q).argmax(-1), logp, entropy
+    zero = torch.zeros_like(total)
+    # below the total even where u * total rounds up: the block found then has mass
+    x = torch.minimum(u * total, total.nextafter(zero))
+    b = torch.searchsorted(cum, x[:, None], right=True).squeeze(-1)           # (n,)
+    before = torch.where(b > 0, cum.gather(-1, (b - 1).clamp(min=0)[:, None]).squeeze(-1), zero)
+    mass = cum.gather(-1, b[:, None]).squeeze(-1) - before
+    inner = blocks.gather(1, b[:, None, None].expand(n, 1, _BLOCK)).squeeze(1).double().cumsum(-1)
+    last = inner[:, -1]
+    y = torch.minimum((x - before) / mass * last, last.nextafter(zero))
+    j = torch.searchsorted(inner, y[:, None], right=True).squeeze(-1)
+    return b * _BLOCK + j
 
 
 def _first_stop(text: str, tags: tuple[str, ...]) -> int | None:
@@ -194,12 +249,11 @@ def generate_turn(batch: Batch, env: Environment, sampling: Sampling,
         row.pending = []
     live = batch.live
     while True:
-        tokens, logp, entropy = sample_next(logits, sampling.temperature, sampling.top_p,
-                                            generator, rows=live, batch_rows=len(rows))
-        tokens, entropy = tokens.tolist(), entropy.tolist()  # one device sync, not one per row
+        draw = sample_next(logits, sampling.temperature, sampling.top_p, generator, rows=live,
+                           batch_rows=len(rows))
         ended = []
         for i, b in enumerate(live):
-            _take(rows[b], tokens[i], logp[i], entropy[i], env.stop_tags, eos, tok)
+            _take(rows[b], draw, i, env.stop_tags, eos, tok)
             if rows[b].stopped is not None:
                 ended.append(i)
         if len(ended) == len(live):
@@ -209,12 +263,14 @@ def generate_turn(batch: Batch, env: Environment, sampling: Sampling,
         logits = batch.step([rows[b].gen[-1] for b in live])                # (live, V)
 
 
-def _take(row: _Row, token: int, logp: torch.Tensor, entropy: float,
-          stop_tags: tuple[str, ...], eos: set[int], tokenizer) -> None:
-    """Add one sampled token to the row's action; decide whether its turn ends here."""
+def _take(row: _Row, draw: Draw, i: int, stop_tags: tuple[str, ...], eos: set[int],
+          tokenizer) -> None:
+    """Add the token sampled for row ``i`` of ``draw`` to the row's action; decide whether its
+    turn ends here."""
+    token = draw.tokens[i]
     row.gen.append(token)
-    row.gen_lp.append(float(logp[token]))
-    row.gen_ent.append(entropy)
+    row.gen_lp.append(draw.logp[i])
+    row.gen_ent.append(draw.entropy[i])
     row.prev_text, row.text = row.text, tokenizer.decode(row.gen)
     if token in eos:
         row.stopped = "eos"
@@ -225,13 +281,13 @@ def _take(row: _Row, token: int, logp: torch.Tensor, entropy: float,
         row.stopped = "tag"
         row.cut_text = row.text[:cut]
         if cut < len(row.text):
-            _cut_last_token(row, cut, logp, tokenizer)
+            _cut_last_token(row, cut, draw, i, tokenizer)
     elif len(row.gen) >= row.budget:
         row.stopped = "max_new_tokens"
         row.cut_text = row.text
 
 
-def _cut_last_token(row: _Row, cut: int, logp: torch.Tensor, tokenizer) -> None:
+def _cut_last_token(row: _Row, cut: int, draw: Draw, i: int, tokenizer) -> None:
     """The tag ended inside the last token: replace it by the tokens of its part before the cut."""
     if not row.text.startswith(row.prev_text) or cut <= len(row.prev_text):
         return  # a multi-byte character straddles the cut: keep the sampled token as it is
@@ -241,7 +297,7 @@ def _cut_last_token(row: _Row, cut: int, logp: torch.Tensor, tokenizer) -> None:
         return
     entropy = row.gen_ent[-1]
     row.gen[-1:] = repl
-    row.gen_lp[-1:] = [float(logp[repl[0]])] + [None] * (len(repl) - 1)
+    row.gen_lp[-1:] = [draw.logp_of(i, repl[0])] + [None] * (len(repl) - 1)
     row.gen_ent[-1:] = [entropy] + [None] * (len(repl) - 1)
     row.text = row.text[:cut]
 

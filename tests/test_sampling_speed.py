@@ -1,0 +1,139 @@
+"""The rollout's sampler (core/rollout/engine.py ``sample_next``): one uniform number a row, an
+inverse CDF over the row's probabilities, instead of one exponential per vocabulary entry.
+
+What it must keep: the draws follow the (temperature-scaled, top-p truncated) distribution; a
+row's token does not depend on which other rows of the batch are still computed; a seed
+reproduces the draws; greedy is the argmax; a token of probability zero is never drawn.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from core.rollout.engine import _inverse_cdf, sample_next
+
+LOGITS = torch.tensor([2.0, 1.0, 0.0, -1.0, float("-inf"), 0.5, -3.0, 1.5, -0.5, 0.25])
+
+
+def _chi_square(tokens: list[int], probs: torch.Tensor) -> tuple[float, int]:
+    """Pearson's statistic over the tokens of positive probability, and its degrees of freedom;
+    a draw of a zero-probability token fails here."""
+    counts = torch.bincount(torch.tensor(tokens), minlength=len(probs)).double()
+    assert counts[probs == 0].sum() == 0, "a token of probability 0 was drawn"
+    keep = probs > 0
+    expected = len(tokens) * probs[keep]
+    return float(((counts[keep] - expected) ** 2 / expected).sum()), int(keep.sum()) - 1
+
+
+def _chi_square_limit(dof: int) -> float:
+    """The chi-square quantile at 1 - 1e-4 (Wilson-Hilferty): a correct sampler stays below it
+    but for a 1e-4 chance (the seeds are fixed: it passes or fails the same way every time)."""
+    z = 3.719
+    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 1.0), (1.3, 0.8)])
+def test_the_draws_follow_the_distribution(temperature, top_p):
+    n = 60_000
+    generator = torch.Generator().manual_seed(3)
+    draw = sample_next(LOGITS.repeat(n, 1), temperature, top_p, generator)
+    probs = torch.softmax(LOGITS.double() / temperature, -1)
+    if top_p < 1.0:  # the smallest set of the most likely tokens whose mass reaches top_p
+        sorted_p, order = probs.sort(descending=True)
+        sorted_p[sorted_p.cumsum(-1) - sorted_p > top_p] = 0.0
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
+        probs /= probs.sum()
+        assert (probs == 0).sum() > 1   # the truncation is under test: it drops real tokens
+    stat, dof = _chi_square(draw.tokens, probs)
+    assert stat < _chi_square_limit(dof), (stat, dof)
+    # each row's logprob and entropy are the tempered, untruncated distribution's
+    logp = torch.log_softmax(LOGITS / temperature, -1)
+    assert max(abs(lp - float(logp[t])) for lp, t in zip(draw.logp[:200], draw.tokens)) < 1e-5
+    finite = logp[logp.isfinite()]
+    assert abs(draw.entropy[0] - float(-(finite.exp() * finite).sum())) < 1e-5
+    assert abs(draw.logp_of(0, 1) - float(logp[1])) < 1e-5
+
+
+def test_a_vocabulary_of_several_blocks_is_drawn_right():
+    """A vocabulary that fills several blocks of the two-level search, its last one partly, with
+    its mass in a few tokens spread over them."""
+    V = 1000
+    logits = torch.full((V,), -30.0)
+    hot = [0, 127, 128, 500, 999]
+    logits[hot] = torch.tensor([1.0, 0.0, 2.0, -1.0, 0.5])
+    generator = torch.Generator().manual_seed(5)
+    tokens = sample_next(logits.repeat(20_000, 1), 1.0, 1.0, generator).tokens
+    probs = torch.softmax(logits.double(), -1)
+    assert set(tokens) <= set(hot)  # the others' mass is ~1e-11: never drawn in 20k draws
+    hot_p = probs[hot] / probs[hot].sum()
+    counts = [tokens.count(h) for h in hot]
+    stat = sum((c - len(tokens) * float(p)) ** 2 / (len(tokens) * float(p))
+               for c, p in zip(counts, hot_p))
+    assert stat < _chi_square_limit(len(hot) - 1), (stat, counts)
+
+
+def test_the_ends_of_the_unit_interval_draw_tokens_of_positive_probability():
+    """u = 0 and the largest u below 1, over zeros at both ends of the row (a top-p tail, padding)."""
+    probs = torch.zeros(2, 300)
+    probs[:, 5] = 0.25
+    probs[:, 200] = 0.75
+    u = torch.tensor([0.0, torch.tensor(1.0, dtype=torch.float64).nextafter(
+        torch.tensor(0.0, dtype=torch.float64)).item()], dtype=torch.float64)
+    assert _inverse_cdf(probs, u).tolist() == [5, 200]
+    assert _inverse_cdf(probs, torch.tensor([0.2499, 0.2501], dtype=torch.float64)).tolist() \
+        == [5, 200]
+
+
+def test_one_random_number_a_row_not_one_per_vocabulary_entry():
+    """The generator advances by the batch's rows (float64 uniforms), whatever the vocabulary."""
+    logits = torch.randn(4, 49_152, generator=torch.Generator().manual_seed(0))
+    generator = torch.Generator().manual_seed(7)
+    sample_next(logits[[0, 2]], 1.0, 1.0, generator, rows=[0, 2], batch_rows=4)
+    reference = torch.Generator().manual_seed(7)
+    torch.rand(4, generator=reference, dtype=torch.float64)
+    assert torch.equal(generator.get_state(), reference.get_state())
+
+
+def test_a_row_draws_the_same_token_whether_or_not_stopped_rows_are_computed():
+    logits = torch.randn(6, 500, generator=torch.Generator().manual_seed(1))
+    for step_seed in range(20):
+        every = sample_next(logits, 1.0, 1.0, torch.Generator().manual_seed(step_seed))
+        live = [5, 1, 3]  # in cache order, as the batch keeps them after parking rows
+        some = sample_next(logits[live], 1.0, 1.0, torch.Generator().manual_seed(step_seed),
+                           rows=live, batch_rows=6)
+        assert some.tokens == [every.tokens[b] for b in live]
+        assert some.logp == pytest.approx([every.logp[b] for b in live], abs=1e-6)
+
+
+def test_a_seed_reproduces_the_draws_and_another_seed_changes_them():
+    logits = torch.randn(16, 2000, generator=torch.Generator().manual_seed(2))
+
+    def steps(seed: int) -> list[list[int]]:
+        generator = torch.Generator().manual_seed(seed)
+        return [sample_next(logits, 1.0, 0.9, generator).tokens for _ in range(5)]
+
+    assert steps(11) == steps(11)
+    assert steps(11) != steps(12)
+
+
+def test_greedy_is_the_argmax_with_the_untempered_logprobs():
+    logits = torch.randn(3, 700, generator=torch.Generator().manual_seed(4))
+    generator = torch.Generator().manual_seed(0)
+    before = generator.get_state()
+    draw = sample_next(logits, 0.0, 0.5, generator)
+    assert draw.tokens == logits.argmax(-1).tolist()
+    assert torch.equal(generator.get_state(), before)   # greedy draws nothing
+    logp = torch.log_softmax(logits, -1)
+    assert draw.logp == pytest.approx([float(logp[i, t]) for i, t in enumerate(draw.tokens)],
+                                      abs=1e-5)
+    assert draw.entropy == pytest.approx((-(logp.exp() * logp).sum(-1)).tolist(), abs=1e-4)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_or_infinite_logits_fail_the_draw_naming_it(bad):
+    logits = torch.zeros(2, 50)
+    logits[1, 3] = bad
+    with pytest.raises(RuntimeError, match="sampling: the probabilities contain nan"):
+        sample_next(logits, 1.0, 1.0, torch.Generator().manual_seed(0))
