@@ -121,8 +121,9 @@ def test_an_instrumented_openai_agent_is_recorded_turn_by_turn(endpoint, tmp_pat
         logs = con.execute("SELECT count(*) FROM span_logs").fetchone()[0]
     assert [t[:6] for t in traj] == [(trace_id, "arith-20", "arith@0", 0.0, 3,
                                       f"user: {QUESTION}\n")]
-    assert [t[:3] for t in turns[:2]] == [('CALL add {"x": 2, "y": 3}', "add -> 5\n", "answer"),
-                                          ('CALL mul {"x": 5, "y": 4}', "mul -> 20\n", "answer")]
+    # each call was followed by its tool's span: a tool turn, whichever convention (58, item 9)
+    assert [t[:3] for t in turns[:2]] == [('CALL add {"x": 2, "y": 3}', "add -> 5\n", "tool"),
+                                          ('CALL mul {"x": 5, "y": 4}', "mul -> 20\n", "tool")]
     info = [json.loads(t[4]) for t in turns]
     assert [i["convention"] for i in info] == ["openinference" if which == "oi" else "genai"] * 3
     assert all(i["model"] == "tiny" and i["input_tokens"] > 0 and i["output_tokens"] > 0

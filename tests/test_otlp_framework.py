@@ -98,9 +98,10 @@ def test_a_smolagents_tool_calling_agent_is_recorded_turn_by_turn(endpoint, tmp_
     assert traj[0][3].startswith("system: You are an expert assistant")
     assert traj[0][3].endswith(f"user: New task:\n{QUESTION}\n")
     # the model's action blobs, in order; each step's tool result is what the next call saw
-    assert [t[:3] for t in turns] == [(REPLIES[0], "add -> 5\n", "answer"),
-                                      (REPLIES[1], "mul -> 20\n", "answer"),
-                                      (REPLIES[2], "final_answer -> 20\n", "answer")]
+    # each step ran a tool (its TOOL span), so each turn is a tool turn (issue 58 item 9)
+    assert [t[:3] for t in turns] == [(REPLIES[0], "add -> 5\n", "tool"),
+                                      (REPLIES[1], "mul -> 20\n", "tool"),
+                                      (REPLIES[2], "final_answer -> 20\n", "tool")]
     info = [json.loads(t[4]) for t in turns]
     assert [i["convention"] for i in info] == ["openinference"] * 3
     assert all(i["model"] == "tiny" and i["input_tokens"] > 1000 and i["output_tokens"] > 0

@@ -68,6 +68,7 @@ class ToolRun:
     call_id: str | None
     result: str
     error: str | None = None
+    arguments: Any = None
 
 
 # -- small readers --------------------------------------------------------------------------------
@@ -91,8 +92,23 @@ def _text(value: Any) -> str:
 def _int(value: Any) -> int | None:
     try:
         return int(value) if value is not None and not isinstance(value, bool) else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # Infinity is a float, not a step
         return None
+
+
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _id(value: Any) -> str | None:
+    """A tool-call id as text (ids are dictionary keys: a list or an object is not one)."""
+    if value is None or isinstance(value, (str, int)) and not isinstance(value, bool):
+        return None if value is None else str(value)
+    return None
+
+
+def _opt_text(value: Any) -> str | None:
+    return None if value is None else _text(value)[:200]
 
 
 def _float(value: Any) -> float | None:
@@ -119,7 +135,7 @@ def genai_message(m: Any) -> dict | None:
         return None
     role = str(m.get("role") or "user")
     texts, calls, call_id = [], [], None
-    for part in m.get("parts") or []:
+    for part in _list(m.get("parts")):
         if not isinstance(part, dict):
             continue
         kind = part.get("type")
@@ -128,23 +144,23 @@ def genai_message(m: Any) -> dict | None:
         elif kind == "reasoning":
             texts.append(f"<think>{_text(part.get('content'))}</think>\n")
         elif kind == "tool_call":
-            calls.append({"id": part.get("id"), "name": str(part.get("name") or "tool"),
+            calls.append({"id": _id(part.get("id")), "name": _text(part.get("name") or "tool"),
                           "arguments": part.get("arguments")})
         elif kind == "tool_call_response":
-            call_id = part.get("id")
+            call_id = _id(part.get("id"))
             texts.append(_text(part.get("response", part.get("result"))))
         else:
             texts.append(f"[{kind or 'part'}]")
     if "content" in m and not m.get("parts"):  # OpenAI-shaped
         texts.append(_text(m.get("content")))
-        for c in m.get("tool_calls") or []:
+        for c in _list(m.get("tool_calls")):
             fn = c.get("function") if isinstance(c, dict) else None
             if isinstance(fn, dict):
-                calls.append({"id": c.get("id"), "name": str(fn.get("name") or "tool"),
+                calls.append({"id": _id(c.get("id")), "name": _text(fn.get("name") or "tool"),
                               "arguments": fn.get("arguments")})
-        call_id = m.get("tool_call_id")
+        call_id = _id(m.get("tool_call_id"))
     return {"role": role, "text": "".join(texts), "calls": calls, "call_id": call_id,
-            "name": m.get("name"), "finish_reason": m.get("finish_reason")}
+            "name": _opt_text(m.get("name")), "finish_reason": _opt_text(m.get("finish_reason"))}
 
 
 def genai_messages(value: Any) -> list[dict]:
@@ -194,7 +210,7 @@ def _smolagents_calls(text: str) -> list[dict]:
     for c in value if isinstance(value, list) else []:
         fn = c.get("function") if isinstance(c, dict) else None
         if isinstance(fn, dict):
-            calls.append({"id": c.get("id"), "name": str(fn.get("name") or "tool"),
+            calls.append({"id": _id(c.get("id")), "name": _text(fn.get("name") or "tool"),
                           "arguments": fn.get("arguments")})
     return calls
 
@@ -243,11 +259,12 @@ def openinference_messages(attrs: dict) -> tuple[list[dict], list[dict]]:
     for side in ("input", "output"):
         msgs = []
         for _, m in sorted(found[side].items()):
-            calls = [{"id": c.get("id"), "name": str(c.get("function.name") or "tool"),
+            calls = [{"id": _id(c.get("id")), "name": _text(c.get("function.name") or "tool"),
                       "arguments": c.get("function.arguments")}
                      for _, c in sorted(m["calls"].items())]
-            msgs.append({"role": str(m.get("role") or "user"), "text": _oi_text(m),
-                         "calls": calls, "call_id": m.get("tool_call_id"), "name": m.get("name"),
+            msgs.append({"role": _text(m.get("role") or "user"), "text": _oi_text(m),
+                         "calls": calls, "call_id": _id(m.get("tool_call_id")),
+                         "name": _opt_text(m.get("name")),
                          "finish_reason": None})
         out.append(smolagents_roles(msgs))
     return out[0], out[1]
@@ -259,10 +276,10 @@ def llm_call(span) -> Call | None:
     a = span.attributes
     if a.get("openinference.span.kind") == "LLM":
         call = Call(span.span_id, span.start_ns, span.end_ns, "openinference",
-                    model=a.get("llm.model_name"),
+                    model=_opt_text(a.get("llm.model_name")),
                     input_tokens=_int(a.get("llm.token_count.prompt")),
                     output_tokens=_int(a.get("llm.token_count.completion")),
-                    finish_reason=a.get("llm.finish_reason"))
+                    finish_reason=_opt_text(a.get("llm.finish_reason")))
         call.inputs, outputs = openinference_messages(a)
         if not outputs and a.get("output.value") is not None:
             outputs = [{"role": "assistant", "text": _text(a["output.value"]), "calls": []}]
@@ -272,21 +289,22 @@ def llm_call(span) -> Call | None:
     if a.get("gen_ai.operation.name") in GENAI_LLM_OPERATIONS:
         reasons = a.get("gen_ai.response.finish_reasons")
         call = Call(span.span_id, span.start_ns, span.end_ns, "genai",
-                    model=a.get("gen_ai.response.model") or a.get("gen_ai.request.model"),
+                    model=_opt_text(a.get("gen_ai.response.model")
+                                    or a.get("gen_ai.request.model")),
                     input_tokens=_int(a.get("gen_ai.usage.input_tokens")),
                     output_tokens=_int(a.get("gen_ai.usage.output_tokens")),
-                    finish_reason=reasons[-1] if isinstance(reasons, list) and reasons
-                    else None)
+                    finish_reason=_opt_text(reasons[-1]) if isinstance(reasons, list)
+                    and reasons else None)
         call.inputs = genai_messages(a.get("gen_ai.input.messages"))
         _set_output(call, genai_messages(a.get("gen_ai.output.messages")))
         call.order = span.start_ns
         return call
     if span.name == "gateway_generation":
         call = Call(span.span_id, span.start_ns, span.end_ns, "rl-insight",
-                    text=_text(a.get("content")), model=a.get("model"),
+                    text=_text(a.get("content")), model=_opt_text(a.get("model")),
                     input_tokens=_int(a.get("prompt_tokens")),
                     output_tokens=_int(a.get("completion_tokens")),
-                    finish_reason=a.get("finish_reason"))
+                    finish_reason=_opt_text(a.get("finish_reason")))
         turn = _int(a.get("turn"))
         call.order = turn if turn is not None else span.start_ns
         return call
@@ -306,7 +324,7 @@ def apply_event(call: Call, log) -> None:
         message = genai_message(log.body.get("message") or {})
         if message and not call.text and not call.calls:
             call.text, call.calls = message["text"], message["calls"]
-            call.finish_reason = call.finish_reason or log.body.get("finish_reason")
+            call.finish_reason = call.finish_reason or _opt_text(log.body.get("finish_reason"))
     elif log.event_name.startswith("gen_ai.") and log.event_name.endswith(".message"):
         message = genai_message({"role": log.event_name.split(".")[1],
                                  **(log.body if isinstance(log.body, dict) else {})})
@@ -318,14 +336,17 @@ def tool_run(span) -> ToolRun | None:
     a = span.attributes
     if a.get("gen_ai.operation.name") == "execute_tool":
         return ToolRun(span.span_id, span.start_ns, span.end_ns,
-                       str(a.get("gen_ai.tool.name") or span.name), a.get("gen_ai.tool.call.id"),
+                       _text(a.get("gen_ai.tool.name") or span.name),
+                       _id(a.get("gen_ai.tool.call.id")),
                        _text(a.get("gen_ai.tool.call.result")),
-                       span.status_message or None if span.status_code == 2 else None)
+                       span.status_message or None if span.status_code == 2 else None,
+                       a.get("gen_ai.tool.call.arguments"))
     if a.get("openinference.span.kind") == "TOOL":
         return ToolRun(span.span_id, span.start_ns, span.end_ns,
-                       str(a.get("tool.name") or span.name), a.get("tool_call.id"),
+                       _text(a.get("tool.name") or span.name), _id(a.get("tool_call.id")),
                        _text(a.get("output.value")),
-                       span.status_message or None if span.status_code == 2 else None)
+                       span.status_message or None if span.status_code == 2 else None,
+                       a.get("input.value"))
     return None
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,8 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from storage.recorder import clean_text
 
 MAX_VALUE_DEPTH = 16
 MAX_VALUE_CHARS = 1 << 20
@@ -132,12 +135,29 @@ def parse_request(raw: bytes, content_type: str, signal: str):
         raise BodyError(f"the JSON body does not parse: {str(exc)[:200]}") from None
     if not isinstance(obj, dict):
         raise BodyError(f"the JSON body must be an object, not {type(obj).__name__}")
+    if _SURROGATE.search(raw):  # "\ud800" parses to a lone surrogate, which no string field
+        obj = _clean_strings(obj)  # takes: the recorder's rule (U+FFFD), not a refused body
     rejected = _hex_ids_to_base64(obj, signal)
     try:
         json_format.ParseDict(obj, msg, ignore_unknown_fields=True)
     except (json_format.ParseError, RecursionError, ValueError, TypeError) as exc:
         raise BodyError(f"not an OTLP {signal} JSON message: {str(exc)[:300]}") from None
     return msg, rejected
+
+
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _clean_strings(value: Any, depth: int = 0) -> Any:
+    if isinstance(value, str):
+        return clean_text(value)
+    if depth > 200:  # deeper than the parser goes: left for it to refuse
+        return value
+    if isinstance(value, dict):
+        return {clean_text(k): _clean_strings(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean_strings(v, depth + 1) for v in value]
+    return value
 
 
 # -- JSON ids: hex on the wire, base64 for json_format ---------------------------------------------------

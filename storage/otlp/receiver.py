@@ -15,10 +15,19 @@ store cannot be written (exporters retry both). With ``--token-env VAR`` a reque
 ``Authorization: Bearer`` and that variable's value (401 otherwise, decided before the body is
 read). It binds to 127.0.0.1 unless ``--host`` says otherwise.
 
-Spans become trajectories as they arrive (storage/otlp/assemble.py): one run per instrumented
+What it answers 200 to is stored: a request's spans and log records are appended raw to the
+store before the answer (storage/otlp/store.py), and trajectories are derived from the stored
+spans afterwards (storage/otlp/writer.py, storage/otlp/assemble.py): one run per instrumented
 service (``otlp-{service.name}``, or ``--run-id``), one trajectory per trace or conversation,
-rewritten as the agent goes on and closed when its root ends or after ``--idle-s``. Ctrl-C
-(SIGINT) or SIGTERM writes everything held, marks the runs finished and exits 0.
+rewritten as the agent goes on and closed when its root ends or after ``--idle-s``. A receiver
+killed at any point loses nothing it acknowledged; the next one derives what was pending. Ctrl-C
+(SIGINT) or SIGTERM stores what is in flight, derives everything held, marks the runs finished
+and exits 0.
+
+The server is uvicorn with a starlette app (storage/asgi_serve.py): a header timeout
+(``--header-timeout-s``), an idle keep-alive timeout, a connection limit that closes the
+longest-idle connection before refusing a new one (``--max-connections``), a whole-body
+deadline and size cap; a request h11 cannot parse (``Content-Length: ²``) is a 400.
 """
 from __future__ import annotations
 
@@ -26,15 +35,20 @@ import argparse
 import hmac
 import os
 import signal
-import socket
 import sys
 import threading
-import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from storage.asgi_serve import BodyRefused, ServeLimits, read_body, serve
 from storage.otlp.assemble import Assembler, Bounds
 from storage.otlp.decode import BodyError, decode, response_body, status_body
+from storage.otlp.store import Appender, StoreDown
 from storage.otlp.writer import Writer
 from storage.recorder import check_run_id, clean_text
 
@@ -44,128 +58,32 @@ MAX_REJECTIONS_NAMED = 5
 
 @dataclass(frozen=True)
 class Limits:
-    """What one client may send (docs/threat-model.md)."""
+    """What one client may send and hold (docs/threat-model.md)."""
     max_body_bytes: int = 16 << 20
     max_inflated_bytes: int = 64 << 20
     body_deadline_s: float = 30.0
-    max_connections: int = 64
+    max_connections: int = 256
     token: str | None = None
+    header_timeout_s: float = 10.0
+    keep_alive_s: float = 30.0
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "agentrl-otlp"
-
-    def setup(self):
-        super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def log_message(self, format, *args):  # noqa: A002 (the base class's name)
-        pass  # one line per request would drown the terminal; errors are said below
-
-    def _reply(self, status: int, body: bytes, as_json: bool, headers: dict | None = None,
-               close: bool = False) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json" if as_json
-                         else "application/x-protobuf")
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        if close:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        # headers and body in one send: two small writes on a kept-alive connection meet
-        # Nagle's algorithm and the client's delayed ACK (tens of ms per request)
-        if hasattr(self, "_headers_buffer"):
-            self._headers_buffer.extend((b"\r\n", body))
-            self.flush_headers()
-        else:  # an HTTP/0.9 request: no headers
-            self.wfile.write(body)
-
-    def _error(self, status: int, message: str, as_json: bool, headers=None, close=False):
-        self._reply(status, status_body(message, as_json), as_json, headers, close)
-
-    def do_GET(self):  # noqa: N802
-        self._error(405, "POST /v1/traces or /v1/logs", True, {"Allow": "POST"})
-
-    def do_POST(self):  # noqa: N802
-        srv = self.server
-        path = self.path.split("?", 1)[0]
-        as_json = (self.headers.get("Content-Type") or "").split(";")[0].strip() \
-            == "application/json"
-        if path not in PATHS:
-            return self._error(404, f"no such path {path[:100]!r}: POST /v1/traces or /v1/logs",
-                               as_json, close=True)
-        if srv.limits.token is not None:
-            given = self.headers.get("Authorization") or ""
-            if not hmac.compare_digest(given.encode(), f"Bearer {srv.limits.token}".encode()):
-                return self._error(401, "missing or wrong bearer token", as_json,
-                                   {"WWW-Authenticate": "Bearer"}, close=True)
-        length = self.headers.get("Content-Length")
-        if self.headers.get("Transfer-Encoding") or length is None:
-            return self._error(411, "a Content-Length is required", as_json, close=True)
-        if not length.strip().isdigit():
-            return self._error(400, f"bad Content-Length {length[:40]!r}", as_json, close=True)
-        size = int(length)
-        if size > srv.limits.max_body_bytes:
-            return self._error(413, f"body of {size} bytes is over the limit of "
-                               f"{srv.limits.max_body_bytes}", as_json, close=True)
-        if srv.writer.behind:
-            return self._error(503, "the store cannot be written now; retry", as_json,
-                               {"Retry-After": "2"}, close=True)
-        if srv.assembler.over_memory():
-            return self._error(429, "the receiver holds as much as it may until the writer "
-                               "catches up; retry", as_json, {"Retry-After": "1"}, close=True)
-        body = self._read(size)
-        if body is None:
-            return  # the client left mid-body or stalled past the deadline: nothing taken
-        signal_name = PATHS[path]
-        try:
-            records = decode(body, self.headers.get("Content-Type") or "",
-                             self.headers.get("Content-Encoding") or "", signal_name,
-                             srv.limits.max_inflated_bytes)
-        except BodyError as exc:
-            return self._error(exc.status, str(exc), as_json)
-        except MemoryError:
-            return self._error(413, "the body is too large to decode", as_json)
-        rejected = records.rejected + srv.assembler.add(records.spans, records.logs)
-        srv.counts["spans"] += len(records.spans)
-        srv.counts["logs"] += len(records.logs)
-        srv.counts["rejected"] += len(rejected)
-        named = list(dict.fromkeys(rejected))  # one line per reason (a trace over its limit)
-        message = "; ".join(named[:MAX_REJECTIONS_NAMED])
-        if len(named) > MAX_REJECTIONS_NAMED:
-            message += f"; and {len(named) - MAX_REJECTIONS_NAMED} more"
-        if rejected:
-            srv.log(f"rejected {len(rejected)}: {clean_text(message)[:500]}")
-        self._reply(200, response_body(signal_name, len(rejected), message, as_json), as_json)
-
-    def _read(self, size: int) -> bytes | None:
-        """The body, read before a deadline; None when the client goes away or stalls."""
-        deadline = time.monotonic() + self.server.limits.body_deadline_s
-        chunks, got = [], 0
-        try:
-            while got < size:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError
-                self.connection.settimeout(min(left, 5.0))
-                chunk = self.rfile.read1(min(size - got, 1 << 20))
-                if not chunk:
-                    raise ConnectionError
-                chunks.append(chunk)
-                got += len(chunk)
-        except (ConnectionError, TimeoutError, socket.timeout, OSError):
-            self.server.counts["dropped_bodies"] += 1
-            self.close_connection = True
-            return None
-        return b"".join(chunks)
+def _reply(status: int, body: bytes, as_json: bool, headers: dict | None = None,
+           close: bool = False) -> Response:
+    headers = dict(headers or {})
+    if close:
+        headers["Connection"] = "close"
+    return Response(body, status, headers, "application/json" if as_json
+                    else "application/x-protobuf")
 
 
-class Receiver(ThreadingHTTPServer):
-    """The HTTP server plus its assembler and writer thread (``start`` / ``stop``)."""
-    daemon_threads = True
-    request_queue_size = 256  # 20 agents connecting at once overflowed the default 5 (resets)
+def _error(status: int, message: str, as_json: bool, headers=None, close=False) -> Response:
+    return _reply(status, status_body(message, as_json), as_json, headers, close)
+
+
+class Receiver:
+    """The HTTP server, the assembler, the appender (raw records first) and the deriver thread
+    (``start`` / ``stop``)."""
 
     def __init__(self, db_path, host: str = "127.0.0.1", port: int = 4318,
                  bounds: Bounds = Bounds(), limits: Limits = Limits(), run_id: str | None = None,
@@ -175,56 +93,109 @@ class Receiver(ThreadingHTTPServer):
         self.assembler = Assembler(bounds, run_id)
         self.writer = Writer(db_path, self.assembler, self.log)
         self.counts = {"spans": 0, "logs": 0, "rejected": 0, "dropped_bodies": 0}
-        self.active, self._slots = 0, threading.Lock()
         self._stop = threading.Event()
-        super().__init__((host, port), Handler)
+        self.host, self.port = host, port
+        self.served = None
+        self.app = Starlette(routes=[Route("/{path:path}", self.handle, methods=[
+            "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"])])
 
-    # at most max_connections served at once; the next is closed unanswered
-    def process_request(self, request, client_address):
-        with self._slots:
-            if self.active >= self.limits.max_connections:
-                self.shutdown_request(request)
-                return
-            self.active += 1
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request, client_address):
+    # -- one request ---------------------------------------------------------------------------
+    async def handle(self, request: Request) -> Response:
+        lim = self.limits
+        path = request.url.path
+        ctype = request.headers.get("content-type") or ""
+        as_json = ctype.split(";")[0].strip() == "application/json"
+        if path not in PATHS:
+            return _error(404, f"no such path {path[:100]!r}: POST /v1/traces or /v1/logs",
+                          as_json, close=True)
+        if request.method != "POST":
+            return _error(405, "POST /v1/traces or /v1/logs", True, {"Allow": "POST"})
+        if lim.token is not None:
+            given = request.headers.get("authorization") or ""
+            if not hmac.compare_digest(given.encode(), f"Bearer {lim.token}".encode()):
+                return _error(401, "missing or wrong bearer token", as_json,
+                              {"WWW-Authenticate": "Bearer"}, close=True)
+        if self.writer.appender.behind:
+            return _error(503, "the store cannot be written now; retry", as_json,
+                          {"Retry-After": "2"}, close=True)
+        if self.assembler.over_memory():
+            return _error(429, "the receiver holds as much as it may until the deriver "
+                          "catches up; retry", as_json, {"Retry-After": "1"}, close=True)
         try:
-            super().process_request_thread(request, client_address)
-        finally:
-            with self._slots:
-                self.active -= 1
+            body = await read_body(request, lim.max_body_bytes, lim.body_deadline_s)
+        except BodyRefused as exc:  # 400 / 408 / 413: from the headers, or while reading
+            if exc.status == 408:
+                self.counts["dropped_bodies"] += 1
+            return _error(exc.status, str(exc), as_json, close=True)
+        except ClientDisconnect:  # the client left mid-body: nothing taken
+            self.counts["dropped_bodies"] += 1
+            return _error(400, "the client left mid-body", as_json, close=True)
+        signal_name = PATHS[path]
+        status, out = await run_in_threadpool(
+            self._ingest, body, ctype, request.headers.get("content-encoding") or "",
+            signal_name, as_json)
+        if status != 200:
+            return _error(status, out, as_json, {"Retry-After": "2"} if status == 503 else None)
+        return _reply(200, out, as_json)
 
-    def handle_error(self, request, client_address):
-        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
-            super().handle_error(request, client_address)
+    def _ingest(self, body: bytes, ctype: str, encoding: str, signal_name: str, as_json: bool):
+        """(200, the response body) once the records are stored; else (status, message)."""
+        try:
+            records = decode(body, ctype, encoding, signal_name, self.limits.max_inflated_bytes)
+        except BodyError as exc:
+            return exc.status, str(exc)
+        except MemoryError:
+            return 413, "the body is too large to decode"
+        try:
+            admitted = self.writer.appender.submit(records.spans, records.logs)
+        except StoreDown as exc:
+            return 503, f"the store cannot be written now ({clean_text(str(exc))[:200]}); retry"
+        rejected = records.rejected + admitted.rejected
+        self.counts["spans"] += len(records.spans)
+        self.counts["logs"] += len(records.logs)
+        self.counts["rejected"] += len(rejected)
+        named = list(dict.fromkeys(rejected))  # one line per reason (a trace over its limit)
+        message = "; ".join(named[:MAX_REJECTIONS_NAMED])
+        if len(named) > MAX_REJECTIONS_NAMED:
+            message += f"; and {len(named) - MAX_REJECTIONS_NAMED} more"
+        if rejected:
+            self.log(f"rejected {len(rejected)}: {clean_text(message)[:500]}")
+        return 200, response_body(signal_name, len(rejected), clean_text(message), as_json)
 
-    def _write_loop(self) -> None:
+    # -- lifecycle ------------------------------------------------------------------------------
+    def _derive_loop(self) -> None:
         while not self._stop.wait(self.bounds.flush_s):
             try:
                 self.writer.flush()
-            except Exception as exc:  # never let the writer thread die silently
-                self.log(f"error: writing stopped a round: {type(exc).__name__}: {exc}")
+            except Exception as exc:  # noqa: BLE001 (never let the deriver die silently)
+                self.log(f"error: deriving stopped a round: {type(exc).__name__}: {exc}")
 
     def start(self) -> "Receiver":
-        threading.Thread(target=self.serve_forever, daemon=True, name="otlp-http").start()
-        self._writer_thread = threading.Thread(target=self._write_loop, daemon=True,
-                                               name="otlp-writer")
-        self._writer_thread.start()
+        self.writer.appender = Appender(self.writer.db_path, self.assembler, self.log)
+        lim = self.limits
+        self.served = serve(self.app, ServeLimits(max_connections=lim.max_connections,
+                                                  header_s=lim.header_timeout_s,
+                                                  idle_s=lim.keep_alive_s, shutdown_s=10.0),
+                            self.host, self.port,
+                            bad_request=lambda text: status_body(text, True))
+        self.server_address = (self.served.host, self.served.port)
+        self._deriver = threading.Thread(target=self._derive_loop, daemon=True,
+                                         name="otlp-deriver")
+        self._deriver.start()
         return self
 
     def stop(self) -> None:
-        """Stop taking requests, then write everything held and finish the runs."""
-        self.shutdown()
-        self.server_close()
+        """Stop taking requests, store what is in flight, derive everything held and finish
+        the runs."""
+        self.served.stop(30)
+        self.writer.appender.stop()
         self._stop.set()
-        self._writer_thread.join()
+        self._deriver.join()
         self.writer.flush(final=True)
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
+        return self.served.url
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -243,7 +214,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-s", type=float, default=Bounds.idle_s,
                    help="close a trajectory after this long with no new span (default 30)")
     p.add_argument("--flush-s", type=float, default=Bounds.flush_s,
-                   help="write what changed this often (default 0.5)")
+                   help="derive what changed this often (default 0.5)")
+    p.add_argument("--max-connections", type=int, default=Limits.max_connections,
+                   help="open connections at most; past it the idlest is closed (default 256)")
+    p.add_argument("--header-timeout-s", type=float, default=Limits.header_timeout_s,
+                   help="close a connection that sends no request head for this long "
+                        "(default 10)")
     return p
 
 
@@ -265,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     bounds = Bounds(args.max_spans_per_trace, args.max_open_traces,
                     int(args.max_held_mb * (1 << 20)), args.idle_s, Bounds.grace_s, args.flush_s)
     limits = Limits(int(args.max_body_mb * (1 << 20)), int(args.max_inflated_mb * (1 << 20)),
-                    token=token)
+                    max_connections=max(args.max_connections, 2), token=token,
+                    header_timeout_s=args.header_timeout_s)
     try:
         receiver = Receiver(args.db, args.host, args.port, bounds, limits, args.run_id).start()
     except OSError as exc:
@@ -278,19 +255,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and token is None:
         print(f"warning: listening on {args.host} without --token-env: anyone who reaches the "
               "port can write into the store", file=sys.stderr)
+    stop = threading.Event()
+    # installed before the first line is printed: a Ctrl-C right after it still stops cleanly
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     print(f"receiving OTLP/HTTP at {receiver.url}/v1/traces and /v1/logs into {args.db} "
           "(Ctrl-C writes what it holds and stops)", flush=True)
-    stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         while not stop.wait(0.5):
             pass
+        try:
+            receiver.stop()
+        except Exception as exc:  # noqa: BLE001 (the spans are stored: the next start derives)
+            print(f"error: stopping: {type(exc).__name__}: {clean_text(str(exc))[:300]}; every "
+                  "acknowledged span is stored and the next start derives what is pending",
+                  file=sys.stderr)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        receiver.stop()
     c = receiver.counts
     print(f"received {c['spans']} spans and {c['logs']} log records ({c['rejected']} rejected); "
-          f"{len(receiver.writer.runs)} run(s): {', '.join(receiver.writer.runs) or 'none'}",
-          flush=True)
+          f"{len(receiver.writer.runs)} run(s): {', '.join(receiver.writer.runs) or 'none'}"
+          + (f"; {receiver.writer.failed} trajectory(ies) could not be assembled (named above)"
+             if receiver.writer.failed else ""), flush=True)
     return 0

@@ -17,9 +17,11 @@ spans and log records exactly as the receiver assembles it (storage/otlp/assembl
 and rewritten in place; ``info.otel.reward_source`` then says ``scores file NAME`` and
 ``info.otel.scored`` the file and line. Tags are kept. Running the same file again changes
 nothing (its trajectories are reported unchanged). Trace ids the store has no spans of are
-listed; a trajectory whose agent still runs (``info.otel.open``) is listed and left alone, since
-the receiver rewrites it from its spans until it closes: run the file again after it closes, or
-after a late span has reopened and re-assembled a scored one.
+listed; a trajectory whose agent still runs (``info.otel.open`` and a span received in the last
+``STALE_S``) is listed and left alone, since the receiver rewrites it from its spans until it
+closes: run the file again after it closes, or after a late span has reopened and re-assembled a
+scored one. One still open with no span for ``STALE_S`` was left open by a receiver killed
+before it closed it (the next receiver to start closes it too): it is scored, and closed.
 
 The receiver opens the store per transaction (storage/db.py), so this runs beside it; a store
 another program keeps locked past ``storage.db.LOCK_TIMEOUT_S`` is an error saying so.
@@ -34,6 +36,7 @@ import math
 import re
 import sys
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 from storage import db
@@ -42,10 +45,12 @@ from storage.ingest.import_batch import WRITE_ERRORS, rederive_metrics, write_ba
 from storage.ingest.report import ImportReport
 from storage.interchange import LineError, to_rows, validate
 from storage.otlp.assemble import OpenTrace, build_record
-from storage.otlp.writer import FORMAT, stored_records
-from storage.recorder import clean_text, to_json
+from storage.otlp.writer import FORMAT
+from storage.otlp.store import stored_records
+from storage.recorder import clean_text, now, to_json
 
 MAX_LINE_BYTES = 4096
+STALE_S = 120.0
 MAX_LINES = 1_000_000
 KEYS = {"trace_id", "reward", "success", "task_id"}
 TRACE_ID = re.compile(r"[0-9a-fA-F]{32}")
@@ -170,6 +175,13 @@ def apply_scores(db_path, scores: list[Score], name: str, run: str | None = None
                     "SELECT traj_id, info, reward, success, task_id FROM trajectories "
                     "WHERE run_id = ? AND traj_id IN (SELECT unnest(?))",
                     [run_id, sorted(trajs)]).fetchall()}
+        # open, but no span for STALE_S: no receiver is writing it (one closes a trajectory
+        # after --idle-s, 30 s by default): a receiver killed before it closed it
+        stale = {(run_id, r[0]) for run_id, trajs in by_run.items()
+                 for r in con.execute(
+                     "SELECT traj_id FROM spans WHERE run_id = ? AND traj_id IN "
+                     "(SELECT unnest(?)) GROUP BY traj_id HAVING max(received_at) < ?",
+                     [run_id, sorted(trajs), now() - timedelta(seconds=STALE_S)]).fetchall()}
     # several lines may name traces of one conversation: the later line wins
     todo: dict[tuple[str, str], Score] = {}
     for s in scores:
@@ -181,7 +193,7 @@ def apply_scores(db_path, scores: list[Score], name: str, run: str | None = None
             out.failed.append(f"trace {s.trace_id}: its spans are stored but not its trajectory")
             continue
         otel = (json.loads(rows[key][0] or "{}").get("otel") or {})
-        if otel.get("open"):
+        if otel.get("open") and key not in stale:
             out.still_open.append(s.trace_id)
             continue
         todo[key] = s
@@ -194,16 +206,18 @@ def apply_scores(db_path, scores: list[Score], name: str, run: str | None = None
                 and (s.task_id is None or task_id == s.task_id)):
             out.unchanged.append(traj_id)
             continue
-        spans, logs = stored_records(db_path, run_id, traj_id)
+        spans, logs = stored_records(db_path, [(run_id, traj_id)])[(run_id, traj_id)]
         t = OpenTrace(otel.get("key") or f"trace:{s.trace_id}", run_id, traj_id,
                       spans={sp.span_id: sp for sp in spans}, logs=logs)
-        rec = build_record(t, closed=True)
-        turn_info = rec.pop("_turn_info")
-        _apply(rec, s, name)
         try:
+            rec = build_record(t, closed=True)
+            turn_info = rec.pop("_turn_info")
+            _apply(rec, s, name)
             rows_ = to_rows(validate(rec), classify)
-        except LineError as exc:
-            out.failed.append(f"trace {s.trace_id}: {exc}")
+        except Exception as exc:  # noqa: BLE001 (a span no convention expects: this trace alone)
+            out.failed.append(f"trace {s.trace_id}: "
+                              + (str(exc) if isinstance(exc, LineError)
+                                 else f"could not be assembled: {type(exc).__name__}: {exc}"))
             continue
         for row, info in zip(rows_["turns"], turn_info):
             row["info"] = to_json(info)
