@@ -18,10 +18,11 @@ storage/interchange.py), at its smallest::
      "turns": [{"action": "<answer>Frank Herbert</answer>", "observation": ""}],
      "reward": 1.0, "rewards": {"outcome": 1.0, "format": 0.0, "cost": 0.0, "process": 0.0}}
 
-Import (the verl and TRL readers are in storage/ingest/dumps.py, OpenAI-style ``messages`` JSONL in
-storage/ingest/messages.py; Inspect AI logs, one run per task and model, in storage/ingest/inspect_import.py)
-reads the input once, validating each line; every bad line is reported with where it is and what
-is wrong, and good lines still import.
+Import reads the input once, in a registered format (storage/ingest/formats.py lists them, one
+module each, behind the protocol of storage/ingest/registry.py) through the framework every door
+shares (storage/ingest/door.py), validating each record; every bad line or record is reported
+with where it is and what is wrong, whatever the format's reader raised, and good ones still
+import.
 Valid trajectories are written in batches (storage/ingest/import_batch.py), each batch one transaction
 holding all their rows (trajectories, rewards, turns, tokens, test results), so no trajectory is
 ever half-written.
@@ -56,10 +57,12 @@ import os
 import signal
 import sys
 import time
+from typing import Callable
 
 import duckdb
 
 from storage import db, export
+from storage.ingest import formats
 from storage.ingest.files import IMPORT_FORMATS, import_runs
 from storage.ingest.follow import follow
 from storage.interchange import MAX_LINE_BYTES
@@ -127,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("--db", required=True)
     exp.add_argument("--run", help="run id (with --partitioned, default: every run)")
     exp.add_argument("--out", help="output file (directory with --partitioned)")
-    exp.add_argument("--format", choices=("jsonl", "parquet", "otlp", "messages"),
+    exp.add_argument("--format", choices=("jsonl", "parquet", "otlp", "messages"),  # EXPORTS
                      default="jsonl", help="messages: a chat dataset with tool calls, one "
                                            "conversation per line, for TRL's SFTTrainer")
     exp.add_argument("--endpoint", help="otlp: the OTLP/HTTP traces URL (.../v1/traces)")
@@ -181,18 +184,17 @@ def _export(args) -> int:
     if not args.run:
         raise ValueError("--run is required (except with --partitioned)")
     check_run_id(args.run)
-    if args.format == "otlp":
-        return _export_otlp(args, filters)
-    if not args.out:
-        raise ValueError(f"--out is required with --format {args.format}")
-    if args.format == "messages":
-        from storage.chat_export import write_messages
-        print(f"wrote {write_messages(args.db, args.run, args.out, filters)} conversations "
-              f"to {args.out}")
+    return EXPORTS[args.format](args, filters)
+
+
+def _written(what: str, write: Callable) -> Callable:
+    """An export to ``--out``: ``write(db, run, out, filters)`` gives the count of ``what``."""
+    def run(args, filters) -> int:
+        if not args.out:
+            raise ValueError(f"--out is required with --format {args.format}")
+        print(f"wrote {write(args.db, args.run, args.out, filters)} {what} to {args.out}")
         return 0
-    write = export.export_jsonl if args.format == "jsonl" else export.export_parquet
-    print(f"wrote {write(args.db, args.run, args.out, filters)} trajectories to {args.out}")
-    return 0
+    return run
 
 
 def _export_otlp(args, filters) -> int:
@@ -210,6 +212,16 @@ def _export_otlp(args, filters) -> int:
     print(f"sent {sent} trajectories to {args.endpoint}"
           + (f"; it rejected {rejected} spans" if rejected else ""))
     return 1 if rejected else 0
+
+
+EXPORTS: dict[str, Callable] = {
+    **{name: _written(formats.get(name).exported, formats.get(name).export)
+       for name in formats.NAMES if formats.get(name).exports},
+    "parquet": _written("trajectories", export.export_parquet),  # a table, not an import format
+    "otlp": _export_otlp,                                         # sent, not written
+}
+"""``export --format``: every import format that writes itself back (storage/ingest/formats.py),
+then the export-only ones."""
 
 
 def _follow(args) -> int:

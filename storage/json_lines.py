@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections import deque
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 MAX_LINE_BYTES = 16 * 1024 * 1024
 MAX_RECORD_VALUES = 2_000_000
@@ -18,22 +19,55 @@ class LineError(ValueError):
 
 
 # -- reading lines ---------------------------------------------------------------------------------
-def read_json_lines(path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed object or LineError) for each non-blank line; never loads a huge line."""
-    with open(path, "rb") as f:
-        lineno = 0
-        while True:
-            line = f.readline(max_line_bytes + 1)
+SKIP_CHUNK = 1 << 20
+
+
+def lines(fd: int, start: int, stop: int, max_line_bytes: int,
+          seen: Callable[[bytes], None] = lambda data: None, last_open: bool = False
+          ) -> Iterator[tuple[int, int, bytes | None]]:
+    """(offset, end offset, line) of each line in ``[start, stop)`` of the open file ``fd``: the
+    one bounded line reader every door uses (import, follow). A line longer than
+    ``max_line_bytes`` (newline not counted) comes as None: its bytes are skipped a MiB at a
+    time, never held. A last line without a newline is given when ``last_open`` (a whole file
+    being imported; ART writes its last line without one), else it ends the reading (a file
+    still being written, or shorter now than where its newline was). Every byte read, skipped
+    ones too, is passed to ``seen``."""
+    with os.fdopen(os.dup(fd), "rb", buffering=SKIP_CHUNK) as f:
+        f.seek(start)
+        pos = start
+        while pos < stop:
+            line: bytes | None = f.readline(min(max_line_bytes + 1, stop - pos))
             if not line:
-                return
-            lineno += 1
+                return  # shorter than ``stop`` now
+            seen(line)
+            at = pos
+            pos += len(line)
             if len(line) > max_line_bytes and not line.endswith(b"\n"):
-                while (more := f.readline(1 << 20)) and not more.endswith(b"\n"):
-                    pass  # skip the rest of the oversized line
+                line = None
+                while pos < stop and (more := f.readline(min(SKIP_CHUNK, stop - pos))):
+                    seen(more)
+                    pos += len(more)
+                    if more.endswith(b"\n"):
+                        break
+            elif not line.endswith(b"\n") and not (last_open and pos >= stop):
+                return  # no newline where one was: changed under us (or still being written)
+            yield at, pos, line
+
+
+def read_json_lines(path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed object or LineError) for each non-blank line of the file ``path``;
+    never loads a huge line (``lines``)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        size = os.fstat(fd).st_size
+        for lineno, (_, _, line) in enumerate(lines(fd, 0, size, max_line_bytes,
+                                                    last_open=True), 1):
+            if line is None:
                 yield lineno, LineError(f"line longer than the limit of {max_line_bytes} bytes")
-                continue
-            if line.strip():
+            elif line.strip():
                 yield lineno, parse_json(line)
+    finally:
+        os.close(fd)
 
 
 def guarded(name: str, items: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:

@@ -110,6 +110,8 @@ class TokenColumns:
             bad = {k: (v > slack) & self.present[k] for k, v in self.values.items()
                    if k in LOGPROBS}
         if self.token_id is not None:
+            if self.token_id.dtype.kind not in "iu":  # a float or a boolean is no token id
+                return f"field 'tokens' token ids must be integers, got {self.token_id.dtype}"
             bad["token_id"] = (self.token_id < 0) | (self.token_id >= 2**31)
         at, name = _first(bad, VALUE_ORDER)
         if at is None:

@@ -29,13 +29,16 @@ What is kept:
 """
 from __future__ import annotations
 
+import os
 import re
+from functools import partial
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from storage.ingest.dumps import components_and_info
 from storage.ingest.messages import messages_record
-from storage.interchange import MAX_LINE_BYTES, LineError, guarded, read_json_lines
+from storage.ingest.registry import Format, Records, Source, Unit, register
+from storage.interchange import LineError
 
 MAX_GROUP = 10_000
 
@@ -48,28 +51,26 @@ def art_split(folder: str) -> str:
     return folder if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", folder) else "train"
 
 
-def step_split(path: Path) -> tuple[int, str]:
-    """(step, split) of one log file: ``.../trajectories/val/0003.jsonl`` -> (3, "eval")."""
-    digits = re.findall(r"\d+", path.stem)
-    return (int(digits[-1]) if digits else 0), art_split(path.resolve().parent.name)
-
-
 def art_records(obj: Any, stem: str, line: int, step: int, split: str) -> list[Any]:
-    """Generic records (or a LineError each) of one logged ``TrajectoryGroup`` line."""
+    """The records of one logged ``TrajectoryGroup`` line, each made by a function of no
+    arguments (storage/ingest/door.py: what one raises fails that trajectory alone)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("trajectories"), list):
-        return [LineError("line must be an object with a 'trajectories' list (one ART "
-                          "TrajectoryGroup)")]
+        return Records([LineError("line must be an object with a 'trajectories' list (one "
+                                  "ART TrajectoryGroup)")])
     if len(obj["trajectories"]) > MAX_GROUP:
-        return [LineError(f"{len(obj['trajectories'])} trajectories in one group, over the "
-                          f"limit of {MAX_GROUP}")]
-    out = []
-    for k, traj in enumerate(obj["trajectories"]):
-        try:
-            out.append(_trajectory(traj, f"{split}/{stem}:{line}:{k}",
-                                   f"{split}-{step}-g{line}", step, split))
-        except LineError as exc:
-            out.append(LineError(f"trajectories[{k}]: {exc}"))
-    return out
+        return Records([LineError(f"{len(obj['trajectories'])} trajectories in one group, "
+                                  f"over the limit of {MAX_GROUP}")])
+    return Records([partial(_item, traj, k, f"{split}/{stem}:{line}:{k}",
+                            f"{split}-{step}-g{line}", step, split)
+                    for k, traj in enumerate(obj["trajectories"])])
+
+
+def _item(traj: Any, k: int, traj_id: str, group_id: str, step: int, split: str) -> dict:
+    """One trajectory of a group; what is wrong with it is named by its index."""
+    try:
+        return _trajectory(traj, traj_id, group_id, step, split)
+    except LineError as exc:
+        raise LineError(f"trajectories[{k}]: {exc}") from None
 
 
 def _trajectory(traj: Any, traj_id: str, group_id: str, step: int, split: str) -> dict:
@@ -97,22 +98,23 @@ def _trajectory(traj: Any, traj_id: str, group_id: str, step: int, split: str) -
     return rec
 
 
-def read_art(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES
-             ) -> Iterator[tuple[str, Any]]:
-    """(where, generic record or LineError) of every trajectory in an ART log file, or in every
-    ``*.jsonl`` under a folder (a model's ``trajectories`` folder holds ``train/`` and ``val/``)."""
-    root = Path(path)
-    files = sorted(root.rglob("*.jsonl")) if root.is_dir() else [root]
-    for file in files:
-        yield from guarded(file.name, _lines(file, max_line_bytes))
+@register
+class Art(Format):
+    """ART's logs: one file written at once, its last line without a newline, so a file is
+    followed whole (complete once it has any bytes and two polls see it unchanged)."""
+    name = "art"
+    patterns = ("*.jsonl",)
+    followed = "whole"
+    rank = 40
 
+    def detect(self, source: Path, first: Any) -> bool:
+        return isinstance(first, dict) and isinstance(first.get("trajectories"), list)
 
-def _lines(file: Path, max_line_bytes: int) -> Iterator[tuple[str, Any]]:
-    step, split = step_split(file)
-    for lineno, obj in read_json_lines(file, max_line_bytes):
-        where = f"{file.parent.name}/{file.name}:{lineno}"
-        if isinstance(obj, LineError):
-            yield where, obj
-            continue
-        for k, rec in enumerate(art_records(obj, file.stem, lineno, step, split)):
-            yield f"{where}[{k}]", rec
+    def complete(self, fd: int) -> bool:
+        return os.fstat(fd).st_size > 0
+
+    def where(self, src: Source, unit: Unit) -> str:
+        return f"{src.folder}/{src.name}:{unit.number}"
+
+    def records(self, raw: Any, src: Source, unit: Unit) -> list[Any]:
+        return art_records(raw, src.stem, unit.number, src.step, art_split(src.folder))

@@ -4,7 +4,7 @@
 * ``verl``: the files of ``trainer.rollout_data_dir`` — ``{step}.jsonl``, one sample per line,
   ``{"input", "output", "gts", "score", "step", ...extra reward fields}`` — a directory of them
   or one file. Search-R1 and RAGEN runs are verl runs.
-* ``trl``: TRL's completion logs ``completions_{step:05d}.parquet`` (columns ``step``, ``prompt``,
+* ``trl`` (storage/ingest/trl_dumps.py): TRL's completion logs ``completions_{step:05d}.parquet`` (columns ``step``, ``prompt``,
   ``completion``, one column per reward function, ``advantage``, sometimes ``mode``) — a
   directory (searched recursively) or one file.
 
@@ -35,9 +35,10 @@ import hashlib
 import math
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from storage.interchange import MAX_LINE_BYTES, LineError, guarded, read_json_lines, run_said
+from storage.ingest.registry import Format, Source, Unit, register
+from storage.interchange import LineError, run_said
 
 INFO_RE = re.compile(r"<information>.*?</information>", re.DOTALL)
 ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
@@ -110,7 +111,7 @@ def _double(value: int | float, field: str) -> float:
                         f"of {value.bit_length()} bits") from None
 
 
-def _finish(rec: dict, components: dict, info: dict, success: bool | None, notes: list[str]) -> dict:
+def finish(rec: dict, components: dict, info: dict, success: bool | None, notes: list[str]) -> dict:
     if components:
         rec["rewards"] = components
     if success is None:
@@ -122,22 +123,6 @@ def _finish(rec: dict, components: dict, info: dict, success: bool | None, notes
     if info:
         rec["info"] = info
     return rec
-
-
-def _files(path: Path, pattern: str) -> list[Path]:
-    if path.is_dir():
-        return sorted(path.rglob(pattern), key=lambda p: (len(p.parts), str(p)))
-    return [path]
-
-
-def _name(path: Path, root: Path) -> str:
-    rel = path.relative_to(root) if root.is_dir() else Path(path.name)
-    return rel.with_suffix("").as_posix()
-
-
-def _step_from_name(path: Path) -> int:
-    digits = re.findall(r"\d+", path.stem)
-    return int(digits[-1]) if digits else 0
 
 
 # -- verl ------------------------------------------------------------------------------------------------
@@ -174,36 +159,30 @@ def verl_record(obj: Any, traj_id: str, default_step: int, split: str = "train")
         rec["golds"] = obj["gts"]
     if run_said(obj):  # verl's data_source names the task set, adv_estimator the algorithm
         rec["run"] = run_said(obj)
-    return _finish(rec, components, info, success, notes)
+    return finish(rec, components, info, success, notes)
 
 
-def read_verl(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[str, Any]]:
-    """(where, generic record or LineError) for every sample of a verl rollout dump."""
-    root = Path(path)
-    for file in _files(root, "*.jsonl"):  # one unreadable file fails alone, named
-        folders = (root.resolve().name, *file.relative_to(root).parts[:-1]) if root.is_dir() \
-            else (file.resolve().parent.name,)
-        yield from guarded(file.name, _verl_lines(file, _name(file, root), max_line_bytes,
-                                                  verl_split(*folders)))
+@register
+class Verl(Format):
+    """verl's rollout dumps: a file is taken whole once complete (``follow``); a folder's
+    files are searched recursively, each one's split from its folders (``verl_split``)."""
+    name = "verl"
+    patterns = ("*.jsonl",)
+    followed = "whole"
+    rank = 50  # a folder no other format claims is a rollout_data_dir
+
+    def detect(self, source: Path, first: Any) -> bool:
+        if source.is_dir():
+            return True
+        return isinstance(first, dict) and {"input", "output", "score"} <= first.keys() \
+            and "traj_id" not in first
+
+    def records(self, raw: Any, src: Source, unit: Unit) -> dict:
+        return verl_record(raw, f"{src.ident}:{unit.number}", src.step, verl_split(*src.folders))
 
 
-def _verl_lines(file: Path, name: str, max_line_bytes: int,
-                split: str = "train") -> Iterator[tuple[str, Any]]:
-    for lineno, obj in read_json_lines(file, max_line_bytes):
-        where = f"{file.name}:{lineno}"
-        if isinstance(obj, LineError):
-            yield where, obj
-            continue
-        try:
-            yield where, verl_record(obj, f"{name}:{lineno}", _step_from_name(file), split)
-        except LineError as exc:
-            yield where, exc
-        except Exception as exc:  # a rule tripping on one line fails that line only
-            yield where, LineError(f"could not be read: {type(exc).__name__}: {exc}")
-
-
-# -- TRL -------------------------------------------------------------------------------------------------
-def _message_text(content: Any) -> str:
+# -- chat messages (TRL's logs, the TRL callback) ----------------------------------------
+def message_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # multimodal parts
@@ -211,7 +190,7 @@ def _message_text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def _messages(value: Any) -> list[dict] | None:
+def messages_of(value: Any) -> list[dict] | None:
     if hasattr(value, "tolist"):
         value = value.tolist()
     if isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value):
@@ -223,87 +202,9 @@ def chat_turns(messages: list[dict]) -> list[dict]:
     """One turn per assistant message; the messages after it (tool, user) are its observation."""
     turns: list[dict] = []
     for m in messages:
-        text = _message_text(m.get("content"))
+        text = message_text(m.get("content"))
         if m.get("role") == "assistant":
             turns.append({"action": text, "observation": ""})
         elif turns:
             turns[-1]["observation"] += f"{m.get('role')}: {text}\n"
     return turns or [{"action": "", "observation": ""}]
-
-
-def trl_record(row: dict, traj_id: str, default_step: int, reward_cols: list[str]) -> dict:
-    prompt, completion = row.get("prompt"), row.get("completion")
-    prompt_msgs, completion_msgs = _messages(prompt), _messages(completion)
-    if prompt_msgs is not None:
-        prompt = "".join(f"{m['role']}: {_message_text(m.get('content'))}\n" for m in prompt_msgs)
-    if not isinstance(prompt, str):
-        raise LineError(f"column 'prompt' must be text or chat messages, got {type(prompt).__name__}")
-    if completion_msgs is None and not isinstance(completion, str):
-        raise LineError(f"column 'completion' must be text or chat messages, got "
-                        f"{type(completion).__name__}")
-    notes: list[str] = []
-    extra = {k: v for k, v in row.items() if k not in ("prompt", "completion", "step", "advantage",
-                                                        "mode", "reward")}
-    extra = {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in extra.items()}
-    components, info, success = components_and_info(extra, notes)
-    total = row.get("reward")
-    if not isinstance(total, (int, float)) or isinstance(total, bool) or not math.isfinite(total):
-        total = sum(v for c in reward_cols if isinstance(v := row.get(c), (int, float))
-                    and math.isfinite(v))
-        notes.append("reward = sum of the reward-function columns")
-    if completion_msgs is not None:
-        turns, answer = chat_turns(completion_msgs), None
-    else:
-        turns, answer = split_tagged(completion)
-    step = row.get("step", default_step)
-    try:
-        step = int(step)
-    except (TypeError, ValueError):
-        raise LineError(f"column 'step' must be an integer, got {step!r:.40}") from None
-    rec = {"traj_id": traj_id, "task_id": task_id_of(prompt), "step": step, "prompt": prompt,
-           "turns": turns, "reward": float(total),
-           "split": "eval" if row.get("mode") == "eval" else "train"}
-    advantage = row.get("advantage")
-    if isinstance(advantage, (int, float)) and math.isfinite(advantage):
-        rec["advantage"] = float(advantage)
-    if answer is not None:
-        rec["answer"], rec["finish_reason"] = answer, "answered"
-    return _finish(rec, components, info, success, notes)
-
-
-def read_trl(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[str, Any]]:
-    """(where, generic record or LineError) for every logged completion of a TRL run."""
-    root = Path(path)
-    for file in _files(root, "completions_*.parquet"):  # one unreadable file fails alone, named
-        yield from guarded(file.name, _trl_rows(file, _name(file, root)))
-
-
-def _trl_rows(file: Path, name: str) -> Iterator[tuple[str, Any]]:
-    # deferred: pyarrow (large), only on the Arrow/Parquet path
-    import pyarrow.parquet as pq
-    try:
-        frame = pq.read_table(file).to_pandas()
-    except Exception as exc:
-        yield file.name, LineError(f"not a readable Parquet file: {exc}")
-        return
-    missing = [c for c in ("prompt", "completion") if c not in frame.columns]
-    if missing:
-        yield file.name, LineError(f"missing column(s) {missing}; found {list(frame.columns)}")
-        return
-    reward_cols = [c for c in frame.columns if c not in ("step", "advantage", "reward")
-                   and frame[c].dtype.kind in "fiu"]
-    if "reward" not in frame.columns and not reward_cols:
-        yield file.name, LineError("no reward column (neither 'reward' nor a numeric "
-                                   "reward-function column)")
-        return
-    for i, row in enumerate(frame.to_dict("records")):
-        where = f"{file.name}:row {i}"
-        try:
-            yield where, trl_record(row, f"{name}:{i}", _step_from_name(file), reward_cols)
-        except LineError as exc:
-            yield where, exc
-        except Exception as exc:  # a rule tripping on one row fails that row only
-            yield where, LineError(f"could not be read: {type(exc).__name__}: {exc}")
-
-
-READERS = {"verl": read_verl, "trl": read_trl}

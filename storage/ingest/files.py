@@ -1,79 +1,30 @@
-"""Import a file or folder of trajectories into a store: generic JSONL (storage/interchange.py),
-verl and TRL dumps (dumps.py), OpenAI-style ``messages`` (messages.py) and Inspect AI logs
-(inspect_import.py). The rules (validation, batches, run ids, what a stopped import keeps) are in
-storage/io.py's docstring, the command line that calls this.
+"""Import a file or folder of trajectories into a store, in any registered format
+(storage/ingest/formats.py), read through the framework (storage/ingest/door.py). The rules
+(validation, batches, run ids, what a stopped import keeps) are in storage/io.py's
+docstring, the command line that calls this.
 """
 from __future__ import annotations
 
-import re
-from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
 
 from storage.failures import classify
-from storage.ingest.art_logs import read_art
-from storage.ingest.dumps import READERS
+from storage.ingest import door, formats
 from storage.ingest.import_batch import (RunNotImportable, check_split, finish_import,
                                         refuse_foreign, run_source, write_batch)
-from storage.ingest.inspect_import import import_inspect
-from storage.interchange import (MAX_LINE_BYTES, LineError, guarded, read_json_lines, to_rows,
-                                 validate)
-from storage.ingest.messages import read_messages
-from storage.ingest.verifiers_traces import read_verifiers
 from storage.ingest.report import ImportReport, default_run_id
+from storage.interchange import MAX_LINE_BYTES, LineError, to_rows, validate
 from storage.migrations import prepare
 from storage.recorder import check_run_id, clean_text
 from storage.token_rows import BatchSize
 
-FORMATS = ("jsonl", "verl", "trl")
-IMPORT_FORMATS = FORMATS + ("inspect", "messages", "art", "verifiers")
-IMPORT_READERS = {**READERS, "messages": read_messages, "art": read_art,
-                  "verifiers": read_verifiers}
-INSPECT_JSON = re.compile(rb'^\s*\{\s*"version"\s*:\s*\d+\s*,\s*"status"\s*:')
-
-
-def _inspect_json(path: Path) -> bool:
-    """Whether a ``.json`` file starts as an Inspect log does: {"version": 2, "status": ..."""
-    try:
-        with open(path, "rb") as f:
-            return bool(INSPECT_JSON.match(f.read(256)))
-    except OSError:
-        return False
+IMPORT_FORMATS = formats.NAMES
+FORMATS = IMPORT_FORMATS[:3]  # the contract's first three: jsonl, verl, trl
 
 
 def guess_format(source: Path) -> str:
-    if source.is_dir():
-        if any(source.rglob("completions_*.parquet")):
-            return "trl"
-        if any(source.rglob("*.eval")) or any(map(_inspect_json, source.rglob("*.json"))):
-            return "inspect"
-        if any(source.rglob("traces.jsonl")):
-            return "verifiers"  # a vf-eval run directory (storage/ingest/verifiers_traces.py)
-        first = min(source.rglob("*.jsonl"), default=None)  # an ART model's trajectories/
-        return "art" if first is not None and guess_format(first) == "art" else "verl"
-    if source.suffix == ".parquet":
-        return "trl"
-    if source.suffix == ".eval" or (source.suffix == ".json" and _inspect_json(source)):
-        return "inspect"
-    for _, obj in read_json_lines(source):  # sniff the first line
-        if isinstance(obj, dict) and {"input", "output", "score"} <= obj.keys() \
-                and "traj_id" not in obj:
-            return "verl"
-        if isinstance(obj, list) or (isinstance(obj, dict) and "messages" in obj
-                                     and "turns" not in obj):
-            return "messages"
-        if isinstance(obj, dict) and isinstance(obj.get("trajectories"), list):
-            return "art"  # one ART TrajectoryGroup a line (storage/ingest/art_logs.py)
-        if isinstance(obj, dict) and isinstance(obj.get("traces"), list):
-            return "verifiers"  # one verifiers Episode a line
-        break
-    return "jsonl"
-
-
-def _read_generic(path: Path, max_line_bytes: int) -> Iterator[tuple[str, Any]]:
-    yield from guarded(path.name, (
-        (f"line {lineno}", obj) for lineno, obj in read_json_lines(path, max_line_bytes)))
+    """The format ``source`` is in (storage/ingest/formats.py ``detect``)."""
+    return formats.detect(Path(source))
 
 
 def run_name_of(source: Path) -> str:
@@ -97,9 +48,7 @@ def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
     if not source.exists():
         raise FileNotFoundError(f"no such file or directory: {source}")
     fmt = fmt or guess_format(source)
-    if fmt not in IMPORT_FORMATS:
-        raise ValueError(f"unknown format {fmt!r}; expected one of {IMPORT_FORMATS}")
-    if fmt == "inspect":  # one run per task and model: a log file is one run
+    if formats.get(fmt).multi_run:  # one run per task and model: a log file is one run
         result = import_runs(source, db_path, fmt, run_name, run_id, replace, live=live,
                              split=split)
         if len(result.reports) != 1:
@@ -110,14 +59,12 @@ def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
     prepare(db_path)
     refuse_foreign(run_id, run_source(db_path, run_id))
     report = ImportReport(run_id, source.name, fmt)
-    reader = IMPORT_READERS.get(fmt, _read_generic)
-    if fmt == "verifiers" and tokenizer is not None:  # ids decoded into each token's text
-        reader = partial(read_verifiers, tokenizer=tokenizer)
+    items = door.read(formats.get(fmt), source, max_line_bytes, tokenizer)
     first_seen, batch, size = {}, [], BatchSize(batch_size)
     run = {"name": run_name or run_name_of(source), "config": None, "created": False,
            "split": check_split(split)}
     try:
-        for where, obj in reader(source, max_line_bytes):
+        for where, obj in items:
             report.lines += 1
             try:
                 if isinstance(obj, LineError):
@@ -170,10 +117,9 @@ def import_runs(source: str | Path, db_path: str | Path, fmt: str | None = None,
     source = Path(source)
     fmt = fmt or (guess_format(source) if source.exists() else None)
     check_split(split)
-    if fmt == "inspect":
-        result = import_inspect(source, db_path, run_name, run_id, replace, live=live,
-                                split=split)
-        return ImportRuns(result.reports, result.errors)
+    if fmt is not None and formats.get(fmt).multi_run:  # the format's own import
+        return ImportRuns(*formats.get(fmt).import_runs(source, db_path, run_name, run_id,
+                                                         replace, live, split))
     return ImportRuns([import_file(source, db_path, fmt, run_name, run_id, replace, live=live,
                                    max_line_bytes=max_line_bytes, split=split,
                                    tokenizer=tokenizer)])

@@ -71,9 +71,9 @@ from typing import Callable
 
 from storage import db
 
-from storage.ingest import feed, tail
+from storage.ingest import feed, formats, tail
 from storage.ingest.follow_logs import LogPoller, is_log
-from storage.ingest.dumps import verl_split
+from storage.ingest.registry import Source
 from storage.ingest.import_batch import (check_split, finish_import, record_failure, refuse_foreign,
                                          run_source)
 from storage.interchange import MAX_LINE_BYTES
@@ -82,9 +82,6 @@ from storage.ingest.pollers import MAX_TRIES, Pollers, Tracked
 from storage.ingest.report import ImportReport, default_run_id
 from storage.recorder import check_run_id, clean_text, now
 
-PATTERNS = {"verl": ("*.jsonl",), "trl": ("completions_*.parquet",), "jsonl": ("*.jsonl",),
-            "art": ("*.jsonl",), "verifiers": ("traces.jsonl",),
-            "messages": ("*.jsonl",), "inspect": ("*.eval", "*.json")}
 HEARTBEAT_S = 30.0
 
 
@@ -114,9 +111,10 @@ class FollowReport:
 def _latest_sources(db_path, run_id: str, fmt: str) -> list[tuple[str, str]]:
     """(run, source) of the run's imports, oldest first; for ``inspect`` those of every run of
     the directory (``{base}-{task}-{model}-{hash}``, storage/ingest/inspect_import.py)."""
-    where = "run_id = ?" if fmt != "inspect" else \
-        "(starts_with(run_id, ? || '-') OR run_id = ?) AND format = 'inspect'"
-    base = [run_id] if fmt != "inspect" else [run_id[:70], run_id]  # run_id: logs that failed
+    multi = formats.get(fmt).multi_run
+    where = "run_id = ?" if not multi else \
+        "(starts_with(run_id, ? || '-') OR run_id = ?) AND format = ?"
+    base = [run_id] if not multi else [run_id[:70], run_id, fmt]  # run_id: logs that failed
     with db.reading(db_path) as con:                                 # before naming their run
         return con.execute(f"SELECT run_id, source FROM imports WHERE {where} "
                            "ORDER BY imported_at, rowid", base).fetchall()
@@ -138,8 +136,7 @@ class Follower(Pollers, LogPoller):
                  max_line_bytes: int = MAX_LINE_BYTES,
                  should_stop: Callable[[], bool] = lambda: False, split: str | None = None,
                  tokenizer=None):
-        if fmt not in PATTERNS:
-            raise ValueError(f"unknown format {fmt!r}; expected one of {tuple(PATTERNS)}")
+        self.format = formats.get(fmt)  # ValueError naming the formats for an unknown one
         if not max_line_bytes > 0:
             raise ValueError(f"--max-line-bytes must be a positive number, got {max_line_bytes}")
         self.dir = Path(directory)
@@ -150,11 +147,10 @@ class Follower(Pollers, LogPoller):
         self.run_id = check_run_id(run_id) if run_id else default_run_id(self.dir)
         self.run_name = run_name or self.dir.resolve().name
         self.given_name = run_name  # Inspect: else each run is named by its task and model
-        # --split, else the format's own: a verl folder named as validation's is split eval
-        self.split = check_split(split) or (verl_split(self.dir.resolve().name)
-                                            if fmt == "verl" else None)
+        self.split = check_split(split)  # else the records' own (the format's rule)
         self.tokenizer = tokenizer  # verifiers: token ids decoded into their text
-        self.run_ids = {self.run_id} if fmt != "inspect" else set()  # marked finished at the end
+        multi = self.format.multi_run
+        self.run_ids = {self.run_id} if not multi else set()  # marked finished at the end
         self.report = FollowReport(self.run_id)
         self.seen: dict[str, tuple] = {}       # name -> (identity, key) at the last poll
         self.tries: dict[str, int] = {}
@@ -169,9 +165,9 @@ class Follower(Pollers, LogPoller):
             if parsed:
                 name, _, end, check = parsed
                 self.files[name] = Tracked(offset=end, check=check, scanned=end)
-                if fmt != "inspect" or rid != self.run_id:  # (an Inspect log that failed)
+                if not multi or rid != self.run_id:  # (an Inspect log that failed)
                     self.run_ids.add(rid)
-            elif fmt not in feed.APPENDED + ("inspect",):
+            elif self.format.followed == "whole":
                 self.files[source] = Tracked(offset=None)
 
     def close(self) -> None:
@@ -226,9 +222,7 @@ class Follower(Pollers, LogPoller):
                 continue
             present.add(path.name)
             try:
-                poll = self._poll_appended if self.fmt in feed.APPENDED else \
-                    self._poll_log if self.fmt == "inspect" else self._poll_whole
-                made += poll(path, st, root)
+                made += self.pollers[self.format.followed](path, st, root)
             except StoreGone:
                 raise
             except OSError as exc:  # an unreadable file (EIO, a permission) does not stop the rest
@@ -274,7 +268,7 @@ class Follower(Pollers, LogPoller):
         self.report.failed += report.failed
         for line in report.errors[:5]:
             self._error(name, line)
-        appended = self.fmt in feed.APPENDED
+        appended = self.format.followed == "appended"
         if report.lines == 0 and not appended:  # (a range of blank lines is no error)
             self._error(name, "no records in it")
         label = f"{name} bytes {start}-{end}" if appended else name
@@ -309,8 +303,18 @@ class Follower(Pollers, LogPoller):
         self.log(f"error: {text}")
 
     def _listing(self) -> list[Path]:
-        found = {p for pattern in PATTERNS[self.fmt] for p in self.dir.glob(pattern)}
-        return [p for p in found if self.fmt != "inspect" or is_log(p)]
+        found = {p for pattern in self.format.patterns for p in self.dir.glob(pattern)}
+        return [p for p in found if self.format.followed != "log" or is_log(p)]
+
+    @property
+    def pollers(self) -> dict[str, Callable]:
+        """How each kind of followed file is polled (``Format.followed``)."""
+        return {"appended": self._poll_appended, "whole": self._poll_whole,
+                "log": self._poll_log}
+
+    def source(self, name: str) -> Source:
+        """What the format's records know of a file of DIR (follow reads DIR alone)."""
+        return Source(name, Path(name).stem, (self.dir.resolve().name,), self.tokenizer)
 
     def mark_runs(self, status: str) -> None:
         """Every run this follower writes into (Inspect: one per task and model) ``status``."""
@@ -344,8 +348,8 @@ def follow(directory, db_path, fmt: str, run_id: str | None = None, run_name: st
         raise ValueError(f"--poll must be a positive number of seconds, got {poll_s}")
     follower = Follower(directory, db_path, fmt, run_id, run_name, log, max_line_bytes,
                         should_stop, split, tokenizer)
-    runs = "runs under" if fmt == "inspect" else "run"
-    log(f"following {follower.dir} ({fmt}: {' '.join(PATTERNS[fmt])}) into {db_path}, {runs} "
+    runs = "runs under" if follower.format.multi_run else "run"
+    log(f"following {follower.dir} ({fmt}: {' '.join(follower.format.patterns)}) into {db_path}, {runs} "
         f"{follower.run_id}; Ctrl-C to stop")
     beat = time.monotonic()
     try:
@@ -365,6 +369,6 @@ def follow(directory, db_path, fmt: str, run_id: str | None = None, run_name: st
         if not follower.report.stopped and (follower.report.files or follower.files):
             follower.finish()
         follower.close()
-    if fmt == "inspect" and follower.run_ids:  # the summary names the runs of its logs
+    if follower.format.multi_run and follower.run_ids:  # the summary names the runs of its logs
         follower.report.run_id = ", ".join(sorted(follower.run_ids))
     return follower.report

@@ -37,9 +37,11 @@ from storage import db
 from storage.failures import classify
 from storage.ingest.import_batch import (RunNotImportable, finish_import, refuse_foreign, run_source,
                                   write_batch)
+from storage.ingest.door import Refused
 from storage.ingest.inspect_log import (USAGE_KEYS, InspectLog, log_files, log_metrics,
                                         opening_error, sample_record)
 from storage.interchange import LineError, refuse_many_values, to_rows, validate
+from storage.ingest.registry import Format, register
 from storage.ingest.report import ImportReport, default_run_id
 from storage.migrations import prepare
 from storage.recorder import check_run_id, clean_text
@@ -111,6 +113,9 @@ def import_inspect(source, db_path, run_name: str | None = None, run_id: str | N
         raise ValueError(f"no Inspect logs (.eval, .json) in {source}")
     try:
         for path in logs:
+            if isinstance(path, Refused):  # a link out of the directory: never opened
+                result.errors.append(clean_text(f"{path.path.name}: {path.why}"))
+                continue
             try:
                 log = InspectLog(path, max_member_bytes, max_total_bytes)
             except Exception as exc:  # any exception opening it (RecursionError, MemoryError):
@@ -284,3 +289,36 @@ def write_metrics(db_path, run_id: str, inspect_metrics: dict[str, float]) -> No
         if inspect_metrics:
             con.executemany("INSERT INTO metrics (run_id, step, name, value) VALUES (?, 0, ?, ?)",
                             [[run_id, k, v] for k, v in inspect_metrics.items()])
+
+
+INSPECT_JSON = re.compile(rb'^\s*\{\s*"version"\s*:\s*\d+\s*,\s*"status"\s*:')
+
+
+def inspect_json(path: Path) -> bool:
+    """Whether a ``.json`` file starts as an Inspect log does: {"version": 2, "status": ..."""
+    try:
+        with open(path, "rb") as f:
+            return bool(INSPECT_JSON.match(f.read(256)))
+    except OSError:
+        return False
+
+
+@register
+class Inspect(Format):
+    """Inspect AI logs: one run per task and model (``import_inspect``), followed by their own
+    poller as samples are written (storage/ingest/follow_logs.py)."""
+    name = FMT
+    patterns = ("*.eval", "*.json")
+    followed = "log"
+    rank = 20
+    multi_run = True
+
+    def detect(self, source: Path, first) -> bool:
+        if source.is_dir():
+            return any(source.rglob("*.eval")) or any(map(inspect_json, source.rglob("*.json")))
+        return source.suffix == ".eval" or (source.suffix == ".json" and inspect_json(source))
+
+    def import_runs(self, source, db_path, run_name, run_id, replace, live, split):
+        result = import_inspect(source, db_path, run_name, run_id, replace, live=live,
+                                split=split)
+        return result.reports, result.errors

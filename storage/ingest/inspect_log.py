@@ -44,6 +44,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
+from storage.ingest.door import Refused, listing
 from storage.ingest.inspect_scores import primary_scorer, score_components
 from storage.interchange import LineError
 from storage.ingest.messages import (MAX_MESSAGES, MAX_TRAJECTORY_CHARS, content_text,
@@ -380,14 +381,16 @@ def opening_error(path: Path, exc: BaseException) -> str:
     return f"{path.name}: {type(exc).__name__}: {exc}"
 
 
-def log_files(source: Path) -> list[Path]:
-    """A log file itself, or every ``.eval``/``.json`` log under a directory (an eval set's
-    listing files ``logs.json``/``eval-set.json`` are not logs)."""
+NOT_LOGS = ("logs.json", "eval-set.json")  # an eval set's listing files
+
+
+def log_files(source: Path) -> list:
+    """A log file itself, or every ``.eval``/``.json`` log under a directory, a log linking
+    out of the directory as storage/ingest/door.py's ``Refused`` (never opened)."""
     if not source.is_dir():
         return [source]
-    found = [p for p in source.rglob("*") if p.suffix in (".eval", ".json") and p.is_file()
-             and p.name not in ("logs.json", "eval-set.json") and not p.name.startswith(".")]
-    return sorted(found, key=lambda p: (len(p.parts), str(p)))
+    return [p for p in listing(source, ("*.eval", "*.json"))
+            if (p.path if isinstance(p, Refused) else p).name not in NOT_LOGS]
 
 
 def finished(path: Path) -> bool:

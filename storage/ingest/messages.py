@@ -42,9 +42,10 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from storage.interchange import MAX_LINE_BYTES, LineError, guarded, parse_json, run_said
+from storage.ingest.registry import Format, Source, Unit, register
+from storage.interchange import LineError, run_said
 from storage.protocol import render_call
 
 MAX_MESSAGES = 10_000
@@ -289,37 +290,26 @@ def _origin(path: Path) -> tuple[str, int]:
     return path.stem, 0
 
 
-def read_messages(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES
-                  ) -> Iterator[tuple[str, Any]]:
-    """(where, generic record or LineError) for every conversation line of ``path``; reading
-    that breaks off ends with one LineError naming the file (``guarded``)."""
-    path = Path(path)
-    yield from guarded(path.name, _conversations(path, max_line_bytes))
+@register
+class Messages(Format):
+    """OpenAI-style conversations, one a line; followed a complete line at a time."""
+    name = "messages"
+    patterns = ("*.jsonl",)
+    followed = "appended"
+    rank = 60
+    exported = "conversations"
 
+    def detect(self, source: Path, first: Any) -> bool:
+        return not source.is_dir() and (isinstance(first, list) or (
+            isinstance(first, dict) and "messages" in first and "turns" not in first))
 
-def _conversations(path: Path, max_line_bytes: int) -> Iterator[tuple[str, Any]]:
-    stem, base = _origin(path)
-    with open(path, "rb") as f:
-        lineno, offset = 0, 0
-        while line := f.readline(max_line_bytes + 1):
-            lineno, start = lineno + 1, offset
-            offset += len(line)
-            where = f"line {lineno}"
-            if len(line) > max_line_bytes and not line.endswith(b"\n"):
-                while (more := f.readline(1 << 20)) and not more.endswith(b"\n"):
-                    offset += len(more)
-                offset += len(more)
-                yield where, LineError(f"line longer than the limit of {max_line_bytes} bytes")
-                continue
-            if not line.strip():
-                continue
-            obj = parse_json(line)
-            if isinstance(obj, LineError):
-                yield where, obj
-                continue
-            try:
-                yield where, messages_record(obj, f"{stem}:{base + start}")
-            except LineError as exc:
-                yield where, exc
-            except Exception as exc:  # a rule tripping on one line fails that line only
-                yield where, LineError(f"could not be read: {type(exc).__name__}: {exc}")
+    def where(self, src: Source, unit: Unit) -> str:
+        return f"{src.name}: line {unit.number}" if src.in_folder else f"line {unit.number}"
+
+    def records(self, raw: Any, src: Source, unit: Unit) -> dict:
+        stem, base = _origin(Path(src.name))
+        return messages_record(raw, f"{stem}:{base + unit.at}")
+
+    def export(self, db_path, run_id: str, out, filters) -> int:
+        from storage.chat_export import write_messages  # the store's reader: only exporting
+        return write_messages(db_path, run_id, out, filters)

@@ -4,7 +4,8 @@ checked against what was taken from it before (identity, mark or digest:
 storage/ingest/tail.py); Inspect logs are storage/ingest/follow_logs.py's. The follower's rules
 are in its module docstring; these are its methods, kept apart to keep each module short.
 
-The host class provides ``dir``, ``fmt``, ``max_line``, ``files`` (name -> ``Tracked``), ``seen``
+The host class provides ``dir``, ``fmt`` (its name), ``format`` (storage/ingest/registry.py),
+``source(name)``, ``max_line``, ``files`` (name -> ``Tracked``), ``seen``
 (name -> (identity, key) at the last poll), ``tries``, ``log``, ``should_stop``, and the methods
 ``_import`` (write records, then the ``imports`` row; 1 if done), ``_error``, ``_tell_once``,
 ``check_store``.
@@ -109,9 +110,8 @@ class Pollers:
 
     def _import_range(self, name: str, t: Tracked, fd: int, stop: int) -> int:
         start, progress = t.offset, [t.offset, t.check]
-        items = feed.appended_items(self.fmt, fd, name, start, stop, self.max_line,
-                                    start + PIECE_BYTES, progress,
-                                    getattr(self, "tokenizer", None))
+        items = feed.appended_items(self.format, fd, self.source(name), start, stop,
+                                    self.max_line, start + PIECE_BYTES, progress)
         made = self._import(name, items, lambda: tuple(progress), start)
         if made or self.tries.get(f"{name}#{start}", 0) >= MAX_TRIES:
             t.offset, t.check = progress
@@ -145,7 +145,7 @@ class Pollers:
             self._tell_once(name, f"not read: {exc}")
             return 0
         try:
-            if tail.identity(os.fstat(fd)) != now_seen[0] or not tail.ends_complete(fd, self.fmt):
+            if tail.identity(os.fstat(fd)) != now_seen[0] or not self.format.complete(fd):
                 return 0
             size = now_seen[1][0]
             if t is not None and t.offset:
@@ -157,8 +157,7 @@ class Pollers:
                     return 0
                 self.log(f"{name} grew after its import: importing its new lines")
             check = tail.digest(fd, size)[0]
-            items = feed.whole_items(self.fmt, fd, name, size, self.max_line,
-                                     self.dir.resolve().name)
+            items = feed.whole_items(self.format, fd, self.source(name), size, self.max_line)
             made = self._import(name, items, lambda: (size, check), 0)
             if made or self.tries.get(f"{name}#0", 0) >= MAX_TRIES:
                 self.files[name] = Tracked(*now_seen, offset=size, check=check)

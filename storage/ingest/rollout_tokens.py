@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
+from storage.ingest.door import token_ids
 from storage.interchange import LineError
 from storage.token_columns import ACTION, OBSERVATION, PROMPT, TokenColumns, texts_array
 
@@ -49,7 +50,7 @@ def rollout_columns(texts: Sequence[str] | pa.Array, ids: Sequence[int], n_promp
     response position, the optional sampler ``logprobs``, trainer ``train_logprobs`` and
     ``advantages`` (kept on trained tokens only). ``turns`` ([] unless ``with_turns``) holds
     each turn's action and observation text; ``texts`` must then be a list of strings."""
-    ids = np.asarray(ids, np.int64)
+    ids = token_ids(ids, "token ids")  # a float, a boolean or 2^70 is no token id
     n = len(ids)
     for name, values in (("mask", mask), ("logprobs", logprobs),
                          ("train_logprobs", train_logprobs), ("advantages", advantages)):

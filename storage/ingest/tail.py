@@ -25,6 +25,8 @@ import stat
 from pathlib import Path
 from typing import Callable, Iterator
 
+from storage import json_lines
+
 CHUNK = 1 << 20
 MARK_BYTES = 4096
 SOURCE = re.compile(r"^(?P<file>.+)#(?P<start>\d+)-(?P<end>\d+)(?:~(?P<mark>[0-9a-f]{16}))?$")
@@ -126,42 +128,13 @@ def complete_end(fd: int, lo: int, hi: int) -> int | None:
     return None
 
 
-def ends_complete(fd: int, fmt: str) -> bool:
-    """Whether the file ends as a finished file of ``fmt`` does: Parquet (``trl``) with its
-    ``PAR1`` footer, a line-based dump with a newline."""
-    size = os.fstat(fd).st_size
-    tail = os.pread(fd, 4, max(size - 4, 0)) if size else b""
-    if fmt == "art":  # ART writes a log in one call, its last line without a newline: the
-        return size > 0  # follower's two stable polls are what says it is done
-    return tail == b"PAR1" if fmt == "trl" else tail.endswith(b"\n")
-
-
 def lines(fd: int, start: int, stop: int, max_line_bytes: int,
           seen: Callable[[bytes], None] = lambda data: None
           ) -> Iterator[tuple[int, int, bytes | None]]:
-    """(offset, end offset, line) of each line in ``[start, stop)`` (``stop`` just after a
-    newline). A line longer than ``max_line_bytes`` (newline not counted, the importer's rule)
-    comes as None: its bytes are skipped ``CHUNK`` by ``CHUNK``, never held. Stops early if the
-    file no longer holds a whole line where one was (it was rewritten meanwhile). Every byte
-    read, skipped ones too, is passed to ``seen``."""
-    with os.fdopen(os.dup(fd), "rb", buffering=CHUNK) as f:
-        f.seek(start)
-        pos = start
-        while pos < stop:
-            line: bytes | None = f.readline(min(max_line_bytes + 1, stop - pos))
-            seen(line)
-            at = pos
-            pos += len(line)
-            if len(line) > max_line_bytes and not line.endswith(b"\n"):
-                line = None
-                while pos < stop and (more := f.readline(min(CHUNK, stop - pos))):
-                    seen(more)
-                    pos += len(more)
-                    if more.endswith(b"\n"):
-                        break
-            elif not line.endswith(b"\n"):
-                return  # shorter than where the newline was: changed under us
-            yield at, pos, line
+    """(offset, end offset, line) of each complete line in ``[start, stop)`` (``stop`` just
+    after a newline): storage/json_lines.py's bounded reader, which stops early if the file
+    no longer holds a whole line where one was (it was rewritten meanwhile)."""
+    return json_lines.lines(fd, start, stop, max_line_bytes, seen)
 
 
 def source_name(file: str, start: int, end: int, check: str) -> str:

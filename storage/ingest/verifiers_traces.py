@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from functools import partial
 from typing import Any, Iterator
 
 import numpy as np
@@ -49,7 +50,9 @@ import pyarrow as pa
 from storage.ingest.dumps import SUCCESS_FIELDS
 from storage.ingest.messages import messages_record
 from storage.ingest.rollout_tokens import rollout_columns
-from storage.interchange import MAX_LINE_BYTES, LineError, guarded, read_json_lines
+from storage.ingest.door import number, read, token_ids
+from storage.ingest.registry import REGISTRY, Format, Records, Source, Unit, register
+from storage.interchange import MAX_LINE_BYTES, LineError
 from storage.token_columns import TokenColumns, texts_array
 from storage.token_rows import MAX_TRAJECTORY_TOKENS
 
@@ -70,18 +73,41 @@ def step_split(episode: dict) -> tuple[int, str]:
 
 
 def episode_records(episode: Any, tokenizer=None) -> list[Any]:
-    """Generic records (or a LineError each) of one ``traces.jsonl`` line."""
+    """The records of one ``traces.jsonl`` line, each made by a function of no arguments
+    (storage/ingest/door.py: what one raises fails that trace alone, named ``[k]``)."""
     if not isinstance(episode, dict) or not isinstance(episode.get("traces"), list):
-        return [LineError("line must be an object with a 'traces' list (one verifiers Episode)")]
+        return Records([LineError("line must be an object with a 'traces' list (one verifiers "
+                                  "Episode)")])
     step, split = step_split(episode)
     task = episode.get("task") if isinstance(episode.get("task"), dict) else {}
     group = episode.get("group") if isinstance(episode.get("group"), dict) else {}
-    out = []
-    for k, trace in enumerate(episode["traces"]):
-        try:
-            out.append(_trace(trace, step, split, task, group.get("id"), tokenizer))
-        except LineError as exc:
-            out.append(LineError(f"traces[{k}]: {exc}"))
+    return Records([partial(_named, k, trace, step, split, task, group.get("id"), tokenizer)
+                    for k, trace in enumerate(episode["traces"])])
+
+
+def _named(k: int, trace: Any, step: int, split: str, task: dict, group: Any, tokenizer) -> dict:
+    try:
+        return _trace(trace, step, split, task, group, tokenizer)
+    except LineError as exc:
+        raise LineError(f"traces[{k}]: {exc}") from None
+
+
+def _rewards(given: Any) -> dict[str, float]:
+    """``{name: score * weight}`` of a trace's ``rewards``: each score and weight a number
+    (``number``: a string or a list weight would otherwise multiply into a huge value, a
+    ``null`` weight is the default 1.0, as verifiers' ``RewardResult`` has it)."""
+    if given is None:
+        return {}
+    if not isinstance(given, dict):
+        raise LineError(f"field 'rewards' must be an object, got {type(given).__name__}")
+    out = {}
+    for name, r in given.items():
+        if not isinstance(r, dict) or r.get("score") is None:
+            continue  # a reward that was not computed
+        weight = r.get("weight")
+        weight = 1.0 if weight is None else number(weight, f"rewards.{name}.weight")
+        out[str(name)] = number(number(r["score"], f"rewards.{name}.score") * weight,
+                                f"rewards.{name}")
     return out
 
 
@@ -117,13 +143,11 @@ def _trace(trace: Any, step: int, split: str, task: dict, group: Any, tokenizer)
             or not trace["nodes"]:
         raise LineError("must be an object with a non-empty 'nodes' list")
     path = _path(trace["nodes"])
-    rewards = {name: r["score"] * r.get("weight", 1.0)
-               for name, r in (trace.get("rewards") or {}).items()
-               if isinstance(r, dict) and isinstance(r.get("score"), (int, float))}
+    rewards = _rewards(trace.get("rewards"))
     metrics = trace.get("metrics") if isinstance(trace.get("metrics"), dict) else {}
     said = {**metrics, **rewards}
     success = next((said[f] > 0 for f in SUCCESS_FIELDS if isinstance(said.get(f), (int, float))
-                    and math.isfinite(said[f])), None)
+                    and not isinstance(said[f], bool) and _finite(said[f])), None)
     info = {"trainer": "verifiers", "metrics": metrics, "ok": trace.get("ok"),
             "stop_condition": trace.get("stop_condition"), "errors": trace.get("errors")}
     line = {"messages": [_message(n["message"]) for n in path], "reward": sum(rewards.values()),
@@ -144,6 +168,13 @@ def _trace(trace: Any, step: int, split: str, task: dict, group: Any, tokenizer)
     return rec
 
 
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer no double holds
+        return False
+
+
 def _tokens(path: list[dict], tokenizer) -> tuple[TokenColumns, list[str]]:
     """Token rows of a branch whose nodes carry their spans (module docstring); refused, before
     a row is made, past ``MAX_TRAJECTORY_TOKENS`` (a 16 MiB line holds 8M one-digit ids: rows
@@ -152,30 +183,32 @@ def _tokens(path: list[dict], tokenizer) -> tuple[TokenColumns, list[str]]:
     if total > MAX_TRAJECTORY_TOKENS:
         raise LineError(f"{total} token ids on the branch, over the limit of "
                         f"{MAX_TRAJECTORY_TOKENS} per trajectory")
-    ids, mask, sizes = [], [], []
+    ids, mask = [], []
     given = {name: [] for name in PER_TOKEN}  # per name: the values, each node's count of them
-    for node in path:
-        span = node["token_ids"]
+    for k, node in enumerate(path):
+        span = token_ids(node["token_ids"], f"nodes[{k}].token_ids")
         kept = node.get("mask") or [False] * len(span)
+        if not isinstance(kept, list) or not all(isinstance(m, (bool, int)) for m in kept):
+            raise LineError("a node's mask must be a list of true/false")
         if len(kept) != len(span):
             raise LineError(f"a node's mask has {len(kept)} entries for {len(span)} token ids")
         sampled = sum(map(bool, kept))
         for name in PER_TOKEN:  # per sampled token, spread onto the mask's True positions
             values = node.get(name) or []
+            if values and not isinstance(values, list):
+                raise LineError(f"a node's {name} must be a list of numbers")
             if values and len(values) != sampled:
                 raise LineError(f"a node's {name} has {len(values)} values for {sampled} "
                                 "sampled tokens")
             given[name].append((values, len(span)))
-        ids += span
+        ids.append(span)
         mask += kept
-    ids, mask = np.asarray(ids, np.int64), np.asarray(mask, np.float64) != 0
+    ids, mask = np.concatenate(ids), np.asarray(mask, np.float64) != 0
     notes = []
     if tokenizer is not None:
         from storage.token_text import token_texts
-        try:
-            texts = texts_array(token_texts(tokenizer, ids.tolist()))
-        except ValueError as exc:  # an id outside the tokenizer's vocabulary: this trace only
-            raise LineError(str(exc)) from None
+        texts = texts_array(token_texts(tokenizer, ids))  # an id outside the vocabulary
+                                                          # raises: this trace fails alone
     else:
         texts = pa.array([f"<{i}>" for i in ids.tolist()], pa.string())
         notes.append("token text is each token's id: the file holds ids only (import with a "
@@ -190,7 +223,8 @@ def _tokens(path: list[dict], tokenizer) -> tuple[TokenColumns, list[str]]:
         present = mask & np.repeat([bool(values) for values, _ in nodes],
                                    [size for _, size in nodes])
         full = np.zeros(len(ids))
-        full[present] = np.asarray([v for values, _ in nodes for v in values], np.float64)
+        full[present] = [number(v, name) if type(v) is not float else v
+                         for values, _ in nodes for v in values]
         tokens.values[field], tokens.present[field] = full, present
     return tokens, notes
 
@@ -217,21 +251,25 @@ class TokenizerFile:
         return self.backend_tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
 
 
+@register
+class Verifiers(Format):
+    """verifiers' ``traces.jsonl``: an episode a line, appended as they finish."""
+    name = "verifiers"
+    patterns = (TRACES_FILE,)
+    followed = "appended"
+    rank = 30
+
+    def detect(self, source: Path, first: Any) -> bool:
+        if source.is_dir():
+            return any(source.rglob(TRACES_FILE))
+        return isinstance(first, dict) and isinstance(first.get("traces"), list)
+
+    def records(self, raw: Any, src: Source, unit: Unit) -> list[Any]:
+        return episode_records(raw, src.tokenizer)
+
+
 def read_verifiers(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES, tokenizer=None
                    ) -> Iterator[tuple[str, Any]]:
     """(where, generic record or LineError) of every trace in a ``traces.jsonl``, or in every
-    ``traces.jsonl`` under a folder (a ``vf-eval`` output directory holds one per run)."""
-    root = Path(path)
-    files = sorted(root.rglob(TRACES_FILE)) if root.is_dir() else [root]
-    for file in files:
-        yield from guarded(file.name, _lines(file, max_line_bytes, tokenizer))
-
-
-def _lines(file: Path, max_line_bytes: int, tokenizer) -> Iterator[tuple[str, Any]]:
-    for lineno, obj in read_json_lines(file, max_line_bytes):
-        where = f"{file.name}:{lineno}"
-        if isinstance(obj, LineError):
-            yield where, obj
-            continue
-        for k, rec in enumerate(episode_records(obj, tokenizer)):
-            yield f"{where}[{k}]", rec
+    ``traces.jsonl`` under a folder, read by the framework (storage/ingest/door.py)."""
+    return read(REGISTRY["verifiers"], Path(path), max_line_bytes, tokenizer)

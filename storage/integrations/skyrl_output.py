@@ -29,8 +29,12 @@ flash-attn, so the test builds the dict in the shape the package declares, not w
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from functools import partial
+from typing import Any, Callable, Iterator
 
+import numpy as np
+
+from storage.ingest.door import number, token_ids
 from storage.ingest.dumps import task_id_of
 from storage.ingest.report import ImportReport
 from storage.ingest.rollout_tokens import rollout_columns
@@ -51,34 +55,56 @@ def _traj_id(tid: Any) -> tuple[str, int] | None:
 
 
 def generator_records(output: dict, tokenizer, step: int, split: str = "train"
-                      ) -> Iterator[dict]:
-    """One generic record (storage/interchange.py) per rollout of a SkyRL ``GeneratorOutput``."""
-    prompts, responses = output["prompt_token_ids"], output["response_ids"]
-    masks, logprobs = output["loss_masks"], output.get("rollout_logprobs")
-    ids_of, stops = output.get("trajectory_ids"), output.get("stop_reasons")
-    for i, (p_ids, r_ids) in enumerate(zip(prompts, responses)):
-        ids = list(p_ids) + list(r_ids)
-        try:
-            texts = token_texts(tokenizer, ids)
-            tokens, turns = rollout_columns(texts, ids, len(p_ids), masks[i],
-                                            logprobs=logprobs[i] if logprobs else None)
-        except (LineError, ValueError) as exc:  # this rollout fails alone, in the report
-            yield LineError(f"rollout {i}: {exc}")
-            continue
-        reward = output["rewards"][i]
-        reward = float(sum(reward)) if isinstance(reward, (list, tuple)) else float(reward)
-        prompt = "".join(texts[:len(p_ids)])
-        ident = _traj_id(ids_of[i]) if ids_of else None
-        instance, rep = ident if ident else (f"{i}", 0)
-        rec = {"traj_id": f"s{step}-{instance}_{rep}", "group_id": f"s{step}-{instance}",
-               "task_id": task_id_of(prompt), "step": step, "split": split, "prompt": prompt,
-               "turns": turns, "tokens": tokens, "reward": reward, "success": reward >= 1.0,
-               "info": {"trainer": "skyrl", "import_notes": ["success inferred as reward >= 1"]}}
-        if stops and stops[i] is not None:
-            rec["finish_reason"] = str(stops[i])
-            if stops[i] == "length":
-                turns[-1]["action_truncated"] = True
-        yield rec
+                      ) -> Iterator[Callable[[], dict]]:
+    """One function per rollout of a SkyRL ``GeneratorOutput``, making its generic record
+    (storage/interchange.py): what one raises (a ``None`` reward, a short ``loss_masks``) fails
+    that rollout alone (storage/integrations/step_recorder.py)."""
+    for i in range(max(len(output["prompt_token_ids"]), len(output["response_ids"]))):
+        yield partial(_rollout, output, i, tokenizer, step, split)
+
+
+def _at(output: dict, name: str, i: int, required: bool = True) -> Any:
+    """``output[name][i]``; LineError naming the field when it is missing or too short."""
+    values = output.get(name)
+    if values is None and not required:
+        return None
+    if values is None or i >= len(values):
+        raise LineError(f"'{name}' has no entry for rollout {i}")
+    return values[i]
+
+
+def _rollout(output: dict, i: int, tokenizer, step: int, split: str) -> dict:
+    try:
+        return _record(output, i, tokenizer, step, split)
+    except LineError as exc:
+        raise LineError(f"rollout {i}: {exc}") from None
+
+
+def _record(output: dict, i: int, tokenizer, step: int, split: str) -> dict:
+    p_ids = token_ids(_at(output, "prompt_token_ids", i), "prompt_token_ids")
+    r_ids = token_ids(_at(output, "response_ids", i), "response_ids")
+    ids = np.concatenate((p_ids, r_ids))
+    texts = token_texts(tokenizer, ids)
+    logprobs = _at(output, "rollout_logprobs", i, required=False) \
+        if output.get("rollout_logprobs") else None
+    tokens, turns = rollout_columns(texts, ids, len(p_ids), _at(output, "loss_masks", i),
+                                    logprobs=logprobs)
+    reward = _at(output, "rewards", i)
+    reward = number(sum(number(r, "rewards") for r in reward), "rewards") \
+        if isinstance(reward, (list, tuple)) else number(reward, "rewards")
+    prompt = "".join(texts[:len(p_ids)])
+    ident = _traj_id(_at(output, "trajectory_ids", i)) if output.get("trajectory_ids") else None
+    instance, rep = ident if ident else (f"{i}", 0)
+    rec = {"traj_id": f"s{step}-{instance}_{rep}", "group_id": f"s{step}-{instance}",
+           "task_id": task_id_of(prompt), "step": step, "split": split, "prompt": prompt,
+           "turns": turns, "tokens": tokens, "reward": reward, "success": reward >= 1.0,
+           "info": {"trainer": "skyrl", "import_notes": ["success inferred as reward >= 1"]}}
+    stop = _at(output, "stop_reasons", i) if output.get("stop_reasons") else None
+    if stop is not None:
+        rec["finish_reason"] = str(stop)
+        if stop == "length":
+            turns[-1]["action_truncated"] = True
+    return rec
 
 
 class SkyRLRecorder(StepRecorder):

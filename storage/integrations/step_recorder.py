@@ -4,8 +4,9 @@ in bounded batches (storage/ingest/feed.py), the run ``running`` until ``close()
 from __future__ import annotations
 
 import time
-from typing import Iterable
+from typing import Any, Iterable, Iterator
 
+from storage.ingest.door import convert, failure
 from storage.ingest.feed import write_records
 from storage.ingest.import_batch import finish_import, refuse_foreign, run_source
 from storage.ingest.report import ImportReport
@@ -32,12 +33,13 @@ class StepRecorder:
         refuse_foreign(self.run_id, run_source(db_path, self.run_id))  # never a trainer's run
         self.run = {"name": run_name or self.run_id, "config": config, "created": False}
 
-    def write(self, records: Iterable[dict], step: int) -> ImportReport:
-        """Write one step's records; a record that fails validation fails alone, in the
-        report's errors. Returns what was written."""
+    def write(self, records: Iterable[Any], step: int) -> ImportReport:
+        """Write one step's records (each a record, or a function of no arguments making one);
+        a record whose making raises anything, or that fails validation, fails alone, in the
+        report's errors, and the trainer goes on (storage/ingest/door.py). Returns what was
+        written."""
         report = ImportReport(self.run_id, f"step {step}", self.fmt)
-        items = ((f"step {step} sample {i}", rec, 0) for i, rec in enumerate(records))
-        write_records(items, self.db, self.fmt, self.run_id, self.run, report,
+        write_records(_items(records, step), self.db, self.fmt, self.run_id, self.run, report,
                       records=STEP_BATCH_RECORDS)
         finish_import(self.db, self.run_id, self.fmt, self.run, report, live=True)
         return report
@@ -46,3 +48,17 @@ class StepRecorder:
         """Mark the run finished (it stays ``running`` while steps come in)."""
         finish_import(self.db, self.run_id, self.fmt, self.run,
                       ImportReport(self.run_id, "end of training", self.fmt))
+
+
+def _items(records: Iterable[Any], step: int) -> Iterator[tuple[str, Any, int]]:
+    """(where, record or LineError, 0) of each of a step's records, each made under the
+    framework's guard; a step whose records cannot even be listed (a field missing from the
+    trainer's output) is one error, said, never raised into the trainer."""
+    where = f"step {step}"
+    try:
+        for i, make in enumerate(records):
+            for at, rec in convert(f"{where} sample {i}", make if callable(make)
+                                   else (lambda rec=make: rec)):
+                yield at, rec, 0
+    except Exception as exc:
+        yield where, failure(exc), 0

@@ -37,10 +37,12 @@ module loads without verl's stack (tests/test_import_rl_trainers.py builds a rea
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from functools import partial
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from storage.ingest.door import number, token_ids
 from storage.ingest.dumps import task_id_of
 from storage.ingest.report import ImportReport
 from storage.ingest.rollout_tokens import rollout_columns
@@ -74,49 +76,65 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def batch_records(batch, tokenizer, step: int, split: str = "train") -> Iterator[dict]:
-    """One generic record (storage/interchange.py) per sample of a verl ``DataProto``."""
-    extra = batch.non_tensor_batch
-    uids = extra.get("uid")
+def batch_records(batch, tokenizer, step: int, split: str = "train"
+                  ) -> Iterator[Callable[[], dict]]:
+    """One function per sample of a verl ``DataProto``, making its generic record
+    (storage/interchange.py): what one raises (a ``uid`` list shorter than the batch, an id
+    outside the vocabulary) fails that sample alone (storage/integrations/step_recorder.py)."""
     seen: dict[str, int] = {}
     for i in range(len(batch.batch["responses"])):
-        row = _sample(batch, i)
-        responses, attention = row("responses"), row("attention_mask") != 0
-        width = len(responses)
-        prompt_ids = row("prompts")
-        prompt_ids = row("input_ids")[:-width] if prompt_ids is None else prompt_ids
-        mask = row("response_mask")
-        mask = attention[-width:] if mask is None else mask
-        old, rewards, scores = row("old_log_probs"), row("token_level_rewards"), \
-            row("token_level_scores")
-        sampled = row("rollout_log_probs")
-        p_len = len(prompt_ids)
-        p_keep, r_keep = attention[:p_len], attention[p_len:p_len + width]
-        ids = np.concatenate((prompt_ids[p_keep], responses[r_keep]))
-        n_prompt = int(p_keep.sum())
-        uid = str(uids[i]) if uids is not None else f"{i}"
-        k = seen[uid] = seen.get(uid, -1) + 1
-        try:  # one decode of prompt and response: a character split across the cut stays whole
-            texts = token_texts(tokenizer, ids.tolist())
-        except ValueError as exc:  # an id outside the tokenizer's vocabulary: this sample only
-            yield LineError(f"sample {i}: {exc}")
-            continue
-        pick = (lambda values: None if values is None else values[r_keep])
-        tokens, turns = rollout_columns(
-            texts, ids, n_prompt, mask[r_keep], logprobs=pick(old if sampled is None else sampled),
-            train_logprobs=pick(old), advantages=pick(row("advantages")))
-        reward = float(sum(rewards.tolist())) if rewards is not None else 0.0
-        score = float(sum(scores.tolist())) if scores is not None else reward
-        prompt = "".join(texts[:n_prompt])
-        rec = {"traj_id": f"s{step}-{uid}-{k}", "task_id": task_id_of(prompt),
-               "group_id": f"s{step}-{uid}", "step": step, "split": split, "prompt": prompt,
-               "turns": turns, "reward": reward, "tokens": tokens,
-               "rewards": {"outcome": score, "format": 0.0, "cost": 0.0, "process": 0.0},
-               "advantage": tokens.first("advantage")}
-        if abs(reward - score) > 1e-9:
-            rec["rewards"]["kl_penalty"] = reward - score
-        rec.update(_sample_fields(extra, i, reward))
-        yield rec
+        yield partial(_named, batch, i, tokenizer, step, split, seen)
+
+
+def _named(batch, i: int, tokenizer, step: int, split: str, seen: dict) -> dict:
+    try:
+        return _record(batch, i, tokenizer, step, split, seen)
+    except LineError as exc:
+        raise LineError(f"sample {i}: {exc}") from None
+
+
+def _record(batch, i: int, tokenizer, step: int, split: str, seen: dict) -> dict:
+    extra = batch.non_tensor_batch
+    uids = extra.get("uid")
+    if uids is not None and i >= len(uids):
+        raise LineError(f"non_tensor_batch['uid'] has {len(uids)} entries, none for this "
+                        "sample")
+    row = _sample(batch, i)
+    responses, attention = row("responses"), row("attention_mask") != 0
+    width = len(responses)
+    prompt_ids = row("prompts")
+    prompt_ids = row("input_ids")[:-width] if prompt_ids is None else prompt_ids
+    mask = row("response_mask")
+    mask = attention[-width:] if mask is None else mask
+    old, rewards, scores = row("old_log_probs"), row("token_level_rewards"), \
+        row("token_level_scores")
+    sampled = row("rollout_log_probs")
+    p_len = len(prompt_ids)
+    p_keep, r_keep = attention[:p_len], attention[p_len:p_len + width]
+    ids = token_ids(np.concatenate((prompt_ids[p_keep], responses[r_keep])), "input_ids")
+    n_prompt = int(p_keep.sum())
+    # one decode of prompt and response: a character split across the cut stays whole
+    texts = token_texts(tokenizer, ids)
+    pick = (lambda values: None if values is None else values[r_keep])
+    tokens, turns = rollout_columns(
+        texts, ids, n_prompt, mask[r_keep], logprobs=pick(old if sampled is None else sampled),
+        train_logprobs=pick(old), advantages=pick(row("advantages")))
+    reward = number(float(sum(rewards.tolist())), "token_level_rewards") \
+        if rewards is not None else 0.0
+    score = number(float(sum(scores.tolist())), "token_level_scores") \
+        if scores is not None else reward
+    prompt = "".join(texts[:n_prompt])
+    uid = str(uids[i]) if uids is not None else f"{i}"
+    k = seen[uid] = seen.get(uid, -1) + 1
+    rec = {"traj_id": f"s{step}-{uid}-{k}", "task_id": task_id_of(prompt),
+           "group_id": f"s{step}-{uid}", "step": step, "split": split, "prompt": prompt,
+           "turns": turns, "reward": reward, "tokens": tokens,
+           "rewards": {"outcome": score, "format": 0.0, "cost": 0.0, "process": 0.0},
+           "advantage": tokens.first("advantage")}
+    if abs(reward - score) > 1e-9:
+        rec["rewards"]["kl_penalty"] = reward - score
+    rec.update(_sample_fields(extra, i, reward))
+    return rec
 
 
 def _sample_fields(extra: dict, i: int, reward: float) -> dict:
