@@ -15,6 +15,7 @@ state (Back from Replay) or another run is picked.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import streamlit as st
 
@@ -60,7 +61,13 @@ def _decode(key: str, raw: list[str], allowed: dict, lo: int, hi: int):
         return None
     if key == "fail_steps":
         a, b = value
-        return (max(lo, min(a, hi)), min(hi, max(b, lo)))
+        if b < lo or a > hi:    # no step of the run: nothing, never another range
+            _params.flag(param, f"this run recorded steps {lo}-{hi} only"
+                         if hi > lo else f"this run recorded step {lo} only")
+            return None
+        if (a, b) != (max(a, lo), min(b, hi)):
+            st.session_state["_fail_steps_cut"] = ((a, b), (max(a, lo), min(b, hi)))
+        return (max(a, lo), min(b, hi))
     return value[:200] if key == "fail_search" else value
 
 
@@ -86,9 +93,12 @@ def restore(pick: Pick, classes: list[str], splits: list[str], lo: int, hi: int,
     st.session_state["_fail_defaults"][here] = view
     seen = st.session_state.setdefault("_url_seen", {})
     for key, param in PARAMS.items():
-        if key not in view:
-            continue
         raw = st.query_params.get_all(param)
+        if key not in view:     # a run of one step draws no step slider: the range is checked
+            if raw and seen.get(param) != raw:
+                seen[param] = raw
+                _decode(key, raw, allowed, lo, hi)
+            continue
         if not raw:
             seen.pop(param, None)
             continue
@@ -154,6 +164,41 @@ def current(view: dict, lo: int, hi: int) -> dict:
             "splits": tuple(st.session_state.get("fail_splits") or ()) or None,
             "success": OUTCOMES[st.session_state.get("fail_outcome", "any")],
             "tags": tuple(st.session_state.get("fail_tags") or ()) or None}
+
+
+def notes(matching: dict, total: int, lo: int, hi: int, solved: Callable[[], int],
+          classes_shown: bool = True) -> None:
+    """What the list holds when a filter says less than it seems: a step range cut to the run's
+    steps, an emptied class or split filter (every class or split, then), and an outcome the
+    class filter can never let through (named, with the filter that excludes it). ``solved``:
+    how many of the matches are solved, asked only for an emptied class filter."""
+    cut = st.session_state.get("_fail_steps_cut")
+    if cut and tuple(st.session_state.get("fail_steps") or ()) == cut[1]:
+        st.warning(f"The address asked for steps {cut[0][0]}-{cut[0][1]}; this run recorded "
+                   f"steps {lo}-{hi}, so the list holds steps {cut[1][0]}-{cut[1][1]}.")
+    else:
+        st.session_state.pop("_fail_steps_cut", None)
+    classes = set(matching["classes"] or ())
+    if not classes and classes_shown:
+        n = solved()
+        st.info(f"No failure class picked: the list holds every class, the {n} solved "
+                "trajectories (class success) included, and so does the export. Pick classes "
+                "to narrow it.")
+    if not matching["splits"]:
+        st.info("No split picked: the list holds every split, branch continuations included.")
+    if total:
+        return
+    outcome = st.session_state.get("fail_outcome")
+    if not classes_shown:
+        return
+    if outcome == "solved" and classes and "success" not in classes:
+        st.warning("Outcome **solved** lists solved trajectories, whose class is success, and "
+                   "the **Failure class** filter leaves success out: nothing can match. Add "
+                   "success to Failure class, or set Outcome to any.")
+    elif outcome == "failed" and classes == {"success"}:
+        st.warning("Outcome **failed** lists failed trajectories, and the **Failure class** "
+                   "filter holds only success: nothing can match. Pick failure classes, or set "
+                   "Outcome to any.")
 
 
 def export_buttons(pick: Pick, matching: dict, total: int) -> None:

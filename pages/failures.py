@@ -262,6 +262,9 @@ total = len(found) if len(found) < SHOWN_ROWS else \
 st.caption(f"{total} trajectories match" + (f" (first {SHOWN_ROWS} shown; export writes all)"
                                             if total > len(found) else "")
            + ". Select a row to read it and tag it.")
+_failfilters.notes(matching, total, first, last, lambda: count(
+    pick.store, pick.run_id, pick.version, **{**matching, "classes": ("success",)},
+    tags_seen=seen), classes_shown=not trl_functions)
 found["replay"] = [c.replay_url(pick, s, t) for s, t in zip(found["step"], found["traj_id"])]
 ids = found["traj_id"].tolist()
 opened = kept.get("opened")
