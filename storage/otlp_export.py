@@ -22,19 +22,35 @@ rl.algorithm, rl.model.name, rl.environment.name. Token rows are not exported: a
 place for them (the JSONL and Parquet exports carry them). Times are synthetic but ordered (the
 store keeps no per-turn clock): each step one second apart, each turn one millisecond.
 
-Every door bounded: http(s) endpoints only, a deadline per request, at most 4 MiB of protobuf a
-request (gzip), retries on 429/502/503/504 honouring Retry-After (at most 30 s, 5 tries), and an
-error naming the endpoint and the HTTP status.
+Every door bounded: http(s) endpoints only, at most 4 MiB of protobuf a request (gzip), retries
+on 429/502/503/504 honouring Retry-After (at most 30 s, 5 tries), and an error naming the endpoint
+and the HTTP status. The rules of the endpoint client (core/endpoint/transport.py), here too:
+
+* **one deadline per request** (``timeout``, ``--timeout``): from connect to the answer's last
+  byte, however the collector paces its bytes (a per-read timeout lets a byte every 2 s hang it
+  for ever); past it the request is cut and the export fails naming the deadline, not retried.
+* **no redirect is followed**: a 3xx is an error naming the URL it points to, so the bearer token
+  never goes to another URL (urllib re-sends every header to whatever host a 302 names).
+* **success is the collector's answer**: a 200 whose body is an ``ExportTraceServiceResponse``
+  (protobuf, at most 1 MiB); a 200 that is a web page, JSON or garbage is an error, and spans the
+  collector says it rejected (``partial_success``) fail the export (``ExportRejected``) after
+  every request was sent, with its count and message.
 """
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
+import http.client
 import json
+import socket
+import threading
 import time
 import urllib.error
 import urllib.request
 from typing import Iterator
+
+from google.protobuf.message import DecodeError
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest, ExportTraceServiceResponse)
@@ -48,11 +64,25 @@ MAX_REQUEST_BYTES = 4 << 20
 RETRY_STATUS = (429, 502, 503, 504)
 MAX_TRIES = 5
 MAX_RETRY_AFTER = 30.0
+MAX_ANSWER_BYTES = 1 << 20
+"""An ExportTraceServiceResponse is a count and a message: a longer answer is not one."""
+OTLP_TYPES = ("application/x-protobuf", "application/protobuf")
 SECOND = 1_000_000_000
 
 
 class ExportError(RuntimeError):
     """An export that could not be delivered, naming the endpoint."""
+
+
+class ExportRejected(ExportError):
+    """Every request was answered, but the collector rejected ``rejected`` of the ``spans``
+    sent (its ``partial_success``): those are not stored there."""
+
+    def __init__(self, endpoint: str, sent: int, spans: int, rejected: int, message: str):
+        super().__init__(f"endpoint {endpoint} rejected {rejected} of {spans} spans"
+                         + (f" ({message[:300]!r})" if message else "")
+                         + f"; the {sent} trajectories sent are not all stored there")
+        self.sent, self.spans, self.rejected, self.message = sent, spans, rejected, message
 
 
 def _id(n: int, *parts: str) -> bytes:
@@ -160,10 +190,136 @@ def run_requests(db_path, run_id: str, filters: Filters = Filters(), chunk: int 
         yield request(pending), count
 
 
+class _Deadline:
+    """One request's end, ``limit_s`` after it began: each socket operation waits at most the
+    time left, and at the end a timer shuts the request's sockets, which ends a read that a
+    dripping server keeps alive byte by byte."""
+
+    def __init__(self, limit_s: float):
+        self.limit_s, self.end = limit_s, time.monotonic() + limit_s
+        self.passed, self._socks, self._lock = False, [], threading.Lock()
+        self._timer = threading.Timer(limit_s, self._cut)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def left(self) -> float:
+        left = self.end - time.monotonic()
+        if left <= 0 or self.passed:
+            self.passed = True
+            raise TimeoutError(f"over {self.limit_s:g} s")
+        return left
+
+    def connect(self, address, timeout=None, source_address=None) -> socket.socket:
+        sock = socket.create_connection(address, self.left(), source_address)
+        with self._lock:
+            self._socks.append(sock)
+            if self.passed:
+                self._cut_locked()
+        return sock
+
+    def _cut(self) -> None:
+        with self._lock:
+            self.passed = True
+            self._cut_locked()
+
+    def _cut_locked(self) -> None:
+        for sock in self._socks:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+class _Connection(http.client.HTTPConnection):
+    def __init__(self, host, *, deadline: _Deadline, timeout=None, **kwargs):
+        super().__init__(host, timeout=deadline.left(), **kwargs)
+        self._create_connection = deadline.connect
+
+
+class _TLSConnection(http.client.HTTPSConnection):
+    def __init__(self, host, *, deadline: _Deadline, timeout=None, **kwargs):
+        super().__init__(host, timeout=deadline.left(), **kwargs)
+        self._create_connection = deadline.connect  # the TLS socket wraps this one
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req):
+        return self.do_open(functools.partial(_Connection, deadline=req.deadline), req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def https_open(self, req):
+        return self.do_open(functools.partial(_TLSConnection, deadline=req.deadline), req,
+                            context=self._context)
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args):
+        return None  # the 3xx comes back as an HTTPError, answered in post()
+
+
+_OPENER = urllib.request.build_opener(_HTTPHandler, _HTTPSHandler, _NoRedirects)
+
+
+def _exchange(endpoint: str, data: bytes, headers: dict, timeout: float):
+    """(status, headers, body up to MAX_ANSWER_BYTES + 1) of one POST within ``timeout`` in
+    all; TimeoutError past it; OSError when no answer came."""
+    deadline = _Deadline(timeout)
+    req = urllib.request.Request(endpoint, data=data, headers=headers, method="POST")
+    req.deadline = deadline
+    try:
+        try:
+            with _OPENER.open(req, timeout=timeout) as reply:
+                return reply.status, reply.headers, _read(reply, deadline)
+        except urllib.error.HTTPError as exc:  # not 2xx: still an answer, maybe with a body
+            with exc:
+                return exc.code, exc.headers, _read(exc.fp, deadline) if exc.fp else b""
+    except (OSError, http.client.HTTPException) as exc:
+        if deadline.passed:
+            raise TimeoutError(f"no complete answer within {timeout:g} s (--timeout)") from exc
+        raise OSError(str(exc) or type(exc).__name__) from exc
+    finally:
+        deadline.cancel()
+
+
+def _read(reply: http.client.HTTPResponse, deadline: _Deadline) -> bytes:
+    """The answer's body, up to MAX_ANSWER_BYTES + 1; a body cut short (by the deadline, or the
+    server closing early) is an error, not a shorter answer."""
+    body = reply.read(MAX_ANSWER_BYTES + 1)
+    if deadline.passed:
+        raise TimeoutError
+    if len(body) <= MAX_ANSWER_BYTES and reply.length:  # bytes announced and never sent
+        raise http.client.IncompleteRead(body, reply.length)
+    return body
+
+
+def _answer(endpoint: str, headers, body: bytes) -> ExportTraceServiceResponse:
+    """The 200's body as the collector's ExportTraceServiceResponse, or why it is not one."""
+    kind = (headers.get("Content-Type") or "").split(";")[0].strip().lower()
+    if kind and kind not in OTLP_TYPES:
+        raise ExportError(f"endpoint {endpoint}: answered 200 with Content-Type {kind!r}, not an "
+                          f"OTLP response ({body[:120]!r}); is this the collector's "
+                          "…/v1/traces URL?")
+    if len(body) > MAX_ANSWER_BYTES:
+        raise ExportError(f"endpoint {endpoint}: answered 200 with over {MAX_ANSWER_BYTES} "
+                          "bytes, not an OTLP response")
+    out = ExportTraceServiceResponse()
+    try:
+        out.ParseFromString(body)
+    except DecodeError as exc:
+        raise ExportError(f"endpoint {endpoint}: answered 200 with a body that is not an "
+                          f"ExportTraceServiceResponse ({body[:120]!r})") from exc
+    return out
+
+
 def post(endpoint: str, body: bytes, token: str | None = None, timeout: float = 30.0,
          sleep=time.sleep) -> ExportTraceServiceResponse:
-    """POST one gzipped protobuf request to ``endpoint`` (…/v1/traces), retrying what OTLP says
-    to retry; ExportError naming the endpoint otherwise."""
+    """POST one gzipped protobuf request to ``endpoint`` (…/v1/traces) within ``timeout`` in all,
+    retrying what OTLP says to retry; the collector's answer, else ExportError naming the
+    endpoint (see the module docstring)."""
     if not endpoint.startswith(("http://", "https://")):
         raise ExportError(f"endpoint {endpoint!r}: only http:// or https:// OTLP endpoints")
     headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"}
@@ -171,33 +327,45 @@ def post(endpoint: str, body: bytes, token: str | None = None, timeout: float = 
         headers["Authorization"] = f"Bearer {token}"
     data = gzip.compress(body)
     for attempt in range(1, MAX_TRIES + 1):
-        req = urllib.request.Request(endpoint, data=data, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as reply:
-                out = ExportTraceServiceResponse()
-                out.ParseFromString(reply.read(1 << 20))
-                return out
-        except urllib.error.HTTPError as exc:
-            if exc.code not in RETRY_STATUS or attempt == MAX_TRIES:
-                raise ExportError(f"endpoint {endpoint}: HTTP {exc.code} "
-                                  f"{exc.read(500).decode('utf-8', 'replace')!r}") from exc
-            wait = exc.headers.get("Retry-After", "")
-            sleep(min(float(wait) if wait.replace(".", "", 1).isdigit() else 2.0 ** attempt,
-                      MAX_RETRY_AFTER))
-        except (urllib.error.URLError, OSError, TimeoutError) as exc:
+            status, reply_headers, raw = _exchange(endpoint, data, headers, timeout)
+        except TimeoutError as exc:  # a collector this slow is not helped by sending again
+            raise ExportError(f"endpoint {endpoint}: {exc}") from exc
+        except OSError as exc:
             if attempt == MAX_TRIES:
                 raise ExportError(f"endpoint {endpoint}: {exc}") from exc
             sleep(min(2.0 ** attempt, MAX_RETRY_AFTER))
+            continue
+        if 300 <= status < 400:
+            raise ExportError(f"endpoint {endpoint}: HTTP {status} redirect to "
+                              f"{reply_headers.get('Location')!r} not followed (the token is "
+                              "never sent on to another URL); export to the URL it names")
+        if status in RETRY_STATUS and attempt < MAX_TRIES:
+            wait = reply_headers.get("Retry-After", "")
+            sleep(min(float(wait) if wait.replace(".", "", 1).isdigit() else 2.0 ** attempt,
+                      MAX_RETRY_AFTER))
+            continue
+        if status != 200:
+            raise ExportError(f"endpoint {endpoint}: HTTP {status} "
+                              f"{raw[:500].decode('utf-8', 'replace')!r}")
+        return _answer(endpoint, reply_headers, raw)
     raise AssertionError("unreachable")
 
 
 def export_otlp(db_path, run_id: str, endpoint: str, filters: Filters = Filters(),
-                token: str | None = None, timeout: float = 30.0) -> tuple[int, int]:
-    """Send the selected trajectories; return (trajectories sent, spans the endpoint rejected
-    as its partial_success says)."""
-    sent = rejected = 0
+                token: str | None = None, timeout: float = 30.0,
+                allow_rejected: bool = False) -> tuple[int, int]:
+    """Send the selected trajectories; return (trajectories sent, spans the collector rejected).
+    Rejected spans raise ``ExportRejected`` once every request was sent, unless
+    ``allow_rejected`` (then they are only counted)."""
+    sent = rejected = spans = 0
+    message = ""
     for req, count in run_requests(db_path, run_id, filters):
         reply = post(endpoint, req.SerializeToString(), token, timeout)
         rejected += reply.partial_success.rejected_spans
+        message = message or reply.partial_success.error_message
+        spans += sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
         sent += count
+    if rejected and not allow_rejected:
+        raise ExportRejected(endpoint, sent, spans, rejected, message)
     return sent, rejected
