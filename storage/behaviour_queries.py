@@ -13,17 +13,21 @@ NOT_TRAINED = ("eval", "sft", "expert", "branch")  # storage/behaviours/job.py, 
 def contributors(path, run_id: str, step: int, name: str, n: int = 5) -> pd.DataFrame:
     """The step's trajectories ranked by their share of Cov(A, b), largest first:
     contribution_i = (A_i - mean A)(b_i - mean b) over the step's training trajectories where b
-    and an advantage are recorded (the stored one, else its trained tokens' mean, as the job takes
-    it; payoff.contributions). Empty where the store has no behaviours table yet."""
+    and an advantage are recorded (the advantage the loss applied: its trained tokens' mean, else
+    the stored one, as the job takes it, storage/behaviours/job.py; payoff.contributions). Ties
+    are listed by traj_id: the first of equal contributions is no bigger a contributor than the
+    next (a group's equal-reward rollouts share one advantage). Empty where the store has no
+    behaviours table yet."""
     with db.reading(path) as con:
         if check_version(con, where=str(path)) < 9:
             return pd.DataFrame(columns=["traj_id", "value", "advantage", "reward",
                                          "contribution"])
         return con.execute("""
             WITH j AS (
-                SELECT b.traj_id, b.value, t.reward, coalesce(t.advantage, (
+                SELECT b.traj_id, b.value, t.reward, coalesce((
                            SELECT avg(k.advantage) FROM tokens k WHERE k.run_id = t.run_id
-                           AND k.traj_id = t.traj_id AND k.trained)) AS advantage
+                           AND k.traj_id = t.traj_id AND k.trained AND isfinite(k.advantage)),
+                           t.advantage) AS advantage
                 FROM behaviours b JOIN trajectories t
                   ON t.run_id = b.run_id AND t.traj_id = b.traj_id
                 WHERE b.run_id = ? AND b.step = ? AND b.name = ?

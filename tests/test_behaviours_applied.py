@@ -237,3 +237,42 @@ def test_a_lone_surrogate_in_an_apps_error_never_fails_the_step(tmp_path, capsys
     assert con.execute("SELECT count(*) FROM behaviours WHERE run_id = ?",
                        [run_id]).fetchone()[0] > 0
     con.close()
+
+
+def test_a_steps_contributors_rank_by_the_applied_advantage(tmp_path):
+    """Dynamics' ranking of a step's trajectories takes the same A as the job."""
+    path = tmp_path / "credit.duckdb"
+    rec = Recorder(path)
+    rec.start_run({"env": "search", "model": "tiny", "algo": "gigpo"}, run_id="credit")
+    rec.record_step(1, **credit_step(1))
+    run_job(path, "credit")
+    top = queries.behaviour_contributors(path, "credit", 1, "no_successful_tool_call", 8)
+    # the episode advantage is 0: A is each trajectory's tokens' +1 (shallow, even) or -1
+    assert top.set_index("traj_id")["advantage"].to_dict() == {
+        f"s1-r{i}": 1.0 if i % 2 == 0 else -1.0 for i in range(8)}
+    assert top["contribution"].sum() / 7 == pytest.approx(metric(path, "credit", COV)[1])
+
+
+def test_the_job_keeps_a_stores_schema(tmp_path):
+    """A committed store stays at the schema it was recorded with when the job reruns on it."""
+    import duckdb
+    from storage.migrations import MIGRATIONS, current_version, migrate
+    path = tmp_path / "v9.duckdb"
+    con = duckdb.connect(str(path))
+    migrate(con)
+    con.execute("DELETE FROM _migrations WHERE version > 9")
+    con.execute("ALTER TABLE tokens DROP COLUMN rejected")
+    con.close()
+    con = duckdb.connect(str(path))  # rows as a schema-9 trainer wrote them
+    tables = credit_step(1)
+    con.execute("INSERT INTO runs (run_id, name, status) VALUES ('r', 'r', 'finished')")
+    for name in ("trajectories", "turns", "tokens"):
+        frame = pd.DataFrame(tables[name])
+        con.register("_f", frame)
+        con.execute(f"INSERT INTO {name} BY NAME SELECT *, 'r' AS run_id, 1 AS step FROM _f")
+        con.unregister("_f")
+    con.close()
+    assert run_job(path, "r")["rows"] > 0
+    con = duckdb.connect(str(path), read_only=True)
+    assert current_version(con) == 9 < len(MIGRATIONS)
+    con.close()

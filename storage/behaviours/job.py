@@ -40,11 +40,13 @@ import pandas as pd
 from storage import db
 from storage.behaviours.measures import BEHAVIOURS, behaviour_values, kind
 from storage.behaviours.payoff import ALPHA, K_STEPS, AlarmTracker, alarm_steps, step_stats
-from storage.migrations import prepare
+from storage.migrations import check_version, prepare
 from storage.protocol import TOOL_ACTIONS
 from storage.recorder import from_json
 
 NOT_TRAINED = ("eval", "sft", "expert", "branch")
+BEHAVIOURS_SCHEMA = 9
+"""The schema version that brought the ``behaviours`` table (migration m009), all the job needs."""
 PREFIXES = ("behaviour/", "alarm/behaviour/")
 
 
@@ -262,7 +264,10 @@ def run_job(path: str | Path, run_id: str, k: int = K_STEPS, alpha: float = ALPH
     path = Path(path)
     if not path.is_file():
         raise db.StoreError(f"{path}: no such store file")
-    prepare(path)  # adds the behaviours table to a store recorded before it
+    with db.reading(path) as con:
+        version = check_version(con, str(path))  # refuses a store newer than this code
+    if version < BEHAVIOURS_SCHEMA:  # adds the behaviours table to a store recorded before it;
+        prepare(path)                # one that has it keeps its schema (the job writes no other)
     with db.reading(path) as con:
         if not con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]:
             known = [r for (r,) in con.execute("SELECT run_id FROM runs ORDER BY 1").fetchall()]
