@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-request-s", type=_within(float, 0, 86400), default=600.0,
                         help="one request's time at most, waiting included (default 600): 503")
     parser.add_argument("--max-connections", type=_within(int, 0, 4096), default=64,
-                        help="connections served at once (default 64): 503 for the next")
+                        help="connections open at once (default 64): past it the longest-idle "
+                             "one is closed for the new one, 503 when all are busy")
     args = parser.parse_args(argv)
     limits = Limits(max_body_bytes=int(args.max_body_mb * (1 << 20)),
                     request_s=args.max_request_s, max_connections=args.max_connections)
