@@ -15,12 +15,15 @@ step's N trajectories where b is defined:
     Cov(A, b) = sum_i (A_i - mean A)(b_i - mean b) / (N - 1).
 
 When it misleads: PPO/GRPO clipping zeroes the gradient of trajectories whose ratio left the
-band (their A still counts here); a KL penalty or entropy bonus pulls the other way; a loss
-normalised by length (GRPO's 1/|o_i|, or token-mean) weighs a long trajectory's tokens less
-than its A suggests, while sequence-sum losses weigh them more, so a behaviour correlated with
-length (tokens, turns) is mis-scaled; per-token advantages (PPO, GiGPO's step term) are not one
-A per trajectory (we take their trained-token mean); groups whose rewards are all equal have
-A = 0 and contribute nothing, however common the behaviour; with a handful of trajectories the
+band (their A still counts here); a KL penalty or entropy bonus pulls the other way; a
+per-sequence length normalisation (GRPO's 1/|o_i|, ``loss_agg`` seq-mean-token-mean) weighs a
+long trajectory's step by less than its A says, so a behaviour correlated with length (tokens,
+turns) is under-scaled -- the length bias Dr. GRPO removes. A global token mean has no such
+bias: it divides the whole batch by one count, a constant multiple of the sequence-sum
+estimator above; per-token advantages (PPO, GiGPO's step term, IGPO's and SPA's turn credit)
+are not one A per trajectory: A is their mean over the trained tokens, the advantage the loss
+applied (job.py), not the stored episode scalar; groups whose rewards are all equal have A = 0
+and contribute nothing, however common the behaviour; with a handful of trajectories the
 estimate is noise -- hence the significance test below; and trajectories filtered out of the
 update (StarPO-S) are counted though they trained nothing.
 """
