@@ -174,6 +174,10 @@ class Batch:
         """Run the network on rows [0, len(chunks)) of the cache; logits after each last token."""
         width, pad = max(len(c) for c in chunks), self.policy.pad_id
         n = len(chunks)
+        if width == 1 and all(chunks):  # a decode step: one token a row, built without a loop
+            ids, pos = torch.tensor(chunks), torch.tensor(fed).unsqueeze(1)
+            new_mask = torch.ones(n, 1, dtype=torch.long)
+            return self._run(ids, new_mask, pos, n, width)
         ids = torch.full((n, width), pad, dtype=torch.long)
         new_mask = torch.zeros(n, width, dtype=torch.long)
         pos = torch.zeros(n, width, dtype=torch.long)
@@ -184,6 +188,11 @@ class Batch:
                 new_mask[b, width - k:] = 1
                 pos[b, width - k:] = torch.arange(start, start + k)
             pos[b, :width - k] = start
+        return self._run(ids, new_mask, pos, n, width)
+
+    def _run(self, ids: torch.Tensor, new_mask: torch.Tensor, pos: torch.Tensor, n: int,
+             width: int) -> torch.Tensor:
+        """Add the chunks' ``width`` columns to the mask, run the network on rows [0, n)."""
         dev, end = self.device, self.width + width
         self.mask = _grown(self.mask, 1, end)
         self.mask[:n, self.width:end] = new_mask.to(dev)
