@@ -6,8 +6,9 @@
 #                                       import branches inspect shortcut search (careless: only the
 #                                       imported run of apps_tiny; inspect: needs inspect-ai;
 #                                       search, search_sft, search_credit: SmolLM2, an hour or
-#                                       more each, and mismatch: SmolLM2, about 25 minutes;
-#                                       never by default)
+#                                       more each, mismatch: SmolLM2, about 25 minutes, and
+#                                       credit_grid: 28 tiny runs, an hour or more; never by
+#                                       default)
 #
 # Each store is rebuilt from scratch (the old file is removed first). Checkpoints go under runs/
 # (ignored by git), never next to the stores. Every command is the one sample_runs/README.md
@@ -383,6 +384,15 @@ print(queries.runs(sys.argv[1])['run_id'].iloc[0])" "$db")
     compact shortcut.duckdb
 }
 
+# -- 13. credit on a lake where every move counts: each method x 3 seeds from one SFT start -------
+# sample_runs/credit_grid.sh holds the grid (the non-slippery 3x3 lake, one move a turn); each run
+# records into its own store under runs/credit_grid/, merged into credit_grid.duckdb at the end.
+# An hour or more on 2 busy cores: never by default.
+credit_grid() {
+    rm -rf runs/credit_grid
+    timed bash sample_runs/credit_grid.sh
+}
+
 ALL=(collapse spike apps credit import_run branches inspect_run shortcut)
 if [ $# -gt 0 ]; then
     ALL=()
@@ -390,9 +400,9 @@ if [ $# -gt 0 ]; then
         case "$name" in
             import) ALL+=(import_run) ;;
             inspect) ALL+=(inspect_run) ;;
-            collapse|spike|apps|careless|credit|branches|search|search_sft|search_credit|mismatch|shortcut)
+            collapse|spike|apps|careless|credit|branches|search|search_sft|search_credit|mismatch|shortcut|credit_grid)
                 ALL+=("$name") ;;
-            *) echo "unknown run '$name' (collapse spike apps careless credit import branches inspect search search_sft search_credit mismatch shortcut)" >&2
+            *) echo "unknown run '$name' (collapse spike apps careless credit import branches inspect search search_sft search_credit mismatch shortcut credit_grid)" >&2
                exit 2 ;;
         esac
     done

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The credit grid (sample_runs/README.md, section 13): one SFT start on the non-slippery 3x3 lake,
+# then every method x seed from it, each run into its own store under runs/, merged into
+# sample_runs/credit_grid.duckdb. Runs one after another (several at once on 2 cores only share
+# them); `bash sample_runs/make.sh credit_grid` calls this.
+#
+#   bash sample_runs/credit_grid.sh                    the whole grid
+#   METHODS="grpo ppo" SEEDS="0" bash sample_runs/credit_grid.sh     a part of it
+#   STEPS=20 bash sample_runs/credit_grid.sh           another RL budget
+#
+# A run whose store already exists is kept (the script can be stopped and started again); the
+# merge at the end rebuilds the sample store from every run store present.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+DIR=${DIR:-runs/credit_grid}
+OUT=${OUT:-sample_runs/credit_grid.duckdb}
+STEPS=${STEPS:-24}
+SEEDS=${SEEDS:-"0 1 2"}
+METHODS=${METHODS:-"grpo dr_grpo rloo starpo_s gigpo gigpo_traj ppo prm spa"}
+LORA=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head
+# The task: a 3x3 lake without slips, one move a turn, at most 6 moves, the reward only at the
+# goal (1) or nothing. A fall is decided by one turn's move, the goal by all of them: per-turn
+# credit has something to tell apart. No KL term for any method (StarPO-S has none by
+# definition; the same for all keeps the budget equal and saves the reference pass).
+COMMON=(--env frozenlake --env-options size=3,slip=0,actions_per_turn=1,max_actions=6
+        --model tiny --lora-targets "$LORA" --max-turns 6 --max-new-tokens 12
+        --group-size 8 --tasks-per-step 2 --lr 3e-3 --kl-coef 0 --eval-every 4 --eval-tasks 32
+        --eval-seed 0 --threads 1 --quiet --checkpoint-every 1000 --adapter-every 0)
+SFT_STEPS=${SFT_STEPS:-80}
+
+flags() {  # the flags that make METHOD
+    case "$1" in
+        grpo|dr_grpo|rloo|starpo_s|ppo) echo "--algo $1" ;;
+        gigpo) echo "--algo gigpo --gigpo-episode-stats steps" ;;
+        gigpo_traj) echo "--algo gigpo --gigpo-episode-stats trajectories" ;;
+        prm) echo "--algo grpo --w-prm 1" ;;
+        spa) echo "--algo grpo --w-spa 1" ;;
+        *) echo "unknown method $1" >&2; return 2 ;;
+    esac
+}
+
+mkdir -p "$DIR"
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+start_db="$DIR/start.duckdb"
+if [ ! -f "$start_db" ]; then
+    t0=$SECONDS
+    "$PY" -m core.train "${COMMON[@]}" --algo grpo --sft-steps "$SFT_STEPS" --sft-lr 5e-3 \
+        --steps 0 --seed 0 --name "lake credit start: SFT $SFT_STEPS" --db "$start_db" \
+        --checkpoint-dir "$DIR/ckpt-start"
+    echo "start: $((SECONDS - t0)) s, commit $commit" >&2
+fi
+ckpt=$(ls -d "$DIR"/ckpt-start/*/ | head -1)
+for seed in $SEEDS; do  # every method's seed 0 before any seed 1: a stop leaves whole seeds
+    for method in $METHODS; do
+        db="$DIR/$method-s$seed.duckdb"
+        [ -f "$db" ] && continue
+        t0=$SECONDS
+        # shellcheck disable=SC2046
+        "$PY" -m core.train "${COMMON[@]}" $(flags "$method") --sft-steps "$SFT_STEPS" \
+            --init-from "$ckpt" --steps "$STEPS" --seed "$seed" \
+            --name "lake credit $method seed $seed" --db "$db.part" \
+            --checkpoint-dir "$DIR/ckpt-$method-s$seed"
+        mv "$db.part" "$db"
+        echo "$method seed $seed: $((SECONDS - t0)) s, commit $commit" >&2
+    done
+done
+rm -f "$OUT" "$OUT".lock "$OUT".turn "$OUT".wal
+"$PY" bench/credit_grid.py merge "$start_db" $(ls "$DIR"/*-s*.duckdb) --db "$OUT" \
+    --tokens-for "lake credit start" --tokens-for "grpo seed 0" --tokens-for "gigpo seed 0"
+"$PY" bench/credit_grid.py table --db "$OUT"
