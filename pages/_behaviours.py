@@ -109,7 +109,9 @@ def dynamics_panel(pick: c.Pick, wide: pd.DataFrame) -> None:
     chart(wide, picked, alarms)
     st.caption("Cov(A, b) over the step's training trajectories is, to first order, the "
                "direction the policy-gradient step moved the behaviour's frequency "
-               "(docs/behaviours.md says when it misleads). An alarm: a behaviour of the "
+               "(docs/behaviours.md says when it misleads). A is the advantage the loss "
+               "applied: the mean over a trajectory's trained tokens (per-turn credit such as "
+               "GiGPO's or IGPO's included), not the stored episode advantage. An alarm: a behaviour of the "
                "shallow list reinforced for k steps in a row (one-sided t-test, p < 0.05) while "
                "its rate rose.")
     steps = sorted(int(s) for s in wide[f"behaviour/{names[0]}/rate"].dropna().index)
@@ -129,4 +131,5 @@ def dynamics_panel(pick: c.Pick, wide: pd.DataFrame) -> None:
                  column_config={"replay": st.column_config.LinkColumn("replay",
                                                                       display_text="open")})
     st.caption("Contribution = (A - mean A)(b - mean b): the trajectories that pushed the "
-               "covariance up the most, first.")
+               "covariance up the most, first; equal contributions (a group's rollouts with one "
+               "reward share one advantage) by traj_id.")

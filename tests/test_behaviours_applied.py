@@ -276,3 +276,22 @@ def test_the_job_keeps_a_stores_schema(tmp_path):
     con = duckdb.connect(str(path), read_only=True)
     assert current_version(con) == 9 < len(MIGRATIONS)
     con.close()
+
+
+from tests.test_pages import app, demo  # noqa: E402,F401  (fixtures)
+
+
+def test_dynamics_says_which_advantage_it_reads(app, tmp_path):
+    store = tmp_path / "stores" / "credit.duckdb"
+    store.parent.mkdir()
+    rec = Recorder(store)
+    rec.start_run({"env": "search", "model": "tiny", "algo": "gigpo"}, run_id="credit")
+    for step in (1, 2):
+        rec.record_step(step, **credit_step(step))
+    run_job(store, "credit")
+    at = app("dynamics", store_dir=str(store.parent), store=str(store), run="credit")
+    assert not at.exception, at.exception
+    captions = " ".join(c.value for c in at.caption)
+    assert "A is the advantage the loss applied" in captions
+    ranked = next(f.value for f in at.dataframe if "contribution" in f.value.columns)
+    assert set(ranked["advantage"]) == {1.0, -1.0}               # the tokens', not the episode's 0
