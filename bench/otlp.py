@@ -15,7 +15,11 @@ target:
 * memory: the receiver's RSS before and after 1,000 traces left open (no root, never idle);
 * export-to-page latency: from a turn's POST until storage.db.reading sees the trajectory with
   that turn (what a page reads), median and max over 20 turns;
-* with --hostile: a 1M-span trace (100 bodies of 10k spans), its time, rejections and RSS.
+* with --hostile: a 1M-span trace (100 bodies of 10k spans), its time, rejections and RSS;
+* with --kill S: 20 agents post for S seconds, then the receiver is killed with SIGKILL: spans
+  it answered 200 to that are not in the store (acknowledged but lost, goal 0); then a new
+  receiver starts on the store, and the trajectories still open once it has derived what was
+  pending (goal 0).
 """
 from __future__ import annotations
 
@@ -247,17 +251,72 @@ def million(tmp: Path) -> dict:
             "stored_spans": count(db, "SELECT count(*) FROM spans")}
 
 
+def killed(tmp: Path, agents: int, seconds: float) -> dict:
+    """Acknowledged-but-lost spans after a kill -9 mid-load, and what a restart leaves open."""
+    db = tmp / "killed.duckdb"
+    proc, port = start(db)
+    acked: list[set] = [set() for _ in range(agents)]
+    deadline = time.monotonic() + seconds
+
+    def agent(a: int) -> None:
+        con = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        t0 = time.time_ns()
+        while time.monotonic() < deadline + 5:
+            tid, root = os.urandom(16), os.urandom(8)
+            for turn in range(4):
+                spans = turn_spans(turn, root, t0)
+                try:
+                    con.request("POST", "/v1/traces", body(f"agent-{a}", tid, spans),
+                                {"Content-Type": "application/x-protobuf"})
+                    resp = con.getresponse()
+                    resp.read()
+                except (OSError, http.client.HTTPException):
+                    return  # the receiver is gone
+                if resp.status == 200:
+                    acked[a] |= {(tid.hex(), s["id"].hex()) for s in spans}
+                elif resp.status in (429, 503):
+                    time.sleep(0.2)
+
+    threads = [threading.Thread(target=agent, args=(a,)) for a in range(agents)]
+    [t.start() for t in threads]
+    time.sleep(seconds)
+    proc.kill()
+    proc.wait(30)
+    [t.join() for t in threads]
+    sent = set().union(*acked)
+    with store.reading(db) as con:
+        stored = set(con.execute("SELECT trace_id, span_id FROM spans").fetchall())
+    proc, port = start(db)  # derives what the killed one had not, and closes what it left open
+    time.sleep(3)
+    open_after = count(db, "SELECT count(*) FROM trajectories WHERE "
+                           "coalesce(TRY_CAST(info->'otel'->>'open' AS BOOLEAN), FALSE)")
+    traj = count(db, "SELECT count(*) FROM trajectories")
+    proc.send_signal(2)
+    proc.wait(120)
+    return {"acked": len(sent), "lost": len(sent - stored), "stored": len(stored),
+            "open_after_restart": open_after, "trajectories": traj}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--agents", type=int, default=20)
     p.add_argument("--traces", type=int, default=50)
     p.add_argument("--hostile", action="store_true")
+    p.add_argument("--kill", type=float, metavar="S",
+                   help="only the kill -9 check: agents post for S seconds, then SIGKILL")
     p.add_argument("--new-connection", action="store_true",
                    help="each POST on a connection of its own (the default keeps one per agent, "
                         "as the SDK's exporter does)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
+        if args.kill:
+            k = killed(tmp, args.agents, args.kill)
+            print(f"kill -9 at {args.kill:g} s: {k['acked']} spans acknowledged, {k['stored']} "
+                  f"stored, {k['lost']} acknowledged but lost (goal 0); after a restart "
+                  f"{k['trajectories']} trajectories, {k['open_after_restart']} still open "
+                  "(goal 0)")
+            return
         for batched in (False, True):
             t = throughput(tmp, args.agents, args.traces, batched=batched,
                            keep_alive=not args.new_connection)

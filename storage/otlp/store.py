@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any
 
 import duckdb
@@ -43,6 +44,9 @@ LOG_SCHEMA = pa.schema([
     ("body", pa.string()), ("attributes", pa.string()), ("resource", pa.string()),
     ("received_at", pa.timestamp("us"))])
 I64 = 2**63 - 1
+LEASE_S = 0.25   # the appender holds the store at most this long per open
+LINGER_S = 0.01  # and waits this long for the next group before closing it
+BEHIND_S = 2.0   # after the store refused a write, requests are answered 503 this long
 
 
 class StoreDown(RuntimeError):
@@ -120,11 +124,15 @@ class Appender:
         self.queue: list[_Request] = []
         self.cv = threading.Condition()
         self.stopping = False
-        self.behind = False
+        self.behind_until = 0.0
         self.stored_spans = 0
         self.transactions = 0
         self.thread = threading.Thread(target=self._loop, daemon=True, name="otlp-append")
         self.thread.start()
+
+    @property
+    def behind(self) -> bool:
+        return time.monotonic() < self.behind_until
 
     def submit(self, spans: list[Span], logs: list[LogRecord]) -> Admission:
         """Store a request's records; returns once they are committed (``StoreDown`` when the
@@ -140,17 +148,38 @@ class Appender:
             raise StoreDown(f"{type(req.error).__name__}: {req.error}")
         return req.admission
 
+    def _take(self, wait_s: float) -> list[_Request]:
+        with self.cv:
+            if not self.queue and not self.stopping and wait_s > 0:
+                self.cv.wait(wait_s)
+            batch, self.queue = self.queue, []
+            return batch
+
     def _loop(self) -> None:
         while True:
             with self.cv:
                 while not self.queue and not self.stopping:
                     self.cv.wait()
-                batch, self.queue = self.queue, []
-                if not batch and self.stopping:
+                if not self.queue and self.stopping:
                     return
-            self._append(batch)
+            try:
+                self._lease()
+            except Exception as exc:  # noqa: BLE001 (the store cannot be opened: tell them)
+                self._fail(self._take(0), exc)
 
-    def _append(self, batch: list[_Request]) -> None:
+    def _lease(self) -> None:
+        """Hold the store for a burst of groups, each its own committed transaction, for at
+        most ``LEASE_S`` (opening and closing the file is most of a small write's cost; readers
+        and the deriver queue fairly behind the lease: storage/db.py)."""
+        with db.writing(self.db_path) as con:
+            until = time.monotonic() + LEASE_S
+            while time.monotonic() < until:
+                batch = self._take(LINGER_S)
+                if not batch:
+                    break
+                self._append(con, batch)
+
+    def _append(self, con, batch: list[_Request]) -> None:
         a = self.assembler
         with a.lock:
             for req in batch:
@@ -165,26 +194,41 @@ class Appender:
                     (suspect if maybe else plain).append((run_id, traj_id, s))
                 logs += [(run_id, traj_id, r) for _, run_id, traj_id, r in req.admission.logs]
             rows = span_rows(plain, at), log_rows(logs, at), span_rows(suspect, at)
-            with db.writing(self.db_path) as con:
-                insert(con, rows[0], rows[1], rows[2])
+            insert(con, rows[0], rows[1], rows[2])
+            con.execute("COMMIT")  # durable here: only now are the requests answered
         except Exception as exc:  # noqa: BLE001 (every request of the group is told; none kept)
+            try:
+                con.execute("ROLLBACK")
+            except duckdb.Error:
+                pass
+            con.execute("BEGIN TRANSACTION")
             with a.lock:
                 for req in batch:
                     a.undo(req.admission)
-            self.behind = True
-            self.log(f"error: could not store {sum(len(r.spans) for r in batch)} span(s): "
-                     f"{type(exc).__name__}: {str(exc)[:300]}")
-            for req in batch:
-                req.error = exc
-                req.done.set()
+            if len(batch) > 1 and not errors_of(exc):  # one request's records: find it
+                for req in batch:
+                    self._append(con, [req])
+            else:
+                self._fail(batch, exc)
             return
+        con.execute("BEGIN TRANSACTION")
         with a.lock:
             for req in batch:
                 a.commit(req.admission)
-        self.behind = False
+        self.behind_until = 0.0
         self.transactions += 1
         self.stored_spans += len(rows[0]) + len(rows[2])
         for req in batch:
+            req.done.set()
+
+    def _fail(self, batch: list[_Request], exc: Exception) -> None:
+        if batch:
+            if errors_of(exc):  # the store itself: answer 503 at once for a while
+                self.behind_until = time.monotonic() + BEHIND_S
+            self.log(f"error: could not store {sum(len(r.spans) for r in batch)} span(s): "
+                     f"{type(exc).__name__}: {str(exc)[:300]}")
+        for req in batch:
+            req.error = exc
             req.done.set()
 
     def stop(self) -> None:
@@ -261,4 +305,5 @@ def move(con, run_id: str, absorbed: list[str], into: str) -> None:
 
 
 def errors_of(exc: Exception) -> bool:
-    return isinstance(exc, (db.StoreError, duckdb.Error, OSError))
+    """Whether ``exc`` is the store's (locked, gone, disk) rather than one record's."""
+    return isinstance(exc, (db.StoreError, OSError, duckdb.IOException))
