@@ -1,4 +1,4 @@
-"""The rollout's sampler (core/rollout/engine.py ``sample_next``): one uniform number a row, an
+"""The rollout's sampler (core/rollout/draw.py ``sample_next``): one uniform number a row, an
 inverse CDF over the row's probabilities, instead of one exponential per vocabulary entry.
 
 What it must keep: the draws follow the (temperature-scaled, top-p truncated) distribution; a
@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from core.rollout.engine import _inverse_cdf, sample_next
+from core.rollout.draw import _inverse_cdf, sample_next
 
 LOGITS = torch.tensor([2.0, 1.0, 0.0, -1.0, float("-inf"), 0.5, -3.0, 1.5, -0.5, 0.25])
 
@@ -137,3 +137,37 @@ def test_nan_or_infinite_logits_fail_the_draw_naming_it(bad):
     logits[1, 3] = bad
     with pytest.raises(RuntimeError, match="sampling: the probabilities contain nan"):
         sample_next(logits, 1.0, 1.0, torch.Generator().manual_seed(0))
+
+
+def test_top_p_rows_whose_nucleus_is_wide_or_narrow_draw_alike_alone_and_together():
+    """A row's nucleus is looked for among its most likely few hundred tokens and sorted in full
+    only where it reaches beyond them: a batch of both kinds draws what each row draws alone, and
+    a wide nucleus's draws follow its truncated distribution."""
+    V, top_p = 2000, 0.9
+    wide = torch.linspace(0.0, 1.0, V)                    # the nucleus: ~1,800 tokens
+    narrow = torch.full((V,), -20.0)
+    narrow[[7, 1500, 1999]] = torch.tensor([2.0, 1.0, 0.0])
+    logits = torch.stack([wide, narrow, wide, narrow])
+    together = sample_next(logits, 1.0, top_p, torch.Generator().manual_seed(9)).tokens
+    for b in range(4):
+        alone = sample_next(logits[[b]], 1.0, top_p, torch.Generator().manual_seed(9),
+                            rows=[b], batch_rows=4).tokens
+        assert alone == [together[b]]
+
+    n = 30_000
+    tokens = sample_next(wide.repeat(n, 1), 1.0, top_p, torch.Generator().manual_seed(4)).tokens
+    probs = torch.softmax(wide.double(), -1)
+    sorted_p, order = probs.sort(descending=True)
+    sorted_p[sorted_p.cumsum(-1) - sorted_p > top_p] = 0.0
+    kept = order[sorted_p > 0]
+    assert len(kept) > 1000 and set(tokens) <= set(kept.tolist())
+    # chi-square over 20 bins of the kept tokens (in order of probability) of equal mass
+    mass = torch.zeros(V, dtype=torch.float64).scatter(0, order, sorted_p)
+    mass /= mass.sum()
+    edges = torch.searchsorted(mass[kept].cumsum(-1), torch.linspace(0, 1, 21)[1:-1].double())
+    bin_of = torch.zeros(V, dtype=torch.long)
+    bin_of[kept] = torch.bucketize(torch.arange(len(kept)), edges, right=True)
+    counts = torch.bincount(bin_of[torch.tensor(tokens)], minlength=20).double()
+    expected = n * torch.zeros(20, dtype=torch.float64).scatter_add(0, bin_of[kept], mass[kept])
+    stat = float(((counts - expected) ** 2 / expected).sum())
+    assert stat < _chi_square_limit(19), stat

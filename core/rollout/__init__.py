@@ -5,6 +5,7 @@
     transcript    chat-templated prompts and how a turn's tokens are appended and masked
     engine        the episode engine: generate, step the envs, grade (training, evaluation,
                   collection)
+    draw          each row's next token: one uniform number a row, an inverse CDF
     continuation  recorded trajectories continued from a turn on the same engine (branch jobs)
     sft           the scripted expert's demonstrations as trajectories with the rollout's masks
     diagnostics   the per-step signals besides the loss (rollout statistics, gradient norms)

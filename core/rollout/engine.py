@@ -12,8 +12,9 @@ whose turn already ended are holes in the attention mask, and position ids count
 The cache therefore always holds exactly the trajectory's token ids: what is trained is what the
 model conditioned on, with no re-tokenisation. The batch and its cache (core/model/kv_cache.py): a row
 whose turn ended is no longer computed until the next turn, and rows with the same prompt are
-encoded once. Sampling draws its random numbers for the whole batch each step (``sample_next``),
-so which rows are computed does not change what a row samples.
+encoded once. Sampling draws one random number for every row of the batch each step
+(``sample_next``, core/rollout/draw.py), so which rows are computed does not change what a row
+samples.
 
 Stop tags are cut exactly after the first closing tag (Search-R1). When a tag ends inside a token
 (``>`` + ``\\n`` sampled as one ``>\\n`` token) that token is replaced by the tokens of its part up
@@ -46,6 +47,7 @@ from core.envs.base import Environment, Task, observation_role
 from core.envs.guard import CUT_KEY, EnvError, GuardedEpisode
 from core.model.kv_cache import Batch
 from core.model.policy import Policy, token_logprobs, token_texts
+from core.rollout.draw import Draw, sample_next
 from core.rollout.episode import (execute, final_reason, grade, open_episodes, record_render,
                                   step_failed)
 from core.rollout.sampling import Sampling
@@ -73,95 +75,6 @@ class _Row:
     cut_text: str | None = None
     state_key: str | None = None
     """Key of the state the episode is in now (the next turn's anchor)."""
-
-
-_BLOCK = 128
-"""Tokens per block of the two-level inverse CDF (``_inverse_cdf``)."""
-
-
-@dataclass
-class Draw:
-    """One sampling step's result for ``n`` rows (``sample_next``)."""
-    tokens: list[int]
-    logp: list[float]
-    """Each row's logprob of its token under the temperature-scaled distribution."""
-    entropy: list[float]
-    z: torch.Tensor
-    """(n, V) the temperature-scaled logits; with ``lse`` the logprob of any other token."""
-    lse: torch.Tensor
-    """(n,) log-sum-exp of ``z``."""
-
-    def logp_of(self, i: int, token: int) -> float:
-        return float(self.z[i, token] - self.lse[i])
-
-
-def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
-                generator: torch.Generator, rows: list[int] | None = None,
-                batch_rows: int | None = None) -> Draw:
-    """Sample one token per row from logits (n, V).
-
-    temperature 0 is greedy (the argmax of the logits; logprobs then of the untempered
-    distribution). Otherwise each row's token is the inverse CDF of its temperature-scaled (and
-    top-p truncated) distribution at one uniform number: ``batch_rows`` uniforms (default n) are
-    drawn from ``generator`` per call, and ``rows`` says which batch rows the logits belong to
-    (default all, in order). A row thus gets the same uniform, and the same token, whether or not
-    the batch's rows that already stopped are still computed; the draw costs one random number a
-    row, not one per vocabulary entry.
-    """
-    z = logits.float()
-    if temperature > 0 and temperature != 1.0:
-        z = z / temperature
-    probs = torch.softmax(z, dim=-1)
-    if temperature == 0:
-        tokens = logits.argmax(-1)
-    else:
-        u = torch.rand(batch_rows or probs.shape[0], generator=generator, dtype=torch.float64,
-                       device=probs.device)
-        if rows is not None:
-            u = u[torch.tensor(rows, device=u.device)]
-        if top_p < 1.0:
-            sorted_p, order = probs.sort(dim=-1, descending=True)
-            outside = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest set reaching top_p
-            pick = _inverse_cdf(sorted_p.masked_fill(outside, 0.0), u)
-            tokens = order.gather(-1, pick[:, None]).squeeze(-1)
-        else:
-            tokens = _inverse_cdf(probs, u)
-    p_tok = probs.gather(-1, tokens[:, None]).squeeze(-1)
-    # log p of the drawn token (p >= 1/V for the argmax; a sampled token's p is not tiny), and
-    # from it the normaliser: no (n, V) log_softmax needed
-    logp = p_tok.log()
-    lse = z.gather(-1, tokens[:, None]).squeeze(-1) - logp
-    # H = lse - E_p[z]; nansum: a -inf logit's 0 * -inf (nan logits fail the draw already)
-    entropy = lse - (probs * z).nansum(-1)
-    return Draw(tokens.tolist(), logp.tolist(), entropy.tolist(), z, lse)
-
-
-def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Index i of each row with C[i-1] <= u * C[V-1] < C[i], C the row's cumulative sums: a draw
-    from probs (n, V) (unnormalised, >= 0) at the uniforms u (n,) in [0, 1). Two levels, so the
-    sums are exact enough without a float64 cumsum over V (slow on a CPU): float64 cumulative
-    sums over blocks of ``_BLOCK`` entries pick the block, then over the chosen block's entries.
-    A zero-probability entry is never picked."""
-    n, V = probs.shape
-    nb = -(-V // _BLOCK)
-    if nb * _BLOCK != V:
-        probs = torch.nn.functional.pad(probs, (0, nb * _BLOCK - V))
-    blocks = probs.view(n, nb, _BLOCK)
-    cum = blocks.sum(-1).double().cumsum(-1)                                  # (n, nb)
-    total = cum[:, -1]
-    if not bool(torch.isfinite(total).all()):  # what torch.multinomial refuses too
-        raise RuntimeError("sampling: the probabilities contain nan (the logits were nan or inf)")
-    zero = torch.zeros_like(total)
-    # below the total even where u * total rounds up: the block found then has mass
-    x = torch.minimum(u * total, total.nextafter(zero))
-    b = torch.searchsorted(cum, x[:, None], right=True).squeeze(-1)           # (n,)
-    before = torch.where(b > 0, cum.gather(-1, (b - 1).clamp(min=0)[:, None]).squeeze(-1), zero)
-    mass = cum.gather(-1, b[:, None]).squeeze(-1) - before
-    inner = blocks.gather(1, b[:, None, None].expand(n, 1, _BLOCK)).squeeze(1).double().cumsum(-1)
-    last = inner[:, -1]
-    y = torch.minimum((x - before) / mass * last, last.nextafter(zero))
-    j = torch.searchsorted(inner, y[:, None], right=True).squeeze(-1)
-    return b * _BLOCK + j
 
 
 def _first_stop(text: str, tags: tuple[str, ...]) -> int | None:
