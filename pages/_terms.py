@@ -8,6 +8,8 @@ Every text here is the project's own, never a store's: it is safe to render as m
 """
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 import streamlit as st
 
 PAGE = "glossary"
@@ -147,10 +149,15 @@ INTROS: dict[str, tuple[str, tuple[str, ...]]] = {
 
 
 def link(anchor: str, text: str | None = None) -> str:
-    """A markdown link to a term's Glossary entry, ``[text](glossary#anchor)``."""
+    """A markdown link to a term's Glossary entry, ``[text](glossary?store=S&run=R#anchor)``
+    with the sidebar's run (none picked: ``glossary#anchor``). Streamlit opens a markdown link
+    in a new tab, a new session: without the run it would show the newest run in the sidebar,
+    and writing that run into the address dropped the ``#anchor``."""
     if anchor not in TERMS:
         raise KeyError(f"no glossary term {anchor!r}")
-    return f"[{text or TERMS[anchor][0]}]({PAGE}#{anchor})"
+    picked = st.session_state.get("pick_run")
+    query = "?" + urlencode({"store": picked[0], "run": picked[1]}) if picked else ""
+    return f"[{text or TERMS[anchor][0]}]({PAGE}{query}#{anchor})"
 
 
 def help_for(*anchors: str) -> str:

@@ -17,6 +17,7 @@ from tests.test_browser import no_exception, settle
 
 pytestmark = pytest.mark.browser
 STORE, RUN = "sample_runs/search_smollm2.duckdb", "20261129-233052-4ded2d"
+QUERY = urllib.parse.urlencode({"store": STORE, "run": RUN})
 PAGES = {"runs": "Runs", "replay": "Replay", "groups": "Groups", "dynamics": "Dynamics",
          "failures": "Failures", "compare": "Compare", "train": "Train"}
 
@@ -47,7 +48,7 @@ def test_every_page_says_what_it_shows_and_links_its_terms(page, server):
         text = intro.inner_text()
         assert "Healthy:" in text and text.startswith(_terms.INTROS[path][0][:40]), path
         hrefs = [a.get_attribute("href") for a in intro.locator("a").all()]
-        assert hrefs == [f"glossary#{a}" for a in _terms.INTROS[path][1]], (path, hrefs)
+        assert hrefs == [f"glossary?{QUERY}#{a}" for a in _terms.INTROS[path][1]], (path, hrefs)
         no_exception(page)
 
 
@@ -55,7 +56,7 @@ def test_a_term_link_lands_on_its_definition(page, server):
     _open(page, server, "replay", "Replay")
     link = page.locator(".st-key-page_intro a", has_text="Advantage")
     href = link.get_attribute("href")
-    assert href == "glossary#advantage"
+    assert href == f"glossary?{QUERY}#advantage"
     page.goto(f"{server}/{href}")          # as the browser resolves the page's relative link
     entry = page.locator("#advantage")
     entry.wait_for(timeout=60_000)
@@ -67,3 +68,27 @@ def test_a_term_link_lands_on_its_definition(page, server):
     box, view = entry.bounding_box(), page.viewport_size
     assert 0 <= box["y"] < view["height"], box      # the page scrolled to the entry
     no_exception(page)
+
+
+def test_a_clicked_term_link_keeps_its_anchor_and_the_run(page, server):
+    """Streamlit opens a markdown link in a new tab, a new session: the link carried no run, so
+    that tab showed the newest run in the sidebar, and writing it into the address dropped the
+    ``#anchor`` (the entry was not scrolled to)."""
+    _open(page, server, "replay", "Replay")
+    shown = page.locator('[data-testid="stSidebar"]').get_by_role("combobox", name="Run")
+    run_label = shown.input_value()
+    with page.context.expect_page() as opened:
+        page.locator(".st-key-page_intro a", has_text="V / Q (branches)").click()
+    tab = opened.value
+    try:
+        tab.get_by_role("heading", name="Glossary", exact=True).first.wait_for(timeout=60_000)
+        settle(tab)
+        assert tab.url.endswith("#value-q") and f"run={RUN}" in tab.url, tab.url
+        picker = tab.locator('[data-testid="stSidebar"]').get_by_role("combobox", name="Run")
+        assert picker.input_value() == run_label
+        entry = tab.locator("#value-q")
+        box, view = entry.bounding_box(), tab.viewport_size
+        assert 0 <= box["y"] < view["height"], box         # the page scrolled to the entry
+        no_exception(tab)
+    finally:
+        tab.close()

@@ -6,6 +6,7 @@ explained from the run's own config. tests/test_browser_glossary.py follows the 
 from __future__ import annotations
 
 import re
+import urllib.parse
 
 import pytest
 
@@ -41,7 +42,9 @@ def test_each_page_opens_with_its_explanation_and_linked_terms(app, demo, page):
     assert not at.exception, at.exception
     intro = [cap.value for cap in at.caption if "Healthy:" in cap.value]
     assert intro and intro[0].startswith(_terms.INTROS[page][0]), page
-    anchors = re.findall(r"\]\(glossary#([a-z0-9-]+)\)", intro[0])
+    # each link carries the sidebar's run, so the Glossary tab it opens keeps it
+    query = urllib.parse.urlencode({"store": demo[1], "run": demo[2]["demo-search-starpo"]})
+    anchors = re.findall(r"\]\(glossary\?" + re.escape(query) + r"#([a-z0-9-]+)\)", intro[0])
     assert anchors == list(_terms.INTROS[page][1])
 
 
