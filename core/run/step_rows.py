@@ -7,6 +7,7 @@ table per step. What the stages after the rollout computed comes with them in a
 """
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from typing import Mapping, Sequence
 
@@ -159,11 +160,22 @@ def clean_columns(table: str, cols: dict[str, list]) -> dict[str, list]:
     out = {}
     for name, values in cols.items():
         if name in json_names:
-            out[name] = [None if v is None else clean_json(v) for v in values]
+            out[name] = [v if v is None or _clean_json_text(v) else clean_json(v) for v in values]
         else:
             cleaned = clean_column(values)
             out[name] = values if cleaned is values else list(cleaned)
     return out
+
+
+def _clean_json_text(value) -> bool:
+    """Whether every string inside ``value`` is already storable text (one C-speed dump: most
+    cells are, and walking each in Python cost more than the behaviours step itself)."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=str)
+        text.encode("utf-8")
+    except (ValueError, TypeError, RecursionError):  # UnicodeEncodeError is a ValueError
+        return False
+    return "\x00" not in text and "\\u0000" not in text
 
 
 def _signal_columns(rows: Sequence[dict]) -> dict[str, list]:
