@@ -60,17 +60,9 @@ def art_records(obj: Any, stem: str, line: int, step: int, split: str) -> list[A
     if len(obj["trajectories"]) > MAX_GROUP:
         return Records([LineError(f"{len(obj['trajectories'])} trajectories in one group, "
                                   f"over the limit of {MAX_GROUP}")])
-    return Records([partial(_item, traj, k, f"{split}/{stem}:{line}:{k}",
+    return Records([partial(_trajectory, traj, f"{split}/{stem}:{line}:{k}",
                             f"{split}-{step}-g{line}", step, split)
-                    for k, traj in enumerate(obj["trajectories"])])
-
-
-def _item(traj: Any, k: int, traj_id: str, group_id: str, step: int, split: str) -> dict:
-    """One trajectory of a group; what is wrong with it is named by its index."""
-    try:
-        return _trajectory(traj, traj_id, group_id, step, split)
-    except LineError as exc:
-        raise LineError(f"trajectories[{k}]: {exc}") from None
+                    for k, traj in enumerate(obj["trajectories"])])  # each named ``[k]``
 
 
 def _trajectory(traj: Any, traj_id: str, group_id: str, step: int, split: str) -> dict:

@@ -349,8 +349,8 @@ def follow(directory, db_path, fmt: str, run_id: str | None = None, run_name: st
     follower = Follower(directory, db_path, fmt, run_id, run_name, log, max_line_bytes,
                         should_stop, split, tokenizer)
     runs = "runs under" if follower.format.multi_run else "run"
-    log(f"following {follower.dir} ({fmt}: {' '.join(follower.format.patterns)}) into {db_path}, {runs} "
-        f"{follower.run_id}; Ctrl-C to stop")
+    log(f"following {follower.dir} ({fmt}: {' '.join(follower.format.patterns)}) into "
+        f"{db_path}, {runs} {follower.run_id}; Ctrl-C to stop")
     beat = time.monotonic()
     try:
         while not should_stop():

@@ -81,21 +81,15 @@ def episode_records(episode: Any, tokenizer=None) -> list[Any]:
     step, split = step_split(episode)
     task = episode.get("task") if isinstance(episode.get("task"), dict) else {}
     group = episode.get("group") if isinstance(episode.get("group"), dict) else {}
-    return Records([partial(_named, k, trace, step, split, task, group.get("id"), tokenizer)
-                    for k, trace in enumerate(episode["traces"])])
-
-
-def _named(k: int, trace: Any, step: int, split: str, task: dict, group: Any, tokenizer) -> dict:
-    try:
-        return _trace(trace, step, split, task, group, tokenizer)
-    except LineError as exc:
-        raise LineError(f"traces[{k}]: {exc}") from None
+    return Records([partial(_trace, trace, step, split, task, group.get("id"), tokenizer)
+                    for trace in episode["traces"]])  # each named by its index, ``[k]``
 
 
 def _rewards(given: Any) -> dict[str, float]:
-    """``{name: score * weight}`` of a trace's ``rewards``: each score and weight a number
-    (``number``: a string or a list weight would otherwise multiply into a huge value, a
-    ``null`` weight is the default 1.0, as verifiers' ``RewardResult`` has it)."""
+    """``{name: score * weight}`` of a trace's ``rewards``, each score and weight a number
+    (``number``): a string or list weight would otherwise multiply into a huge value, a
+    ``null`` one into a TypeError. A weight left out is verifiers' default, 1.0; a reward
+    whose score is ``null`` was not computed and is left out."""
     if given is None:
         return {}
     if not isinstance(given, dict):
@@ -103,9 +97,8 @@ def _rewards(given: Any) -> dict[str, float]:
     out = {}
     for name, r in given.items():
         if not isinstance(r, dict) or r.get("score") is None:
-            continue  # a reward that was not computed
-        weight = r.get("weight")
-        weight = 1.0 if weight is None else number(weight, f"rewards.{name}.weight")
+            continue
+        weight = number(r["weight"], f"rewards.{name}.weight") if "weight" in r else 1.0
         out[str(name)] = number(number(r["score"], f"rewards.{name}.score") * weight,
                                 f"rewards.{name}")
     return out

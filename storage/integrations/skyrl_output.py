@@ -60,7 +60,7 @@ def generator_records(output: dict, tokenizer, step: int, split: str = "train"
     (storage/interchange.py): what one raises (a ``None`` reward, a short ``loss_masks``) fails
     that rollout alone (storage/integrations/step_recorder.py)."""
     for i in range(max(len(output["prompt_token_ids"]), len(output["response_ids"]))):
-        yield partial(_rollout, output, i, tokenizer, step, split)
+        yield partial(_record, output, i, tokenizer, step, split)  # named ``sample {i}``
 
 
 def _at(output: dict, name: str, i: int, required: bool = True) -> Any:
@@ -71,13 +71,6 @@ def _at(output: dict, name: str, i: int, required: bool = True) -> Any:
     if values is None or i >= len(values):
         raise LineError(f"'{name}' has no entry for rollout {i}")
     return values[i]
-
-
-def _rollout(output: dict, i: int, tokenizer, step: int, split: str) -> dict:
-    try:
-        return _record(output, i, tokenizer, step, split)
-    except LineError as exc:
-        raise LineError(f"rollout {i}: {exc}") from None
 
 
 def _record(output: dict, i: int, tokenizer, step: int, split: str) -> dict:

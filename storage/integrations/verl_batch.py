@@ -83,14 +83,7 @@ def batch_records(batch, tokenizer, step: int, split: str = "train"
     outside the vocabulary) fails that sample alone (storage/integrations/step_recorder.py)."""
     seen: dict[str, int] = {}
     for i in range(len(batch.batch["responses"])):
-        yield partial(_named, batch, i, tokenizer, step, split, seen)
-
-
-def _named(batch, i: int, tokenizer, step: int, split: str, seen: dict) -> dict:
-    try:
-        return _record(batch, i, tokenizer, step, split, seen)
-    except LineError as exc:
-        raise LineError(f"sample {i}: {exc}") from None
+        yield partial(_record, batch, i, tokenizer, step, split, seen)  # named ``sample {i}``
 
 
 def _record(batch, i: int, tokenizer, step: int, split: str, seen: dict) -> dict:
