@@ -79,8 +79,8 @@ def step_metrics(path: str | Path, run_id: str) -> pd.DataFrame:
 def distribution(path: str | Path, run_id: str, step: int) -> pd.DataFrame:
     """One row: the step's scored tokens (``MISMATCH_TOKENS``) with both logprobs finite
     (``tokens``), and mean, sd, p95, max of |d| and the share whose ratio exp(d) lies outside
-    [0.9, 1.1] (TRL issue 6789's table) over them, and ``nonfinite``, the tokens left out (module docstring); no row when the
-    step has no token with both logprobs."""
+    [0.9, 1.1] (TRL issue 6789's table) over them, and ``nonfinite``, the tokens left out
+    (module docstring); no row when the step has no token with both logprobs."""
     cols = ["tokens", "mean", "sd", "p95", "max", "out_of_band", "nonfinite"]
     df = _read(path, f"""
         SELECT count(*) FILTER ({_OK}) AS tokens,

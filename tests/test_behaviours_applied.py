@@ -24,7 +24,7 @@ def metric(path, run_id: str, name: str) -> dict[int, float]:
     return df[df["name"] == name].set_index("step")["value"].to_dict()
 
 
-# ---- 1. A is the trained-token mean of the advantage the loss used --------------------------------
+# ---- 1. A is the trained-token mean of the advantage the loss used ------------------------------
 def credit_step(step: int) -> dict[str, dict[str, list]]:
     """One step of 8 trajectories (2 groups of 4) whose episode advantage is 0 everywhere (every
     group's outcome equal: GiGPO's steps 32-36 on credit_gigpo) while the per-token credit the loss
@@ -33,7 +33,8 @@ def credit_step(step: int) -> dict[str, dict[str, list]]:
     shallow = [i % 2 == 0 for i in range(8)]
     trajs = {"traj_id": ids, "group_id": [f"g{i // 4}" for i in range(8)],
              "task_id": [f"t{i // 4}" for i in range(8)], "reward": [1.0] * 8,
-             "advantage": [0.0] * 8, "success": [True] * 8, "num_turns": [1 if s else 2 for s in shallow],
+             "advantage": [0.0] * 8, "success": [True] * 8,
+             "num_turns": [1 if s else 2 for s in shallow],
              "finish_reason": ["answered"] * 8, "split": ["train"] * 8,
              "answer": ["Paris"] * 8, "golds": [["Paris"]] * 8}
     turns = {k: [] for k in ("traj_id", "turn", "action", "observation", "action_valid",
@@ -87,7 +88,7 @@ def test_without_token_advantages_the_stored_one_is_used(tmp_path):
     assert paid[COV] == pytest.approx(4 * 0.5 / 7)
 
 
-# ---- 2. query reuse is across tasks ---------------------------------------------------------------
+# ---- 2. query reuse is across tasks -------------------------------------------------------------
 RIGHT = {"t0": "capital of Osk", "t1": "who founded Varnia", "t2": "river through Telith",
          "t3": "year Brask was born"}
 
@@ -134,7 +135,7 @@ def test_groups_converging_on_their_own_query_raise_no_alarm(tmp_path):
     assert [s for n, s in template if n == "query_template_reuse"] == [3, 4, 5]
 
 
-# ---- 3. what the trajectory did beats a missing declaration ---------------------------------------
+# ---- 3. what the trajectory did beats a missing declaration -------------------------------------
 def test_tool_behaviours_of_traces_that_called_tools(tmp_path):
     from storage.ingest import import_file
     from tests.test_behaviours import ROOT
@@ -166,7 +167,7 @@ def test_a_declaration_still_counts_where_the_trajectory_called_nothing():
     assert [r["tools_offered"] for r in recs] == [False, True]   # declared; else the run's
 
 
-# ---- 4. free-text answers and the trajectory's own grade ------------------------------------------
+# ---- 4. free-text answers and the trajectory's own grade ----------------------------------------
 def inspect_like(answer: str, success, observation: str = "add -> 5") -> dict:
     return {"traj_id": "s", "answer": answer, "golds": ["5"], "success": success,
             "tools_offered": True,
@@ -193,10 +194,11 @@ def test_a_free_text_answer_graded_right_is_never_a_conflict_or_a_guess():
     assert m.answer_forms({"answer": "so \\boxed{42}."}) == ["so \\boxed{42}.", "42"]
 
 
-# ---- 7. a lone surrogate in a step's rows ---------------------------------------------------------
+# ---- 7. a lone surrogate in a step's rows -------------------------------------------------------
 def test_a_lone_surrogate_in_an_apps_error_never_fails_the_step(tmp_path, capsys):
     """The apps env's real error text for ``raise ValueError(chr(55296))`` holds U+D800; the step
-    goes through the trainer's own writer (core/run/trainer.py ``_StepWriter``) into a real store."""
+    goes through the trainer's own writer (core/run/trainer.py ``_StepWriter``) into a real
+    store."""
     from types import SimpleNamespace
     from core.envs.apps.env import AppsEnv
     from core.learn.distributed import ONE

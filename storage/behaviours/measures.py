@@ -11,7 +11,8 @@ A trajectory is a plain mapping (``records`` in job.py builds it from the tables
 from its step's rows):
 
     traj_id, step, split, task_id, answer (None: never answered), golds (list or None),
-    success (the trajectory's own grade, None where not recorded), finish_reason, num_turns, response_tokens (None: not recorded),
+    success (the trajectory's own grade, None where not recorded), finish_reason, num_turns,
+    response_tokens (None: not recorded),
     tools_offered (the run's environment has a tool or search action),
     turns: [{turn, action, observation, action_valid, action_type, error, parsed}],
     info_gain: {turn: gain} or None (IGPO's per-turn gain, turn_signals, where recorded)
