@@ -18,7 +18,7 @@ When it misleads: PPO/GRPO clipping zeroes the gradient of trajectories whose ra
 band (their A still counts here); a KL penalty or entropy bonus pulls the other way; a
 per-sequence length normalisation (GRPO's 1/|o_i|, ``loss_agg`` seq-mean-token-mean) weighs a
 long trajectory's step by less than its A says, so a behaviour correlated with length (tokens,
-turns) is under-scaled -- the length bias Dr. GRPO removes. A global token mean has no such
+turns) is mis-scaled -- the length bias Dr. GRPO removes. A global token mean has no such
 bias: it divides the whole batch by one count, a constant multiple of the sequence-sum
 estimator above; per-token advantages (PPO, GiGPO's step term, IGPO's and SPA's turn credit)
 are not one A per trajectory: A is their mean over the trained tokens, the advantage the loss
