@@ -171,3 +171,21 @@ def test_top_p_rows_whose_nucleus_is_wide_or_narrow_draw_alike_alone_and_togethe
     expected = n * torch.zeros(20, dtype=torch.float64).scatter_add(0, bin_of[kept], mass[kept])
     stat = float(((counts - expected) ** 2 / expected).sum())
     assert stat < _chi_square_limit(19), stat
+
+
+def test_the_rollouts_decoder_decodes_what_the_tokenizer_decodes():
+    """The rollout decodes each row's action at every token with the Rust tokenizer directly;
+    on ids of every kind (special tokens, bytes of a character split across tokens) the text is
+    the tokenizer's own."""
+    from core.model.models import load_tokenizer
+    from core.rollout.engine import decoder
+    tok = load_tokenizer("tiny")
+    decode = decoder(tok)
+    assert decode != tok.decode                          # the direct path is the one tested
+    rng = torch.Generator().manual_seed(0)
+    samples = [torch.randint(0, len(tok), (n,), generator=rng).tolist() for n in (1, 5, 40)]
+    samples += [tok.encode("héllo <tool_call> 日本語 </answer>\n", add_special_tokens=False)[:k]
+                for k in range(1, 12)]
+    samples += [[tok.eos_token_id, 5, 6], []]
+    for ids in samples:
+        assert decode(ids) == tok.decode(ids), ids

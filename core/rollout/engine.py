@@ -77,6 +77,17 @@ class _Row:
     """Key of the state the episode is in now (the next turn's anchor)."""
 
 
+def decoder(tokenizer):
+    """``tokenizer.decode`` as a function of the ids. A fast tokenizer that cleans up no spaces
+    decodes exactly what its Rust ``decode`` returns: that is called directly, without
+    transformers' wrapper (~half of the time of a call; the rollout decodes every row's action
+    at every token)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and getattr(tokenizer, "clean_up_tokenization_spaces", True) is False:
+        return lambda ids: backend.decode(ids, skip_special_tokens=False)
+    return tokenizer.decode
+
+
 def _first_stop(text: str, tags: tuple[str, ...]) -> int | None:
     """End index of the earliest complete stop tag in text, or None."""
     ends = [text.find(t) + len(t) for t in tags if t in text]
@@ -153,6 +164,7 @@ def generate_turn(batch: Batch, env: Environment, sampling: Sampling,
     environment is the caller's."""
     rows, policy = batch.rows, batch.policy
     eos, tok = policy.eos_ids, policy.tokenizer
+    decode = decoder(tok)
     for row in rows:
         row.gen, row.gen_lp, row.gen_ent, row.text, row.prev_text = [], [], [], "", ""
         row.stopped, row.cut_text = None, None
@@ -166,7 +178,7 @@ def generate_turn(batch: Batch, env: Environment, sampling: Sampling,
                            batch_rows=len(rows))
         ended = []
         for i, b in enumerate(live):
-            _take(rows[b], draw, i, env.stop_tags, eos, tok)
+            _take(rows[b], draw, i, env.stop_tags, eos, tok, decode)
             if rows[b].stopped is not None:
                 ended.append(i)
         if len(ended) == len(live):
@@ -177,14 +189,14 @@ def generate_turn(batch: Batch, env: Environment, sampling: Sampling,
 
 
 def _take(row: _Row, draw: Draw, i: int, stop_tags: tuple[str, ...], eos: set[int],
-          tokenizer) -> None:
+          tokenizer, decode) -> None:
     """Add the token sampled for row ``i`` of ``draw`` to the row's action; decide whether its
     turn ends here."""
     token = draw.tokens[i]
     row.gen.append(token)
     row.gen_lp.append(draw.logp[i])
     row.gen_ent.append(draw.entropy[i])
-    row.prev_text, row.text = row.text, tokenizer.decode(row.gen)
+    row.prev_text, row.text = row.text, decode(row.gen)
     if token in eos:
         row.stopped = "eos"
         row.cut_text = row.prev_text
