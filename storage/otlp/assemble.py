@@ -42,6 +42,7 @@ from storage.otlp.conventions import (Call, ToolRun, apply_event, conversation_k
 from storage.ingest.messages import task_of
 from storage.otlp.decode import LogRecord, Span
 
+OPEN_EVERY_S = 1.0
 MAX_KNOWN = 1_000_000
 """Trajectories of the store remembered by key (~250 bytes each); past it every new one is
 treated as possibly stored (read back before it is derived, its spans deduplicated by the
@@ -75,6 +76,7 @@ class OpenTrace:
     dirty: bool = False
     reload: bool = False                                # its stored spans are not read back yet
     absorbed: list[str] = field(default_factory=list)   # traces merged in (their rows move)
+    derived_at: float = float("-inf")
 
 
 @dataclass
@@ -308,9 +310,13 @@ class Assembler:
             for t in closing:
                 del self.open[t.key]
                 self.held -= t.held
-            dirty = [t for t in self.open.values() if t.dirty]
+            # an open one is derived at most every ``OPEN_EVERY_S`` (a page shows it live; each
+            # derivation rebuilds it from all its spans)
+            dirty = [t for t in self.open.values()
+                     if t.dirty and (t.reload or now - t.derived_at >= OPEN_EVERY_S)]
             for t in dirty + closing:
                 t.dirty = False
+                t.derived_at = now
             return dirty, [t for t in closing if t.spans or t.logs or t.reload]
 
     def put_back(self, traces: list[tuple[OpenTrace, bool]]) -> None:

@@ -32,6 +32,7 @@ deadline and size cap; a request h11 cannot parse (``Content-Length: ²``) is a 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hmac
 import os
 import signal
@@ -54,6 +55,7 @@ from storage.recorder import check_run_id, clean_text
 
 PATHS = {"/v1/traces": "traces", "/v1/logs": "logs"}
 MAX_REJECTIONS_NAMED = 5
+INLINE_BYTES = 64 << 10  # bodies up to this are decoded on the event loop (a thread hop costs more)
 
 
 @dataclass(frozen=True)
@@ -131,25 +133,29 @@ class Receiver:
             self.counts["dropped_bodies"] += 1
             return _error(400, "the client left mid-body", as_json, close=True)
         signal_name = PATHS[path]
-        status, out = await run_in_threadpool(
-            self._ingest, body, ctype, request.headers.get("content-encoding") or "",
-            signal_name, as_json)
-        if status != 200:
-            return _error(status, out, as_json, {"Retry-After": "2"} if status == 503 else None)
-        return _reply(200, out, as_json)
-
-    def _ingest(self, body: bytes, ctype: str, encoding: str, signal_name: str, as_json: bool):
-        """(200, the response body) once the records are stored; else (status, message)."""
-        try:
-            records = decode(body, ctype, encoding, signal_name, self.limits.max_inflated_bytes)
+        encoding = request.headers.get("content-encoding") or ""
+        try:  # a big or compressed body is decoded off the event loop
+            records = await run_in_threadpool(self._decode, body, ctype, encoding, signal_name) \
+                if len(body) > INLINE_BYTES or encoding else \
+                self._decode(body, ctype, encoding, signal_name)
         except BodyError as exc:
-            return exc.status, str(exc)
-        except MemoryError:
-            return 413, "the body is too large to decode"
+            return _error(exc.status, str(exc), as_json)
         try:
-            admitted = self.writer.appender.submit(records.spans, records.logs)
+            admitted = await self.writer.appender.submit_async(
+                records.spans, records.logs, asyncio.get_running_loop())
         except StoreDown as exc:
-            return 503, f"the store cannot be written now ({clean_text(str(exc))[:200]}); retry"
+            return _error(503, f"the store cannot be written now ({clean_text(str(exc))[:200]})"
+                          "; retry", as_json, {"Retry-After": "2"})
+        return _reply(200, self._answer(records, admitted, signal_name, as_json), as_json)
+
+    def _decode(self, body: bytes, ctype: str, encoding: str, signal_name: str):
+        try:
+            return decode(body, ctype, encoding, signal_name, self.limits.max_inflated_bytes)
+        except MemoryError:
+            raise BodyError("the body is too large to decode", 413) from None
+
+    def _answer(self, records, admitted, signal_name: str, as_json: bool) -> bytes:
+        """The ``Export*ServiceResponse``, naming what was rejected."""
         rejected = records.rejected + admitted.rejected
         self.counts["spans"] += len(records.spans)
         self.counts["logs"] += len(records.logs)
@@ -160,7 +166,7 @@ class Receiver:
             message += f"; and {len(named) - MAX_REJECTIONS_NAMED} more"
         if rejected:
             self.log(f"rejected {len(rejected)}: {clean_text(message)[:500]}")
-        return 200, response_body(signal_name, len(rejected), clean_text(message), as_json)
+        return response_body(signal_name, len(rejected), clean_text(message), as_json)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def _derive_loop(self) -> None:

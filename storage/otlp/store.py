@@ -44,8 +44,8 @@ LOG_SCHEMA = pa.schema([
     ("body", pa.string()), ("attributes", pa.string()), ("resource", pa.string()),
     ("received_at", pa.timestamp("us"))])
 I64 = 2**63 - 1
-LEASE_S = 0.25   # the appender holds the store at most this long per open
-LINGER_S = 0.01  # and waits this long for the next group before closing it
+LEASE_S = 1.0    # the appender holds the store at most this long per open
+LINGER_S = 0.1   # and waits this long for the next group before closing it
 BEHIND_S = 2.0   # after the store refused a write, requests are answered 503 this long
 
 
@@ -107,13 +107,26 @@ def insert(con, spans: list[tuple], logs: list[tuple], suspect: list[tuple]) -> 
 
 
 class _Request:
-    __slots__ = ("spans", "logs", "admission", "error", "done")
+    __slots__ = ("spans", "logs", "admission", "error", "done", "future")
 
-    def __init__(self, spans, logs):
-        self.spans, self.logs = spans, logs
+    def __init__(self, spans, logs, future=None):
+        self.spans, self.logs, self.future = spans, logs, future
         self.admission: Admission | None = None
         self.error: Exception | None = None
         self.done = threading.Event()
+
+    def finish(self) -> None:
+        self.done.set()
+        if self.future is not None:  # an event loop's request: answer it on its loop
+            self.future.get_loop().call_soon_threadsafe(self._resolve)
+
+    def _resolve(self) -> None:
+        if self.future.done():  # the client went away meanwhile
+            return
+        if self.error is not None:
+            self.future.set_exception(StoreDown(f"{type(self.error).__name__}: {self.error}"))
+        else:
+            self.future.set_result(self.admission)
 
 
 class Appender:
@@ -137,16 +150,35 @@ class Appender:
     def submit(self, spans: list[Span], logs: list[LogRecord]) -> Admission:
         """Store a request's records; returns once they are committed (``StoreDown`` when the
         store refused them: nothing kept)."""
-        req = _Request(spans, logs)
+        req = self._queue(_Request(spans, logs))
+        req.done.wait()
+        if req.error is not None:
+            raise StoreDown(f"{type(req.error).__name__}: {req.error}")
+        return req.admission
+
+    def submit_async(self, spans: list[Span], logs: list[LogRecord], loop):
+        """``submit`` for an event loop: a future of the ``Admission`` (or ``StoreDown``)."""
+        return self._queue(_Request(spans, logs, loop.create_future())).future
+
+    def _queue(self, req: _Request) -> _Request:
         with self.cv:
             if self.stopping:
                 raise StoreDown("the receiver is stopping")
             self.queue.append(req)
             self.cv.notify()
-        req.done.wait()
-        if req.error is not None:
-            raise StoreDown(f"{type(req.error).__name__}: {req.error}")
-        return req.admission
+        return req
+
+    def run(self, fn):
+        """``fn(con)`` in a transaction of its own on the appender's connection (the deriver's
+        writes: one writer, no second open of the store, no wait on its lock); returns what
+        ``fn`` returns and raises what it raises (``StoreDown`` when stopping)."""
+        job = _Request(None, None)
+        job.admission = fn
+        self._queue(job)
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.future
 
     def _take(self, wait_s: float) -> list[_Request]:
         with self.cv:
@@ -154,6 +186,19 @@ class Appender:
                 self.cv.wait(wait_s)
             batch, self.queue = self.queue, []
             return batch
+
+    def _job(self, con, job: _Request) -> None:
+        try:
+            job.future = job.admission(con)
+            con.execute("COMMIT")
+        except BaseException as exc:  # noqa: BLE001 (the caller gets it)
+            job.error = exc
+            try:
+                con.execute("ROLLBACK")
+            except duckdb.Error:
+                pass
+        con.execute("BEGIN TRANSACTION")
+        job.done.set()
 
     def _loop(self) -> None:
         while True:
@@ -165,7 +210,12 @@ class Appender:
             try:
                 self._lease()
             except Exception as exc:  # noqa: BLE001 (the store cannot be opened: tell them)
-                self._fail(self._take(0), exc)
+                for req in self._take(0):
+                    if req.spans is None:
+                        req.error = exc
+                        req.done.set()
+                    else:
+                        self._fail([req], exc)
 
     def _lease(self) -> None:
         """Hold the store for a burst of groups, each its own committed transaction, for at
@@ -177,7 +227,12 @@ class Appender:
                 batch = self._take(LINGER_S)
                 if not batch:
                     break
-                self._append(con, batch)
+                requests = [r for r in batch if r.spans is not None]
+                if requests:
+                    self._append(con, requests)
+                for job in batch:
+                    if job.spans is None:
+                        self._job(con, job)
 
     def _append(self, con, batch: list[_Request]) -> None:
         a = self.assembler
@@ -219,7 +274,7 @@ class Appender:
         self.transactions += 1
         self.stored_spans += len(rows[0]) + len(rows[2])
         for req in batch:
-            req.done.set()
+            req.finish()
 
     def _fail(self, batch: list[_Request], exc: Exception) -> None:
         if batch:
@@ -229,7 +284,7 @@ class Appender:
                      f"{type(exc).__name__}: {str(exc)[:300]}")
         for req in batch:
             req.error = exc
-            req.done.set()
+            req.finish()
 
     def stop(self) -> None:
         """Append what is queued, then end the thread."""

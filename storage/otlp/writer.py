@@ -36,7 +36,8 @@ from storage.ingest.report import ImportReport
 from storage.interchange import LineError, to_rows, validate
 from storage.migrations import prepare
 from storage.otlp.assemble import Assembler, OpenTrace, build_record, key_of, log_key
-from storage.otlp.store import errors_of, known_rows, move, pending, stored_records
+from storage.otlp.store import (StoreDown, errors_of, known_rows, move, pending,
+                                stored_records)
 from storage.recorder import clean_text, now, to_json
 
 FORMAT = "otlp"
@@ -67,6 +68,7 @@ class Writer:
         self.failed = 0
         self.metrics_at = 0.0
         self.lock = threading.Lock()  # one flush at a time (the deriver thread, then SIGINT)
+        self.appender = None          # set by the receiver once it serves (storage/otlp/store.py)
         prepare(db_path)
         assembler.remember(known_rows(db_path))
         self.recovered = self._recover() if recover else 0
@@ -111,20 +113,22 @@ class Writer:
             batches, lines = self._records(todo)
             moves = [(t.run_id, list(t.absorbed), t.traj_id) for t, _ in todo if t.absorbed]
             metrics = not final and self._metrics_due()
-            try:  # one transaction (one open of the store) for all of it: see the docstring
-                with db.writing(self.db_path) as con:
-                    self._moves(con, moves)
-                    counts = write_runs(con, FORMAT, [(run_id, self.runs[run_id], batch)
-                                                      for run_id, batch in batches.items()])
-                    if metrics:
-                        self._write_metrics(con)
-            except (db.StoreError, OSError) as exc:
+            def write(con):
+                self._moves(con, moves)
+                done = write_runs(con, FORMAT, [(run_id, self.runs[run_id], batch)
+                                                for run_id, batch in batches.items()])
+                if metrics:
+                    self._write_metrics(con)
+                return done
+
+            try:  # one transaction for all of it: see the docstring
+                counts = self._write(write)
+            except (db.StoreError, OSError, StoreDown) as exc:
                 self._put_back(todo, exc)
                 return 0
             except WRITE_ERRORS as exc:  # a trajectory the store refuses: find it, keep the rest
                 try:
-                    with db.writing(self.db_path) as con:
-                        self._moves(con, moves)
+                    self._write(lambda con: self._moves(con, moves))
                 except Exception as exc2:  # noqa: BLE001
                     self._put_back(todo, exc2)
                     return 0
@@ -145,6 +149,14 @@ class Writer:
             self.behind = False
             self._metrics(final)
             return written
+
+    def _write(self, fn):
+        """``fn(con)`` in one transaction: on the appender's connection while it runs (one
+        writer: acknowledgements never wait on a second open of the store), else its own."""
+        if self.appender is not None and not self.appender.stopping:
+            return self.appender.run(fn)
+        with db.writing(self.db_path) as con:
+            return fn(con)
 
     def _moves(self, con, moves) -> None:
         for run_id, absorbed, into in moves:
@@ -202,6 +214,7 @@ class Writer:
             run = self._run(t.run_id, rec)
             if run["config"] is None or run["config"].get("model") == "unknown":
                 run["config"], run["refresh_config"] = rec["run"], True
+            run["changed"] = True
             batches.setdefault(t.run_id, []).append((where, rows))
             lines[t.run_id] = lines.get(t.run_id, 0) + closed
         return batches, lines
@@ -228,6 +241,8 @@ class Writer:
     def _write_metrics(self, con) -> None:
         """Every run's derived metrics, config and status, inside the caller's transaction."""
         for run_id, run in self.runs.items():
+            if not run.get("changed", True):  # nothing derived since its last refresh
+                continue
             if run.get("refresh_config") and run["config"]:
                 config = {"env": "otel", "model": "unknown", "algo": "none", **run["config"]}
                 con.execute("UPDATE runs SET config = ? WHERE run_id = ?",
@@ -249,11 +264,11 @@ class Writer:
                     self.log(f"error: run {run_id} could not be finished: "
                              f"{type(exc).__name__}: {clean_text(str(exc))[:300]}")
             return
-        if not self.runs or not self._metrics_due():
+        if not any(r.get("changed", True) for r in self.runs.values()) \
+                or not self._metrics_due():
             return
         try:
-            with db.writing(self.db_path) as con:
-                self._write_metrics(con)
+            self._write(self._write_metrics)
         except Exception as exc:  # noqa: BLE001 (metrics are refreshed again later)
             if not errors_of(exc):
                 self.log(f"error: metrics: {type(exc).__name__}: {clean_text(str(exc))[:300]}")
@@ -263,4 +278,4 @@ class Writer:
     def _metrics_written(self) -> None:
         self.metrics_at = time.monotonic()
         for run in self.runs.values():
-            run["refresh_config"] = False
+            run["refresh_config"] = run["changed"] = False
