@@ -4,6 +4,9 @@ behind a step's covariance, each one click from Replay (storage/behaviours/, doc
 """
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 import pandas as pd
 import plotly
 import plotly.graph_objects as go
@@ -20,6 +23,17 @@ MARKERS_UP_TO = 300  # longer series as lines only: each marker is an SVG elemen
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
 def contributors(store: str, run_id: str, version: str, step: int, name: str, n: int = 5):
     return queries.behaviour_contributors(store, run_id, step, name, n)
+
+
+def behaviours_command(store: str, run_id: str, committed: bool) -> str:
+    """The shell command that computes a run's behaviours, its arguments quoted; for a store
+    committed under sample_runs/, on a copy under runs/ (the job writes into the store it is
+    given, and a committed sample store stays as it was recorded)."""
+    if not committed:
+        return f"agentrl behaviours --db {shlex.quote(store)} --run {shlex.quote(run_id)}"
+    copy = str(Path(queries.STORE_DIRS[1]) / Path(store).name)
+    return (f"mkdir -p {queries.STORE_DIRS[1]} && cp -n {shlex.quote(store)} {shlex.quote(copy)}\n"
+            f"agentrl behaviours --db {shlex.quote(copy)} --run {shlex.quote(run_id)}")
 
 
 def recorded(wide: pd.DataFrame) -> list[str]:
@@ -84,9 +98,12 @@ def dynamics_panel(pick: c.Pick, wide: pd.DataFrame) -> None:
     names = recorded(wide)
     st.subheader("Behaviours: what the update paid for")
     if not names:
-        st.caption("No behaviours computed for this run: `agentrl behaviours --db "
-                   f"{c.safe_label(pick.store, 200)} --run {c.safe_label(pick.run_id, 200)}` "
-                   "computes them (the trainer records them at each step).")
+        committed = Path(pick.store).parent.name == queries.STORE_DIRS[0]
+        st.caption("No behaviours computed for this run (the trainer records them at each "
+                   "step). " + ("This store is a committed sample run: these commands compute "
+                                "them on a copy under runs/, which the app lists too."
+                                if committed else "This command computes them into its store:"))
+        st.code(behaviours_command(pick.store, pick.run_id, committed), language="bash")
         return
     alarms = alarm_list(wide)
     for step, name in alarms[:SHOWN_ALARMS]:
@@ -111,8 +128,9 @@ def dynamics_panel(pick: c.Pick, wide: pd.DataFrame) -> None:
                "direction the policy-gradient step moved the behaviour's frequency "
                "(docs/behaviours.md says when it misleads). A is the advantage the loss "
                "applied: the mean over a trajectory's trained tokens (per-turn credit such as "
-               "GiGPO's or IGPO's included), not the stored episode advantage. An alarm: a behaviour of the "
-               "shallow list reinforced for k steps in a row (one-sided t-test, p < 0.05) while "
+               "GiGPO's or IGPO's included), not the stored episode advantage. An alarm: a "
+               "behaviour of the shallow list reinforced for k steps in a row (one-sided "
+               "t-test, p < 0.05) while "
                "its rate rose.")
     steps = sorted(int(s) for s in wide[f"behaviour/{names[0]}/rate"].dropna().index)
     default_step, default_name = alarms[0] if alarms else (steps[-1] if steps else 0, names[0])

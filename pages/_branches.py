@@ -134,9 +134,9 @@ def panel(pick: c.Pick, traj_id: str, row: dict, n_turns: int) -> None:
                "The turn with the lowest A < 0 is the one whose action lost the most.")
     est = c.read_or_stop(load_estimates, pick.store, pick.run_id, traj_id)
     why_not = cannot_branch(pick)
-    if why_not:  # say so before any form: the job would only fail
+    if why_not and est.empty:  # say so before any form: the job would only fail
         st.info(why_not)
-    else:
+    elif not why_not:
         job_controls(pick, traj_id, n_turns, *next_job(est))
     if est.empty:
         st.info("Branch values not computed yet for this trajectory.")
@@ -155,6 +155,10 @@ def panel(pick: c.Pick, traj_id: str, row: dict, n_turns: int) -> None:
             st.dataframe(kids.drop(columns=["job_id", "seed", "step"]), key="branch_kids",
                          hide_index=True, column_config={
                              "replay": st.column_config.LinkColumn("replay", display_text="open")})
+    if why_not:  # under the values it does not concern, not a box above them
+        why = why_not.removeprefix("No branch job here: ")
+        st.caption("These values were computed by an earlier branch job; no new one can run "
+                   "here: " + why)
 
 
 def cannot_branch(pick: c.Pick) -> str | None:
@@ -174,19 +178,19 @@ def cannot_branch(pick: c.Pick) -> str | None:
 
 
 def verdict(est: pd.DataFrame) -> None:
-    """Name the turn that lost the reward only when its interval for A lies below 0; else show
-    the candidates (A < 0, interval reaching 0) and how many continuations would tell."""
+    """Name the turn that lost the reward only when its interval for A lies below 0; else say,
+    from the intervals themselves, which turns are candidates (A < 0, interval reaching 0) and
+    which did better than the policy's average (interval above 0), with how many continuations
+    would tell the candidates apart."""
     worst = est[(est["worst"] == 1.0) & (est["a_hi"] < 0)]["turn"].tolist()
     if worst:
         st.markdown(f"**The turn that lost the reward: {int(worst[0])}** (its interval for A "
                     "lies below 0)")
         return
     maybe = est[(est["a"] < 0) & ~(est["a_hi"] < 0)].sort_values("a")
+    st.markdown(interval_sentence(est))
     if maybe.empty:
-        st.markdown("No recorded action lost value (every A >= 0).")
         return
-    st.markdown("No turn is shown to have lost the reward: every interval for A still "
-                "reaches 0.")
     with st.expander(f"Candidates: {len(maybe)} turn(s) with A < 0, and how many "
                      "continuations would tell them apart"):
         shown = maybe[["turn", "a", "a_lo", "a_hi", "n", "k_needed"]].rename(
@@ -196,6 +200,43 @@ def verdict(est: pd.DataFrame) -> None:
                    "exclude 0 (half-widths shrink as 1/sqrt(K)); blank for jobs recorded before "
                    "it was computed. The branch form above is set to run them; beyond "
                    f"{MAX_K} per kind one job cannot tell.")
+
+
+def _turns(rows: pd.DataFrame) -> str:
+    """"turn 2 ([0.028, 0.257])" / "turns 1 ([...]) and 3 ([...])": each with its interval."""
+    each = [f"{int(r.turn)} ([{r.a_lo:.3f}, {r.a_hi:.3f}])" for r in rows.itertuples()]
+    words = each[0] if len(each) == 1 else ", ".join(each[:-1]) + " and " + each[-1]
+    return ("turn " if len(each) == 1 else "turns ") + words
+
+
+def interval_sentence(est: pd.DataFrame) -> str:
+    """What the intervals for A say when no turn is named, computed from them: the turns with
+    A < 0 whose interval reaches 0, any whose interval lies below 0 without being the lowest A,
+    and the turns whose interval lies above 0 (their recorded action did better)."""
+    est = est.sort_values("turn")
+    maybe = est[(est["a"] < 0) & ~(est["a_hi"] < 0)]
+    below = est[est["a_hi"] < 0]
+    above = est[est["a_lo"] > 0]
+    if maybe.empty and below.empty:
+        said = "No recorded action lost value (every A >= 0)."
+    else:
+        said = "No turn is shown to have lost the reward: "
+        if not maybe.empty:
+            said += (f"the interval for A of {_turns(maybe)}, where A < 0, still reaches 0"
+                     if len(maybe) == 1 else
+                     f"the intervals for A of {_turns(maybe)}, where A < 0, still reach 0")
+        if not below.empty:
+            said += ("; " if not maybe.empty else "") + (
+                f"{_turns(below)} lies below 0 but is not the turn with the lowest A"
+                if len(below) == 1 else f"{_turns(below)} lie below 0 but neither is the turn "
+                "with the lowest A")
+        said += "."
+    if not above.empty:
+        said += (f" The interval of {_turns(above)} lies above 0: the recorded action there "
+                 "did better than the policy's average." if len(above) == 1 else
+                 f" The intervals of {_turns(above)} lie above 0: the recorded actions there "
+                 "did better than the policy's average.")
+    return said
 
 
 def next_job(est: pd.DataFrame) -> tuple[int, str]:

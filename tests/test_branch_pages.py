@@ -13,7 +13,7 @@ import pytest
 from pages import _branches
 from storage import branches, queries
 from tests.app_fixtures import SCRIPT_TRAJ
-from tests.test_pages import app, demo, texts  # noqa: F401  (AppTest fixtures)
+from tests.test_pages import ROOT, app, demo, texts  # noqa: F401  (AppTest fixtures)
 
 STEP = 4
 GROUP = SCRIPT_TRAJ.rsplit("-", 1)[0]
@@ -126,7 +126,7 @@ def test_replay_names_no_turn_when_every_interval_reaches_zero(app, demo, tmp_pa
     assert not at.exception
     shown = texts(at, "markdown")
     assert not any("The turn that lost the reward" in m for m in shown)
-    assert any("every interval for A still reaches 0" in m for m in shown)
+    assert any("the interval for A of turn 0 ([" in m and "still reaches 0" in m for m in shown)
     cand = next(f.value for f in at.dataframe if "K to tell (per kind, about)" in f.value.columns)
     assert cand["turn"].tolist() == [0] and cand["a"].tolist() == [-0.25]
     needed = int(cand["K to tell (per kind, about)"].iloc[0])
@@ -139,6 +139,38 @@ def test_replay_names_no_turn_when_every_interval_reaches_zero(app, demo, tmp_pa
     assert not at.exception
     assert at.number_input(key="branch_k").value == min(needed, _branches.MAX_K)
     assert at.text_input(key="branch_turns").value == "0"
+
+
+def test_the_sentence_under_the_values_is_computed_from_their_intervals(app):
+    """README step 11: the FrozenLake fall, turn 2's interval for A [0.028, 0.257] lies above 0,
+    and the page said "every interval for A still reaches 0"; a "No branch job here" box stood
+    above the values that an earlier job computed (the store keeps no adapter snapshots)."""
+    store = str(ROOT / "sample_runs" / "branch_failures.duckdb")
+    at = app("replay", store_dir=str(ROOT / "sample_runs"), store=store,
+             run="20261203-233011-02a957", step=53, traj="s53-g1-r1", turn=3)
+    assert not at.exception, at.exception
+    est = queries.branch_estimates(store, "20261203-233011-02a957", "s53-g1-r1")
+    above = est[est["a_lo"] > 0]
+    assert above["turn"].tolist() == [2]
+    said = [m for m in texts(at, "markdown") if "No turn is shown" in m]
+    assert len(said) == 1 and "every interval" not in said[0], said
+    assert "turn 1 ([-0.142, 0.041])" in said[0] and "still reaches 0" in said[0]
+    assert "The interval of turn 2 ([0.028, 0.257]) lies above 0" in said[0]
+
+
+def test_values_an_earlier_job_computed_come_first_then_why_no_job_runs(app, analysed):
+    """A run whose adapter snapshots are not next to its store: its branch values were shown
+    under a "No branch job here" box, which read as if there were none."""
+    base, store, run, _ = analysed
+    at = app("replay", store_dir=base, store=store, run=run, step=STEP, traj=SCRIPT_TRAJ)
+    assert not at.exception
+    assert _branches.cannot_branch  # the demo run kept no snapshot: no job can run
+    assert not any("No branch job here" in i for i in texts(at, "info"))
+    captions = texts(at, "caption")
+    kids = [c for c in captions if c.startswith("16 continuations, sampled with")]
+    why = [c for c in captions if "computed by an earlier branch job" in c]
+    assert kids and why and "kept no adapter snapshots" in why[0]
+    assert captions.index(why[0]) > captions.index(kids[0])       # under the values
 
 
 def test_groups_counts_where_values_fell(app, analysed):
