@@ -105,7 +105,7 @@ def test_a_30_kb_verifiers_line_cannot_build_a_huge_value(tmp_path):
 def _skyrl_output(tokenizer) -> dict:
     ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     prompt, answer = ids("Who wrote Dune?"), ids("<answer>Frank Herbert</answer>")
-    n = 4
+    n = 5
     return {"prompt_token_ids": [prompt] * n, "response_ids": [answer] * n,
             "loss_masks": [[1] * len(answer)] * n, "rewards": [1.0] * n,
             "trajectory_ids": [{"instance_id": "dune", "repetition_id": k} for k in range(n)],
@@ -121,11 +121,14 @@ def test_a_bad_skyrl_rollout_fails_alone_and_the_step_is_recorded(tmp_path):
     output["rewards"][1] = None                                      # no reward
     output["loss_masks"] = [list(m) for m in output["loss_masks"]]
     output["loss_masks"][2] = output["loss_masks"][2][:-1]           # one entry short
+    output["loss_masks"] = output["loss_masks"][:4]                  # none for the last
     store = tmp_path / "sky.duckdb"
     recorder = SkyRLRecorder(store, tokenizer, run_id="sky")
     report = recorder.record(output, step=1)                         # does not raise
     recorder.close()
-    assert (report.imported, report.failed) == (2, 2), report.errors
+    assert (report.imported, report.failed) == (2, 3), report.errors
+    assert any("sample 4: 'loss_masks' has no entry for rollout 4" in e
+               for e in report.errors), report.errors
     assert any("sample 1: field 'rewards' must be a number, got null" in e
                for e in report.errors), report.errors
     assert any("sample 2: mask has" in e for e in report.errors), report.errors

@@ -20,6 +20,7 @@ recorders): what each format would otherwise have to get right on its own, writt
 """
 from __future__ import annotations
 
+import errno
 import fnmatch
 import math
 import os
@@ -99,7 +100,7 @@ def listing(source: Path, patterns: tuple[str, ...], recursive: bool = True
     found: list[Path | Refused] = []
     for folder, dirs, names in os.walk(source, followlinks=False):
         dirs.sort()
-        for name in names:
+        for name in names + dirs:  # a folder named like a file fails alone, named
             if name.startswith(".") or not any(fnmatch.fnmatch(name, p) for p in patterns):
                 continue
             path = Path(folder) / name
@@ -119,13 +120,14 @@ def _key(path: Path) -> tuple:
 def open_file(path: Path, root_real: str | None) -> int:
     """A read-only descriptor of the regular file ``path``; inside ``root_real`` when given
     (storage/ingest/tail.py ``open_inside``). Non-blocking: a FIFO is refused, not waited on."""
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path.name)
     if root_real is not None:
         return tail.open_inside(path, root_real)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise IsADirectoryError(f"{path.name} is not a regular file") if path.is_dir() \
-            else OSError(f"{path.name} is not a regular file")
+        raise OSError(f"{path.name} is not a regular file")
     return fd
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from storage.ingest import (art_logs, dumps, generic, inspect_import, messages,  # noqa: F401
                             trl_dumps, verifiers_traces)
+from storage.ingest.door import listing
 from storage.ingest.registry import REGISTRY, Format
 from storage.json_lines import read_json_lines
 
@@ -35,8 +36,8 @@ def get(name: str) -> Format:
 
 def _first_line(source: Path) -> Any:
     """The first parsed line of a JSON-lines file (of a folder: of its first ``*.jsonl``)."""
-    if source.is_dir():
-        source = min(source.rglob("*.jsonl"), default=None)
+    if source.is_dir():  # its first file inside it (a link out of it is never opened)
+        source = next((p for p in listing(source, ("*.jsonl",)) if isinstance(p, Path)), None)
         if source is None:
             return None
     elif source.suffix in (".parquet", ".eval"):

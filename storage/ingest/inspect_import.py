@@ -37,7 +37,7 @@ from storage import db
 from storage.failures import classify
 from storage.ingest.import_batch import (RunNotImportable, finish_import, refuse_foreign, run_source,
                                   write_batch)
-from storage.ingest.door import Refused
+from storage.ingest.door import Refused, listing
 from storage.ingest.inspect_log import (USAGE_KEYS, InspectLog, log_files, log_metrics,
                                         opening_error, sample_record)
 from storage.interchange import LineError, refuse_many_values, to_rows, validate
@@ -315,7 +315,8 @@ class Inspect(Format):
 
     def detect(self, source: Path, first) -> bool:
         if source.is_dir():
-            return any(source.rglob("*.eval")) or any(map(inspect_json, source.rglob("*.json")))
+            logs = [p for p in listing(source, self.patterns) if isinstance(p, Path)]
+            return any(p.suffix == ".eval" or inspect_json(p) for p in logs)
         return source.suffix == ".eval" or (source.suffix == ".json" and inspect_json(source))
 
     def import_runs(self, source, db_path, run_name, run_id, replace, live, split):

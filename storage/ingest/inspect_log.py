@@ -390,7 +390,7 @@ def log_files(source: Path) -> list:
     if not source.is_dir():
         return [source]
     return [p for p in listing(source, ("*.eval", "*.json"))
-            if (p.path if isinstance(p, Refused) else p).name not in NOT_LOGS]
+            if isinstance(p, Refused) or (p.name not in NOT_LOGS and not p.is_dir())]
 
 
 def finished(path: Path) -> bool:
