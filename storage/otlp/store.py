@@ -90,10 +90,8 @@ def log_rows(logs: list[tuple[str, str, LogRecord]], at) -> list[tuple]:
 def insert(con, spans: list[tuple], logs: list[tuple], suspect: list[tuple]) -> None:
     """Append rows inside the caller's transaction; ``suspect`` span rows only where the store
     holds no span of that (trace id, span id)."""
-    if spans:
-        con.register("_otlp_spans", _columns(spans, SPAN_SCHEMA))
-        con.execute("INSERT INTO spans BY NAME SELECT * FROM _otlp_spans")
-        con.unregister("_otlp_spans")
+    if spans:  # the schemas' columns are the tables' own, in order (storage/migrations.py)
+        con.from_arrow(_columns(spans, SPAN_SCHEMA)).insert_into("spans")
     if suspect:
         con.register("_otlp_maybe", _columns(suspect, SPAN_SCHEMA))
         con.execute("INSERT INTO spans BY NAME SELECT * FROM _otlp_maybe m WHERE NOT EXISTS "
@@ -101,9 +99,7 @@ def insert(con, spans: list[tuple], logs: list[tuple], suspect: list[tuple]) -> 
                     "AND s.span_id = m.span_id)")
         con.unregister("_otlp_maybe")
     if logs:
-        con.register("_otlp_logs", _columns(logs, LOG_SCHEMA))
-        con.execute("INSERT INTO span_logs BY NAME SELECT * FROM _otlp_logs")
-        con.unregister("_otlp_logs")
+        con.from_arrow(_columns(logs, LOG_SCHEMA)).insert_into("span_logs")
 
 
 class _Request:
