@@ -47,6 +47,7 @@ import socket
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Iterator
 
@@ -315,13 +316,35 @@ def _answer(endpoint: str, headers, body: bytes) -> ExportTraceServiceResponse:
     return out
 
 
+def check_endpoint(endpoint: str) -> None:
+    """ExportError, before anything is sent, for a URL that can never be right: not http(s), no
+    host, a port that is not a number, spaces or control characters, or a user or password in
+    it (those are refused and never echoed: the message shows ``***``; a token goes in
+    AGENTRL_OTLP_TOKEN). Without this each was tried five times over 30 s of back-off, and the
+    error printed the password."""
+    if not isinstance(endpoint, str) or not endpoint.startswith(("http://", "https://")):
+        raise ExportError(f"endpoint {endpoint!r}: only http:// or https:// OTLP endpoints")
+    parts = urllib.parse.urlsplit(endpoint)
+    if "@" in parts.netloc:
+        shown = parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]).geturl()
+        raise ExportError(f"endpoint {shown!r}: a user or password in the URL is not sent; "
+                          "give a bearer token in AGENTRL_OTLP_TOKEN instead")
+    if any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in endpoint):
+        raise ExportError(f"endpoint {endpoint!r}: a URL holds no spaces or control characters")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ExportError(f"endpoint {endpoint!r}: {exc}") from None
+    if not parts.hostname or port == 0:
+        raise ExportError(f"endpoint {endpoint!r}: no host (or port 0) in the URL")
+
+
 def post(endpoint: str, body: bytes, token: str | None = None, timeout: float = 30.0,
          sleep=time.sleep) -> ExportTraceServiceResponse:
     """POST one gzipped protobuf request to ``endpoint`` (…/v1/traces) within ``timeout`` in all,
     retrying what OTLP says to retry; the collector's answer, else ExportError naming the
     endpoint (see the module docstring)."""
-    if not endpoint.startswith(("http://", "https://")):
-        raise ExportError(f"endpoint {endpoint!r}: only http:// or https:// OTLP endpoints")
+    check_endpoint(endpoint)
     headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
@@ -358,6 +381,7 @@ def export_otlp(db_path, run_id: str, endpoint: str, filters: Filters = Filters(
     """Send the selected trajectories; return (trajectories sent, spans the collector rejected).
     Rejected spans raise ``ExportRejected`` once every request was sent, unless
     ``allow_rejected`` (then they are only counted)."""
+    check_endpoint(endpoint)  # before the store is read
     sent = rejected = spans = 0
     message = ""
     for req, count in run_requests(db_path, run_id, filters):

@@ -1,0 +1,59 @@
+"""``export --format otlp`` (storage/otlp_export.py) with endpoint URLs that can never work,
+against a real collector on loopback.
+
+Before: ``http://user:hunter2@127.0.0.1:PORT/v1/traces`` was taken whole as a host name, tried
+five times over 30 s of back-off, and the error printed the password; a URL with a space or a
+line break, no host or a port that is not a number was likewise retried 30 s before its error.
+Now each is refused before anything is sent or the store is read, and a password never appears.
+"""
+from __future__ import annotations
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from storage.otlp_export import ExportError, export_otlp, post
+from tests.test_otlp_export_doors import BODY, STORE, Collector, raw
+
+
+@pytest.fixture
+def collector():
+    ok = ExportTraceServiceResponse().SerializeToString()
+    c = Collector(raw("200 OK", ok, "application/x-protobuf"))
+    yield c
+    c.close()
+
+
+def _never(seconds):
+    raise AssertionError(f"retried (slept {seconds} s) a URL that can never work")
+
+
+@pytest.mark.parametrize("userinfo", ["user:hunter2@", "hunter2@", ":hunter2@"])
+def test_a_password_in_the_url_is_refused_unsent_and_never_shown(collector, userinfo):
+    url = collector.url.replace("127.0.0.1", userinfo + "127.0.0.1")
+    with pytest.raises(ExportError) as err:
+        post(url, BODY, token="T", timeout=5, sleep=_never)
+    assert "hunter2" not in str(err.value) and "***@127.0.0.1" in str(err.value)
+    assert "AGENTRL_OTLP_TOKEN" in str(err.value)
+    assert collector.seen == []
+    with pytest.raises(ExportError) as err:
+        export_otlp(STORE, "no-such-run", url)  # refused before the store is read
+    assert "hunter2" not in str(err.value)
+
+
+@pytest.mark.parametrize("url, why", [
+    ("http://127.0.0.1:{port}/v1/traces\r\nX-Injected: 1", "control characters"),
+    ("http://127.0.0.1:{port}/v1/ traces", "control characters"),
+    ("http:///v1/traces", "no host"),
+    ("http://127.0.0.1:notaport/v1/traces", "port"),
+    ("http://127.0.0.1:99999/v1/traces", "port"),
+    ("ftp://127.0.0.1/v1/traces", "only http")])
+def test_a_url_that_can_never_work_fails_at_once_without_retries(collector, url, why):
+    port = collector.url.split(":")[2].split("/")[0]
+    with pytest.raises(ExportError, match="(?i)" + why):
+        post(url.format(port=port), BODY, timeout=5, sleep=_never)
+    assert collector.seen == []
+
+
+def test_the_plain_url_still_exports(collector):
+    assert post(collector.url, BODY, timeout=5, sleep=_never) == ExportTraceServiceResponse()
+    assert len(collector.seen) == 1
