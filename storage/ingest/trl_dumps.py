@@ -9,6 +9,7 @@ at a time, never the whole table; followed whole once the file ends with its ``P
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -26,7 +27,8 @@ def trl_record(row: dict, traj_id: str, default_step: int, reward_cols: list[str
     if prompt_msgs is not None:
         prompt = "".join(f"{m['role']}: {message_text(m.get('content'))}\n" for m in prompt_msgs)
     if not isinstance(prompt, str):
-        raise LineError(f"column 'prompt' must be text or chat messages, got {type(prompt).__name__}")
+        raise LineError(f"column 'prompt' must be text or chat messages, got "
+                        f"{type(prompt).__name__}")
     if completion_msgs is None and not isinstance(completion, str):
         raise LineError(f"column 'completion' must be text or chat messages, got "
                         f"{type(completion).__name__}")
@@ -81,8 +83,6 @@ class Trl(Format):
     def units(self, fd: int, size: int, src: Source, max_line_bytes: int) -> Iterator[Unit]:
         """A unit per row, ``(values, reward columns)``; a file that is no readable Parquet
         or lacks the columns is one LineError (row -1)."""
-        import os
-
         # deferred: pyarrow (large), only on the Arrow/Parquet path
         import pyarrow as pa
         import pyarrow.parquet as pq
