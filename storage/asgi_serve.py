@@ -27,9 +27,11 @@ What uvicorn alone does not bound, and this module does (``_Guarded``, its HTTP 
   connection), else the connection is closed. uvicorn has none: a client sending a byte every
   2 s, or nothing, holds its connection for ever.
 * **idle connections never lock clients out**: at ``max_connections`` open, a new connection
-  closes the connection that has waited longest for a request (idle, or still sending headers);
-  only when every one is busy with a request is the new one answered 503 and closed. So 64
-  silent sockets cost 64 sockets, not the service.
+  closes the connection that has waited longest for its request to arrive (idle, still sending
+  headers, or still sending a body begun over ``body_grace_s`` ago); only when every one is busy
+  with a request is the new one answered 503 and closed. So 64 silent sockets cost 64 sockets, not the service, and
+  64 sockets dripping a body (a byte every 2 s, each cut at its body deadline and sent again)
+  do not hold every other client out either.
 * **a refusal survives**: a reply sent before the body was read (401, 413, ...) is followed by a
   half-close and the client's bytes are read and dropped (``DRAIN_BYTES`` / ``DRAIN_S`` at most)
   before closing; closing over unread bytes resets the connection, which can destroy the reply.
@@ -73,6 +75,9 @@ class ServeLimits:
     """A request line plus headers at most (h11 answers 400 past it)."""
     shutdown_s: float = 30.0
     """On stop, requests in flight get this long to finish; then they are cancelled."""
+    body_grace_s: float = 1.0
+    """A body still arriving this long after its headers may be closed for a new connection when
+    all are taken (a body that comes at once is never at risk; a dripped one is)."""
 
 
 def _default_bad_request(text: str) -> bytes:
@@ -167,7 +172,7 @@ class _Guarded(H11Protocol):
     evicted = 0
 
     def connection_made(self, transport) -> None:
-        self.header_timer = self.drain_timer = None
+        self.header_timer = self.drain_timer = self.began = None
         self.waiting_since, self.drained = self.loop.time(), 0
         super().connection_made(_Draining(transport, self))
         self._arm()
@@ -176,9 +181,15 @@ class _Guarded(H11Protocol):
             self.transport.close()
 
     def _waiting(self) -> bool:
-        """No request in progress: idle, or its headers not complete."""
-        return (self.conn.their_state is h11.IDLE and not self.transport.is_closing()
-                and (self.cycle is None or self.cycle.response_complete))
+        """Its request not all here: idle, its headers not complete, or its body still arriving
+        with no reply begun (a reply sent before the body is read drains, ``is_closing``)."""
+        if self.transport.is_closing():
+            return False
+        if self.conn.their_state is h11.IDLE:
+            return self.cycle is None or self.cycle.response_complete
+        return (self.conn.their_state is h11.SEND_BODY and self.cycle is not None
+                and not self.cycle.response_started and self.began is not None
+                and self.loop.time() - self.began > self.limits.body_grace_s)
 
     def _evict(self) -> bool:
         idle = [c for c in self.connections if c is not self and isinstance(c, _Guarded)
@@ -187,7 +198,7 @@ class _Guarded(H11Protocol):
             return False
         oldest = min(idle, key=lambda c: c.waiting_since)
         type(self).evicted += 1
-        oldest.transport.close()
+        oldest.transport._t.close()  # no reply went out: nothing to drain for
         return True
 
     def _arm(self) -> None:
@@ -215,6 +226,8 @@ class _Guarded(H11Protocol):
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:
             self._disarm()
+            if self.began is None:  # the headers are complete: the body's clock starts
+                self.began = self.loop.time()
 
     def eof_received(self):
         if self.transport.draining:
@@ -222,10 +235,11 @@ class _Guarded(H11Protocol):
         return None
 
     def on_response_complete(self) -> None:
-        self.waiting_since = self.loop.time()
+        self.waiting_since, self.began = self.loop.time(), None
         super().on_response_complete()
         if self.conn.their_state is not h11.IDLE:  # a pipelined request already complete
             self._disarm()
+            self.began = self.loop.time()
 
     def connection_lost(self, exc) -> None:
         self._disarm()
@@ -276,10 +290,13 @@ class Served:
     def evicted(self) -> int:
         return self._protocol.evicted
 
-    def stop(self, timeout: float | None = None) -> None:
+    def stop(self, timeout: float | None = None, force: bool = False) -> None:
         """Stop accepting, close idle connections, let requests in flight finish (at most
-        ``limits.shutdown_s``), and return once the server's thread has ended."""
+        ``limits.shutdown_s``), and return once the server's thread has ended. ``force`` (also
+        while another thread waits in ``stop``): stop waiting, cancel what is in flight now."""
         self.server.should_exit = True
+        if force:
+            self.server.force_exit = True
         self._thread.join(timeout)
 
 
@@ -306,17 +323,22 @@ def run(app, limits: ServeLimits = ServeLimits(), host: str = "127.0.0.1", port:
         on_ready: Callable[[Served], None] | None = None,
         bad_request: Callable[[str], bytes] = _default_bad_request) -> int:
     """Serve ``app`` in the foreground until SIGINT or SIGTERM, then stop cleanly (``stop``) and
-    return the signal's number; call from the main thread."""
+    return the signal's number; a second signal while requests in flight are still being
+    answered stops at once (they are cancelled); call from the main thread."""
     got: list[int] = []
     woken = threading.Event()
+    running: list[Served] = []
 
     def ask_stop(signum, _frame):
+        if got and running:  # the user asks again: do not wait out shutdown_s
+            running[0].server.force_exit = True
         got.append(signum)
         woken.set()
 
     previous = {s: signal.signal(s, ask_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         served = serve(app, limits, host, port, bad_request)
+        running.append(served)
         if on_ready is not None:
             on_ready(served)
         while not woken.wait(1.0):

@@ -59,13 +59,23 @@ def main(argv: list[str] | None = None) -> int:
     rules = json.loads(open(args.faults).read()) if args.faults else None
     server = serve(ChatModel(args.model), args.host, args.port, rules, key, limits)
     host, port = server.server_address[:2]
-    # Ctrl-C or SIGTERM (a supervisor's stop): requests in flight are answered, then exit 0
+    # Ctrl-C or SIGTERM (a supervisor's stop): requests in flight are answered, then exit 0;
+    # a second one stops at once (a queue of long generations could otherwise take many minutes)
     stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def on_signal(*_):
+        if stop.is_set():
+            server.force_stop()
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     print(f"serving {args.model} at http://{host}:{port}/v1 (Ctrl-C stops)", flush=True)
     try:
         while not stop.wait(1.0):
             pass
+        if server.generations.waiting or server.active:
+            print("stopping: requests in flight are answered first (Ctrl-C again stops at once)",
+                  flush=True)
     finally:
         server.shutdown()
         server.server_close()

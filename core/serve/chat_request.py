@@ -99,7 +99,7 @@ def parse_chat_request(raw: bytes, *, context: int) -> ChatRequest | RequestErro
         if isinstance(ok, str):
             return RequestError(400, name, ok)
         fields[name] = value
-    if req.get("n") not in (None, 1):
+    if req.get("n") is not None and (type(req["n"]) is not int or req["n"] != 1):
         return RequestError(400, "n", f"{req['n']!r}: only n = 1 is supported")
     if req.get("stream") not in (None, True, False):
         return RequestError(400, "stream", f"{req['stream']!r}: must be true or false")
@@ -159,8 +159,22 @@ def _messages(value, context: int) -> list[dict] | RequestError:
         if not isinstance(content, str):
             return RequestError(400, f"{where}.content", f"must be a string, not "
                                 f"{_kind(content)}")
+        for name, text in (("role", role), ("content", content)):
+            if (bad := _unpaired(text)) is not None:
+                return RequestError(400, f"{where}.{name}", bad)
         out.append({"role": role, "content": content})
     return out
+
+
+def _unpaired(text: str) -> str | None:
+    """Why ``text`` is not text: a lone UTF-16 surrogate (JSON's ``\\ud800`` escapes decode to
+    one), which no tokenizer or UTF-8 writer takes; None when it is fine."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"holds a lone surrogate \\u{ord(text[exc.start]):04x} at character "
+                f"{exc.start}, which is not text")
+    return None
 
 
 def _kind(value) -> str:
@@ -196,7 +210,7 @@ def _stop(v, _context):
         return f"must be a string or a list of strings, not {_kind(v)}"
     if len(items) > MAX_STOPS:
         return f"{len(items)} stop strings; at most {MAX_STOPS}"
-    return None
+    return next((bad for s in items if (bad := _unpaired(s)) is not None), None)
 
 
 def _seed(v, _context):
@@ -210,7 +224,7 @@ def _flag(v, _context):
 
 
 def _text(v, _context):
-    return None if isinstance(v, str) else f"must be a string, not {_kind(v)}"
+    return _unpaired(v) if isinstance(v, str) else f"must be a string, not {_kind(v)}"
 
 
 _CHECKS = (("model", _text),

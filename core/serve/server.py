@@ -312,6 +312,11 @@ class EndpointServer:
         """Stop accepting; requests in flight are answered first (at most ``request_s``)."""
         self.served.stop()
 
+    def force_stop(self) -> None:
+        """While ``shutdown`` waits (from another thread or a signal handler): stop waiting;
+        requests in flight are cancelled, their generations stop between tokens."""
+        self.served.server.should_exit = self.served.server.force_exit = True
+
     def server_close(self) -> None:
         """Wait for the model's queued work to end (none is cut off in the middle of torch)."""
         self.served.stop()
