@@ -216,7 +216,7 @@ def test_a_body_of_20000_traces_is_taken_in_linear_time(tmp_path):
         took = time.monotonic() - started
     finally:
         r.stop()
-    assert took < 10, took  # the former per-span rescan of held trace ids: ~60 s
+    assert took < 25, took  # the former per-span rescan of held trace ids: past 30 s (~60)
     assert rows(tmp_path / "o.duckdb", "SELECT count(*) FROM spans") == [(20_000,)]
 
 

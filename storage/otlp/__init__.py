@@ -3,7 +3,8 @@
     receiver    ``agentrl otlp`` / ``python -m storage.otlp``: the ASGI app on uvicorn, its limits
     decode      protobuf / JSON / gzip bodies -> ``Span`` and ``LogRecord`` (opentelemetry-proto)
     conventions GenAI (span and event mode), OpenInference and rl-insight spans -> calls and tools
-    assemble    open conversations -> generic trajectory records, bounded
+    assemble    routing what arrives into open conversations, bounded
+    record      a conversation's spans -> a generic trajectory record
     store       raw spans and log records appended to ``spans`` / ``span_logs`` before the 200
     writer      trajectories derived from the stored spans, through the import writer
 """

@@ -35,7 +35,8 @@ from storage.ingest.import_batch import (TRAJ_TABLES, WRITE_ERRORS, count, finis
 from storage.ingest.report import ImportReport
 from storage.interchange import LineError, to_rows, validate
 from storage.migrations import prepare
-from storage.otlp.assemble import Assembler, OpenTrace, build_record, key_of, log_key
+from storage.otlp.assemble import Assembler, OpenTrace, key_of, log_key
+from storage.otlp.record import build_record
 from storage.otlp.store import (StoreDown, errors_of, known_rows, move, pending,
                                 stored_records)
 from storage.recorder import clean_text, now, to_json
