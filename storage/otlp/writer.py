@@ -7,8 +7,9 @@ the stored records of any that were in the store before (``reload``: a late span
 and writes their trajectories through the import batch writer (storage/ingest/import_batch.py,
 ``replace``: a running agent's trajectory is rewritten as it grows), all in one transaction with
 one DELETE and one INSERT per table for every run (``write_runs``), so an OTLP run is an
-ordinary imported run (``runs.source`` = ``import:otlp``) to every page; every few seconds, in
-the same transaction, it refreshes each run's derived metrics.
+ordinary imported run (``runs.source`` = ``import:otlp``) to every page; it bumps each written
+run's ``updated_at``, and every ``METRICS_EVERY_S``, in the same transaction, refreshes the
+derived metrics of each run that changed.
 
 A trajectory whose spans raise anywhere in its assembly fails alone: it is named in the run's
 import report and the log, its raw spans stay stored, and the rest are written. A trajectory
@@ -42,7 +43,7 @@ from storage.otlp.store import (StoreDown, errors_of, known_rows, move, pending,
 from storage.recorder import clean_text, now, to_json
 
 FORMAT = "otlp"
-METRICS_EVERY_S = 5.0
+METRICS_EVERY_S = 10.0  # a run's metrics (a statement or two per run, on the one writer)
 
 
 def derive(t: OpenTrace, closed: bool) -> tuple[dict, dict]:
@@ -118,6 +119,9 @@ class Writer:
                 self._moves(con, moves)
                 done = write_runs(con, FORMAT, [(run_id, self.runs[run_id], batch)
                                                 for run_id, batch in batches.items()])
+                if batches:  # what a page keys its cached reads on, at every write
+                    con.execute("UPDATE runs SET status = 'running', updated_at = ? WHERE run_id "
+                                "IN (SELECT unnest(?))", [now(), list(batches)])
                 if metrics:
                     self._write_metrics(con)
                 return done
