@@ -321,23 +321,41 @@ def load_groups(store: str, run_id: str, version: str, step: int) -> pd.DataFram
     return queries.groups(store, run_id, step)
 
 
-@st.cache_data(ttl=LIVE_TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
+# A trajectory's rows, keyed by the run's version too: an OTLP trajectory is rewritten as its
+# agent goes on, a followed import may replace one; a finished run's stay cached.
 def load_turns(store: str, run_id: str, traj_ids: tuple[str, ...]) -> pd.DataFrame:
+    return _turns(store, run_id, traj_ids, run_version(store, run_id))
+
+
+def load_tokens(store: str, run_id: str, traj_id: str) -> pd.DataFrame:
+    return _tokens(store, run_id, traj_id, run_version(store, run_id))
+
+
+def load_rewards(store: str, run_id: str, traj_ids: tuple[str, ...]) -> pd.DataFrame:
+    return _rewards(store, run_id, traj_ids, run_version(store, run_id))
+
+
+def load_tests(store: str, run_id: str, traj_ids: tuple[str, ...]) -> pd.DataFrame:
+    return _tests(store, run_id, traj_ids, run_version(store, run_id))
+
+
+@st.cache_data(ttl=LIVE_TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
+def _turns(store: str, run_id: str, traj_ids: tuple[str, ...], version: str) -> pd.DataFrame:
     return queries.turns(store, run_id, list(traj_ids))
 
 
 @st.cache_data(ttl=LIVE_TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
-def load_tokens(store: str, run_id: str, traj_id: str) -> pd.DataFrame:
+def _tokens(store: str, run_id: str, traj_id: str, version: str) -> pd.DataFrame:
     return queries.tokens(store, run_id, traj_id)
 
 
 @st.cache_data(ttl=LIVE_TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
-def load_rewards(store: str, run_id: str, traj_ids: tuple[str, ...]) -> pd.DataFrame:
+def _rewards(store: str, run_id: str, traj_ids: tuple[str, ...], version: str) -> pd.DataFrame:
     return queries.rewards(store, run_id, list(traj_ids))
 
 
 @st.cache_data(ttl=LIVE_TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
-def load_tests(store: str, run_id: str, traj_ids: tuple[str, ...]) -> pd.DataFrame:
+def _tests(store: str, run_id: str, traj_ids: tuple[str, ...], version: str) -> pd.DataFrame:
     return queries.test_results(store, run_id, list(traj_ids))
 
 

@@ -22,8 +22,9 @@ def trajectory_panel(pick: Pick, sel: dict) -> None:
         with left:
             st.subheader(f"Trajectory {c.safe_label(traj_id)}")
             reward = "-" if c.missing(sel["reward"]) else f"{sel['reward']:.3f}"
-            st.caption(f"{c.safe_label(sel['failure_class'])} · reward {reward} · "
-                       f"{'solved' if c.flag(sel['success']) else 'failed'} · "
+            outcome = "still running" if sel["failure_class"] == queries.OPEN_CLASS else \
+                "solved" if c.flag(sel["success"]) else "failed"
+            st.caption(f"{c.safe_label(sel['failure_class'])} · reward {reward} · {outcome} · "
                        f"{len(turns)} turns · step {step} · task {c.safe_label(sel['task_id'])}")
             if not turns.empty:
                 last = turns.iloc[-1]

@@ -40,13 +40,15 @@ def five_seconds_later() -> None:
     _common.run_version.clear()
 
 
-def open_agent(tp) -> str:
-    """An agent that asked its first question and still runs; its trace id."""
+def open_agent(tp):
+    """An agent that asked its first question and still runs: (its trace id, a function that
+    makes it take one more turn)."""
     tracer = tp.get_tracer("live-agent")
     root = tracer.start_span("invoke_agent", attributes={"agentrl.task_id": "add"})
-    chat(tracer, [{"type": "text", "content": "thinking"}], USER,
-         context=trace.set_span_in_context(root))
-    return format(root.get_span_context().trace_id, "032x")
+    ctx = trace.set_span_in_context(root)
+    chat(tracer, [{"type": "text", "content": "thinking"}], USER, context=ctx)
+    return format(root.get_span_context().trace_id, "032x"), \
+        lambda: chat(tracer, [{"type": "text", "content": "still thinking"}], USER, context=ctx)
 
 
 def test_failures_and_replay_follow_an_otlp_store_as_it_fills(app, live):
@@ -56,7 +58,7 @@ def test_failures_and_replay_follow_an_otlp_store_as_it_fills(app, live):
     at = app("failures", store_dir=stores, store=db, run=RUN)
     assert shown_table(at, "failure_class", "traj_id")["traj_id"].tolist() == [done]
 
-    running = open_agent(tp)
+    running, another_turn = open_agent(tp)
     (info,), = wait_for(lambda: rows(db, "SELECT info FROM trajectories WHERE traj_id = ?",
                                      running))
     assert json.loads(info)["otel"]["open"] is True
@@ -73,6 +75,20 @@ def test_failures_and_replay_follow_an_otlp_store_as_it_fills(app, live):
     assert any("2 trajectories match" in c.value for c in at.caption)
     meanings = next(e for e in at.expander if e.label.startswith("What the"))
     assert any("still running" in m.value for m in meanings.markdown)
+    at.session_state["fail_results"] = {"selection": {"rows": [
+        shown_table(at, "failure_class", "traj_id")["traj_id"].tolist().index(running)],
+        "columns": []}}
+    at.run()
+    panel = [c.value for c in at.caption if c.value.startswith("open · ")]
+    assert panel and "reward - · still running · 1 turns" in panel[0], panel
+
+    # the agent takes another turn: the panel's turns are read again (same step, same id)
+    another_turn()
+    wait_for(lambda: rows(db, "SELECT 1 FROM trajectories WHERE traj_id = ? AND num_turns = 2",
+                          running))
+    five_seconds_later()
+    at.run()
+    assert any(c.value.startswith("open · ") and "· 2 turns" in c.value for c in at.caption)
 
     # Replay's trajectory picker (step 0 all along) offers it, and reads it as open
     at = app("replay", store_dir=stores, store=db, run=RUN, step=0, traj=running)
