@@ -6,7 +6,6 @@ vocabulary check and decoded every prefix. Real files, the real command line, a 
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -90,10 +89,13 @@ def test_a_30_kb_verifiers_line_cannot_build_a_huge_value(tmp_path):
     bad["traces"][0]["rewards"]["correct"]["weight"] = "x" * 8
     bad["pad"] = "y" * 30_000
     path = _write(tmp_path / "traces.jsonl", [_episode(1), bad, _episode(3)])
-    out = subprocess.run([sys.executable, "-m", "storage.io", "import", str(path), "--db",
+    peak = ("import resource, sys\nfrom storage.io import main\ncode = main(sys.argv[1:])\n"
+            "print(f'peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}')\n"
+            "sys.exit(code)")  # the command line's own peak, in a process of its own
+    out = subprocess.run([sys.executable, "-c", peak, "import", str(path), "--db",
                           str(tmp_path / "s.duckdb"), "--format", "verifiers"], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
-    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    peak_mb = int(out.stdout.rsplit("peak ", 1)[1]) / 1024
     assert out.returncode == 1, out.stderr
     assert "traces.jsonl:2[0]: field 'rewards.correct.weight' must be a number, got str" \
         in out.stderr

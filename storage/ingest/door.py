@@ -30,8 +30,10 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from storage.failures import classify
 from storage.ingest import tail
 from storage.ingest.registry import Format, Records, Source, Unit
+from storage.interchange import to_rows, validate
 from storage.json_lines import LineError, guarded
 
 MAX_ITEMS = 10_000
@@ -81,6 +83,23 @@ def unit_items(fmt: Format, src: Source, unit: Unit, where: str | None = None) -
     if isinstance(unit.raw, LineError):
         return [(where, unit.raw)]
     return convert(where, lambda: fmt.records(unit.raw, src, unit))
+
+
+def checked(where: str, obj: Any, first_seen: dict[str, str], run: dict) -> dict:
+    """The table rows of one item, every door's rules applied: its LineError raised, the record
+    validated (storage/interchange.py), a ``traj_id`` taken once per import (``first_seen``:
+    id -> where), the run's configuration from the first record that has one. Raises for an
+    item that fails; the caller reports it (``failure``) and goes on."""
+    if isinstance(obj, LineError):
+        raise obj
+    rec = validate(obj)
+    if rec["traj_id"] in first_seen:
+        raise LineError(f"duplicate traj_id {rec['traj_id']!r} "
+                        f"(first at {first_seen[rec['traj_id']]})")
+    first_seen[rec["traj_id"]] = where
+    if run["config"] is None and "run" in rec:
+        run["config"] = rec["run"]
+    return to_rows(rec, classify)
 
 
 # -- files of a folder ------------------------------------------------------------------------

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Iterator
 
-from storage.failures import classify
 from storage.ingest import tail
-from storage.ingest.door import unit_items
+from storage.ingest.door import checked, failure, unit_items
 from storage.ingest.import_batch import write_batch
 from storage.ingest.registry import Format, Source, Unit
-from storage.interchange import LineError, parse_json, to_rows, validate
+from storage.interchange import LineError, parse_json
 from storage.token_rows import BatchSize
 
 BATCH_RECORDS = 200
@@ -69,22 +68,11 @@ def write_records(items: Iterable[Item], db_path, fmt: str, run_id: str, run: di
     for where, obj, size in items:
         report.lines += 1
         try:
-            if isinstance(obj, LineError):
-                raise obj
-            rec = validate(obj)
-            if rec["traj_id"] in first_seen:
-                raise LineError(f"duplicate traj_id {rec['traj_id']!r} "
-                                f"(first at {first_seen[rec['traj_id']]})")
-            first_seen[rec["traj_id"]] = where
-            if run["config"] is None and "run" in rec:
-                run["config"] = rec["run"]
-            batch.append((where, to_rows(rec, classify)))
+            batch.append((where, checked(where, obj, first_seen, run)))
             held += size
             rows_held.add(batch[-1][1])
-        except LineError as exc:
-            report.fail(where, str(exc))
-        except Exception as exc:  # a reader or rule tripping on a record fails that one only
-            report.fail(where, f"could not be read: {type(exc).__name__}: {exc}")
+        except Exception as exc:  # whatever it raised: this item fails alone, named
+            report.fail(where, str(failure(exc)))
         if rows_held.full() or held >= BATCH_BYTES:
             check()
             write_batch(db_path, run_id, fmt, run, batch, False, report)

@@ -8,12 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from storage.failures import classify
 from storage.ingest import door, formats
 from storage.ingest.import_batch import (RunNotImportable, check_split, finish_import,
                                         refuse_foreign, run_source, write_batch)
 from storage.ingest.report import ImportReport, default_run_id
-from storage.interchange import MAX_LINE_BYTES, LineError, to_rows, validate
+from storage.interchange import MAX_LINE_BYTES
 from storage.migrations import prepare
 from storage.recorder import check_run_id, clean_text
 from storage.token_rows import BatchSize
@@ -67,21 +66,10 @@ def import_file(source: str | Path, db_path: str | Path, fmt: str | None = None,
         for where, obj in items:
             report.lines += 1
             try:
-                if isinstance(obj, LineError):
-                    raise obj
-                rec = validate(obj)
-                if rec["traj_id"] in first_seen:
-                    raise LineError(f"duplicate traj_id {rec['traj_id']!r} "
-                                    f"(first at {first_seen[rec['traj_id']]})")
-                first_seen[rec["traj_id"]] = where
-                if run["config"] is None and "run" in rec:
-                    run["config"] = rec["run"]
-                batch.append((where, to_rows(rec, classify)))
+                batch.append((where, door.checked(where, obj, first_seen, run)))
                 size.add(batch[-1][1])
-            except LineError as exc:
-                report.fail(where, str(exc))
-            except Exception as exc:  # a reader or rule tripping on a line fails that line only
-                report.fail(where, f"could not be read: {type(exc).__name__}: {exc}")
+            except Exception as exc:  # whatever it raised: this item fails alone, named
+                report.fail(where, str(door.failure(exc)))
             if size.full():
                 write_batch(db_path, run_id, fmt, run, batch, replace, report)
                 batch = []
