@@ -193,3 +193,26 @@ def test_a_second_sigterm_stops_at_once_while_a_request_is_in_flight():
     finally:
         proc.kill()
         proc.wait()
+
+
+# -- answers that were not JSON -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def endpoint(model):
+    from core.serve.server import serve as serve_endpoint
+    srv = serve_endpoint(model)
+    yield srv.server_address[:2]
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.mark.parametrize("request_, status, param", [
+    (b"DELETE /v1/models HTTP/1.1\r\nHost: t\r\n\r\n", b"405", None),
+    (b"GET http://elsewhere/v1/models HTTP/1.1\r\nHost: t\r\n\r\n", b"404", None),
+    (b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Encoding: gzip\r\n"
+     b"Content-Length: 20\r\n\r\n\x1f\x8b" + b"\x00" * 18, b"415", "Content-Encoding")])
+def test_every_refusal_is_an_openai_json_error(endpoint, request_, status, param):
+    import json
+    got = ask(endpoint, request_)
+    assert got.startswith(b"HTTP/1.1 " + status), got[:200]  # was plain text, or "not UTF-8"
+    error = json.loads(got.partition(b"\r\n\r\n")[2])["error"]
+    assert error["param"] == param and error["message"]

@@ -51,6 +51,7 @@ import uuid
 from dataclasses import dataclass
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -104,7 +105,15 @@ class ChatApp:
                  limits: Limits, generations: Generations):
         self.model, self.faults, self.api_key, self.limits = model, faults, api_key, limits
         self.generations = generations
-        self.app = Starlette(routes=[Route("/{path:path}", self.handle, methods=["GET", "POST"])])
+        self.app = Starlette(routes=[Route("/{path:path}", self.handle, methods=["GET", "POST"])],
+                             exception_handlers={HTTPException: self._refused})
+
+    async def _refused(self, request: Request, exc: HTTPException) -> Response:
+        """starlette's own refusals (another method: 405; a request target that is not a
+        path, ``GET http://host/...``: 404) as OpenAI's JSON error, not plain text."""
+        return self._send(exc.status_code, _error_body(exc.status_code, f"{request.method} "
+                          f"{request.url.path}: {exc.detail}"), dict(exc.headers or {}),
+                          close=True)
 
     # -- replies ---------------------------------------------------------------------------
     @staticmethod
@@ -164,6 +173,11 @@ class ChatApp:
                                 self.limits.max_body_bytes)
         if isinstance(length, RequestError):
             return self._invalid(length, close=True)
+        coding = request.headers.get("content-encoding", "identity").strip().lower()
+        if coding not in ("", "identity"):  # never inflated here: no bomb, and no wrong "not UTF-8"
+            return self._invalid(RequestError(415, "Content-Encoding", f"{coding!r} bodies are "
+                                              "not supported; send the JSON uncompressed"),
+                                 close=True)
         return None
 
     async def _post(self, request: Request) -> Response:
