@@ -8,6 +8,7 @@ per-trajectory cap; tool spans make tool turns whatever convention the calls fol
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -60,18 +61,14 @@ def jpost(r, *spans):
     return status, json.loads(body or b"{}")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def spawn(db, port, *extra):
+def spawn(db, *extra):
+    """``python -m storage.otlp`` on a port of its choosing: (process, port)."""
     proc = subprocess.Popen([sys.executable, "-m", "storage.otlp", "--db", str(db), "--port",
-                             str(port), *extra], cwd=ROOT, stdout=subprocess.PIPE,
+                             "0", *extra], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    assert "receiving OTLP/HTTP" in proc.stdout.readline()
-    return proc
+    line = proc.stdout.readline()
+    assert "receiving OTLP/HTTP" in line, proc.stderr.read() if proc.poll() is not None else line
+    return proc, int(re.search(r"127\.0\.0\.1:(\d+)/v1/traces", line).group(1))
 
 
 class Addr:  # what tests.test_otlp_receiver.post needs of a receiver
@@ -81,8 +78,8 @@ class Addr:  # what tests.test_otlp_receiver.post needs of a receiver
 
 # -- durable ---------------------------------------------------------------------------------
 def test_a_kill_9_loses_no_acknowledged_span_and_the_next_start_derives_and_closes_them(tmp_path):
-    db, port = tmp_path / "o.duckdb", free_port()
-    proc = spawn(db, port, "--flush-s", "600", "--idle-s", "600")  # nothing derived before
+    db = tmp_path / "o.duckdb"
+    proc, port = spawn(db, "--flush-s", "600", "--idle-s", "600")  # nothing derived before
     acked = set()
     try:
         for i in range(20):
@@ -145,8 +142,8 @@ POISON = {
 
 
 def test_poisoned_spans_never_cost_other_traces_and_sigint_exits_0(tmp_path):
-    db, port = tmp_path / "o.duckdb", free_port()
-    proc = spawn(db, port, "--flush-s", "0.05", "--idle-s", "600")
+    db = tmp_path / "o.duckdb"
+    proc, port = spawn(db, "--flush-s", "0.05", "--idle-s", "600")
     try:
         for i, attrs in enumerate(POISON.values()):
             tid = f"{i + 100:032x}"
@@ -287,8 +284,8 @@ def test_a_tool_span_named_search_makes_a_tool_turn_when_the_call_does_not_carry
 
 # -- scores ----------------------------------------------------------------------------------
 def test_otlp_scores_accepts_a_trajectory_a_killed_receiver_left_open(tmp_path, capsys):
-    db, port = tmp_path / "o.duckdb", free_port()
-    proc = spawn(db, port, "--flush-s", "0.05", "--idle-s", "600")
+    db = tmp_path / "o.duckdb"
+    proc, port = spawn(db, "--flush-s", "0.05", "--idle-s", "600")
     try:
         assert jpost(Addr(port), chat_span(TID, "a" * 16, 10, "hi", parent="f" * 16))[0] == 200
         wait_for(lambda: rows(db, "SELECT count(*) FROM trajectories")[0][0] == 1)

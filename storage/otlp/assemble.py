@@ -35,7 +35,7 @@ from typing import Any
 from storage.otlp.conventions import conversation_key
 from storage.otlp.decode import LogRecord, Span
 
-OPEN_EVERY_S = 1.0
+OPEN_EVERY_S, BUSY = 1.0, 64
 MAX_KNOWN = 1_000_000
 """Trajectories of the store remembered by key (~250 bytes each); past it every new one is
 treated as possibly stored (read back before it is derived, its spans deduplicated by the
@@ -304,10 +304,12 @@ class Assembler:
             for t in closing:
                 del self.open[t.key]
                 self.held -= t.held
-            # an open one is derived at most every ``OPEN_EVERY_S`` (a page shows it live; each
-            # derivation rebuilds it from all its spans)
-            dirty = [t for t in self.open.values()
-                     if t.dirty and (t.reload or now - t.derived_at >= OPEN_EVERY_S)]
+            # with many changing, an open one is derived at most every ``OPEN_EVERY_S`` (each
+            # derivation rebuilds it from all its spans); with few, at every flush (a page
+            # shows it live)
+            dirty = [t for t in self.open.values() if t.dirty]
+            if len(dirty) > BUSY:
+                dirty = [t for t in dirty if t.reload or now - t.derived_at >= OPEN_EVERY_S]
             for t in dirty + closing:
                 t.dirty = False
                 t.derived_at = now

@@ -46,6 +46,7 @@ LOG_SCHEMA = pa.schema([
 I64 = 2**63 - 1
 LEASE_S = 1.0    # the appender holds the store at most this long per open
 LINGER_S = 0.1   # and waits this long for the next group before closing it
+GATHER, GATHER_S = 16, 0.004  # a group waits this long for this many requests at most
 BEHIND_S = 2.0   # after the store refused a write, requests are answered 503 this long
 
 
@@ -180,6 +181,11 @@ class Appender:
         with self.cv:
             if not self.queue and not self.stopping and wait_s > 0:
                 self.cv.wait(wait_s)
+            if self.queue and not self.stopping:  # clients answered a moment ago are sending
+                # again: a few ms more make one group (one commit) of them, not several
+                until = time.monotonic() + GATHER_S
+                while len(self.queue) < GATHER and (left := until - time.monotonic()) > 0:
+                    self.cv.wait(left)
             batch, self.queue = self.queue, []
             return batch
 
