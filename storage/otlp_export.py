@@ -44,6 +44,7 @@ import hashlib
 import http.client
 import json
 import socket
+import ssl
 import threading
 import time
 import urllib.error
@@ -281,6 +282,11 @@ def _exchange(endpoint: str, data: bytes, headers: dict, timeout: float):
     except (OSError, http.client.HTTPException) as exc:
         if deadline.passed:
             raise TimeoutError(f"no complete answer within {timeout:g} s (--timeout)") from exc
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, ssl.SSLError):  # sending again meets the same server: no retry
+            hint = ("; is it an http:// endpoint?" if "WRONG_VERSION_NUMBER" in str(reason)
+                    else "")
+            raise ExportError(f"endpoint {endpoint}: TLS failed ({reason}){hint}") from exc
         raise OSError(str(exc) or type(exc).__name__) from exc
     finally:
         deadline.cancel()

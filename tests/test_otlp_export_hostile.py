@@ -57,3 +57,24 @@ def test_a_url_that_can_never_work_fails_at_once_without_retries(collector, url,
 def test_the_plain_url_still_exports(collector):
     assert post(collector.url, BODY, timeout=5, sleep=_never) == ExportTraceServiceResponse()
     assert len(collector.seen) == 1
+
+
+def test_https_to_a_plain_http_collector_fails_at_once_and_says_so():
+    """A plain HTTP server answers a TLS hello with a 400: the handshake fails the same way
+    every time. Before: five tries over 30 s of back-off, then the bare SSL error."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Plain(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Plain)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"https://127.0.0.1:{httpd.server_address[1]}/v1/traces"
+        with pytest.raises(ExportError, match="TLS failed .*is it an http:// endpoint"):
+            post(url, BODY, timeout=5, sleep=_never)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
