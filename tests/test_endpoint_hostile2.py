@@ -216,3 +216,18 @@ def test_every_refusal_is_an_openai_json_error(endpoint, request_, status, param
     assert got.startswith(b"HTTP/1.1 " + status), got[:200]  # was plain text, or "not UTF-8"
     error = json.loads(got.partition(b"\r\n\r\n")[2])["error"]
     assert error["param"] == param and error["message"]
+
+
+def test_a_prompt_too_long_for_any_tokenization_is_refused_before_the_tokenizer(endpoint, model):
+    import json
+    # about 1.5 MiB of text: tokenized, it held the one worker seconds to learn it cannot fit
+    body = json.dumps({"messages": [{"role": "user", "content": "x y " * 400_000}]}).encode()
+    assert len("x y " * 400_000) > model.max_prompt_chars
+    t0 = time.perf_counter()
+    got = ask(endpoint, b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: "
+              + str(len(body)).encode() + b"\r\n\r\n" + body)
+    took = time.perf_counter() - t0
+    assert got.startswith(b"HTTP/1.1 400"), got[:200]
+    error = json.loads(got.partition(b"\r\n\r\n")[2])["error"]
+    assert error["code"] == "context_length_exceeded" and "characters" in error["message"]
+    assert took < 2, f"{took:.1f} s"

@@ -26,6 +26,11 @@ class ChatModel:
         self.context = int(getattr(cfg, "max_position_embeddings", None)
                            or getattr(cfg, "n_positions", None) or 2048)
         """The model's context in tokens: prompt plus completion never exceed it."""
+        longest = max((len(piece) for piece in self.tokenizer.get_vocab()), default=1)
+        self.max_prompt_chars = 2 * self.context * max(longest, 1)
+        """Message text longer than this cannot fit the context: no token spells more than the
+        vocabulary's longest piece (2x for a normaliser that folds characters). Refused before
+        the tokenizer sees it: a 4 MiB prompt held the one worker ~30 s to learn it was too long."""
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         tok = self.tokenizer

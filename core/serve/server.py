@@ -203,6 +203,12 @@ class ChatApp:
             return self._error(401, "invalid API key")
         if not ok:
             return self._invalid(req)
+        chars = sum(len(m["role"]) + len(m["content"]) for m in req.messages)
+        if chars > self.model.max_prompt_chars:
+            return self._invalid(RequestError(
+                400, "messages", f"{chars} characters cannot fit the model's context of "
+                f"{self.model.context} tokens (at most {self.model.max_prompt_chars} characters)",
+                "context_length_exceeded"))
         if rule and (faulted := await self._fault(rule)) is not None:
             return faulted
         return await self._complete(request, req,
