@@ -345,12 +345,24 @@ def check_endpoint(endpoint: str) -> None:
         raise ExportError(f"endpoint {endpoint!r}: no host (or port 0) in the URL")
 
 
+MAX_TIMEOUT_S = 86400.0
+
+
+def check_timeout(timeout) -> None:
+    """ExportError unless ``timeout`` (``--timeout``) is a number of seconds in (0, 86400]: nan,
+    0 or -1 read as "no complete answer within nan s", inf as an OverflowError."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not 0 < timeout <= MAX_TIMEOUT_S:
+        raise ExportError(f"--timeout {timeout!r}: must be seconds in (0, {MAX_TIMEOUT_S:g}]")
+
+
 def post(endpoint: str, body: bytes, token: str | None = None, timeout: float = 30.0,
          sleep=time.sleep) -> ExportTraceServiceResponse:
     """POST one gzipped protobuf request to ``endpoint`` (…/v1/traces) within ``timeout`` in all,
     retrying what OTLP says to retry; the collector's answer, else ExportError naming the
     endpoint (see the module docstring)."""
     check_endpoint(endpoint)
+    check_timeout(timeout)
     headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
@@ -388,6 +400,7 @@ def export_otlp(db_path, run_id: str, endpoint: str, filters: Filters = Filters(
     Rejected spans raise ``ExportRejected`` once every request was sent, unless
     ``allow_rejected`` (then they are only counted)."""
     check_endpoint(endpoint)  # before the store is read
+    check_timeout(timeout)
     sent = rejected = spans = 0
     message = ""
     for req, count in run_requests(db_path, run_id, filters):

@@ -78,3 +78,14 @@ def test_https_to_a_plain_http_collector_fails_at_once_and_says_so():
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), 0, -1, float("inf"), 1e308, True])
+def test_a_timeout_that_is_not_seconds_is_refused_naming_the_flag(collector, timeout):
+    """Before: nan, 0 and -1 failed as "no complete answer within nan s"; inf and 1e308 as an
+    OverflowError from the timer."""
+    with pytest.raises(ExportError, match="--timeout"):
+        post(collector.url, BODY, timeout=timeout, sleep=_never)
+    with pytest.raises(ExportError, match="--timeout"):
+        export_otlp(STORE, "no-such-run", collector.url, timeout=timeout)
+    assert collector.seen == []
