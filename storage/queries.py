@@ -87,10 +87,15 @@ def runs(path: str | Path) -> pd.DataFrame:
     return df
 
 
-def all_runs(stores: list[str] | None = None) -> pd.DataFrame:
+def all_runs(stores: list[str] | None = None, frames: list[pd.DataFrame] | None = None
+             ) -> pd.DataFrame:
     """Runs of every store, newest first across stores (the app picks the first one); stores
-    that cannot be read are reported in column ``error``, after every run."""
-    frames = []
+    that cannot be read are reported in column ``error``, after every run. ``frames``: tables
+    already read by earlier calls (one store each, the app caches them per store), whose
+    shown status is worked out again (time passes)."""
+    frames = [f.assign(shown_status=[shown_status(s, u) for s, u in
+                                     zip(f["status"], f["updated_at"])])
+              if "updated_at" in f else f for f in frames or []]
     for path in stores if stores is not None else discover_stores():
         try:
             frames.append(runs(path))
