@@ -280,7 +280,10 @@ def _exchange(endpoint: str, data: bytes, headers: dict, timeout: float):
             with exc:
                 return exc.code, exc.headers, _read(exc.fp, deadline) if exc.fp else b""
     except (OSError, http.client.HTTPException) as exc:
-        if deadline.passed:
+        # each socket waits at most the time left, so its timeout is the deadline too (it can
+        # fire a moment before the timer: that was read as a failure and tried again, in full)
+        if deadline.passed or isinstance(exc, TimeoutError) \
+                or isinstance(getattr(exc, "reason", None), TimeoutError):
             raise TimeoutError(f"no complete answer within {timeout:g} s (--timeout)") from exc
         reason = getattr(exc, "reason", exc)
         if isinstance(reason, ssl.SSLError):  # sending again meets the same server: no retry

@@ -89,3 +89,34 @@ def test_a_timeout_that_is_not_seconds_is_refused_naming_the_flag(collector, tim
     with pytest.raises(ExportError, match="--timeout"):
         export_otlp(STORE, "no-such-run", collector.url, timeout=timeout)
     assert collector.seen == []
+
+
+def test_a_collector_that_never_reads_is_cut_at_one_deadline_not_two():
+    """The request's sockets wait at most the time left, so a send blocked on a collector that
+    never reads times out at the deadline; that timeout came a moment before the deadline's
+    timer and was taken for a failed try: the request was sent again, in full (6.3 s for a 3 s
+    --timeout)."""
+    import os
+    import socket
+    import threading
+    import time
+    listener = socket.create_server(("127.0.0.1", 0))
+    held = []
+
+    def accept():
+        while True:
+            try:
+                held.append(listener.accept()[0])  # and never read
+            except OSError:
+                return
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1/traces"
+        t0 = time.monotonic()
+        with pytest.raises(ExportError, match="within 1 s"):
+            post(url, os.urandom(8 << 20), timeout=1, sleep=_never)
+        assert time.monotonic() - t0 < 1.9 and len(held) == 1
+    finally:
+        listener.close()
+        for s in held:
+            s.close()
