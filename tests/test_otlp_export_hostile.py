@@ -95,7 +95,7 @@ def test_a_collector_that_never_reads_is_cut_at_one_deadline_not_two():
     """The request's sockets wait at most the time left, so a send blocked on a collector that
     never reads times out at the deadline; that timeout came a moment before the deadline's
     timer and was taken for a failed try: the request was sent again, in full (6.3 s for a 3 s
-    --timeout)."""
+    --timeout). A race: before the fix this failed about every other run."""
     import os
     import socket
     import threading
