@@ -2,7 +2,6 @@
 and a read-only SQL box."""
 from __future__ import annotations
 
-import plotly.express as px
 import streamlit as st
 
 from pages import _clusterjob, _common as c
@@ -126,7 +125,7 @@ def _cluster_views(pick: c.Pick, table, per_step, members) -> None:
             lambda k: c.plot_text(names[int(k)])), share=per_step["share"] * 100)
         # Stacked to 100% per step: a cluster's band widening over the steps is a failure mode
         # training makes more common (12 crossing lines were unreadable).
-        st.plotly_chart(px.bar(lines, x="step", y="share", color="cluster", height=360,
+        st.plotly_chart(c.bar_chart(lines, x="step", y="share", color="cluster", height=360,
                                title="Share of each step's failures per cluster (%)"),
                         key="cluster_share")
     pickable = list(names)
@@ -178,7 +177,7 @@ def count_charts(counted, left_out: int, first: int, last: int, counted_splits: 
     per_class = failed.groupby("failure_class", as_index=False)["n"].sum().sort_values("n")
     solved_n = int(shown.loc[shown["failure_class"] == "success", "n"].sum())
     open_n = int(shown.loc[shown["failure_class"] == queries.OPEN_CLASS, "n"].sum())
-    left.plotly_chart(px.bar(per_class, x="n", y="failure_class", orientation="h", height=320,
+    left.plotly_chart(c.bar_chart(per_class, x="n", y="failure_class", orientation="h", height=320,
                              title=f"Failed trajectories per class ({solved_n} solved"
                                    + (f", {open_n} still open" if open_n else "")
                                    + " not drawn)"),
@@ -188,7 +187,7 @@ def count_charts(counted, left_out: int, first: int, last: int, counted_splits: 
     width = max(1, -(-(last - first + 1) // MAX_BARS))  # ceil: at most MAX_BARS bars
     binned = shown.assign(step=(shown["step"] - first) // width * width + first)
     per_step = binned.groupby(["step", "failure_class"], as_index=False)["n"].sum()
-    right.plotly_chart(px.bar(per_step, x="step", y="n", color="failure_class", height=320,
+    right.plotly_chart(c.bar_chart(per_step, x="step", y="n", color="failure_class", height=320,
                               title="Failure classes per step" if width == 1
                               else f"Failure classes per {width} steps"), key="fail_per_step")
     if left_out:
