@@ -49,6 +49,8 @@ Rules, so every page can show an imported run:
   numeric field may instead hold the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``: that is
   how export writes those numbers, so every file we export imports again. Integers inside JSON
   fields (``info``, ``golds``, ...) are kept exactly, however long.
+* A token's ``rejected`` (optional, true/false) marks a generated token that rollout correction
+  took out of the loss (``trained`` false); the mismatch figures read it (``TOKEN_FIELDS``).
 * A token's log-probabilities (``logprob``, ``train_logprob``, ``ref_logprob``,
   ``new_logprob``) must be finite and <= 0: NaN, +-Infinity (as numbers or strings) and values
   above ``LOGPROB_SLACK`` fail the line, naming the token; one up to ``LOGPROB_SLACK`` above 0 (a
@@ -165,9 +167,11 @@ TOKEN_FIELDS = {
     "logprob": ("lp", False), "token_id": ("int", False), "turn": ("sint", False),
     "advantage": ("num", False), "entropy": ("num", False), "new_logprob": ("lp", False),
     "ref_logprob": ("lp", False), "value": ("num", False), "train_logprob": ("lp", False),
+    "rejected": ("bool", False),
 }
 """``logprob`` is the sampler's; ``train_logprob`` the trainer's own under the same weights (the
-training-inference mismatch, core/learn/mismatch.py, is their difference)."""
+training-inference mismatch, core/learn/mismatch.py, is their difference). ``rejected``
+(``--rollout-correction mis|rs``) enters the mismatch figures (storage/mismatch_queries.py)."""
 
 
 _TOKEN_KINDS = {name: kind for name, (kind, _) in TOKEN_FIELDS.items()}

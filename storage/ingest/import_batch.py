@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from storage import db
 from storage.ingest.report import ImportReport
+from storage.mismatch_queries import MISMATCH_TOKENS
 from storage.recorder import RUN_ID_RE, clean_column, clean_text, now, to_json
 from storage.token_columns import tokens_table
 from storage.token_rows import ROW_CHUNK
@@ -303,7 +304,7 @@ def _same(old: dict, new: dict) -> bool:
                for a, b in values)
 
 
-DERIVED_METRICS_SQL = """
+DERIVED_METRICS_SQL = f"""
 WITH t AS (SELECT * FROM trajectories WHERE run_id = $run AND split <> 'eval'),
 g AS (SELECT step, stddev_samp(reward) AS sd FROM t GROUP BY step, group_id HAVING count(*) > 1),
 s AS (SELECT step, avg(reward) AS "reward/mean", stddev_samp(reward) AS "reward/std",
@@ -334,15 +335,17 @@ SELECT $run, step, name, value FROM (UNPIVOT (
                  exp(train_logprob) AS pt, exp(logprob) AS ps,
                  exp(train_logprob) - exp(logprob) AS pd,
                  isfinite(train_logprob) AND isfinite(logprob) AS ok
-          FROM tokens WHERE run_id = $run AND trained AND train_logprob IS NOT NULL
-          AND logprob IS NOT NULL)
+          FROM tokens WHERE run_id = $run AND {MISMATCH_TOKENS})
     GROUP BY step) ON COLUMNS(* EXCLUDE step) INTO NAME name VALUE value)
 """
 """Metrics an import derives from its rows, as the trainer records them: rewards, success,
 turns and lengths per step, held-out success, and (core/learn/mismatch.py) the training-inference
 mismatch of the steps whose tokens carry both the sampler's and the trainer's logprob, ours and
 verl's probability-space names (training/rollout_probs_diff_*, the Pearson r, left out where it
-is undefined). As the trainer does, the mismatch is taken over the tokens whose two logprobs are finite; the others
+is undefined). The mismatch is over the tokens the trainer measured it on, trained and rejected
+by rollout correction (``MISMATCH_TOKENS``, the predicate of every store mismatch figure: over
+the trained ones alone an import of a ``mis`` run left out its most mismatched tokens). As the
+trainer does, it is taken over the tokens whose two logprobs are finite; the others
 (a NaN or infinite logprob, kept in stores written before the import refused them) are counted
 beside it, ``mismatch/nonfinite_tokens``, instead of making every metric of their step NaN (a
 step whose tokens are all such has only the count)."""
