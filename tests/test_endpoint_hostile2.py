@@ -231,3 +231,32 @@ def test_a_prompt_too_long_for_any_tokenization_is_refused_before_the_tokenizer(
     error = json.loads(got.partition(b"\r\n\r\n")[2])["error"]
     assert error["code"] == "context_length_exceeded" and "characters" in error["message"]
     assert took < 2, f"{took:.1f} s"
+
+
+def test_a_request_cut_by_a_forced_stop_gets_a_json_503(model):
+    """A second signal (or the end of the grace) cancels requests in flight: they were answered
+    uvicorn's plain-text 500 with a traceback logged for each."""
+    import json
+    import threading
+    from core.serve.server import serve as serve_endpoint
+    srv = serve_endpoint(model)
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 4000}).encode()
+    try:
+        with socket.create_connection(srv.server_address[:2], timeout=30) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: "
+                      + str(len(body)).encode() + b"\r\n\r\n" + body)
+            until(lambda: model.lock.locked(), "the generation to begin")
+            stopping = threading.Thread(target=srv.shutdown)
+            stopping.start()
+            srv.force_stop()
+            got = b""
+            while chunk := s.recv(65536):  # the answer, then the close
+                got += chunk
+            stopping.join(30)
+            assert not stopping.is_alive()
+        assert got.startswith(b"HTTP/1.1 503"), got[:200]
+        assert json.loads(got.partition(b"\r\n\r\n")[2])["error"]["code"] == 503
+    finally:
+        srv.server_close()
+    until(lambda: not model.lock.locked(), "the generation to stop")

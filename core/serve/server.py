@@ -153,6 +153,11 @@ class ChatApp:
             return await self._post(request)
         except ClientDisconnect:  # the client left mid-body: nobody to answer
             return self._send(400, b"", close=True)
+        except asyncio.CancelledError:  # stopping past the grace, or at a second signal
+            # answered rather than re-raised: uvicorn would log a traceback and send plain text;
+            # the generation stops between tokens (_complete's finally), and the task ends here
+            return self._error(503, "the server is stopping; retry", {"Retry-After": "1"},
+                               close=True)
         except Exception as exc:  # noqa: BLE001 -- a JSON 500 rather than a dropped connection
             return self._error(500, f"internal error: {type(exc).__name__}: {str(exc)[:200]}",
                                close=True)
