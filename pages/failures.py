@@ -150,6 +150,11 @@ def task_history(store: str, run_id: str, version: str, task: str):
     return queries.task_history(store, run_id, task)
 
 
+@st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
+def run_tags(store: str, run_id: str, stamp: tuple):
+    return queries.tags(store, run_id)
+
+
 def class_meanings(counts) -> None:
     """The run's classes, how many trajectories each, and what each means (storage/failures.py):
     open by itself for an evaluation (every trajectory held out: an imported evaluation log,
@@ -207,7 +212,8 @@ if counts.empty:
 classes = sorted(counts["failure_class"].unique())
 splits = sorted(counts["split"].dropna().unique())
 first, last = int(counts["step"].min()), int(counts["step"].max())
-tagged = queries.tags(pick.store, pick.run_id)   # read fresh: this page writes them
+# read again whenever the store was written (this page writes them): not on every rerun
+tagged = c.read_or_stop(run_tags, pick.store, pick.run_id, c.store_stamp(pick.store))
 tag_names = sorted(tagged["tag"].unique())
 view = _failfilters.restore(pick, classes, splits, first, last, tag_names)
 counted_splits = st.session_state["fail_splits"] or splits     # none picked: every split

@@ -6,6 +6,7 @@ solved ones included, and an outcome the class filter can never let through name
 """
 from __future__ import annotations
 
+from storage import queries
 from tests.test_pages import ROOT, app, demo, shown_table, texts  # noqa: F401  (fixtures)
 
 STORE = "sample_runs/search_smollm2.duckdb"
@@ -86,6 +87,10 @@ def test_a_rerun_draws_the_charts_without_building_them_again(app, monkeypatch):
     built = []
     real = px.bar
     monkeypatch.setattr(px, "bar", lambda *a, **k: built.append(k.get("title")) or real(*a, **k))
+    read_tags = []
+    real_tags = queries.tags
+    monkeypatch.setattr(queries, "tags", lambda *a, **k: read_tags.append(a) or real_tags(*a, **k))
     at.run()
     assert not at.exception and built == []
+    assert read_tags == []          # the store was not written: its tags are not read again
     assert len(at.get("plotly_chart")) >= 2                       # still drawn
