@@ -34,6 +34,16 @@ def with_mismatch(tokens: pd.DataFrame) -> pd.DataFrame:
 _ROLE_BG = {"prompt": "rgba(80,120,220,0.12)", "observation": "rgba(130,130,130,0.18)"}
 _TRAINED_BG = "rgba(46,160,67,0.38)"
 _WRONG_BG = "rgba(220,40,40,0.55)"
+_REJECTED_BG = "rgba(230,160,20,0.45)"
+"""An action token rollout correction took out of the loss (``--rollout-correction mis|rs``):
+untrained on purpose, not a mask error."""
+
+
+def _rejected(tokens: pd.DataFrame) -> pd.Series:
+    """Whether each token is marked rejected (False where the store has no mark)."""
+    if "rejected" not in tokens:
+        return pd.Series(False, index=tokens.index)
+    return tokens["rejected"].astype(object).where(tokens["rejected"].notna(), False).astype(bool)
 
 
 def _num(value) -> float | None:
@@ -48,7 +58,9 @@ def _num(value) -> float | None:
 
 def _title(row: dict) -> str:
     parts = [f"pos {row['pos']}", str(row.get("role")), f"turn {row.get('turn')}",
-             "trained" if row.get("trained") else "not trained", f"token_id {row.get('token_id')}"]
+             "trained" if row.get("trained") else
+             "rejected by rollout correction" if row.get("rejected") is True else "not trained",
+             f"token_id {row.get('token_id')}"]
     lp = _num(row.get("logprob"))
     if lp is not None:
         parts.append(f"logprob {lp:.4f} (p={math.exp(lp):.3f})")
@@ -67,6 +79,8 @@ def _background(row: dict, mode: str, scale: float, updated: bool = True) -> str
     ``updated``: the trajectory took part in an update, so its action tokens should be trained)."""
     role, trained = row.get("role"), bool(row.get("trained"))
     if mode == "loss mask":
+        if row.get("rejected") is True and role == "action" and not trained:
+            return _REJECTED_BG
         if trained != (role == "action" and updated):
             return _WRONG_BG  # an observation/prompt token trained, or a model token masked
         return _TRAINED_BG if trained else _ROLE_BG.get(role, "transparent")
@@ -111,7 +125,8 @@ def token_html(tokens: pd.DataFrame, mode: str, updated: bool = True) -> str:
 
 LEGEND = {
     "loss mask": "green underline/background: trained (the model's own tokens); blue: prompt; "
-                 "grey: observation; red: mask error (observation trained or action masked)",
+                 "grey: observation; amber: action rejected by rollout correction (mis/rs); "
+                 "red: mask error (observation trained or action masked)",
     "sampling logprob": "redder = less likely under the sampling policy; uncoloured: no logprob",
     "entropy": "more orange = higher entropy of the sampling distribution at that token",
     "advantage": "green = positive advantage, red = negative; strength relative to the largest",
@@ -135,7 +150,8 @@ def mask_lint(tokens: pd.DataFrame, turns: pd.DataFrame, updated: bool = True) -
         not_model = tokens["role"].isin(["observation", "prompt"])
         checks = [("observation/prompt token trained", not_model & trained)]
         if updated:
-            checks.append(("action token not trained", (tokens["role"] == "action") & ~trained))
+            checks.append(("action token not trained",  # rollout correction's are on purpose
+                           (tokens["role"] == "action") & ~trained & ~_rejected(tokens)))
         else:
             checks.append(("token trained in a trajectory no update used", trained & ~not_model))
         for issue, mask in checks:

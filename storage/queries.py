@@ -246,15 +246,16 @@ def turns(path: str | Path, run_id: str, traj_ids: list[str]) -> pd.DataFrame:
 
 def tokens(path: str | Path, run_id: str, traj_id: str) -> pd.DataFrame:
     """Every token of one trajectory's context, by position; ``train_logprob`` is NULL in stores
-    recorded before it (schema < 6)."""
+    recorded before it (schema < 6), ``rejected`` (rollout correction's, schema 10) likewise."""
     with db.reading(path) as con:
         version = check_version(con, where=str(path))
         if version == 0:
             raise db.StoreError(f"{path} is not a store of this project (no schema recorded)")
         train = "train_logprob" if version >= 6 else "NULL::DOUBLE AS train_logprob"
+        rejected = "rejected" if version >= 10 else "NULL::BOOLEAN AS rejected"
         return con.execute(f"""
             SELECT pos, token_id, text, role, trained, logprob, advantage, turn, entropy,
-                   new_logprob, ref_logprob, value, {train}
+                   new_logprob, ref_logprob, value, {train}, {rejected}
             FROM tokens WHERE run_id = ? AND traj_id = ? ORDER BY pos""", [run_id, traj_id]).df()
 
 

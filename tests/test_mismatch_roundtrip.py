@@ -81,3 +81,23 @@ def test_a_rejected_mark_that_is_not_true_or_false_fails_its_line_by_name(tmp_pa
     with db.reading(tmp_path / "s.duckdb") as con:
         assert con.execute("SELECT traj_id, trained, rejected FROM tokens").fetchall() == [
             ("ok", False, True)]
+
+
+def test_the_token_view_shows_rejected_tokens_as_rejected_not_as_mask_errors(rejected_step):
+    """Replay's token view and mask lint (pages/_tokens.py) read ``rejected`` from the store's
+    token read: an action token rollout correction left out is not an 'action not trained'."""
+    from pages import _tokens
+    store, run_id = rejected_step
+    with db.reading(store) as con:
+        (tid,), = con.execute("SELECT traj_id FROM tokens WHERE run_id = ? AND rejected "
+                              "GROUP BY traj_id ORDER BY count(*) DESC LIMIT 1",
+                              [run_id]).fetchall()
+    toks = queries.tokens(store, run_id, tid)
+    rejected = toks[toks["rejected"].fillna(False).astype(bool)]
+    assert len(rejected) > 0 and not rejected["trained"].any()
+    lint = _tokens.mask_lint(toks, queries.turns(store, run_id, [tid]), updated=True)
+    assert "action token not trained" not in set(lint["issue"])
+    view = _tokens.token_html(toks, "loss mask", updated=True)
+    assert view.count(_tokens._REJECTED_BG) == len(rejected)
+    assert _tokens._WRONG_BG not in view
+    assert view.count("rejected by rollout correction") == len(rejected)
