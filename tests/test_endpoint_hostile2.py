@@ -165,7 +165,6 @@ def test_a_second_sigterm_stops_at_once_while_a_request_is_in_flight():
     script = textwrap.dedent("""
         import asyncio
         from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect
         from starlette.responses import JSONResponse
         from starlette.routing import Route
         from storage.asgi_serve import ServeLimits, run
