@@ -213,7 +213,10 @@ def test_the_heads_are_fitted_on_every_ranks_batch_and_stay_identical(tiny):
         heads.append((mine.spa_model.w, mine.prm_model.w))
     for w_rank0, w_rank1, w_one in zip(heads[0], heads[1], (whole.spa_model.w, whole.prm_model.w)):
         assert torch.equal(w_rank0, w_rank1)
-        assert torch.allclose(w_rank0, w_one, atol=1e-9)
+        # the two ranks agree exactly; against one process the gathered batches are summed in
+        # another order, so float32 rounding of the features, carried through the fit (weights
+        # ~1e-3..1e-2; 3.8e-9 seen), is all that may differ
+        assert torch.allclose(w_rank0, w_one, rtol=1e-5, atol=1e-7), (w_rank0 - w_one).abs().max()
 
 
 def _heads_on_a_rank(rank: int, world: int, port: int, folder: str) -> None:
