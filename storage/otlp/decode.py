@@ -31,6 +31,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from storage.otlp.wire import repair_utf8
 from storage.recorder import clean_text
 
 MAX_VALUE_DEPTH = 16
@@ -123,7 +124,13 @@ def parse_request(raw: bytes, content_type: str, signal: str):
         try:
             msg.ParseFromString(raw)
         except (DecodeError, RecursionError, ValueError) as exc:
-            raise BodyError(f"not an OTLP {signal} protobuf message: {exc}") from None
+            if "UTF-8" not in str(exc):
+                raise BodyError(f"not an OTLP {signal} protobuf message: {exc}") from None
+            try:  # one string that is not UTF-8 costs that string (U+FFFD), not the body
+                msg = cls()
+                msg.ParseFromString(repair_utf8(raw, cls.DESCRIPTOR))
+            except (DecodeError, RecursionError, ValueError) as exc2:
+                raise BodyError(f"not an OTLP {signal} protobuf message: {exc2}") from None
         return msg, rejected
     try:
         obj = json.loads(raw.decode("utf-8"))
