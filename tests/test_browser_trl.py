@@ -13,7 +13,7 @@ import urllib.parse
 
 import pytest
 
-pytest.importorskip("trl", reason="TRL is optional: install requirements-trl.txt")
+pytest.importorskip("trl", reason="TRL is optional: make extras (make test installs it)")
 
 from tests.browser_harness import ROOT, browser_fixtures, scratch_dir, served_app  # noqa: E402
 from tests.test_browser import no_exception, settle  # noqa: E402

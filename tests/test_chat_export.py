@@ -101,7 +101,7 @@ def test_export_selects_by_tag_and_query_and_round_trips_through_import(tmp_path
 
 
 def test_trl_sft_trainer_trains_a_step_on_an_exported_search_run(tmp_path):
-    pytest.importorskip("trl", reason="TRL is optional: install requirements-trl.txt")
+    pytest.importorskip("trl", reason="TRL is optional: make extras (make test installs it)")
     import torch
     from datasets import load_dataset
     import trl

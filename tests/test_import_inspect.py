@@ -19,8 +19,7 @@ from storage.ingest.messages import MAX_MESSAGE_CHARS
 from storage.ingest.zip_members import Archive
 
 ROOT = Path(__file__).resolve().parent.parent
-NEEDS = ("inspect-ai is optional and not installed: .venv/bin/pip install --no-deps "
-         "-r requirements-inspect.txt (.ci/run does)")
+NEEDS = "inspect-ai is optional and not installed: make extras (make test installs it)"
 EPOCHS = ("epoch1", "epoch2")
 SAMPLES = ("solved", "failed", "errored", "limited")
 

@@ -12,6 +12,8 @@ from pages._tokens import mask_lint
 from storage import db, queries
 from tests.test_pages import app, demo, texts  # noqa: F401  (fixtures)
 
+RL_EXTRAS = "verl and OpenPipe ART are optional: make extras (make test installs them)"
+
 
 def _q(store, sql, params=()):
     with db.reading(store) as con:
@@ -25,7 +27,7 @@ def _verl_batch(tokenizer, step: int):
     reply is masked out, GRPO advantages from verl's own ``compute_grpo_outcome_advantage``."""
     torch = pytest.importorskip("torch")
     np = pytest.importorskip("numpy")
-    verl = pytest.importorskip("verl")
+    verl = pytest.importorskip("verl", reason=RL_EXTRAS)
     from verl.trainer.ppo import core_algos
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -69,7 +71,7 @@ def _verl_batch(tokenizer, step: int):
 
 
 def test_verl_dataproto_recorded_token_by_token(tmp_path):
-    pytest.importorskip("verl")
+    pytest.importorskip("verl", reason=RL_EXTRAS)
     from core.model.models import load_tokenizer
     from storage.integrations.verl_batch import VerlBatchRecorder
 
@@ -121,7 +123,7 @@ def _art_logs(art_path) -> tuple:
     """Two steps of ART trajectory logs, made with ART's own classes and written where and how its
     backend's ``_log`` writes them (``serialize_trajectory_groups`` into the model's
     ``trajectories/{split}/{step:04d}.jsonl``)."""
-    art = pytest.importorskip("art")
+    art = pytest.importorskip("art", reason=RL_EXTRAS)
     from art.types import Choice
     from art.utils.output_dirs import get_model_dir, get_trajectories_split_dir
     from art.utils.trajectory_logging import serialize_trajectory_groups
@@ -325,7 +327,7 @@ def test_skyrl_generator_output_recorded_token_by_token(tmp_path):
 def test_pages_on_a_recorded_verl_batch(app, tmp_path):
     """Replay's token view coloured by mismatch and advantage, Groups and Dynamics (its mismatch
     charts) load on the import."""
-    pytest.importorskip("verl")
+    pytest.importorskip("verl", reason=RL_EXTRAS)
     from core.model.models import load_tokenizer
     from storage.integrations.verl_batch import VerlBatchRecorder
 

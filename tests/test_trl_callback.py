@@ -1,7 +1,7 @@
 """storage.integrations.trl.RecorderCallback on a real TRL GRPOTrainer (tiny model, 2 steps):
 what the store holds afterwards, and that every page opens the run.
 
-TRL is optional (requirements-trl.txt; .ci/run installs it): without it these tests are skipped.
+TRL is optional (requirements-trl.txt; `make extras`, which `make test` runs, installs it): without it these tests are skipped.
 """
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-pytest.importorskip("trl", reason="TRL is optional: install requirements-trl.txt "
-                                  "(pip install --no-deps -r requirements-trl.txt) to run this")
+pytest.importorskip("trl", reason="TRL is optional: make extras (make test installs it)")
 
 import streamlit as st  # noqa: E402
 import streamlit.testing.v1.app_test as app_test  # noqa: E402
