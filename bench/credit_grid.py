@@ -1,7 +1,7 @@
 """The credit grid on the non-slippery lake: every method x seed from one SFT start, read back as
 held-out success curves with a confidence band over seeds. A script:
 
-    python bench/credit_grid.py table --db sample_runs/credit_grid.duckdb [--threshold 0.25]
+    python bench/credit_grid.py table --db sample_runs/credit_grid.duckdb [--threshold 0.125]
     python bench/credit_grid.py merge runs/credit_grid/*.duckdb --db OUT.duckdb \
                                      [--tokens-for "grpo seed 0"]
 
@@ -33,6 +33,10 @@ sys.path.insert(0, str(ROOT))
 
 NAME = re.compile(r"^lake credit (?P<method>\S+) seed (?P<seed>\d+)")
 """The run names credit_grid.sh gives (the SFT start: "lake credit start ...")."""
+
+
+ORDER = ("grpo", "dr_grpo", "rloo", "starpo_s", "gigpo", "gigpo_traj", "ppo", "prm", "spa")
+"""credit_grid.sh's methods, in the order the README's table lists them."""
 
 
 def t975(df: int) -> float:
@@ -75,7 +79,8 @@ def table(db: str, threshold: float, methods: list[str] | None = None) -> None:
     by_method, start = curves(db)
     if not by_method:
         sys.exit(f"{db}: no runs named 'lake credit METHOD seed S'")
-    order = [m for m in (methods or list(by_method)) if m in by_method]
+    order = [m for m in (methods or ORDER) if m in by_method]
+    order += [m for m in sorted(by_method) if m not in order]
     s0 = max(start) if start else None
     if s0 is not None:
         print(f"start (SFT, step {s0}): held-out success {start[s0]:.3f}")
@@ -125,6 +130,21 @@ def table(db: str, threshold: float, methods: list[str] | None = None) -> None:
             f, fh = band(firsts)
             last, lh = band(lasts)
             print(f"{method:22}{f:.3f} +- {fh:.3f} -> {last:.3f} +- {lh:.3f}")
+    # what Dynamics draws, in numbers: groups with no reward spread (no outcome gradient from
+    # them), the policy's entropy at the first and the last RL step, the mean |advantage|
+    cols = {name: curves(db, name)[0] for name in
+            ("reward/frac_zero_std", "policy/entropy", "adv/abs_mean")}
+    print(f"\n{'method':22}{'zero-std groups':>16}{'entropy first -> last':>24}{'mean |A|':>10}")
+    for method in order:
+        zs = [v for pts in cols["reward/frac_zero_std"].get(method, {}).values()
+              for v in pts.values()]
+        ent = list(cols["policy/entropy"].get(method, {}).values())
+        adv = [v for pts in cols["adv/abs_mean"].get(method, {}).values() for v in pts.values()]
+        if zs and ent and adv:
+            e0 = sum(p[min(p)] for p in ent) / len(ent)
+            e1 = sum(p[max(p)] for p in ent) / len(ent)
+            print(f"{method:22}{sum(zs) / len(zs):>16.2f}{e0:>15.3f} -> {e1:.3f}"
+                  f"{sum(adv) / len(adv):>10.3f}")
 
 
 def merge(sources: list[str], dest: str, tokens_for: list[str]) -> None:
@@ -159,7 +179,9 @@ def main() -> None:
     parser.add_argument("mode", choices=("table", "merge"))
     parser.add_argument("sources", nargs="*", help="merge: the per-run stores, in order")
     parser.add_argument("--db", required=True, help="table: the store to read; merge: to write")
-    parser.add_argument("--threshold", type=float, default=0.25)
+    parser.add_argument("--threshold", type=float, default=0.125,
+                        help="held-out success to reach (default: the best single move's, "
+                             "Left at every turn: 4 of the 32 held-out lakes)")
     parser.add_argument("--methods", help="table: these methods, in this order")
     parser.add_argument("--tokens-for", action="append", default=[],
                         help="merge: keep token rows of runs whose name contains this")

@@ -31,7 +31,8 @@ SFT_STEPS=${SFT_STEPS:-80}
 
 flags() {  # the flags that make METHOD
     case "$1" in
-        grpo|dr_grpo|rloo|starpo_s|ppo) echo "--algo $1" ;;
+        grpo|dr_grpo|rloo|starpo_s) echo "--algo $1" ;;
+        ppo) echo "--algo ppo" ;;
         gigpo) echo "--algo gigpo --gigpo-episode-stats steps" ;;
         gigpo_traj) echo "--algo gigpo --gigpo-episode-stats trajectories" ;;
         prm) echo "--algo grpo --w-prm 1" ;;
@@ -42,30 +43,40 @@ flags() {  # the flags that make METHOD
 
 mkdir -p "$DIR"
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-start_db="$DIR/start.duckdb"
-if [ ! -f "$start_db" ]; then
-    t0=$SECONDS
-    "$PY" -m core.train "${COMMON[@]}" --algo grpo --sft-steps "$SFT_STEPS" --sft-lr 5e-3 \
-        --steps 0 --seed 0 --name "lake credit start: SFT $SFT_STEPS" --db "$start_db" \
-        --checkpoint-dir "$DIR/ckpt-start"
-    echo "start: $((SECONDS - t0)) s, commit $commit" >&2
-fi
-ckpt=$(ls -d "$DIR"/ckpt-start/*/ | head -1)
+start() {  # the SFT start (KIND: start, or start-ppo: the same SFT with PPO's value head)
+    local kind=$1 algo=$2 t0=$SECONDS
+    [ -f "$DIR/$kind.duckdb" ] && return 0
+    "$PY" -m core.train "${COMMON[@]}" --algo "$algo" --sft-steps "$SFT_STEPS" --sft-lr 5e-3 \
+        --steps 0 --seed 0 --name "lake credit $kind: SFT $SFT_STEPS" --db "$DIR/$kind.duckdb" \
+        --checkpoint-dir "$DIR/ckpt-$kind"
+    echo "$kind: $((SECONDS - t0)) s, commit $commit" >&2
+}
+start start grpo
+# PPO's optimizer holds its value head too, so it cannot restore the first start's optimizer
+# state ("a parameter group that doesn't match"): PPO goes on from its own SFT start, the same
+# 80 SFT steps with the value head beside them (the head gets no SFT gradient)
+case " $METHODS " in *" ppo "*) start start-ppo ppo ;; esac
 for seed in $SEEDS; do  # every method's seed 0 before any seed 1: a stop leaves whole seeds
     for method in $METHODS; do
         db="$DIR/$method-s$seed.duckdb"
         [ -f "$db" ] && continue
         t0=$SECONDS
+        rm -f "$db.part" "$db.part.lock" "$db.part.turn" "$db.part.wal"  # a failed try's
+        kind=start; [ "$method" = ppo ] && kind=start-ppo
+        ckpt=$(ls -d "$DIR/ckpt-$kind"/*/ | head -1)
         # shellcheck disable=SC2046
-        "$PY" -m core.train "${COMMON[@]}" $(flags "$method") --sft-steps "$SFT_STEPS" \
+        if "$PY" -m core.train "${COMMON[@]}" $(flags "$method") --sft-steps "$SFT_STEPS" \
             --init-from "$ckpt" --steps "$STEPS" --seed "$seed" \
             --name "lake credit $method seed $seed" --db "$db.part" \
-            --checkpoint-dir "$DIR/ckpt-$method-s$seed"
-        mv "$db.part" "$db"
-        echo "$method seed $seed: $((SECONDS - t0)) s, commit $commit" >&2
+            --checkpoint-dir "$DIR/ckpt-$method-s$seed"; then
+            mv "$db.part" "$db"
+            echo "$method seed $seed: $((SECONDS - t0)) s, commit $commit" >&2
+        else  # one method failing leaves the others to run; its partial store is not merged
+            echo "$method seed $seed: FAILED after $((SECONDS - t0)) s, commit $commit" >&2
+        fi
     done
 done
 rm -f "$OUT" "$OUT".lock "$OUT".turn "$OUT".wal
-"$PY" bench/credit_grid.py merge "$start_db" $(ls "$DIR"/*-s*.duckdb) --db "$OUT" \
-    --tokens-for "lake credit start" --tokens-for "grpo seed 0" --tokens-for "gigpo seed 0"
+"$PY" bench/credit_grid.py merge "$DIR"/start*.duckdb $(ls "$DIR"/*-s*.duckdb) --db "$OUT" \
+    --tokens-for "lake credit start:" --tokens-for "gigpo seed 0"
 "$PY" bench/credit_grid.py table --db "$OUT"

@@ -7,7 +7,7 @@
 #                                       imported run of apps_tiny; inspect: needs inspect-ai;
 #                                       search, search_sft, search_credit: SmolLM2, an hour or
 #                                       more each, mismatch: SmolLM2, about 25 minutes, and
-#                                       credit_grid: 28 tiny runs, an hour or more; never by
+#                                       credit_grid: 29 tiny runs, an hour or more; never by
 #                                       default)
 #
 # Each store is rebuilt from scratch (the old file is removed first). Checkpoints go under runs/
