@@ -54,3 +54,39 @@ def test_a_protobuf_body_that_is_garbage_is_still_a_400(tmp_path):
     finally:
         r.stop()
     assert status == 400, body
+
+
+def test_big_compressed_bodies_are_decoded_and_stored_a_few_at_a_time(tmp_path):
+    """20 gzip bodies of 61 KB, 60 MB inflated each, sent at once took the receiver past 8 GB:
+    every one was decoded at the same time. Now at most BIG_AT_ONCE are, and every one is kept."""
+    import gzip
+    import threading
+
+    from storage.otlp.receiver import BIG_AT_ONCE
+    db = tmp_path / "o.duckdb"
+    r = Receiver(db, port=0, bounds=FAST).start()
+    decode, now, most, lock = r._decode, [0], [0], threading.Lock()
+
+    def counted(*a):  # the real decode, counting how many run at once
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        try:
+            return decode(*a)
+        finally:
+            with lock:
+                now[0] -= 1
+    r._decode = counted
+    bodies = [gzip.compress(json_body(chat_span(f"{i + 1:032x}", f"{i + 1:016x}", 10,
+                                                "z" * (4 << 20))), 1) for i in range(8)]
+    got = []
+    threads = [threading.Thread(target=lambda b=b: got.append(post(
+        r, b, "application/json", headers={"Content-Encoding": "gzip"})[0])) for b in bodies]
+    try:
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+    finally:
+        r.stop()
+    assert got == [200] * 8
+    assert 1 <= most[0] <= BIG_AT_ONCE == 2
+    assert rows(db, "SELECT count(*) FROM spans")[0][0] == 8
