@@ -73,7 +73,8 @@ class TrainConfig:
     """Start a new run from another run's checkpoint (its directory or checkpoint.pt file):
     its adapter and optimizer state are restored and the steps it completed are skipped, so the
     new run records from the step after the checkpoint's. SFT once, then try several RL settings
-    from the same start: an SFT-phase checkpoint may go on with any algorithm."""
+    from the same start: an SFT-phase checkpoint may go on with any algorithm (PPO adds a value
+    head: the LoRA weights keep their optimizer moments, the value head's start fresh)."""
 
     # -- schedule ------------------------------------------------------------------------------
     steps: int = 10

@@ -84,8 +84,9 @@ def load(directory: Path) -> Checkpoint | None:
                       reference=state.get("reference"), heads=state.get("heads"))
 
 
-def restore(ckpt: Checkpoint, policy, optimizer) -> None:
-    """Put the checkpoint's adapter, value head, reference adapter and optimizer state back."""
+def restore(ckpt: Checkpoint, policy, optimizer) -> str | None:
+    """Put the checkpoint's adapter, value head, reference adapter and optimizer state back;
+    a note when the optimizer state had to be fitted (a value head added or dropped), else None."""
     # deferred: peft and transformers take seconds to import; only building a model needs them
     from peft import set_peft_model_state_dict
     result = set_peft_model_state_dict(policy.model, ckpt.adapter)
@@ -96,7 +97,55 @@ def restore(ckpt: Checkpoint, policy, optimizer) -> None:
         policy.value_head.load_state_dict(ckpt.value_head)
     if ckpt.reference is not None:
         policy.freeze_reference(ckpt.reference)
-    optimizer.load_state_dict(ckpt.optimizer)
+    state, note = fit_optimizer_state(ckpt, policy, optimizer)
+    optimizer.load_state_dict(state)
+    return note
+
+
+def fit_optimizer_state(ckpt: Checkpoint, policy, optimizer) -> tuple[dict, str | None]:
+    """The checkpoint's optimizer state shaped for ``optimizer``, and a note if it was reshaped.
+
+    An SFT checkpoint may go on with another algorithm, and PPO adds a value head that a run of,
+    say, grpo never had (or the other way round). The optimizer has one group over
+    policy.trainable_parameters(): the LoRA weights first, the value head's last. So the LoRA
+    weights keep their moments and the value head's start fresh (or are dropped); anything
+    else that does not line up is refused rather than loaded into the wrong weights."""
+    saved = ckpt.optimizer
+    groups = optimizer.param_groups
+    had = [len(g["params"]) for g in saved["param_groups"]]
+    has = [len(g["params"]) for g in groups]
+    if had == has:
+        return saved, None
+    head = len(list(policy.value_head.parameters())) if policy.value_head is not None else 0
+    added = ckpt.value_head is None and head > 0
+    dropped = ckpt.value_head is not None and policy.value_head is None
+    # a checkpoint's value head has as many tensors as the model's would (same nn.Linear)
+    count = head if added else len(ckpt.value_head) if dropped else 0
+    lora = has[0] - count if added else has[0]
+    if not (count and len(had) == len(has) == 1 and had[0] + (count if added else -count)
+            == has[0]):
+        raise RuntimeError(f"checkpoint's optimizer state does not fit the model: parameter "
+                           f"groups of {had} tensors, the optimizer has {has}")
+    ids = saved["param_groups"][0]["params"]
+    kept = ids[:lora]
+    params = groups[0]["params"]
+    for i, p in zip(kept, params[:lora]):
+        for name, moment in saved["state"].get(i, {}).items():
+            if torch.is_tensor(moment) and moment.dim() and moment.shape != p.shape:
+                raise RuntimeError(f"checkpoint's optimizer state does not fit the model: its "
+                                   f"{name} of shape {tuple(moment.shape)} for a weight of "
+                                   f"shape {tuple(p.shape)}")
+    # new ids for the value head's tensors: no state under them, so AdamW starts them fresh
+    group = {**saved["param_groups"][0],
+             "params": kept + list(range(max(ids, default=-1) + 1,
+                                         max(ids, default=-1) + 1 + (count if added else 0)))}
+    state = {i: saved["state"][i] for i in kept if i in saved["state"]}
+    what = ("has no value head: the LoRA weights' moments are loaded, the value head's "
+            "start fresh") if added else ("has a value head this run does not use: its "
+                                          "moments are left out, the LoRA weights' loaded")
+    return ({**saved, "state": state, "param_groups": [group]},
+            f"checkpoint step {ckpt.step} ({ckpt.phase}) {what} ({lora} LoRA tensors, "
+            f"{count} value-head tensors)")
 
 
 

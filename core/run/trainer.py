@@ -156,7 +156,10 @@ def restore(run: Setup, run_id: str, where, refusal: str) -> int:
     if ckpt is None:
         return -1
     _check_compatible(cfg, ckpt, refusal)
-    checkpoint.restore(ckpt, run.policy, run.sft_opt if ckpt.phase == "sft" else run.rl_opt)
+    note = checkpoint.restore(ckpt, run.policy,
+                              run.sft_opt if ckpt.phase == "sft" else run.rl_opt)
+    if note and run.ranks.main:
+        tqdm.write(note)
     run.turn_credit.load_state(ckpt.heads)
     if cfg.init_from and not cfg.resume and cfg.adapter_every and run.ranks.main:
         save_adapter(run, run_id, ckpt.step)  # the policy the new run's first step starts from
