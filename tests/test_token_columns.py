@@ -21,6 +21,7 @@ def _rollout(**spoil):
     values = {"mask": [1, 1, 0, 0, 1, 1], "logprobs": [-0.1, -0.2, 0.0, 0.0, -0.3, -0.4],
               "train_logprobs": [-0.1, -0.25, 0.0, 0.0, -0.3, -0.5],
               "advantages": [0.5] * 6, "ids": ids}
+    stored_ids = spoil.pop("stored_ids", {})
     for name, changes in spoil.items():
         for at, value in changes.items():
             values[name][at] = value
@@ -28,6 +29,8 @@ def _rollout(**spoil):
                                      logprobs=values["logprobs"],
                                      train_logprobs=values["train_logprobs"],
                                      advantages=values["advantages"])
+    for at, value in stored_ids.items():  # rollout_columns refuses such an id (door.token_ids):
+        columns.token_id[at] = value       # set on columns made some other way
     rec = {"traj_id": "t", "task_id": "q", "turns": turns, "reward": 1.0}
     return {**rec, "tokens": columns}, {**rec, "tokens": columns.rows()}
 
@@ -51,8 +54,8 @@ def _outcome(rec):
     ({"logprobs": {0: 5e-5}}, None),                   # within the slack: stored as 0.0
     ({"train_logprobs": {5: 2e-4}},
      "field 'tokens[7].train_logprob' must be a log-probability (finite and <= 0), got 0.0002"),
-    ({"ids": {6: 2**31}}, "field 'tokens[6].token_id' must be between 0 and 2^31-1, got "
-                          "2147483648"),
+    ({"stored_ids": {6: 2**31}}, "field 'tokens[6].token_id' must be between 0 and 2^31-1, "
+                                 "got 2147483648"),
     ({"logprobs": {2: math.nan}, "advantages": {3: math.inf}}, None),  # untrained: not kept
 ])
 def test_columns_are_checked_as_the_same_tokens_given_as_objects(spoil, said):
@@ -68,6 +71,12 @@ def test_columns_are_checked_as_the_same_tokens_given_as_objects(spoil, said):
         assert [t["turn"] for t in got] == [-1, -1, 0, 0, 0, 0, 1, 1]
         slack = spoil.get("logprobs", {}).get(0) == 5e-5
         assert "logprob" not in got[4] and got[2]["logprob"] == (0.0 if slack else -0.1)
+
+
+def test_an_id_no_token_can_have_is_refused_before_columns_are_made():
+    with pytest.raises(LineError, match=r"field 'token ids\[6\]' must be a token id between 0 "
+                                        r"and 2\^31-1, got 2147483648"):
+        _rollout(ids={6: 2**31})
 
 
 def test_a_recorded_step_keeps_each_bad_rollout_alone_and_writes_the_rest_in_chunks(
@@ -120,15 +129,23 @@ def test_a_verifiers_trace_with_an_id_outside_the_vocabulary_fails_alone():
     from pathlib import Path
 
     from core.model.models import load_tokenizer
+    from storage.ingest.door import convert
     from storage.ingest.verifiers_traces import episode_records
 
     tokenizer = load_tokenizer("tiny")
     line = (Path(__file__).parent / "fixtures" / "verifiers" / "traces.jsonl").read_text()
-    episode = json.loads(line.splitlines()[0])
-    episode["traces"].append(json.loads(json.dumps(episode["traces"][0])))
-    episode["traces"][1]["id"] = "spoiled"
-    episode["traces"][1]["nodes"][0]["token_ids"][0] = 2**40
-    good, bad = episode_records(episode, tokenizer)
-    assert len(good["tokens"]) > 0 and good["tokens"].first("logprob") is not None
-    assert isinstance(bad, LineError)
-    assert f"token id {2**40} is outside the tokenizer's vocabulary of" in str(bad)
+    outside = len(tokenizer) + 5  # an id no token of the tokenizer has (below 2^31)
+    for spoil, said in ((outside, f"token id {outside} is outside the tokenizer's vocabulary of"),
+                        (2**40, "field 'nodes[0].token_ids[0]' must be a token id between 0 "
+                                f"and 2^31-1, got {2**40}")):
+        episode = json.loads(line.splitlines()[0])
+        episode["traces"].append(json.loads(json.dumps(episode["traces"][0])))
+        episode["traces"][1]["id"] = "spoiled"
+        episode["traces"][1]["nodes"][0]["token_ids"][0] = spoil
+        # each trace is made under the framework's guard, as import does
+        (where_good, good), (where_bad, bad) = convert("line 1",
+                                                       lambda: episode_records(episode, tokenizer))
+        assert (where_good, where_bad) == ("line 1[0]", "line 1[1]")
+        assert len(good["tokens"]) > 0 and good["tokens"].first("logprob") is not None
+        assert isinstance(bad, LineError)
+        assert said in str(bad)
