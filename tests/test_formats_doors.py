@@ -89,9 +89,16 @@ def test_a_30_kb_verifiers_line_cannot_build_a_huge_value(tmp_path):
     bad["traces"][0]["rewards"]["correct"]["weight"] = "x" * 8
     bad["pad"] = "y" * 30_000
     path = _write(tmp_path / "traces.jsonl", [_episode(1), bad, _episode(3)])
+    # The command line's own peak, in a process of its own: VmHWM, its address space's high
+    # water mark. Not ru_maxrss: Linux folds the pre-exec address space's peak into it, and
+    # subprocess forks (vfork) from pytest, so it read the pytest worker's peak (a worker grown
+    # to 1.5 GB gave ru_maxrss 1548 MB for an import whose VmHWM was 176 MB; 832 and 1708 MB
+    # were seen in full-suite runs). ru_maxrss only where there is no /proc.
     peak = ("import resource, sys\nfrom storage.io import main\ncode = main(sys.argv[1:])\n"
-            "print(f'peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}')\n"
-            "sys.exit(code)")  # the command line's own peak, in a process of its own
+            "try:\n    kb = next(int(s.split()[1]) for s in open('/proc/self/status')\n"
+            "              if s.startswith('VmHWM:'))\n"
+            "except OSError:\n    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "print(f'peak {kb}')\nsys.exit(code)")
     out = subprocess.run([sys.executable, "-c", peak, "import", str(path), "--db",
                           str(tmp_path / "s.duckdb"), "--format", "verifiers"], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
