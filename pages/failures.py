@@ -21,7 +21,7 @@ OPEN_MEANING = ("Not a failure: an agent still running, received over OpenTeleme
 
 
 # Cached per (store, run, version, facets): a rerun (selecting a row, typing a tag) re-reads
-# nothing. Tags are read fresh: this page writes them.
+# nothing. Tags are read again when the store was written (run_tags): this page writes them.
 @st.cache_data(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
 def search(store: str, run_id: str, version: str, text: str, classes: tuple | None,
            step_range: tuple[int, int], splits: tuple | None, success: bool | None,

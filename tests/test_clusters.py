@@ -3,6 +3,7 @@ and what the Failures page reads (storage.queries.failure_clusters)."""
 from __future__ import annotations
 
 import shutil
+import urllib.parse
 from pathlib import Path
 
 import duckdb
@@ -210,4 +211,6 @@ def test_failures_page_refuses_to_name_clusters_without_structure(app, tmp_path)
     assert said and "no substantial structure" in said[0] and "not named" in said[0]
     table = next(f.value for f in at.dataframe if "terms" in f.value.columns)
     assert set(table["terms"]) == {"(not named: no substantial structure)"}
-    assert any("glossary#silhouette" in cap.value for cap in at.caption)
+    # the Glossary link carries the sidebar's run (pages/_terms.link)
+    query = urllib.parse.urlencode({"store": str(store), "run": run_id})
+    assert any(f"glossary?{query}#silhouette" in cap.value for cap in at.caption)

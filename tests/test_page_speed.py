@@ -137,13 +137,27 @@ def test_a_rerun_of_dynamics_reads_nothing(page, reads):
     assert [r for r in reads if r != "runs"] == []  # the run list alone expires (5 s)
 
 
-def test_a_rerun_of_failures_reads_only_the_tags(page, reads):
+def test_a_rerun_of_failures_reads_the_tags_only_once_written(page, reads):
+    """A rerun reads nothing while the store is unwritten; once written (this page saves tags),
+    the tags are read again and a tag saved shows at once (pages/failures.py run_tags, keyed by
+    the store's stamp since 3bdd9e3)."""
+    from storage import annotations
     at = page("failures")
     assert "search_trajectories" in reads
     reads.clear()
     at.run()
     assert not at.exception
-    assert [r for r in reads if r != "runs"] == ["tags"]
+    assert [r for r in reads if r != "runs"] == []
+    traj = queries.search_trajectories(at.query_params["store"], big_store.RUN).iloc[0]
+    annotations.add_tag(at.query_params["store"], big_store.RUN, traj["traj_id"], "speed-test")
+    reads.clear()
+    at.run()
+    assert not at.exception
+    # the tags, then the list searched again with them (failures.search's tags_seen: the text
+    # search reads tags and notes); nothing else
+    assert [r for r in reads if r != "runs"] == ["tags", "search_trajectories",
+                                                 "count_trajectories"]
+    assert "speed-test" in at.multiselect(key="fail_tags").options
 
 
 def test_colour_by_and_next_turn_read_nothing(page, reads):
