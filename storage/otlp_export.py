@@ -24,7 +24,8 @@ store keeps no per-turn clock): each step one second apart, each turn one millis
 
 Every door bounded: http(s) endpoints only, at most 4 MiB of protobuf a request (gzip), retries
 on 429/502/503/504 honouring Retry-After (at most 30 s, 5 tries), and an error naming the endpoint
-and the HTTP status. The rules of the endpoint client (core/endpoint/transport.py), here too:
+and the HTTP status. The rules of the endpoint client, through the same code
+(storage/http_client.py):
 
 * **one deadline per request** (``timeout``, ``--timeout``): from connect to the answer's last
   byte, however the collector paces its bytes (a per-read timeout lets a byte every 2 s hang it
@@ -38,18 +39,14 @@ and the HTTP status. The rules of the endpoint client (core/endpoint/transport.p
 """
 from __future__ import annotations
 
-import functools
 import gzip
 import hashlib
 import http.client
 import json
-import socket
 import ssl
-import threading
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Iterator
 
 from google.protobuf.message import DecodeError
@@ -59,7 +56,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from storage import db
+from storage import db, http_client
 from storage.export import Filters, _records, _run_config, selected_ids
 
 MAX_REQUEST_BYTES = 4 << 20
@@ -192,98 +189,24 @@ def run_requests(db_path, run_id: str, filters: Filters = Filters(), chunk: int 
         yield request(pending), count
 
 
-class _Deadline:
-    """One request's end, ``limit_s`` after it began: each socket operation waits at most the
-    time left, and at the end a timer shuts the request's sockets, which ends a read that a
-    dripping server keeps alive byte by byte."""
-
-    def __init__(self, limit_s: float):
-        self.limit_s, self.end = limit_s, time.monotonic() + limit_s
-        self.passed, self._socks, self._lock = False, [], threading.Lock()
-        self._timer = threading.Timer(limit_s, self._cut)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def left(self) -> float:
-        left = self.end - time.monotonic()
-        if left <= 0 or self.passed:
-            self.passed = True
-            raise TimeoutError(f"over {self.limit_s:g} s")
-        return left
-
-    def connect(self, address, timeout=None, source_address=None) -> socket.socket:
-        sock = socket.create_connection(address, self.left(), source_address)
-        with self._lock:
-            self._socks.append(sock)
-            if self.passed:
-                self._cut_locked()
-        return sock
-
-    def _cut(self) -> None:
-        with self._lock:
-            self.passed = True
-            self._cut_locked()
-
-    def _cut_locked(self) -> None:
-        for sock in self._socks:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def cancel(self) -> None:
-        self._timer.cancel()
-
-
-class _Connection(http.client.HTTPConnection):
-    def __init__(self, host, *, deadline: _Deadline, timeout=None, **kwargs):
-        super().__init__(host, timeout=deadline.left(), **kwargs)
-        self._create_connection = deadline.connect
-
-
-class _TLSConnection(http.client.HTTPSConnection):
-    def __init__(self, host, *, deadline: _Deadline, timeout=None, **kwargs):
-        super().__init__(host, timeout=deadline.left(), **kwargs)
-        self._create_connection = deadline.connect  # the TLS socket wraps this one
-
-
-class _HTTPHandler(urllib.request.HTTPHandler):
-    def http_open(self, req):
-        return self.do_open(functools.partial(_Connection, deadline=req.deadline), req)
-
-
-class _HTTPSHandler(urllib.request.HTTPSHandler):
-    def https_open(self, req):
-        return self.do_open(functools.partial(_TLSConnection, deadline=req.deadline), req,
-                            context=self._context)
-
-
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args):
-        return None  # the 3xx comes back as an HTTPError, answered in post()
-
-
-_OPENER = urllib.request.build_opener(_HTTPHandler, _HTTPSHandler, _NoRedirects)
+_OPENER = http_client.opener(redirects="none")  # a 3xx comes back as an HTTPError: post()
 
 
 def _exchange(endpoint: str, data: bytes, headers: dict, timeout: float):
     """(status, headers, body up to MAX_ANSWER_BYTES + 1) of one POST within ``timeout`` in
-    all; TimeoutError past it; OSError when no answer came."""
-    deadline = _Deadline(timeout)
-    req = urllib.request.Request(endpoint, data=data, headers=headers, method="POST")
-    req.deadline = deadline
+    all (storage/http_client.py ``Deadline``); TimeoutError past it; OSError when no answer
+    came."""
+    req = http_client.request(endpoint, http_client.Deadline(timeout), data, headers, "POST")
     try:
         try:
             with _OPENER.open(req, timeout=timeout) as reply:
-                return reply.status, reply.headers, _read(reply, deadline)
+                return reply.status, reply.headers, _read(reply)
         except urllib.error.HTTPError as exc:  # not 2xx: still an answer, maybe with a body
             with exc:
-                return exc.code, exc.headers, _read(exc.fp, deadline) if exc.fp else b""
+                return exc.code, exc.headers, _read(exc.fp) if exc.fp else b""
     except (OSError, http.client.HTTPException) as exc:
-        # each socket waits at most the time left, so its timeout is the deadline too (it can
-        # fire a moment before the timer: that was read as a failure and tried again, in full)
-        if deadline.passed or isinstance(exc, TimeoutError) \
-                or isinstance(getattr(exc, "reason", None), TimeoutError):
+        # every socket operation waits at most the time left: its timeout is the deadline
+        if isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):
             raise TimeoutError(f"no complete answer within {timeout:g} s (--timeout)") from exc
         reason = getattr(exc, "reason", exc)
         if isinstance(reason, ssl.SSLError):  # sending again meets the same server: no retry
@@ -291,16 +214,12 @@ def _exchange(endpoint: str, data: bytes, headers: dict, timeout: float):
                     else "")
             raise ExportError(f"endpoint {endpoint}: TLS failed ({reason}){hint}") from exc
         raise OSError(str(exc) or type(exc).__name__) from exc
-    finally:
-        deadline.cancel()
 
 
-def _read(reply: http.client.HTTPResponse, deadline: _Deadline) -> bytes:
-    """The answer's body, up to MAX_ANSWER_BYTES + 1; a body cut short (by the deadline, or the
-    server closing early) is an error, not a shorter answer."""
+def _read(reply: http.client.HTTPResponse) -> bytes:
+    """The answer's body, up to MAX_ANSWER_BYTES + 1; a body cut short (the server closing
+    early) is an error, not a shorter answer."""
     body = reply.read(MAX_ANSWER_BYTES + 1)
-    if deadline.passed:
-        raise TimeoutError
     if len(body) <= MAX_ANSWER_BYTES and reply.length:  # bytes announced and never sent
         raise http.client.IncompleteRead(body, reply.length)
     return body
