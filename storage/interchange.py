@@ -74,9 +74,9 @@ from storage.json_lines import (MAX_LINE_BYTES, MAX_RECORD_VALUES, LineError,  #
 from storage.recorder import NON_FINITE, clean_json, clean_text
 from storage.token_columns import TokenColumns
 from storage.token_rows import MAX_TRAJECTORY_TOKENS, TokenRows, pieces
+from storage.trajectory import (ROLES, STANDARD_COMPONENTS, TEST, TOKEN, TRAJECTORY, TURN,  # noqa: F401
+                                json_columns, record_fields, store_only)
 
-ROLES = ("prompt", "action", "observation")
-STANDARD_COMPONENTS = ("outcome", "format", "cost", "process")
 MAX_ID_CHARS = 256
 MAX_TURNS = 10_000
 MAX_COMPONENTS = 1_000
@@ -143,32 +143,13 @@ def _logprob(value: Any, where: str) -> float:
     return min(number, 0.0)
 
 
-# field -> (kind, required); a None value of an optional field means "absent"
-TOP_FIELDS = {
-    "traj_id": ("id", True), "task_id": ("id", True), "turns": ("list", True),
-    "reward": ("num", True), "group_id": ("id", False), "step": ("int", False),
-    "split": ("id", False), "prompt": ("str", False), "rewards": ("dict", False),
-    "advantage": ("num", False), "success": ("bool", False), "finish_reason": ("str", False),
-    "answer": ("str", False), "golds": ("json", False), "info": ("dict", False),
-    "tokens": ("list", False), "run": ("dict", False), "failure_class": ("str", False),
-    "filtered": ("bool", False), "grad_norm": ("num", False), "response_tokens": ("int", False),
-    "rank": ("int", False), "tests": ("list", False),
-}
-TURN_FIELDS = {
-    "action": ("str", True), "observation": ("str", False), "action_valid": ("bool", False),
-    "action_type": ("str", False), "error": ("str", False), "parsed": ("json", False),
-    "state_diff": ("json", False), "obs_truncated": ("bool", False),
-    "action_truncated": ("bool", False), "latency_s": ("num", False),
-    "advantage": ("num", False), "step_reward": ("num", False),
-}
-TEST_FIELDS = {"name": ("id", True), "passed": ("bool", True), "detail": ("str", False)}
-TOKEN_FIELDS = {
-    "text": ("str", True), "role": ("str", True), "trained": ("bool", False),
-    "logprob": ("lp", False), "token_id": ("int", False), "turn": ("sint", False),
-    "advantage": ("num", False), "entropy": ("num", False), "new_logprob": ("lp", False),
-    "ref_logprob": ("lp", False), "value": ("num", False), "train_logprob": ("lp", False),
-    "rejected": ("bool", False),
-}
+# field -> (kind, required), from the trajectory model (storage/trajectory.py), required fields
+# first; a None value of an optional field means "absent"
+TOP_FIELDS = record_fields(TRAJECTORY)
+TURN_FIELDS = record_fields(TURN)
+TEST_FIELDS = record_fields(TEST)
+TOKEN_FIELDS = record_fields(TOKEN)
+_TRAJ_JSON, _TURN_JSON = json_columns("trajectories"), json_columns("turns")
 """``logprob`` is the sampler's; ``train_logprob`` the trainer's own under the same weights (the
 training-inference mismatch, core/learn/mismatch.py, is their difference). ``rejected``
 (``--rollout-correction mis|rs``) enters the mismatch figures (storage/mismatch_queries.py)."""
@@ -227,6 +208,9 @@ def _turn(turn: Any) -> dict | None:
             if vt is int and -2**53 < value < 2**53:
                 value = float(value)
             elif vt is not float or not -_INF < value < _INF:
+                return None
+        elif kind == "dict":
+            if vt is not dict:
                 return None
         elif kind != "json" and vt is not (bool if kind == "bool" else str):
             return None
@@ -369,7 +353,8 @@ def to_rows(rec: dict, classify: Callable | None = None) -> dict[str, Any]:
     turns = [{"traj_id": tid, "step": step, "turn": i, "observation": "", **t}
              for i, t in enumerate(rec["turns"])]
     for t in turns:
-        t["parsed"], t["state_diff"] = _json(t.get("parsed")), _json(t.get("state_diff"))
+        for name in _TURN_JSON:
+            t[name] = _json(t.get(name))
     tests = [{"traj_id": tid, "step": step, "name": t["name"], "passed": t["passed"],
               "detail": t.get("detail")} for t in rec.get("tests", [])]
     failure_class = rec.get("failure_class")
@@ -407,9 +392,15 @@ def _classify(classify: Callable, rec: dict, turns: list[dict], info: dict, note
 
 
 # -- from table rows (export) ---------------------------------------------------------------------------
-TRAJ_OPTIONAL = ("group_id", "step", "split", "prompt", "advantage", "success", "finish_reason",
-                 "answer", "golds", "info", "failure_class", "filtered", "grad_norm",
-                 "response_tokens", "rank")
+TRAJ_OPTIONAL = tuple(n for n, (_, required) in TOP_FIELDS.items()
+                      if not required and n in {f.name for f in TRAJECTORY if f.sql})
+"""The stored fields a record may give (storage/trajectory.py): what export writes besides the
+required ones."""
+
+
+def _loads(row: dict, names: tuple[str, ...]) -> dict:
+    """``row`` with its JSON columns ``names`` read back (a NULL or empty one left None)."""
+    return dict(row, **{n: json.loads(row[n]) if row.get(n) else None for n in names})
 
 
 def _clean(row: dict, drop: tuple[str, ...]) -> dict:
@@ -420,20 +411,16 @@ def from_rows(traj: dict, turns: list[dict], rewards: list[dict], tokens: list[d
               tests: list[dict] | None = None) -> dict:
     """The generic record of one stored trajectory (the inverse of ``to_rows``)."""
     rec = {"traj_id": traj["traj_id"], "task_id": traj["task_id"]}
+    traj = {k: json.loads(v) if k in _TRAJ_JSON and v is not None else v
+            for k, v in traj.items()}
     for key in TRAJ_OPTIONAL:
-        value = traj.get(key)
-        if key in ("golds", "info") and value is not None:
-            value = json.loads(value)
-        rec[key] = value
-    rec["turns"] = [_clean(dict(t, parsed=json.loads(t["parsed"]) if t.get("parsed") else None,
-                                state_diff=json.loads(t["state_diff"]) if t.get("state_diff")
-                                else None), ("run_id", "step", "traj_id", "turn"))
-                    for t in turns]
+        rec[key] = traj.get(key)
+    rec["turns"] = [_clean(_loads(t, _TURN_JSON), store_only("turns")) for t in turns]
     rec["reward"] = traj["reward"]
     rec["rewards"] = {r["component"]: r["value"] for r in rewards}
-    rec["tokens"] = [_clean(t, ("run_id", "step", "traj_id", "pos")) for t in tokens]
+    rec["tokens"] = [_clean(t, store_only("tokens")) for t in tokens]
     if tests:
-        rec["tests"] = [_clean(t, ("run_id", "step", "traj_id")) for t in tests]
+        rec["tests"] = [_clean(t, store_only("test_results")) for t in tests]
     # NaN/+-inf (DOUBLE columns; JSON written before the recorder wrote them as strings) become
     # "NaN"/"Infinity"/"-Infinity", which the importer reads back as those numbers.
     return clean_json(_clean(rec, ()))

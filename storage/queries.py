@@ -21,6 +21,7 @@ import pandas as pd
 
 from storage import chat_export, db
 from storage.migrations import check_version
+from storage.trajectory import TOKEN, columns
 
 STORE_DIRS = ("sample_runs", "runs")
 STORE_SUFFIXES = (".duckdb", ".db")
@@ -147,23 +148,31 @@ def metric_series(path: str | Path, run_ids: list[str], names: list[str]) -> pd.
         ORDER BY run_id, step, name""", [list(run_ids), list(names)])
 
 
+METRICS_VERSION_SQL = ("SELECT count(*) || '.' || coalesce(bit_xor(hash(step, name, value)), 0) "
+                       "FROM metrics WHERE run_id = ?")
+"""A run's metric rows as ``run_version`` keys them: their count and a fingerprint of their
+values (one scan of the run's rows; ``hash`` of a NaN or NULL value is a number too)."""
+
+
 def run_version(path: str | Path, run_id: str) -> str:
     """What changes when a run's data does, for the app's cached reads to be keyed by: the last
-    step, how many metric rows (a behaviours job adds some), and per trajectory its id, turns,
-    outcome and finish (a fingerprint, one scan of narrow columns). A run's last step alone never moves on an imported or OTLP run, whose
-    trajectories all sit at step 0 while the receiver or a followed import adds and rewrites
-    them; an open OTLP trajectory's ``info`` (its span count) is in it too, as it grows without
-    a new turn."""
-    df = _read(path, """
+    step, the run's metric rows (how many, and a fingerprint of their step, name and value: an
+    ``agentrl behaviours`` rerun rewrites as many rows with new values), and per trajectory its
+    id, turns, outcome and finish (a fingerprint, one scan of narrow columns). A run's last step
+    alone never moves on an imported or OTLP run, whose trajectories all sit at step 0 while the
+    receiver or a followed import adds and rewrites them; an open OTLP trajectory's ``info``
+    (its span count) is in it too, as it grows without a new turn. A few ms on the largest
+    sample run (2,409 metric rows)."""
+    df = _read(path, f"""
         SELECT (SELECT last_step FROM runs WHERE run_id = ?) AS last_step,
-               (SELECT count(*) FROM metrics WHERE run_id = ?) AS metrics, count(*) AS n,
+               ({METRICS_VERSION_SQL}) AS metrics, count(*) AS n,
                coalesce(bit_xor(hash(traj_id, num_turns, reward, success, finish_reason,
                                      failure_class)), 0) AS rows,
                coalesce(bit_xor(hash(info)) FILTER (WHERE finish_reason IS NULL), 0) AS open
         FROM trajectories WHERE run_id = ?""", [run_id, run_id, run_id])
     row = df.iloc[0]
     last = row["last_step"]
-    return f"{'' if pd.isna(last) else int(last)}:{int(row['metrics'])}:{int(row['n'])}:" \
+    return f"{'' if pd.isna(last) else int(last)}:{row['metrics']}:{int(row['n'])}:" \
            f"{int(row['rows'])}:{int(row['open'])}"
 
 
@@ -188,16 +197,13 @@ def steps(path: str | Path, run_id: str) -> pd.DataFrame:
 
 
 # -- trajectories ----------------------------------------------------------------------------------
-TRAJ_COLUMNS = """step, traj_id, group_id, task_id, split, reward, advantage, success, num_turns,
-                  finish_reason, failure_class, filtered, grad_norm, response_tokens, prompt,
-                  answer, golds, info"""
-SHOWN_COLUMNS = f"""t.step, t.traj_id, t.group_id, t.task_id, t.split,
-                   CASE WHEN {OPEN_SQL} THEN NULL ELSE t.reward END AS reward, t.advantage,
-                   CASE WHEN {OPEN_SQL} THEN NULL ELSE t.success END AS success, t.num_turns,
-                   t.finish_reason,
-                   CASE WHEN {OPEN_SQL} THEN '{OPEN_CLASS}' ELSE t.failure_class END
-                       AS failure_class,
-                   t.filtered, t.grad_norm, t.response_tokens, t.prompt, t.answer, t.golds, t.info"""
+TRAJ_COLUMNS = ", ".join(c for c in columns("trajectories") if c not in ("run_id", "rank"))
+"""A trajectory's columns as pages and exports read them (the trajectory model's,
+storage/trajectory.py; the run and the torchrun rank left out)."""
+_WHILE_OPEN = {"reward": "NULL", "success": "NULL", "failure_class": f"'{OPEN_CLASS}'"}
+SHOWN_COLUMNS = ", ".join(
+    f"CASE WHEN {OPEN_SQL} THEN {_WHILE_OPEN[c]} ELSE t.{c} END AS {c}" if c in _WHILE_OPEN
+    else f"t.{c}" for c in TRAJ_COLUMNS.split(", "))
 """TRAJ_COLUMNS as the pages show them: an open OTLP trajectory has no reward, success or class
 yet (it reads as 'open'; the store keeps what the receiver wrote, 0.0 and all)."""
 
@@ -223,9 +229,7 @@ def trajectory(path: str | Path, run_id: str, traj_id: str) -> dict | None:
     return None if df.empty else df.iloc[0].to_dict()
 
 
-TURN_COLUMNS = ["traj_id", "turn", "action", "observation", "action_valid", "action_type",
-                "parsed", "obs_truncated", "action_truncated", "latency_s", "error", "state_diff",
-                "advantage", "step_reward", "state_key", "info"]
+TURN_COLUMNS = [c for c in columns("turns") if c not in ("run_id", "step")]
 """What ``turns`` returns. ``state_key`` and ``info`` came with schema 3: a store recorded
 before (a read-only sample run, an older Parquet export) reads them as NULL."""
 
@@ -251,12 +255,17 @@ def tokens(path: str | Path, run_id: str, traj_id: str) -> pd.DataFrame:
         version = check_version(con, where=str(path))
         if version == 0:
             raise db.StoreError(f"{path} is not a store of this project (no schema recorded)")
-        train = "train_logprob" if version >= 6 else "NULL::DOUBLE AS train_logprob"
-        rejected = "rejected" if version >= 10 else "NULL::BOOLEAN AS rejected"
-        return con.execute(f"""
-            SELECT pos, token_id, text, role, trained, logprob, advantage, turn, entropy,
-                   new_logprob, ref_logprob, value, {train}, {rejected}
-            FROM tokens WHERE run_id = ? AND traj_id = ? ORDER BY pos""", [run_id, traj_id]).df()
+        have = {c for (c,) in con.execute("SELECT column_name FROM information_schema.columns "
+                                          "WHERE table_name = 'tokens'").fetchall()}
+        listed = ", ".join(f.name if f.name in have else f"NULL::{f.sql} AS {f.name}"
+                           for f in TOKEN if f.name in TOKEN_COLUMNS)
+        return con.execute(f"SELECT {listed} FROM tokens WHERE run_id = ? AND traj_id = ? "
+                           "ORDER BY pos", [run_id, traj_id]).df()
+
+
+TOKEN_COLUMNS = tuple(c for c in columns("tokens") if c not in ("run_id", "step", "traj_id"))
+"""What ``tokens`` returns (the trajectory model's token columns); a column newer than the
+store (``train_logprob``, schema 6; ``rejected``, schema 10) reads as NULL."""
 
 
 def rewards(path: str | Path, run_id: str, traj_ids: list[str]) -> pd.DataFrame:

@@ -34,10 +34,12 @@ import pandas as pd
 
 from storage import db
 from storage.migrations import migrate, prepare
+from storage.trajectory import TABLES, json_columns
 
 STEP_TABLES = ("metrics", "trajectories", "rewards", "turns", "tokens", "grad_stats", "test_results",
                "turn_signals", "renders", "behaviours")
-JSON_COLUMNS = {"trajectories": ("golds", "info"), "turns": ("parsed", "state_diff", "info")}
+JSON_COLUMNS = {t: json_columns(t) for t in TABLES if json_columns(t)}
+"""The model's JSON columns (storage/trajectory.py), which the recorder serialises."""
 RUN_STATUSES = ("running", "finished", "failed", "stopped")
 
 RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")

@@ -20,15 +20,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from storage.recorder import clean_text
+from storage.trajectory import ROLES, TOKEN, of_kind  # noqa: F401 (ROLES: the codes' names)
 
-ROLES = ("prompt", "action", "observation")
 PROMPT, ACTION, OBSERVATION = range(3)
-LOGPROBS = ("logprob", "train_logprob")
+LOGPROBS = of_kind(TOKEN, "lp")
 """Log-probabilities: finite and <= 0 (``LOGPROB_SLACK`` above 0 read as 0.0)."""
-NUMBERS = ("advantage",)
-VALUE_ORDER = ("logprob", "token_id", "advantage", "train_logprob")
-"""The order storage/interchange.py's TOKEN_FIELDS checks a token's fields in: the first bad
-field of the first bad token is the one named, as the per-token check names it."""
+NUMBERS = of_kind(TOKEN, "num")
+VALUE_ORDER = of_kind(TOKEN, "lp", "int", "num")
+"""The order storage/interchange.py's TOKEN_FIELDS checks a token's fields in (the trajectory
+model's, storage/trajectory.py): the first bad field of the first bad token is the one named,
+as the per-token check names it."""
 NON_FINITE_ORDER = ("logprob", "train_logprob", "advantage")
 """The order a rollout's token object holds its values in (storage/ingest/rollout_tokens.py
 made them so), in which ``refuse_non_finite`` met the first non-finite one."""

@@ -5,7 +5,7 @@ then each tool call as ``name(arg=value)`` (when the span does not carry its cal
 spans that ran before the next call, whatever their convention: a tool turn); its observation
 what the next call was given after the last assistant message (tool results, as ``name ->
 result``), else the tool spans that ran between the two calls. Model, token counts, finish
-reason and latency go to the turn's ``info``; reward, success, task, group, split and step to
+reason and latency go to the turn's ``info`` (a field of the trajectory model's turn); reward, success, task, group, split and step to
 the trajectory (conventions.py ``trace_facts``). Used by the deriver (storage/otlp/writer.py) and
 ``agentrl otlp-scores`` alike.
 """
@@ -50,8 +50,8 @@ def _tools_between(tools: list[ToolRun], start: int, end: int | None) -> list[To
 
 
 def build_record(t: OpenTrace, closed: bool) -> dict:
-    """The generic record of a conversation as it stands (validated by the caller), plus
-    ``_turn_info`` (per turn: model, tokens, finish reason, span) for the turns' ``info``."""
+    """The generic record of a conversation as it stands (validated by the caller); each turn's
+    ``info`` holds its span, convention, model, token counts and finish reason."""
     spans = list(t.spans.values())
     calls = sorted(filter(None, (llm_call(s) for s in spans)), key=lambda c: (c.order, c.start_ns))
     by_span = {c.span_id: c for c in calls}
@@ -61,7 +61,7 @@ def build_record(t: OpenTrace, closed: bool) -> dict:
     tools = sorted(filter(None, (tool_run(s) for s in spans)), key=lambda r: r.start_ns)
     names = {c["id"]: c["name"] for call in calls for c in call.calls if c.get("id")}
     names.update({r.call_id: r.name for r in tools if r.call_id})
-    turns, turn_info = [], []
+    turns = []
     for i, call in enumerate(calls):
         nxt = calls[i + 1] if i + 1 < len(calls) else None
         observation = _seen_after_last_assistant(nxt, names) if nxt else ""
@@ -89,11 +89,10 @@ def build_record(t: OpenTrace, closed: bool) -> dict:
                                              for c in made]}
         if errors:
             turn["error"] = "; ".join(errors)[:4000]
+        turn["info"] = {"span_id": call.span_id, "convention": call.convention,
+                        "model": call.model, "input_tokens": call.input_tokens,
+                        "output_tokens": call.output_tokens, "finish_reason": call.finish_reason}
         turns.append(turn)
-        turn_info.append({"span_id": call.span_id, "convention": call.convention,
-                          "model": call.model, "input_tokens": call.input_tokens,
-                          "output_tokens": call.output_tokens,
-                          "finish_reason": call.finish_reason})
     facts = trace_facts(spans)
     notes = []
     prompt = facts.get("prompt") or _prompt(calls[0] if calls else None)
@@ -130,7 +129,6 @@ def build_record(t: OpenTrace, closed: bool) -> dict:
                            and s.parent_span_id not in t.spans})[:20]}}
     if notes:
         rec["info"]["import_notes"] = notes
-    rec["_turn_info"] = turn_info
     models = [c.model for c in calls if c.model]
     rec["run"] = {"env": "otel", "model": models[0] if models else "unknown", "algo": "none"}
     return rec

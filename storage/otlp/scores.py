@@ -48,7 +48,7 @@ from storage.otlp.assemble import OpenTrace
 from storage.otlp.record import build_record
 from storage.otlp.writer import FORMAT
 from storage.otlp.store import stored_records
-from storage.recorder import clean_text, now, to_json
+from storage.recorder import clean_text, now
 
 MAX_LINE_BYTES = 4096
 STALE_S = 120.0
@@ -212,7 +212,6 @@ def apply_scores(db_path, scores: list[Score], name: str, run: str | None = None
                       spans={sp.span_id: sp for sp in spans}, logs=logs)
         try:
             rec = build_record(t, closed=True)
-            turn_info = rec.pop("_turn_info")
             _apply(rec, s, name)
             rows_ = to_rows(validate(rec), classify)
         except Exception as exc:  # noqa: BLE001 (a span no convention expects: this trace alone)
@@ -220,8 +219,6 @@ def apply_scores(db_path, scores: list[Score], name: str, run: str | None = None
                               + (str(exc) if isinstance(exc, LineError)
                                  else f"could not be assembled: {type(exc).__name__}: {exc}"))
             continue
-        for row, info in zip(rows_["turns"], turn_info):
-            row["info"] = to_json(info)
         batches.setdefault(run_id, []).append((f"trace {s.trace_id}", rows_, traj_id))
     for run_id, batch in batches.items():
         report = ImportReport(run_id, f"scores file {name}", FORMAT)

@@ -50,11 +50,7 @@ def derive(t: OpenTrace, closed: bool) -> tuple[dict, dict]:
     """(the trajectory's rows, its record) as ``to_rows`` makes them; raises what the
     assembly or the validation raises."""
     rec = build_record(t, closed)
-    turn_info = rec.pop("_turn_info")
-    rows = to_rows(validate(rec), classify)
-    for row, info in zip(rows["turns"], turn_info):
-        row["info"] = to_json(info)
-    return rows, rec
+    return to_rows(validate(rec), classify), rec
 
 
 class Writer:
