@@ -10,7 +10,10 @@ Three ways to roll out the same tasks x G trajectories on the search environment
 LoRA-wrapped policy), seeds, sampling (temperature 1, no top-k/top-p) and token budgets:
 
 * ``batched, KV reused``: ``core.rollout.engine.rollout`` as the trainer calls it. All rows sample
-  together; one KV cache lives across turns, so a turn only encodes its new observation tokens.
+  together; one KV cache lives across turns, so a turn only encodes its new observation tokens;
+  the LoRA adapter is merged into the weights while sampling (``Policy.merged``).
+* ``batched, LoRA unmerged``: the same with ``merge_adapter=False``: peft's LoRA layers as they
+  train, three products a linear layer (what the rollout did before the merge).
 * ``batched, re-encode``: the same, with ``reuse_cache=False``: every turn starts a fresh cache and
   encodes the whole history again (Search-R1's generation loop does this).
 * ``sequential generate``: what a first implementation does. One trajectory at a time; each turn
@@ -18,7 +21,8 @@ LoRA-wrapped policy), seeds, sampling (temperature 1, no top-k/top-p) and token 
   env's stop strings, steps the env and appends the observation ids.
 
 The variants are interleaved (order rotated each repeat), so load from other processes on the
-machine hits them alike; the ratios are the figure to read. ``--sequential-rollouts N`` times the
+machine hits them alike; the ratios are the figure to read: each repeat's tokens/s over the last
+variant's in the same repeat, min / median / max over the repeats (``per repeat``). ``--sequential-rollouts N`` times the
 sequential loop on the first N rollouts of each task only (at G = 32 on SmolLM2 it would take most
 of the run): its rollouts run one after another, so its tokens/s does not depend on how many run;
 the ratio is tokens/s over tokens/s (the table's token counts then differ).
@@ -27,8 +31,8 @@ The ceiling. Model FLOPs per generated token (forward only):
 
     F = 2 * N_linear + 2 * V * d + 4 * L * d * c
 
-``N_linear`` = parameters of the decoder's linear layers including the unmerged LoRA A/B (the
-embedding is a lookup: no FLOPs), ``2 V d`` the LM head, ``4 L d c`` attention's QK^T and AV over a
+``N_linear`` = parameters of the decoder's linear layers, the LoRA adapter merged into them (the
+unmerged variant's A/B products are extra work, not counted; the embedding is a lookup: no FLOPs), ``2 V d`` the LM head, ``4 L d c`` attention's QK^T and AV over a
 context of ``c`` tokens (``c`` = the mean position of the generated tokens, measured). Achieved =
 F x tokens/s, against ``torch.matmul`` timed in the same run on the model's own decode shapes
 ((B, d) x (d, V), (B, d) x (d, ffn), (B, ffn) x (ffn, d), B = rows in the batch) and on a large
@@ -91,9 +95,9 @@ def sequential_generate(policy, env, tasks, group_size: int, sampling: Sampling,
 
 
 def batched(policy, env, tasks, group_size: int, sampling: Sampling, seed: int,
-            reuse_cache: bool) -> tuple[int, list[int]]:
+            reuse_cache: bool, merge_adapter: bool = True) -> tuple[int, list[int]]:
     trajs = rollout(policy, env, tasks, group_size=group_size, sampling=sampling, seed=seed,
-                    reuse_cache=reuse_cache)
+                    reuse_cache=reuse_cache, merge_adapter=merge_adapter)
     positions = [i for t in trajs for i, role in enumerate(t.roles) if role == "action"]
     return len(positions), positions
 
@@ -122,7 +126,7 @@ def flops_per_token(policy, context: float) -> tuple[float, dict]:
     """F = 2 N_linear + 2 V d + 4 L d c (see the module docstring)."""
     cfg = policy.base.config
     n_linear = sum(m.weight.numel() for name, m in policy.backbone.named_modules()
-                   if isinstance(m, torch.nn.Linear))
+                   if isinstance(m, torch.nn.Linear) and ".lora_" not in name)
     d, V, L = cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers
     parts = {"N_linear": n_linear, "V": V, "d": d, "L": L, "c": context}
     return 2 * n_linear + 2 * V * d + 4 * L * d * context, parts
@@ -159,7 +163,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--variants", default="batched-kv,batched-reencode,sequential")
+    parser.add_argument("--variants", default="batched-kv,batched-reencode,sequential",
+                        help="comma-separated, the last is the base of the ratios: batched-kv, "
+                             "batched-unmerged, batched-reencode, sequential")
     parser.add_argument("--sequential-rollouts", type=int, default=None,
                         help="time the sequential loop on only the first N rollouts of each task "
                              "(same seeds as the batched rows); tokens/s compares the variants")
@@ -181,17 +187,22 @@ def main() -> None:
     variants = {
         "batched, KV reused (ours)": lambda s: batched(policy, env, tasks, args.group_size,
                                                        sampling, s, reuse_cache=True),
+        "batched, LoRA unmerged": lambda s: batched(policy, env, tasks, args.group_size,
+                                                    sampling, s, reuse_cache=True,
+                                                    merge_adapter=False),
         "batched, re-encode each turn": lambda s: batched(policy, env, tasks, args.group_size,
                                                           sampling, s, reuse_cache=False),
         "sequential model.generate": lambda s: sequential_generate(
             policy, env, tasks, args.group_size, sampling, s, args.sequential_rollouts),
     }
-    keep = dict(zip(["batched-kv", "batched-reencode", "sequential"], variants))
+    keep = dict(zip(["batched-kv", "batched-unmerged", "batched-reencode", "sequential"],
+                    variants))
     variants = {keep[k]: variants[keep[k]] for k in args.variants.split(",")}
     names = list(variants)
     tokens = {n: 0 for n in names}
     seconds = {n: 0.0 for n in names}
     positions: list[int] = []
+    per_repeat: dict[str, list[float]] = {n: [] for n in names}
     with torch.no_grad():
         batched(policy, env, tasks[:1], 2, Sampling(max_turns=1, max_new_tokens=4), 0, True)
         for rep in range(args.repeats):
@@ -199,7 +210,9 @@ def main() -> None:
             for name in order:
                 t0 = time.perf_counter()
                 n, pos = variants[name](100 + rep)
-                seconds[name] += time.perf_counter() - t0
+                took = time.perf_counter() - t0
+                seconds[name] += took
+                per_repeat[name].append(n / took)
                 tokens[name] += n
                 positions += pos
         mm_decode, mm_square = matmul_rates(policy, rows=args.tasks * args.group_size)
@@ -223,6 +236,11 @@ def main() -> None:
     print(f"torch.matmul: decode shapes (B={args.tasks * args.group_size}) "
           f"{mm_decode / 1e9:.2f} GFLOP/s, 1024^3 {mm_square / 1e9:.2f} GFLOP/s; "
           f"{first}: {flops * tokens[first] / seconds[first] / 1e9:.2f} GFLOP/s achieved")
+    print(f"per repeat, tokens/s over {names[-1]}'s in the same repeat (min / median / max):")
+    for name in names[:-1]:
+        ratios = sorted(a / b for a, b in zip(per_repeat[name], per_repeat[names[-1]]))
+        print(f"  {name:32s} {ratios[0]:.2f} / {statistics.median(ratios):.2f} / "
+              f"{ratios[-1]:.2f}x  ({', '.join(f'{r:.2f}' for r in ratios)})")
 
 
 if __name__ == "__main__":

@@ -194,6 +194,35 @@ class Policy:
                 for m in layers:
                     m.eval()
 
+    @contextlib.contextmanager
+    def merged(self) -> Iterator[None]:
+        """Context manager for sampling: each LoRA layer of the active adapter is replaced by one
+        plain layer whose weight is ``W + scaling * B @ A``, computed once on entry, so a forward
+        pass is one product a layer instead of three (and none of peft's per-call bookkeeping).
+        ``merge_adapter()``'s speed, as verl syncs the trained weights into vLLM for its rollouts.
+
+        Exact on the way out: the merged weights are new tensors and the LoRA layers are put back
+        as they were, even when the body raises, so the frozen base weights never take the
+        rounding of an add and a subtract (peft's ``unmerge_adapter``) and stay bit-identical.
+        A tied output head merged this way does not change the input embeddings.
+
+        Inside, the network's float math differs slightly from the unmerged forward the update
+        scores with (another order of sums). That is the training-inference mismatch a real
+        engine has too: the sampler's logprobs and the trainer's are both recorded, and their
+        difference is what the run shows (``mismatch/*``, core/learn/mismatch.py). Costs one copy of the wrapped
+        layers' weights while inside. Layers it cannot merge exactly (adapters switched off, a
+        LoRA variant such as DoRA, a LoRA bias, dropout in training mode) stay as they are."""
+        swapped = []
+        try:
+            with torch.no_grad():
+                for parent, child, layer in _mergeable(self.model):
+                    setattr(parent, child, _merged_copy(layer))
+                    swapped.append((parent, child, layer))
+            yield
+        finally:
+            for parent, child, layer in reversed(swapped):
+                setattr(parent, child, layer)
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.value_head is not None:
@@ -210,6 +239,40 @@ class Policy:
         return groups
 
 
+
+
+def _mergeable(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    """(parent, attribute name, layer) of every peft LoRA linear layer whose forward is exactly
+    ``base(x) + sum over active adapters of scaling * B(A(x))`` (``Policy.merged``)."""
+    # deferred: peft takes seconds to import; only a built policy needs it
+    from peft.tuners.lora.layer import Linear as LoraLinear
+    found = []
+    for parent in model.modules():
+        for child, layer in parent.named_children():
+            if type(layer) is not LoraLinear or layer.disable_adapters or layer.merged:
+                continue
+            names = [a for a in layer.active_adapters if a in layer.lora_A]
+            if any(a in layer.lora_variant or layer.lora_bias.get(a)
+                   or (layer.lora_dropout[a].training and not isinstance(
+                       layer.lora_dropout[a], nn.Identity) and layer.lora_dropout[a].p > 0)
+                   for a in names):
+                continue
+            found.append((parent, child, layer))
+    return found
+
+
+def _merged_copy(layer: nn.Module) -> nn.Module:
+    """The LoRA layer's base layer with its weight replaced by a merged copy (the base layer
+    itself is untouched: the copy has its own parameter dict)."""
+    base = layer.get_base_layer()
+    weight = base.weight.detach().clone()
+    for name in layer.active_adapters:
+        if name in layer.lora_A:
+            weight += layer.get_delta_weight(name).to(weight.dtype)
+    merged = copy.copy(base)
+    merged._parameters = dict(base._parameters)
+    merged._parameters["weight"] = nn.Parameter(weight, requires_grad=False)
+    return merged
 
 
 def load_policy(model: str = "tiny", *, lora_rank: int = 16, lora_alpha: int = 32,
@@ -247,8 +310,8 @@ def load_policy(model: str = "tiny", *, lora_rank: int = 16, lora_alpha: int = 3
                                 category=FutureWarning)
         # LoRA on lm_head of a model with tied embeddings (the tiny model, SmolLM2): peft warns
         # that merging such an adapter, or converting the model, would change the input
-        # embeddings too. Harmless here: the adapter is never merged (policies run base +
-        # adapter, checkpoints keep the adapter alone), and the warning, long and with a URL,
+        # embeddings too. Harmless here: the adapter is never merged in place (``merged`` swaps
+        # in merged copies; checkpoints keep the adapter alone), and the warning, long and with a URL,
         # opened every job log on the Train page like an error (issue 51).
         warnings.filterwarnings("ignore", message=".*tied layer is part of the adapter.*")
         peft_model = get_peft_model(base, lora)

@@ -32,12 +32,19 @@ raises there ends that trajectory as ``env_error`` (``step_failed``, ``grade``),
 ``final_answer_turn`` (Search-R1): a row still going after ``max_turns`` gets one more generation
 in which only an answer (``env.is_answer``) is executed; anything else is recorded unexecuted.
 
+The sampling network is the policy with its LoRA adapter merged into the weights
+(``Policy.merged``, core/model/policy.py: one product a linear layer instead of three; the base
+weights come back bit-identical). Its float math differs slightly from the unmerged forward the
+update scores with; the recorded sampler logprobs against the trainer's show that mismatch, as
+for any inference engine the trained weights are synced into.
+
 Roles and the loss mask: prompt and observation tokens are untrained; the model's own tokens are
 trained and carry the logprob of the temperature-scaled distribution they were sampled from
 (the distribution the loss compares against; top-p truncation is not renormalised in).
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -96,13 +103,15 @@ def _first_stop(text: str, tags: tuple[str, ...]) -> int | None:
 
 def rollout(policy: Policy, env: Environment, tasks: list[Task], *, group_size: int,
             sampling: Sampling, seed: int, id_prefix: str = "s0",
-            split: str = "train", reuse_cache: bool = True) -> list[Trajectory]:
+            split: str = "train", reuse_cache: bool = True,
+            merge_adapter: bool = True) -> list[Trajectory]:
     """Roll out ``group_size`` trajectories for each task, all in one batch.
 
     Trajectory ids are ``{id_prefix}-g{task index}-r{rollout}``; a task's rollouts share
     ``group_id = {id_prefix}-g{task index}``. Deterministic given ``seed``.
     ``reuse_cache=False`` re-encodes each row's whole history at every turn (Search-R1's way),
     for comparison in bench/rollout.py; the trajectories are the same, only slower.
+    ``merge_adapter=False`` samples with the unmerged LoRA layers (the comparison's other side).
     """
     tok = policy.tokenizer
     if sampling.final_answer_turn and not callable(getattr(env, "is_answer", None)):
@@ -124,17 +133,19 @@ def rollout(policy: Policy, env: Environment, tasks: list[Task], *, group_size: 
                 _finish(row, "context_full")
         was_training = policy.model.training
         policy.model.eval()
+        trajs = [row.traj for row in rows]
         try:
-            with torch.inference_mode():
-                _run_turns(policy, env, [r for r in rows if not r.done], sampling, generator,
-                           reuse_cache)
+            merged = policy.merged() if merge_adapter else contextlib.nullcontext()
+            with merged:  # the adapter folded into the weights while sampling
+                with torch.inference_mode():
+                    _run_turns(policy, env, [r for r in rows if not r.done], sampling,
+                               generator, reuse_cache)
+                _fill_missing_logprobs(policy, trajs, sampling.temperature)
         finally:
             policy.model.train(was_training)
         for row in rows:
             if not row.done:
                 _finish(row, "max_turns")
-    trajs = [row.traj for row in rows]
-    _fill_missing_logprobs(policy, trajs, sampling.temperature)
     for traj in trajs:
         traj.token_text = token_texts(tok, traj.token_ids)
     return trajs
