@@ -8,6 +8,8 @@ same ids):
     rl.sample            the root: agentrl.* (reward, success, task_id, group_id, split, step,
                          traj_id), rl.reward.<component> for each reward component, failure class,
                          finish reason; gen_ai.conversation.id = the trajectory id
+                         (task_id, group_id, split and step are on every span: a collector
+                         that splits a trace hands the receiver its task with any span)
       chat {model}       one per turn, in turn order (GenAI semantic conventions, span mode):
                          gen_ai.operation.name chat, gen_ai.request.model, gen_ai.input.messages
                          (what the turn newly saw: the prompt at turn 0, else the previous
@@ -110,9 +112,9 @@ def trajectory_spans(rec: dict, run_id: str, model: str, t0: int) -> list[Span]:
     turns = rec.get("turns") or []
     start = t0 + int(rec.get("step") or 0) * SECOND
     end = start + (2 * len(turns) + 1) * 1_000_000
-    root = {"agentrl.traj_id": traj, "agentrl.task_id": rec.get("task_id"),
-            "agentrl.group_id": rec.get("group_id"), "agentrl.split": rec.get("split"),
-            "agentrl.step": rec.get("step"), "agentrl.reward": rec.get("reward"),
+    identity = {"agentrl.task_id": rec.get("task_id"), "agentrl.group_id": rec.get("group_id"),
+                "agentrl.split": rec.get("split"), "agentrl.step": rec.get("step")}
+    root = {"agentrl.traj_id": traj, **identity, "agentrl.reward": rec.get("reward"),
             "agentrl.success": rec.get("success"), "agentrl.failure_class": rec.get("failure_class"),
             "agentrl.finish_reason": rec.get("finish_reason"), "agentrl.prompt": rec.get("prompt"),
             "gen_ai.conversation.id": traj}
@@ -131,7 +133,7 @@ def trajectory_spans(rec: dict, run_id: str, model: str, t0: int) -> list[Span]:
             trace_id=trace, span_id=_id(8, run_id, traj, "turn", str(k)), parent_span_id=root_id,
             name=f"chat {model}", kind=Span.SPAN_KIND_CLIENT, start_time_unix_nano=at,
             end_time_unix_nano=at + 500_000, attributes=_attrs({
-                "gen_ai.operation.name": "chat", "gen_ai.provider.name": "agentrl",
+                **identity, "gen_ai.operation.name": "chat", "gen_ai.provider.name": "agentrl",
                 "gen_ai.request.model": model, "gen_ai.input.messages": json.dumps(said),
                 "gen_ai.output.messages": json.dumps(out), "agentrl.turn": k,
                 "agentrl.observation": turn.get("observation") or "",
@@ -142,7 +144,7 @@ def trajectory_spans(rec: dict, run_id: str, model: str, t0: int) -> list[Span]:
                 trace_id=trace, span_id=_id(8, run_id, traj, "tool", str(k)),
                 parent_span_id=root_id, name="execute_tool", kind=Span.SPAN_KIND_INTERNAL,
                 start_time_unix_nano=at + 500_000, end_time_unix_nano=at + 1_000_000,
-                attributes=_attrs({"gen_ai.operation.name": "execute_tool",
+                attributes=_attrs({**identity, "gen_ai.operation.name": "execute_tool",
                                    "gen_ai.tool.call.id": f"turn-{k}",
                                    "gen_ai.tool.call.result": seen, "agentrl.turn": k})))
     return spans

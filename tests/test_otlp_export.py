@@ -99,6 +99,8 @@ def test_every_turn_and_reward_of_a_run_arrives_as_genai_spans(peer):
             == pytest.approx(dict(zip(mine["component"], mine["value"])))
         children = [s for _, s in spans if s.trace_id == root.trace_id and s is not root]
         assert all(s.parent_span_id == root.span_id for s in children)
+        # the task on every span: a receiver handed any one of them names the task
+        assert all(_attrs(s).get("agentrl.task_id") == row["task_id"] for s in children)
         chats = sorted((s for s in children if s.name.startswith("chat ")),
                        key=lambda s: s.start_time_unix_nano)
         tools = sorted((s for s in children if s.name == "execute_tool"),

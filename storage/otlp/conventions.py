@@ -362,9 +362,17 @@ REWARD_PREFIX = "rl.reward."
 them on the root); read like ``agentrl.*``, the root's value winning."""
 
 
+IDENTITY = ("agentrl.task_id", "agentrl.group_id", "agentrl.split", "agentrl.step")
+"""The facts an agent knows when it starts, so that they can arrive with its first span, not
+only on the root span that ends last: on every span (storage/otlp/carry.py copies them from the
+parent span or the baggage onto each span as it starts), or on the resource of an agent
+process that runs one trajectory."""
+
+
 def trace_facts(spans: list) -> dict:
     """reward, success, task_id, group_id, split, step read from a trace's spans: the
-    ``agentrl.*`` attributes (a root's value wins over any other span's), rl-insight's
+    ``agentrl.*`` attributes (on any span, a root's value winning over any other span's; the
+    IDENTITY ones also on a span's resource, any span's attribute winning), rl-insight's
     ``agent_task`` (``reward``, ``accuracy``) and identity keys, Agent Lightning 0.3's
     ``agentlightning.reward.0.value`` (the last one wins). ``source`` says where the reward
     came from."""
@@ -394,6 +402,11 @@ def trace_facts(spans: list) -> dict:
         for key, value in s.attributes.items():
             if key.startswith(REWARD_PREFIX) and _float(value) is not None:
                 facts.setdefault("rewards", {})[key[len(REWARD_PREFIX):][:64]] = _float(value)
+    for resource in {id(s.resource): s.resource for s in spans}.values():
+        for key in IDENTITY:
+            value = AGENTRL[key](resource.get(key)) if isinstance(resource, dict) else None
+            if value is not None:
+                facts.setdefault(key.split(".", 1)[1], value)
     return facts
 
 
