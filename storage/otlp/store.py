@@ -1,14 +1,24 @@
 """The receiver's durable write path: what it acknowledges is stored.
 
 A request's spans and log records are routed (storage/otlp/assemble.py ``Assembler.admit``) and
-appended raw to ``spans`` / ``span_logs`` in one transaction, and only then is the client
-answered 200 (``Appender.submit`` returns). Requests that arrive while a transaction runs are
-written together in the next one (a group commit: one open, insert and commit for all of them,
-each still answered only once its records are committed). Trajectories are derived from the
-stored records afterwards (storage/otlp/writer.py), so a receiver killed at any moment loses
-nothing it acknowledged: on the next start ``pending`` finds every trajectory whose stored
-spans it has not derived (or derived while still open) and it is derived again from all of
-them.
+appended raw to ``spans`` / ``span_logs``, committed, and only then is the client answered 200
+(``Appender.submit`` returns). Requests that arrive while a commit runs are written together in
+the next one (a group commit: one insert and one commit for all of them, each still answered
+only once its records are committed). The commit's flush to disk costs about as much as the
+whole group's insert, so the group is what sets the speed: one waits up to ``GATHER_S`` for as
+many requests as the last group had (the clients it answered are sending again). A group of
+spans alone is one statement in autocommit (durable when it returns); with log records or
+spans to deduplicate it is one explicit transaction.
+
+The appender holds the store open across groups (opening and closing it costs ~60-150 ms, a
+checkpoint included) until another opener queues for it on storage/db.py's turnstile (a page, an
+export, a second writer: each waits at most one group), it has been idle ``LINGER_S``, or
+``LEASE_S`` passed. Trajectories are derived from the stored records afterwards
+(storage/otlp/writer.py) in transactions of their own on a cursor of the appender's connection
+(``Appender.run``), which run beside the group commits instead of between them: a derivation's
+writes never hold an acknowledgement. So a receiver killed at any moment loses nothing it
+acknowledged: on the next start ``pending`` finds every trajectory whose stored spans it has not
+derived (or derived while still open) and it is derived again from all of them.
 
 Idempotence: a span is keyed by (trace id, span id). One the assembler knows is held drops at
 ``admit`` (a retried export); one whose trajectory is in the store but not read back yet
@@ -19,6 +29,7 @@ and nothing of it is remembered (the exporter retries).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from typing import Any
@@ -30,6 +41,11 @@ from storage import db
 from storage.otlp.assemble import Admission, Assembler
 from storage.otlp.decode import LogRecord, Span
 from storage.recorder import clean_column, now, to_json
+
+try:  # POSIX: the turnstile of storage/db.py says when another opener waits
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None
 
 SPAN_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("traj_id", pa.string()), ("trace_id", pa.string()),
@@ -44,9 +60,12 @@ LOG_SCHEMA = pa.schema([
     ("body", pa.string()), ("attributes", pa.string()), ("resource", pa.string()),
     ("received_at", pa.timestamp("us"))])
 I64 = 2**63 - 1
-LEASE_S = 1.0    # the appender holds the store at most this long per open
-LINGER_S = 0.1   # and waits this long for the next group before closing it
-GATHER, GATHER_S = 16, 0.004  # a group waits this long for this many requests at most
+LEASE_S = 10.0   # the appender holds the store at most this long per open (none waiting)
+LINGER_S = 0.5   # and closes it after this long with nothing to write
+POLL_S = 0.02    # how often an idle appender looks for a queued opener
+GATHER, MAX_GATHER, GATHER_S = 16, 512, 0.006  # a group waits this long for as many requests
+# as the last group had (GATHER at least, MAX_GATHER at most)
+MAX_GROUP = 20_000  # records per group commit (a request with more is a group alone)
 BEHIND_S = 2.0   # after the store refused a write, requests are answered 503 this long
 
 
@@ -54,53 +73,67 @@ class StoreDown(RuntimeError):
     """The store could not be written; nothing of the request was kept (answer 503)."""
 
 
+_encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
+
+
 def dumps(value: Any) -> str:
     try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+        return _encode(value)
     except (ValueError, TypeError, RecursionError):  # Infinity, NaN: to_json's own rule
         return to_json(value, ensure_ascii=False)
 
 
-def _columns(rows: list[tuple], schema: pa.Schema) -> pa.Table:
-    cols = list(zip(*rows)) if rows else [[] for _ in schema]
-    return pa.Table.from_pydict(
-        {f.name: clean_column(list(c)) if f.type == pa.string() else list(c)
-         for f, c in zip(schema, cols)}, schema=schema)
+def _table(columns: list[list], schema: pa.Schema) -> pa.Table:
+    """One Arrow table of ``columns`` (a list per field of ``schema``), text cells cleaned."""
+    return pa.Table.from_arrays(
+        [pa.array(clean_column(c) if f.type == pa.string() else c, f.type)
+         for f, c in zip(schema, columns)], schema=schema)
 
 
-def span_rows(spans: list[tuple[str, str, Span]], at) -> list[tuple]:
+def span_table(spans: list[tuple[str, str, Span]], at) -> pa.Table:
+    """The ``spans`` rows of (run id, traj id, span) items, built column by column."""
     resources: dict[int, str] = {}  # one request's spans share their resource object
-    out = []
-    for run_id, traj_id, s in spans:
-        res = resources.get(id(s.resource))
-        if res is None:
-            res = resources[id(s.resource)] = dumps(s.resource)
-        out.append((run_id, traj_id, s.trace_id, s.span_id, s.parent_span_id, s.name, s.kind,
-                    min(s.start_ns, I64), min(s.end_ns, I64), s.status_code, s.status_message,
-                    dumps(s.attributes), res, s.scope, dumps(s.events) if s.events else None,
-                    at))
-    return out
+    res = []
+    for _, _, s in spans:
+        text = resources.get(id(s.resource))
+        if text is None:
+            text = resources[id(s.resource)] = dumps(s.resource)
+        res.append(text)
+    ss = [s for _, _, s in spans]
+    return _table([
+        [r for r, _, _ in spans], [t for _, t, _ in spans], [s.trace_id for s in ss],
+        [s.span_id for s in ss], [s.parent_span_id for s in ss], [s.name for s in ss],
+        [s.kind for s in ss], [min(s.start_ns, I64) for s in ss],
+        [min(s.end_ns, I64) for s in ss], [s.status_code for s in ss],
+        [s.status_message for s in ss], [dumps(s.attributes) for s in ss], res,
+        [s.scope for s in ss], [dumps(s.events) if s.events else None for s in ss],
+        [at] * len(ss)], SPAN_SCHEMA)
 
 
-def log_rows(logs: list[tuple[str, str, LogRecord]], at) -> list[tuple]:
-    return [(run_id, traj_id, r.trace_id, r.span_id, min(r.time_ns, I64), r.event_name,
-             dumps(r.body), dumps(r.attributes), dumps(r.resource), at)
-            for run_id, traj_id, r in logs]
+def log_table(logs: list[tuple[str, str, LogRecord]], at) -> pa.Table:
+    rs = [r for _, _, r in logs]
+    return _table([
+        [r for r, _, _ in logs], [t for _, t, _ in logs], [r.trace_id for r in rs],
+        [r.span_id for r in rs], [min(r.time_ns, I64) for r in rs], [r.event_name for r in rs],
+        [dumps(r.body) for r in rs], [dumps(r.attributes) for r in rs],
+        [dumps(r.resource) for r in rs], [at] * len(rs)], LOG_SCHEMA)
 
 
-def insert(con, spans: list[tuple], logs: list[tuple], suspect: list[tuple]) -> None:
-    """Append rows inside the caller's transaction; ``suspect`` span rows only where the store
-    holds no span of that (trace id, span id)."""
-    if spans:  # the schemas' columns are the tables' own, in order (storage/migrations.py)
-        con.from_arrow(_columns(spans, SPAN_SCHEMA)).insert_into("spans")
-    if suspect:
-        con.register("_otlp_maybe", _columns(suspect, SPAN_SCHEMA))
+def insert(con, spans: pa.Table | None, logs: pa.Table | None,
+           suspect: pa.Table | None) -> None:
+    """Append rows (in the caller's transaction, or as one autocommitted statement when only
+    ``spans`` are given); ``suspect`` span rows only where the store holds no span of that
+    (trace id, span id)."""
+    if spans is not None:  # the schemas' columns are the tables' own (storage/migrations.py)
+        con.from_arrow(spans).insert_into("spans")
+    if suspect is not None:
+        con.register("_otlp_maybe", suspect)
         con.execute("INSERT INTO spans BY NAME SELECT * FROM _otlp_maybe m WHERE NOT EXISTS "
                     "(SELECT 1 FROM spans s WHERE s.trace_id = m.trace_id "
                     "AND s.span_id = m.span_id)")
         con.unregister("_otlp_maybe")
-    if logs:
-        con.from_arrow(_columns(logs, LOG_SCHEMA)).insert_into("span_logs")
+    if logs is not None:
+        con.from_arrow(logs).insert_into("span_logs")
 
 
 class _Request:
@@ -112,12 +145,8 @@ class _Request:
         self.error: Exception | None = None
         self.done = threading.Event()
 
-    def finish(self) -> None:
-        self.done.set()
-        if self.future is not None:  # an event loop's request: answer it on its loop
-            self.future.get_loop().call_soon_threadsafe(self._resolve)
-
-    def _resolve(self) -> None:
+    def resolve(self) -> None:
+        """Answer an event loop's request (on its loop)."""
         if self.future.done():  # the client went away meanwhile
             return
         if self.error is not None:
@@ -126,17 +155,97 @@ class _Request:
             self.future.set_result(self.admission)
 
 
+def _resolve_all(requests: list[_Request]) -> None:
+    for req in requests:
+        req.resolve()
+
+
+def finish(requests: list[_Request]) -> None:
+    """Wake every request's waiter: one hand-off per event loop, not one per request."""
+    loops: dict[Any, list[_Request]] = {}
+    for req in requests:
+        req.done.set()
+        if req.future is not None:
+            loops.setdefault(req.future.get_loop(), []).append(req)
+    for loop, reqs in loops.items():
+        try:
+            loop.call_soon_threadsafe(_resolve_all, reqs)
+        except RuntimeError:  # the loop is closed: nobody waits for the answer any more
+            pass
+
+
+def _groups(requests: list[_Request]) -> list[list[_Request]]:
+    """The requests taken together, smallest first, in groups of at most ``MAX_GROUP``
+    records (a bigger request alone): a small request is never committed after a big one it
+    arrived with."""
+    out: list[list[_Request]] = [[]]
+    held = 0
+    for req in sorted(requests, key=lambda r: len(r.spans) + len(r.logs)):
+        size = len(req.spans) + len(req.logs)
+        if out[-1] and held + size > MAX_GROUP:
+            out.append([])
+            held = 0
+        out[-1].append(req)
+        held += size
+    return out if out[0] else []
+
+
+class _Job:
+    """A derivation's transaction: waits for a cursor of the appender's connection."""
+    __slots__ = ("cursor", "error", "granted", "spans")
+
+    def __init__(self):
+        self.spans = None  # not a request
+        self.cursor = None
+        self.error: Exception | None = None
+        self.granted = threading.Event()
+
+
+class _Turnstile:
+    """Whether another opener queues for the store (storage/db.py: a queued opener holds the
+    store's turnstile while it waits for the readers-writer lock the appender holds)."""
+
+    def __init__(self, db_path):
+        files = db.lock_paths(db_path) if fcntl is not None else None
+        self.fd = None
+        if files is not None:
+            try:
+                self.fd = os.open(files[0], os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError:
+                pass
+
+    def queued(self) -> bool:
+        if self.fd is None:
+            return False
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        return False
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 class Appender:
-    """One thread that appends what requests bring, a group of requests per transaction."""
+    """One thread that appends what requests bring, a group of requests per commit, and lends
+    cursors of its connection to the deriver's transactions (``run``)."""
 
     def __init__(self, db_path, assembler: Assembler, log):
         self.db_path, self.assembler, self.log = db_path, assembler, log
-        self.queue: list[_Request] = []
+        self.queue: list = []
         self.cv = threading.Condition()
         self.stopping = False
         self.behind_until = 0.0
         self.stored_spans = 0
         self.transactions = 0
+        self.lent = 0       # cursors lent to ``run`` and not returned yet
+        self.last_group = GATHER
         self.thread = threading.Thread(target=self._loop, daemon=True, name="otlp-append")
         self.thread.start()
 
@@ -157,50 +266,54 @@ class Appender:
         """``submit`` for an event loop: a future of the ``Admission`` (or ``StoreDown``)."""
         return self._queue(_Request(spans, logs, loop.create_future())).future
 
-    def _queue(self, req: _Request) -> _Request:
+    def _queue(self, req):
         with self.cv:
             if self.stopping:
                 raise StoreDown("the receiver is stopping")
             self.queue.append(req)
-            self.cv.notify()
+            self.cv.notify_all()
         return req
 
     def run(self, fn):
-        """``fn(con)`` in a transaction of its own on the appender's connection (the deriver's
-        writes: one writer, no second open of the store, no wait on its lock); returns what
-        ``fn`` returns and raises what it raises (``StoreDown`` when stopping)."""
-        job = _Request(None, None)
-        job.admission = fn
-        self._queue(job)
-        job.done.wait()
+        """``fn(cursor)`` in a transaction of its own, in the calling thread, on a cursor of
+        the appender's connection (one open of the store: no wait on its lock, and the group
+        commits go on beside it); returns what ``fn`` returns and raises what it raises
+        (``StoreDown`` when stopping or the store cannot be opened)."""
+        job = self._queue(_Job())
+        job.granted.wait()
         if job.error is not None:
-            raise job.error
-        return job.future
+            raise StoreDown(f"{type(job.error).__name__}: {job.error}")
+        cur = job.cursor
+        try:
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                out = fn(cur)
+                cur.execute("COMMIT")
+            except BaseException:
+                try:
+                    cur.execute("ROLLBACK")
+                except duckdb.Error:  # a failed COMMIT already ended it
+                    pass
+                raise
+            return out
+        finally:
+            cur.close()
+            with self.cv:
+                self.lent -= 1
+                self.cv.notify_all()
 
-    def _take(self, wait_s: float) -> list[_Request]:
+    def _take(self, wait_s: float) -> list:
         with self.cv:
             if not self.queue and not self.stopping and wait_s > 0:
                 self.cv.wait(wait_s)
             if self.queue and not self.stopping:  # clients answered a moment ago are sending
                 # again: a few ms more make one group (one commit) of them, not several
+                want = min(max(self.last_group, GATHER), MAX_GATHER)
                 until = time.monotonic() + GATHER_S
-                while len(self.queue) < GATHER and (left := until - time.monotonic()) > 0:
+                while len(self.queue) < want and (left := until - time.monotonic()) > 0:
                     self.cv.wait(left)
             batch, self.queue = self.queue, []
             return batch
-
-    def _job(self, con, job: _Request) -> None:
-        try:
-            job.future = job.admission(con)
-            con.execute("COMMIT")
-        except BaseException as exc:  # noqa: BLE001 (the caller gets it)
-            job.error = exc
-            try:
-                con.execute("ROLLBACK")
-            except duckdb.Error:
-                pass
-        con.execute("BEGIN TRANSACTION")
-        job.done.set()
 
     def _loop(self) -> None:
         while True:
@@ -212,31 +325,64 @@ class Appender:
             try:
                 self._lease()
             except Exception as exc:  # noqa: BLE001 (the store cannot be opened: tell them)
-                for req in self._take(0):
-                    if req.spans is None:
-                        req.error = exc
-                        req.done.set()
-                    else:
-                        self._fail([req], exc)
+                batch = self._take(0)
+                for job in batch:
+                    if isinstance(job, _Job):
+                        job.error = exc
+                        job.granted.set()
+                self._fail([r for r in batch if isinstance(r, _Request)], exc)
 
     def _lease(self) -> None:
-        """Hold the store for a burst of groups, each its own committed transaction, for at
-        most ``LEASE_S`` (opening and closing the file is most of a small write's cost; readers
-        and the deriver queue fairly behind the lease: storage/db.py)."""
-        with db.writing(self.db_path) as con:
-            until = time.monotonic() + LEASE_S
-            while time.monotonic() < until:
-                batch = self._take(LINGER_S)
-                if not batch:
-                    break
-                requests = [r for r in batch if r.spans is not None]
-                if requests:
-                    self._append(con, requests)
-                for job in batch:
-                    if job.spans is None:
-                        self._job(con, job)
+        """Hold the store for a burst of groups, each committed on its own, until another
+        opener queues, it is idle ``LINGER_S`` or ``LEASE_S`` passed (module docstring), and
+        then until every lent cursor is back."""
+        turnstile = _Turnstile(self.db_path)
+        try:
+            with db.writing(self.db_path) as con:
+                con.execute("COMMIT")  # autocommit between groups (db.writing's own is empty)
+                try:
+                    self._serve(con, turnstile)
+                finally:
+                    with self.cv:
+                        while self.lent:
+                            self.cv.wait()
+                    con.execute("BEGIN TRANSACTION")  # what db.writing commits on leaving
+        finally:
+            turnstile.close()
 
-    def _append(self, con, batch: list[_Request]) -> None:
+    def _serve(self, con, turnstile: _Turnstile) -> None:
+        until = time.monotonic() + LEASE_S
+        idle_since = time.monotonic()
+        while True:
+            batch = self._take(POLL_S)
+            if batch:
+                requests = [r for r in batch if isinstance(r, _Request)]
+                if requests:  # what the next group waits for, forgetting slowly
+                    self.last_group = max(len(requests), int(self.last_group * 0.9))
+                groups = _groups(requests)
+                for i, group in enumerate(groups):
+                    if not self._append(con, group):  # the store itself failed: the rest
+                        with self.cv:                  # waits for the next open
+                            self.queue[:0] = [r for g in groups[i + 1:] for r in g]
+                        return
+                for job in batch:
+                    if isinstance(job, _Job):
+                        with self.cv:
+                            self.lent += 1
+                        job.cursor = con.cursor()
+                        job.granted.set()
+                idle_since = time.monotonic()
+            with self.cv:
+                if self.lent or self.queue:
+                    continue
+                if self.stopping:
+                    return
+            t = time.monotonic()
+            if t - idle_since >= LINGER_S or t >= until or turnstile.queued():
+                return
+
+    def _append(self, con, batch: list[_Request]) -> bool:
+        """Store a group; False when the store itself refused it (every request was told)."""
         a = self.assembler
         with a.lock:
             for req in batch:
@@ -250,33 +396,35 @@ class Appender:
                 for _, run_id, traj_id, s, maybe in req.admission.spans:
                     (suspect if maybe else plain).append((run_id, traj_id, s))
                 logs += [(run_id, traj_id, r) for _, run_id, traj_id, r in req.admission.logs]
-            rows = span_rows(plain, at), log_rows(logs, at), span_rows(suspect, at)
-            insert(con, rows[0], rows[1], rows[2])
-            con.execute("COMMIT")  # durable here: only now are the requests answered
+            tables = (span_table(plain, at) if plain else None,
+                      log_table(logs, at) if logs else None,
+                      span_table(suspect, at) if suspect else None)
+            one = sum(t is not None for t in tables) <= 1 and tables[2] is None
+            if not one:
+                con.execute("BEGIN TRANSACTION")
+            insert(con, *tables)  # one statement: committed (durable) when it returns
+            if not one:
+                con.execute("COMMIT")  # durable here: only now are the requests answered
         except Exception as exc:  # noqa: BLE001 (every request of the group is told; none kept)
             try:
                 con.execute("ROLLBACK")
-            except duckdb.Error:
+            except duckdb.Error:  # autocommitted, or a failed COMMIT already ended it
                 pass
-            con.execute("BEGIN TRANSACTION")
             with a.lock:
                 for req in batch:
                     a.undo(req.admission)
             if len(batch) > 1 and not errors_of(exc):  # one request's records: find it
-                for req in batch:
-                    self._append(con, [req])
-            else:
-                self._fail(batch, exc)
-            return
-        con.execute("BEGIN TRANSACTION")
+                return all([self._append(con, [req]) for req in batch])
+            self._fail(batch, exc)
+            return not errors_of(exc)
         with a.lock:
             for req in batch:
                 a.commit(req.admission)
         self.behind_until = 0.0
         self.transactions += 1
-        self.stored_spans += len(rows[0]) + len(rows[2])
-        for req in batch:
-            req.finish()
+        self.stored_spans += len(plain) + len(suspect)
+        finish(batch)
+        return True
 
     def _fail(self, batch: list[_Request], exc: Exception) -> None:
         if batch:
@@ -286,13 +434,13 @@ class Appender:
                      f"{type(exc).__name__}: {str(exc)[:300]}")
         for req in batch:
             req.error = exc
-            req.finish()
+        finish(batch)
 
     def stop(self) -> None:
         """Append what is queued, then end the thread."""
         with self.cv:
             self.stopping = True
-            self.cv.notify()
+            self.cv.notify_all()
         self.thread.join()
 
 
@@ -325,12 +473,21 @@ def _load(text):
 def stored_records(db_path, keys: list[tuple[str, str]]
                    ) -> dict[tuple[str, str], tuple[list[Span], list[LogRecord]]]:
     """Each (run id, traj id)'s stored spans (one per span id) and log records, one read."""
+    if not keys:
+        return {}
+    with db.reading(db_path) as con:
+        return read_records(con, keys)
+
+
+def read_records(con, keys: list[tuple[str, str]]
+                 ) -> dict[tuple[str, str], tuple[list[Span], list[LogRecord]]]:
+    """``stored_records`` on an open connection (the appender's, from the deriver)."""
     out: dict[tuple[str, str], tuple[list[Span], list[LogRecord]]] = {k: ([], []) for k in keys}
     if not keys:
         return out
     table = pa.table({"run_id": [k[0] for k in keys], "traj_id": [k[1] for k in keys]})
-    with db.reading(db_path) as con:
-        con.register("_otlp_keys", table)
+    con.register("_otlp_keys", table)
+    try:
         spans = con.execute(
             "SELECT run_id, traj_id, trace_id, span_id, any_value(parent_span_id), "
             "any_value(name), any_value(kind), any_value(start_ns), any_value(end_ns), "
@@ -341,6 +498,7 @@ def stored_records(db_path, keys: list[tuple[str, str]]
             "SELECT DISTINCT run_id, traj_id, trace_id, span_id, time_ns, event_name, body, "
             "attributes, resource FROM span_logs JOIN _otlp_keys USING (run_id, traj_id)"
         ).fetchall()
+    finally:
         con.unregister("_otlp_keys")
     for r in spans:
         out[(r[0], r[1])][0].append(Span(r[2], r[3], r[4], r[5], r[6], r[7], r[8], _load(r[9]),

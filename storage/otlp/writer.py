@@ -39,7 +39,7 @@ from storage.migrations import prepare
 from storage.otlp.assemble import Assembler, OpenTrace, key_of, log_key
 from storage.otlp.record import build_record
 from storage.otlp.store import (StoreDown, errors_of, known_rows, move, pending,
-                                stored_records)
+                                read_records, stored_records)
 from storage.recorder import clean_text, now, to_json
 
 FORMAT = "otlp"
@@ -99,6 +99,8 @@ class Writer:
         """Derive everything due; returns how many trajectories were written."""
         with self.lock:
             dirty, closing = self.assembler.take(final)
+            # a trace whose root came closes within ``grace_s``: derived once then, not twice
+            dirty = [t for t in dirty if t.root_seen_at is None]
             todo = [(t, False) for t in dirty] + [(t, True) for t in closing]
             if not todo:
                 self._metrics(final)
@@ -152,12 +154,21 @@ class Writer:
             return written
 
     def _write(self, fn):
-        """``fn(con)`` in one transaction: on the appender's connection while it runs (one
-        writer: acknowledgements never wait on a second open of the store), else its own."""
+        """``fn(con)`` in one transaction: on a cursor of the appender's connection while it
+        runs (one open of the store, beside the group commits: storage/otlp/store.py), else
+        on a connection of its own."""
         if self.appender is not None and not self.appender.stopping:
             return self.appender.run(fn)
         with db.writing(self.db_path) as con:
             return fn(con)
+
+    def _read(self, keys):
+        """``stored_records`` of ``keys``, on the appender's connection while it runs."""
+        if not keys:
+            return {}
+        if self.appender is not None and not self.appender.stopping:
+            return self.appender.run(lambda con: read_records(con, keys))
+        return stored_records(self.db_path, keys)
 
     def _moves(self, con, moves) -> None:
         for run_id, absorbed, into in moves:
@@ -169,7 +180,7 @@ class Writer:
     def _reload(self, reopened: list[OpenTrace]) -> None:
         """Read back every stored record of conversations the store held before."""
         keys = {t.key: [(t.run_id, x) for x in [t.traj_id, *t.absorbed]] for t in reopened}
-        stored = stored_records(self.db_path, [k for ks in keys.values() for k in ks])
+        stored = self._read([k for ks in keys.values() for k in ks])
         with self.assembler.lock:
             for t in reopened:
                 for k in keys[t.key]:
