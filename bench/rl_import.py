@@ -1,6 +1,7 @@
 """Import throughput and memory of the RL trainers' rollouts (issue 50), token rows per second.
 
-    .venv/bin/python bench/rl_import.py [--rollouts 512] [--tokens 1500] [--turns 4]
+    .venv/bin/python bench/rl_import.py [--rollouts 512] [--tokens 1500] [--turns 4] \
+        [--steps 3] [--verl-only]
 
 Each row runs in a child process of its own and prints token rows written per second (wall,
 the child's own perf_counter around the import only) and the child's peak RSS (ru_maxrss),
@@ -9,8 +10,12 @@ beside the RSS it had before importing (Python, torch/verl where needed, the inp
 * ``verl-batch``: a real ``verl.DataProto`` of R rollouts of T tokens (a fifth prompt, the rest
   response, every fourth response token an observation: ~T/5 turns a rollout), recorded by
   ``VerlBatchRecorder.record`` with the tiny model's tokenizer (requirements-rl.txt), timed
-  without making the recorder (once a run: it prepares the store, ~0.3 s); with
-  ``--turns N`` also one of N turns a rollout (each turn's last fifth an observation).
+  without making the recorder (once a run: it prepares the store, ~0.3 s), ``--steps`` steps
+  of a run (the first also learns the tokenizer's vocabulary); with ``--turns N`` also one of
+  N turns a rollout (each turn's last fifth an observation). Beside each step, the floor: a
+  bare insert of the same rows (read back from the store as one Arrow table) into a store of
+  their own, one ``INSERT ... SELECT`` in one ``db.writing`` transaction, as ``record()``
+  opens, commits and closes one.
 * ``verifiers``: tests/fixtures/verifiers/traces.jsonl (written by verifiers' own writer),
   its lines repeated with fresh trace ids to 10 R episodes (~72 tokens a trace), imported by
   ``python -m storage.io import`` (no tokenizer: token text is the id) and through
@@ -51,31 +56,53 @@ import numpy as np, torch
 from verl import DataProto
 from core.model.models import load_tokenizer
 from storage.integrations.verl_batch import VerlBatchRecorder
-R, T, out, turns = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+from storage.migrations import prepare
+R, T, out, turns, steps = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]),
+                           int(sys.argv[5]))
 tok = load_tokenizer("tiny")
 P = T // 5
-g = torch.Generator().manual_seed(0)
-ids = torch.randint(100, 40000, (R, T), generator=g)
-mask = torch.ones(R, T - P, dtype=torch.long)
-if turns:  # each turn's last fifth an observation
-    span = (T - P) // turns
-    for k in range(turns):
-        mask[:, k * span + span * 4 // 5:(k + 1) * span] = 0
-else:
-    mask[:, 3::4] = 0
-lp = -torch.rand(R, T - P, generator=g)
-batch = DataProto.from_dict(tensors={
-    "prompts": ids[:, :P], "responses": ids[:, P:], "input_ids": ids,
-    "attention_mask": torch.ones(R, T, dtype=torch.long), "response_mask": mask,
-    "old_log_probs": lp, "rollout_log_probs": lp - 0.01, "advantages": torch.randn(R, T - P),
-    "token_level_rewards": torch.zeros(R, T - P)},
-    non_tensors={"uid": np.array([f"u{i // 8}" for i in range(R)], dtype=object)})
+def make(seed):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(100, 40000, (R, T), generator=g)
+    mask = torch.ones(R, T - P, dtype=torch.long)
+    if turns:  # each turn's last fifth an observation
+        span = (T - P) // turns
+        for k in range(turns):
+            mask[:, k * span + span * 4 // 5:(k + 1) * span] = 0
+    else:
+        mask[:, 3::4] = 0
+    lp = -torch.rand(R, T - P, generator=g)
+    return DataProto.from_dict(tensors={
+        "prompts": ids[:, :P], "responses": ids[:, P:], "input_ids": ids,
+        "attention_mask": torch.ones(R, T, dtype=torch.long), "response_mask": mask,
+        "old_log_probs": lp, "rollout_log_probs": lp - 0.01,
+        "advantages": torch.randn(R, T - P, generator=g),
+        "token_level_rewards": torch.zeros(R, T - P)},
+        non_tensors={"uid": np.array([f"u{i // 8}" for i in range(R)], dtype=object)})
+COLUMNS = ("run_id, step, traj_id, pos, token_id, text, role, trained, logprob, advantage, "
+           "turn, train_logprob")
+bare_store = out + ".bare.duckdb"
+prepare(bare_store)
 rec = VerlBatchRecorder(out, tok, run_id="bench")  # once a run (it prepares the store)
-before = rss()
-t = time.perf_counter()
-rec.record(batch, step=1)  # what each step pays
-report(f"verl-batch ({turns} turns)" if turns else "verl-batch", out, time.perf_counter() - t,
-       before)
+before, times, bare = rss(), [], []
+for step in range(1, steps + 1):
+    batch = make(step)
+    t = time.perf_counter()
+    rec.record(batch, step=step)  # what each step pays
+    times.append(time.perf_counter() - t)
+    with db.reading(out) as con:  # the same rows, as a bare Arrow table
+        table = con.sql(f"SELECT {COLUMNS} FROM tokens WHERE step = {step}").to_arrow_table()
+    t = time.perf_counter()
+    with db.writing(bare_store) as con:  # one INSERT of them, one transaction, as record()'s
+        con.register("_rows", table)
+        con.execute("INSERT INTO tokens BY NAME SELECT * FROM _rows")
+        con.unregister("_rows")
+    bare.append(time.perf_counter() - t)
+    del table
+name = f"verl-batch ({turns} turns)" if turns else "verl-batch"
+report(name, out, sum(times), before)
+print(json.dumps({"format": name, "steps": [round(x, 3) for x in times],
+                  "bare": [round(x, 3) for x in bare], "rows_per_step": R * T}))
 """
 
 VERIFIERS = r"""
@@ -145,7 +172,18 @@ def _child(code: str, *args: str) -> dict | None:
     if done.returncode or not lines:
         print(f"failed: {done.stderr[-2000:]}", file=sys.stderr)
         return None
-    return json.loads(lines[-1])
+    out: dict = {}
+    for line in lines:
+        out.update(json.loads(line))
+    return out
+
+
+def _verl_steps(row: dict) -> str:
+    """Each step's rows/s beside the bare insert's of the same rows, and their ratio."""
+    n = row["rows_per_step"]
+    return "\n".join(f"  step {k}: record {n / a:>11,.0f} rows/s ({a:.3f} s), bare Arrow insert "
+                     f"{n / b:>11,.0f} rows/s ({b:.3f} s): {b / a:.2f} of the bare rate"
+                     for k, (a, b) in enumerate(zip(row["steps"], row["bare"]), 1))
 
 
 def main() -> None:
@@ -154,13 +192,17 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1500)
     parser.add_argument("--turns", type=int, default=0,
                         help="also a verl batch of this many turns a rollout")
+    parser.add_argument("--steps", type=int, default=3, help="verl steps recorded in a run")
+    parser.add_argument("--verl-only", action="store_true", help="leave out the other formats")
     args = parser.parse_args()
-    R, T = str(args.rollouts), str(args.tokens)
+    R, T, S = str(args.rollouts), str(args.tokens), str(args.steps)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        rows = [_child(VERL, R, T, str(tmp / "verl.duckdb"), "0")]
+        rows = [_child(VERL, R, T, str(tmp / "verl.duckdb"), "0", S)]
         if args.turns:
-            rows.append(_child(VERL, R, T, str(tmp / "verl-turns.duckdb"), str(args.turns)))
+            rows.append(_child(VERL, R, T, str(tmp / "verl-turns.duckdb"), str(args.turns), S))
+        if args.verl_only:
+            return _print(rows)
         fixture = ROOT / "tests" / "fixtures" / "verifiers" / "traces.jsonl"
         scaled = tmp / "traces.jsonl"
         subprocess.run([sys.executable, "-c", VERIFIERS, str(fixture), str(int(R) * 10),
@@ -174,11 +216,17 @@ def main() -> None:
         rows.append(_child(VERIFIERS_IMPORT, str(long), str(tmp / "vf3.duckdb"), "0",
                            f"ids, {T}-token traces"))
         rows.append(_child(ART, R, T, str(tmp / "art.duckdb"), str(tmp / "0001.jsonl")))
+    _print(rows)
+
+
+def _print(rows: list) -> None:
     for row in rows:
         if row:
             print(f"{row['format']:<32} {row['token_rows']:>9,} rows {row['seconds']:>7.2f} s "
                   f"{row['rows_per_s']:>11,} rows/s  RSS {row['rss_before_mb']} -> "
                   f"{row['peak_rss_mb']} MB")
+            if "bare" in row:
+                print(_verl_steps(row))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ was given (a trainer's logprob exists on trained tokens only); absent is NULL in
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from storage.recorder import clean_text
+from storage.token_text import checked_ids, cut_texts, token_texts, whole_vocab
 from storage.trajectory import ROLES, TOKEN, of_kind  # noqa: F401 (ROLES: the codes' names)
 
 PROMPT, ACTION, OBSERVATION = range(3)
@@ -52,6 +54,56 @@ def texts_array(texts) -> pa.Array:
     if clean_text(joined) != joined:
         texts = [clean_text(t) for t in texts]
     return pa.array(texts, pa.string())
+
+
+_VOCAB_TEXTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _vocab_array(vocab) -> pa.Array:
+    """The texts of a whole ``_Vocab`` (storage/token_text.py ``whole_vocab``) as one Arrow
+    array indexed by id, each cleaned (``texts_array``), '' where an id's bytes cut a character:
+    made once per tokenizer."""
+    got = _VOCAB_TEXTS.get(vocab)
+    if got is None:
+        got = _VOCAB_TEXTS[vocab] = texts_array(
+            "" if t is None else t for t in vocab.texts.tolist())
+    return got
+
+
+def token_text_array(tokenizer, ids) -> pa.Array:
+    """Each token's text (storage/token_text.py ``token_texts``: joined, they are the decode of
+    ``ids``) as an Arrow string array, cleaned as every stored text. A byte-level tokenizer's
+    texts are taken by id from its vocabulary's, decoded and cleaned once per tokenizer, with
+    Python strings made only for a stretch where a character is cut across tokens; any other
+    tokenizer's are made as ``token_texts`` makes them. ValueError for an id outside the
+    vocabulary, as ``token_texts``."""
+    ids = checked_ids(tokenizer, ids)
+    vocab = whole_vocab(tokenizer)
+    if vocab is None or not (vocab.state[ids] != 0).all():  # an id with no piece: as before
+        return texts_array(token_texts(tokenizer, ids))
+    out = _vocab_array(vocab).take(ids)
+    spans = cut_texts(vocab, ids)
+    if spans:
+        mask = np.zeros(len(ids), bool)
+        for start, texts in spans:
+            mask[start:start + len(texts)] = True
+        out = pc.replace_with_mask(out, pa.array(mask), texts_array(
+            t for _, texts in spans for t in texts))
+    return out
+
+
+def joiner(text: pa.Array):
+    """A function ``(start, stop) -> str``: the texts of tokens ``start``..``stop - 1`` of the
+    Arrow string array ``text``, joined by one slice of its bytes (the tokens' texts lie one
+    after the other there), no string made per token."""
+    _, offsets, data = text.buffers()
+    at = np.frombuffer(offsets, np.int64 if text.type == pa.large_string() else np.int32)
+    at = at[text.offset:text.offset + len(text) + 1]
+    data = memoryview(data if data is not None else b"")
+
+    def joined(start: int, stop: int) -> str:
+        return str(data[at[start]:at[stop]], "utf-8") if stop > start else ""
+    return joined
 
 
 @dataclass

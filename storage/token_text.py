@@ -58,10 +58,13 @@ class _Vocab:
         self.partial: dict[int, bytes] = {}
         self.texts = np.full(size, None, object)
         self.state = np.zeros(size, np.int8)  # 0 not seen yet, 1 whole, 2 partial
+        self.complete = False  # every id the tokenizer has a piece for learnt (``whole_vocab``)
 
     def learn(self, tokenizer, ids: np.ndarray) -> None:
         new = np.unique(ids[self.state[ids] == 0]).tolist()
         for i, piece in zip(new, tokenizer.convert_ids_to_tokens(new) if new else []):
+            if piece is None:  # an id with no piece (a gap among added tokens): left unlearnt
+                continue
             raw = _raw(piece)
             try:
                 self.whole[i] = self.texts[i] = raw.decode("utf-8")
@@ -114,6 +117,42 @@ def _vocab(tokenizer, ids: np.ndarray) -> _Vocab:
     return vocab
 
 
+def whole_vocab(tokenizer) -> _Vocab | None:
+    """A byte-level tokenizer's ``_Vocab`` with every id learnt, once per tokenizer (one
+    ``convert_ids_to_tokens`` of the whole vocabulary: 49,152 ids took ~0.1 s), for importers
+    that index it with arrays (storage/token_columns.py ``token_text_array``); None for any other
+    tokenizer, one whose size is unknown, or one that cannot be kept between calls."""
+    size = vocab_size(tokenizer)
+    if size is None or not is_byte_level(tokenizer):
+        return None
+    vocab = _vocab(tokenizer, np.zeros(0, np.int64))
+    try:
+        if _VOCAB.get(tokenizer) is not vocab:
+            return None
+    except TypeError:  # not kept between calls (no weak reference): learnt per call instead
+        return None
+    if not vocab.complete:
+        vocab.learn(tokenizer, np.arange(size, dtype=np.int64))
+        vocab.complete = True
+    return vocab
+
+
+def cut_texts(vocab: _Vocab, ids: np.ndarray) -> list[tuple[int, list[str]]]:
+    """(start, texts) of each stretch of ``ids`` (learnt by ``vocab``) that a character cut
+    across tokens makes decode as a sequence (``_decode_from``); the rest is each id's own
+    text."""
+    cuts = np.flatnonzero(vocab.state[ids] == 2).tolist()
+    out: list[tuple[int, list[str]]] = []
+    if cuts:
+        seq, done = ids.tolist(), 0
+        texts = [""] * len(seq)
+        for start in cuts:
+            if start >= done:
+                done = _decode_from(texts, seq, start, vocab.whole, vocab.partial)
+                out.append((start, texts[start:done]))
+    return out
+
+
 def token_texts(tokenizer, ids) -> list[str]:
     """Text of each token such that ``''.join(token_texts(ids)) == tokenizer.decode(ids)``;
     ValueError for an id outside the vocabulary (``checked_ids``), whatever the tokenizer.
@@ -130,12 +169,8 @@ def token_texts(tokenizer, ids) -> list[str]:
         return _texts_by_window(tokenizer, arr.tolist())
     vocab = _vocab(tokenizer, arr)
     texts = vocab.texts[arr].tolist()
-    cuts = np.flatnonzero(vocab.state[arr] == 2).tolist()
-    if cuts:
-        ids, done = arr.tolist(), 0
-        for start in cuts:
-            if start >= done:
-                done = _decode_from(texts, ids, start, vocab.whole, vocab.partial)
+    for start, span in cut_texts(vocab, arr):
+        texts[start:start + len(span)] = span
     return texts
 
 

@@ -118,6 +118,45 @@ def test_verl_dataproto_recorded_token_by_token(tmp_path):
     assert _q(store, "SELECT status, source FROM runs") == [("finished", "import:verl-batch")]
 
 
+def test_a_verl_recorders_step_derives_its_own_steps_metrics_and_reads_bfloat16(tmp_path):
+    """Issue 57: each ``record()`` derives the metrics of the step it wrote only (the whole
+    run's were derived again every step, reading every token row stored so far), and they are
+    what deriving the whole run gives; a batch whose logprobs are bfloat16 (no numpy dtype:
+    read a row at a time) is recorded with the same values as its float32 copy."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("verl", reason=RL_EXTRAS)
+    from core.model.models import load_tokenizer
+    from storage.ingest.import_batch import rederive_metrics
+    from storage.integrations.verl_batch import VerlBatchRecorder
+
+    tokenizer = load_tokenizer("tiny")
+    store = tmp_path / "verl.duckdb"
+    recorder = VerlBatchRecorder(store, tokenizer, run_id="v")
+    assert recorder.record(_verl_batch(tokenizer, step=1)[0]).imported == 4
+    with db.writing(store) as con:  # a stand-in value: deriving step 1 again would replace it
+        con.execute("UPDATE metrics SET value = 99 WHERE run_id = 'v' AND step = 1 "
+                    "AND name = 'reward/mean'")
+    batch = _verl_batch(tokenizer, step=2)[0]
+    for key in ("old_log_probs", "rollout_log_probs"):
+        batch.batch[key] = batch.batch[key].to(torch.bfloat16)
+    report = recorder.record(batch)
+    assert (report.imported, report.failed) == (4, 0), report.errors
+    assert _q(store, "SELECT value FROM metrics WHERE step = 1 AND name = 'reward/mean'") == \
+        [(99.0,)]
+    sql = "SELECT step, name, value FROM metrics WHERE run_id = 'v' ORDER BY ALL"
+    by_step = [r for r in _q(store, sql) if r[0] == 2]
+    recorder.close()  # the end of the run: the whole run's, once
+    assert _q(store, "SELECT value FROM metrics WHERE step = 1 AND name = 'reward/mean'") == \
+        [(0.5,)]
+    with db.writing(store) as con:
+        rederive_metrics(con, "v")
+    assert by_step == [r for r in _q(store, sql) if r[0] == 2] and len(by_step) > 5
+    toks = queries.tokens(store, "v", "s2-dune-0")
+    kept = batch.batch["response_mask"][0].bool()
+    assert toks[toks["trained"]]["logprob"].tolist() == \
+        batch.batch["rollout_log_probs"][0][kept].double().tolist()
+
+
 # -- OpenPipe ART ----------------------------------------------------------------------------------
 def _art_logs(art_path) -> tuple:
     """Two steps of ART trajectory logs, made with ART's own classes and written where and how its

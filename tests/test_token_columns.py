@@ -149,3 +149,31 @@ def test_a_verifiers_trace_with_an_id_outside_the_vocabulary_fails_alone():
         assert len(good["tokens"]) > 0 and good["tokens"].first("logprob") is not None
         assert isinstance(bad, LineError)
         assert said in str(bad)
+
+
+def test_token_text_array_is_each_tokens_text_cleaned_taken_from_the_vocabulary():
+    """Issue 57: a trainer's rollout's texts are taken by id from the tokenizer's vocabulary,
+    decoded and cleaned once, as one Arrow array: the same texts ``token_texts`` gives, cleaned
+    as the recorder cleans every stored text (NUL -> U+2400), a character cut across tokens
+    (the emoji's two tokens) on the token completing it, and joined they are the decode."""
+    import numpy as np
+
+    from core.model.models import load_tokenizer
+    from storage.recorder import clean_text
+    from storage.token_columns import joiner, token_text_array
+    from storage.token_text import token_texts, whole_vocab
+
+    tokenizer = load_tokenizer("tiny")
+    text = "a\x00b: 🙂 héllo 中文字 € 🙂🙂"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert (whole_vocab(tokenizer).state[ids] == 2).any()  # some token cuts a character
+    got = token_text_array(tokenizer, np.array(ids))
+    assert got.to_pylist() == [clean_text(t) for t in token_texts(tokenizer, ids)]
+    assert "\u2400" in got.to_pylist() and "\x00" not in "".join(got.to_pylist())
+    assert joiner(got)(0, len(ids)) == clean_text(tokenizer.decode(ids))
+    assert joiner(got)(3, 5) == "".join(got.to_pylist()[3:5]) and joiner(got)(4, 4) == ""
+    for bad in ([-1], [len(tokenizer)]):
+        with pytest.raises(ValueError, match="outside the tokenizer's vocabulary"):
+            token_text_array(tokenizer, ids + bad)
+    with pytest.raises(ValueError, match="token ids must be integers"):
+        token_text_array(tokenizer, np.array(ids, np.float64))

@@ -62,13 +62,26 @@ def refuse_foreign(run_id: str, source: str | None) -> None:
             "other run uses)")
 
 
-def _insert(con, table: str, rows: list[dict], run_id: str | list[str]) -> None:
-    """One batched insert with types taken from the table (no guessing from the values);
-    ``run_id`` is every row's, or each row's (a list as long as ``rows``)."""
+def column_types(con, tables=TRAJ_TABLES) -> dict[str, dict[str, str]]:
+    """Each of ``tables``' columns' types, read in one query (``_insert``'s, for a batch)."""
+    out: dict[str, dict[str, str]] = {t: {} for t in tables}
+    for table, name, kind in con.execute(
+            "SELECT table_name, column_name, data_type FROM information_schema.columns "
+            "WHERE table_name IN (SELECT unnest(?))", [list(tables)]).fetchall():
+        out[table][name] = kind
+    return out
+
+
+def _insert(con, table: str, rows: list[dict], run_id: str | list[str],
+            types: dict[str, str] | None = None) -> None:
+    """One batched insert with types taken from the table (no guessing from the values; read
+    here unless ``types`` gives them, ``column_types``); ``run_id`` is every row's, or each
+    row's (a list as long as ``rows``)."""
     if not rows:
         return
-    types = dict(con.execute("SELECT column_name, data_type FROM information_schema.columns "
-                             "WHERE table_name = ?", [table]).fetchall())
+    types = types or dict(con.execute("SELECT column_name, data_type FROM "
+                                      "information_schema.columns WHERE table_name = ?",
+                                      [table]).fetchall())
     names = list(dict.fromkeys(k for r in rows for k in r))
     schema = pa.schema([(n, ARROW_TYPES[types[n]]) for n in names])
     columns = {n: clean_column([r.get(n) for r in rows]) for n in names}  # the recorder's rule
@@ -80,24 +93,33 @@ def _insert(con, table: str, rows: list[dict], run_id: str | list[str]) -> None:
     con.unregister("_import_rows")
 
 
-def _insert_chunks(con, table: str, rows: Iterator[dict], run_id: str) -> None:
+def _insert_chunks(con, table: str, rows: Iterator[dict], run_id: str,
+                   types: dict[str, str] | None = None) -> None:
     """``_insert`` of ``rows`` ``ROW_CHUNK`` at a time, inside the caller's transaction: a
     batch's token rows are never all held at once."""
     while chunk := list(islice(rows, ROW_CHUNK)):
-        _insert(con, table, chunk, run_id)
+        _insert(con, table, chunk, run_id, types)
 
 
-def _insert_tokens(con, token_rows: list, run_id: str) -> None:
+TABLE_ROWS = 2 * 122_880
+"""Token rows given as columns inserted at a time: two of DuckDB's row groups. An insert of a
+row group or more is written out as it goes, where smaller ones wait for the COMMIT: 384k rows
+into a fresh store, open to close, took 0.67-0.95 s as one insert, 0.80-0.90 s as 245,760-row
+ones and 0.89-1.19 s as 50k-row ones, most of it then in the COMMIT (load 6-7, 2 CPUs)."""
+
+
+def _insert_tokens(con, token_rows: list, run_id: str, types: dict[str, str] | None = None
+                   ) -> None:
     """The token rows of a batch's trajectories: those given as columns (a trainer's rollout,
-    storage/token_columns.py) as Arrow tables of about ``ROW_CHUNK`` rows, the others made and
+    storage/token_columns.py) as Arrow tables of about ``TABLE_ROWS`` rows, the others made and
     inserted ``ROW_CHUNK`` at a time; either way a batch's rows are never all held twice."""
     _insert_chunks(con, "tokens", (r for t in token_rows if t.columns is None for r in t),
-                   run_id)
+                   run_id, types)
     items, held = [], 0
     for rows in (t for t in token_rows if t.columns is not None):
         items.append((rows.traj_id, rows.step, rows.columns))
         held += len(rows)
-        if held >= ROW_CHUNK:
+        if held >= TABLE_ROWS:
             _insert_table(con, "tokens", tokens_table(items), run_id)
             items, held = [], 0
     if items:
@@ -223,11 +245,13 @@ def _write_rows(con, run_id, fmt, run, batch, replace) -> tuple[int, int, int, i
             rescored = _rescore(con, run_id, [rows for _, rows in batch
                                               if rows["trajectories"][0]["traj_id"] in present])
         batch = [(w, rows) for w, rows in batch if rows["trajectories"][0]["traj_id"] not in present]
+    types = column_types(con)
     for table in TRAJ_TABLES:
         if table == "tokens":  # made and inserted a chunk at a time (storage/token_rows.py)
-            _insert_tokens(con, [rows[table] for _, rows in batch], run_id)
+            _insert_tokens(con, [rows[table] for _, rows in batch], run_id, types[table])
         else:
-            _insert(con, table, [r for _, rows in batch for r in rows[table]], run_id)
+            _insert(con, table, [r for _, rows in batch for r in rows[table]], run_id,
+                    types[table])
     if replace:
         return len(batch) - len(present), len(present), 0, 0
     return len(batch), 0, len(present), rescored
@@ -304,8 +328,8 @@ def _same(old: dict, new: dict) -> bool:
                for a, b in values)
 
 
-DERIVED_METRICS_SQL = f"""
-WITH t AS (SELECT * FROM trajectories WHERE run_id = $run AND split <> 'eval'),
+_DERIVED_SQL = f"""
+WITH t AS (SELECT * FROM trajectories WHERE run_id = $run AND split <> 'eval' /*steps*/),
 g AS (SELECT step, stddev_samp(reward) AS sd FROM t GROUP BY step, group_id HAVING count(*) > 1),
 s AS (SELECT step, avg(reward) AS "reward/mean", stddev_samp(reward) AS "reward/std",
              avg(success::DOUBLE) AS "success/rate", avg(num_turns) AS "env/turns_mean",
@@ -317,7 +341,7 @@ SELECT $run AS run_id, step, name, value FROM (UNPIVOT wide ON COLUMNS(* EXCLUDE
                                                INTO NAME name VALUE value)
 UNION ALL
 SELECT $run, step, 'eval/success', avg(success::DOUBLE) FROM trajectories
-WHERE run_id = $run AND split = 'eval' AND success IS NOT NULL GROUP BY step
+WHERE run_id = $run AND split = 'eval' AND success IS NOT NULL /*steps*/ GROUP BY step
 UNION ALL
 SELECT $run, step, name, value FROM (UNPIVOT (
     SELECT step, avg(abs(d)) FILTER (ok) AS "mismatch/abs_mean",
@@ -335,9 +359,11 @@ SELECT $run, step, name, value FROM (UNPIVOT (
                  exp(train_logprob) AS pt, exp(logprob) AS ps,
                  exp(train_logprob) - exp(logprob) AS pd,
                  isfinite(train_logprob) AND isfinite(logprob) AS ok
-          FROM tokens WHERE run_id = $run AND {MISMATCH_TOKENS})
+          FROM tokens WHERE run_id = $run AND {MISMATCH_TOKENS} /*steps*/)
     GROUP BY step) ON COLUMNS(* EXCLUDE step) INTO NAME name VALUE value)
 """
+STEPS_FILTER = "AND step IN (SELECT unnest($steps))"
+DERIVED_METRICS_SQL = _DERIVED_SQL.replace("/*steps*/", "")
 """Metrics an import derives from its rows, as the trainer records them: rewards, success,
 turns and lengths per step, held-out success, and (core/learn/mismatch.py) the training-inference
 mismatch of the steps whose tokens carry both the sampler's and the trainer's logprob, ours and
@@ -355,20 +381,34 @@ step whose tokens are all such has only the count)."""
 JOB_METRIC_PREFIXES = ("behaviour/", "alarm/behaviour/")
 
 
-def rederive_metrics(con, run_id: str) -> None:
+def rederive_metrics(con, run_id: str, steps: list[int] | None = None) -> None:
     """Replace the run's derived metrics (``DERIVED_METRICS_SQL``) inside the caller's
-    transaction, keeping the metrics other jobs wrote (``JOB_METRIC_PREFIXES``)."""
+    transaction, keeping the metrics other jobs wrote (``JOB_METRIC_PREFIXES``). With ``steps``,
+    those steps' only: each metric is one step's, so a trainer-side recorder that wrote one
+    step rederives it alone, where the whole run's grew with every step (each step read every
+    token row the run had stored)."""
     keep = " AND ".join("NOT starts_with(name, ?)" for _ in JOB_METRIC_PREFIXES)
-    con.execute(f"DELETE FROM metrics WHERE run_id = ? AND {keep}", [run_id, *JOB_METRIC_PREFIXES])
-    con.execute("INSERT INTO metrics BY NAME " + DERIVED_METRICS_SQL, {"run": run_id})
+    if steps is None:
+        con.execute(f"DELETE FROM metrics WHERE run_id = ? AND {keep}",
+                    [run_id, *JOB_METRIC_PREFIXES])
+        con.execute("INSERT INTO metrics BY NAME " + DERIVED_METRICS_SQL, {"run": run_id})
+        return
+    steps = sorted({int(s) for s in steps})
+    if not steps:
+        return
+    con.execute(f"DELETE FROM metrics WHERE run_id = ? AND {keep} AND step IN "
+                "(SELECT unnest(?))", [run_id, *JOB_METRIC_PREFIXES, steps])
+    con.execute("INSERT INTO metrics BY NAME " + _DERIVED_SQL.replace("/*steps*/", STEPS_FILTER),
+                {"run": run_id, "steps": steps})
 
 
 def finish_import(db_path, run_id, fmt, run, report, stopped: str | None = None,
-                   live: bool = False) -> None:
+                   live: bool = False, steps: list[int] | None = None) -> None:
     """Provenance row, config, metrics and final status (``failed`` with the reason if the
     import ``stopped``) of a run that imports created. The config is written when this import
     created the run, or when ``run["refresh_config"]`` says the input describes the run as it is
-    now (a followed Inspect log: storage/ingest/inspect_import.py ``import_log``)."""
+    now (a followed Inspect log: storage/ingest/inspect_import.py ``import_log``). ``steps``:
+    the only steps written since the run's metrics were last derived (``rederive_metrics``)."""
     with db.writing(db_path) as con:
         row = con.execute("SELECT coalesce(source, 'trainer') FROM runs WHERE run_id = ?",
                           [run_id]).fetchone()
@@ -381,7 +421,7 @@ def finish_import(db_path, run_id, fmt, run, report, stopped: str | None = None,
         if (run["created"] or run.get("refresh_config")) and run["config"]:
             config = {"env": "unknown", "model": "unknown", "algo": "unknown", **run["config"]}
             con.execute("UPDATE runs SET config = ? WHERE run_id = ?", [to_json(config), run_id])
-        rederive_metrics(con, run_id)
+        rederive_metrics(con, run_id, steps)
         con.execute("UPDATE runs SET status = ?, error = ?, updated_at = ?, "
                     "last_step = (SELECT max(step) FROM trajectories WHERE run_id = ?) "
                     "WHERE run_id = ?", ["failed" if stopped else "running" if live

@@ -13,7 +13,8 @@ The rules, the same for every trainer:
 * A turn starts at each run of action tokens; the observation tokens after it, up to the next
   action, are that turn's observation. Token rows carry the turn index (the prompt's is -1).
 * The tokens are columns (storage/token_columns.py): the roles, turns and values come from
-  array operations, the turns' texts from one join per run of tokens, never a dict per token.
+  array operations, the turns' texts from one slice of the texts' bytes per run of tokens,
+  never a dict or a string per token.
 * The sampler's ``logprob``, the trainer's ``train_logprob`` and the ``advantage`` are kept on
   trained tokens only: trainers fill masked positions with zeros or with values nothing
   sampled (verl's agent loop writes 0.0 as the rollout logprob of a tool's tokens), and a
@@ -28,7 +29,8 @@ import pyarrow as pa
 
 from storage.ingest.door import token_ids
 from storage.interchange import LineError
-from storage.token_columns import ACTION, OBSERVATION, PROMPT, TokenColumns, texts_array
+from storage.token_columns import (ACTION, OBSERVATION, PROMPT, TokenColumns, joiner,
+                                   texts_array)
 
 
 def response_turns(role: np.ndarray, n_prompt: int) -> np.ndarray:
@@ -49,7 +51,7 @@ def rollout_columns(texts: Sequence[str] | pa.Array, ids: Sequence[int], n_promp
     first ``n_prompt`` the prompt, the rest its response with its loss ``mask`` and, per
     response position, the optional sampler ``logprobs``, trainer ``train_logprobs`` and
     ``advantages`` (kept on trained tokens only). ``turns`` ([] unless ``with_turns``) holds
-    each turn's action and observation text; ``texts`` must then be a list of strings."""
+    each turn's action and observation text."""
     ids = token_ids(ids, "token ids")  # a float, a boolean or 2^70 is no token id
     n = len(ids)
     for name, values in (("mask", mask), ("logprobs", logprobs),
@@ -72,19 +74,20 @@ def rollout_columns(texts: Sequence[str] | pa.Array, ids: Sequence[int], n_promp
             full = np.zeros(n, np.float64)
             full[n_prompt:] = np.asarray(values, np.float64)
             cols.set_values(name, full, trained)
-    turns = _turns(texts, role, turn, n_prompt) if with_turns else []
+    turns = _turns(joiner(text), role, turn, n_prompt) if with_turns else []
     return cols, turns
 
 
-def _turns(texts: Sequence[str], role: np.ndarray, turn: np.ndarray, n_prompt: int
-           ) -> list[dict]:
-    """Each turn's action and observation text: one join per run of same-role tokens."""
-    count = int(turn[-1]) + 1 if len(turn) > n_prompt else 0
-    turns = [{"action": "", "observation": ""} for _ in range(count)]
+def _turns(joined, role: np.ndarray, turn: np.ndarray, n_prompt: int) -> list[dict]:
+    """Each turn's action and observation text: one slice of the texts' bytes per run of
+    same-role tokens (``joined``: storage/token_columns.py ``joiner``)."""
+    if len(turn) <= n_prompt:
+        return [{"action": "", "observation": ""}]
+    turns = [{"action": "", "observation": ""} for _ in range(int(turn[-1]) + 1)]
     cuts = np.flatnonzero(np.diff(role[n_prompt:])) + 1 + n_prompt
-    for a, b in zip(np.concatenate(([n_prompt], cuts)).tolist(),
-                    np.concatenate((cuts, [len(role)])).tolist()):
+    starts = np.concatenate(([n_prompt], cuts)).tolist()
+    for a, b, code, k in zip(starts, np.concatenate((cuts, [len(role)])).tolist(),
+                             role[starts].tolist(), turn[starts].tolist()):
         if a < b:
-            key = "action" if role[a] == ACTION else "observation"
-            turns[turn[a]][key] += "".join(texts[a:b])
-    return turns or [{"action": "", "observation": ""}]
+            turns[k]["action" if code == ACTION else "observation"] += joined(a, b)
+    return turns

@@ -39,9 +39,11 @@ class StepRecorder:
         report's errors, and the trainer goes on (storage/ingest/door.py). Returns what was
         written."""
         report = ImportReport(self.run_id, f"step {step}", self.fmt)
-        write_records(_items(records, step), self.db, self.fmt, self.run_id, self.run, report,
-                      records=STEP_BATCH_RECORDS)
-        finish_import(self.db, self.run_id, self.fmt, self.run, report, live=True)
+        steps: set[int] = set()
+        write_records(_items(records, step, steps), self.db, self.fmt, self.run_id, self.run,
+                      report, records=STEP_BATCH_RECORDS)
+        finish_import(self.db, self.run_id, self.fmt, self.run, report, live=True,
+                      steps=sorted(steps))  # only the steps written are derived again
         return report
 
     def close(self) -> None:
@@ -50,15 +52,19 @@ class StepRecorder:
                       ImportReport(self.run_id, "end of training", self.fmt))
 
 
-def _items(records: Iterable[Any], step: int) -> Iterator[tuple[str, Any, int]]:
+def _items(records: Iterable[Any], step: int, steps: set[int]
+           ) -> Iterator[tuple[str, Any, int]]:
     """(where, record or LineError, 0) of each of a step's records, each made under the
-    framework's guard; a step whose records cannot even be listed (a field missing from the
-    trainer's output) is one error, said, never raised into the trainer."""
+    framework's guard, the steps they give added to ``steps``; a step whose records cannot even
+    be listed (a field missing from the trainer's output) is one error, said, never raised into
+    the trainer."""
     where = f"step {step}"
     try:
         for i, make in enumerate(records):
             for at, rec in convert(f"{where} sample {i}", make if callable(make)
                                    else (lambda rec=make: rec)):
+                if isinstance(rec, dict) and type(rec.get("step", 0)) is int:
+                    steps.add(rec.get("step", 0))
                 yield at, rec, 0
     except Exception as exc:
         yield where, failure(exc), 0

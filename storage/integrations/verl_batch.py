@@ -48,18 +48,31 @@ from storage.ingest.report import ImportReport
 from storage.ingest.rollout_tokens import rollout_columns
 from storage.integrations.step_recorder import StepRecorder
 from storage.interchange import LineError
-from storage.token_text import token_texts
+from storage.token_columns import joiner, token_text_array
 
 FORMAT = "verl-batch"
 
 
-def _sample(batch, i: int):
+def _sample(batch, i: int, views: dict):
     """Sample ``i``'s row of each tensor as a numpy array (floats as float64; None where verl
-    did not fill the key): one row at a time, so what is held beside the batch is one
-    sample's numbers, not the batch's."""
+    did not fill the key). A tensor in CPU memory is read through one numpy view of the batch's
+    (``views``, shared by the batch's samples: no copy, no call per sample into the tensor
+    library); any other (on a GPU, bfloat16) one row at a time, so what is held beside the batch
+    is one sample's numbers, not the batch's."""
     tensors = batch.batch
 
     def row(name: str):
+        if name not in views:
+            tensor = tensors[name] if name in tensors.keys() else None
+            try:
+                views[name] = None if tensor is None or tensor.device.type != "cpu" \
+                    else tensor.detach().numpy()
+            except (TypeError, RuntimeError):  # a dtype numpy has not (bfloat16)
+                views[name] = None
+        view = views[name]
+        if view is not None:
+            value = view[i]
+            return value.astype(np.float64) if value.dtype.kind == "f" else value
         if name not in tensors.keys():
             return None
         value = tensors[name][i].detach().cpu()
@@ -82,17 +95,18 @@ def batch_records(batch, tokenizer, step: int, split: str = "train"
     (storage/interchange.py): what one raises (a ``uid`` list shorter than the batch, an id
     outside the vocabulary) fails that sample alone (storage/integrations/step_recorder.py)."""
     seen: dict[str, int] = {}
+    views: dict[str, Any] = {}
     for i in range(len(batch.batch["responses"])):
-        yield partial(_record, batch, i, tokenizer, step, split, seen)  # named ``sample {i}``
+        yield partial(_record, batch, i, tokenizer, step, split, seen, views)  # ``sample {i}``
 
 
-def _record(batch, i: int, tokenizer, step: int, split: str, seen: dict) -> dict:
+def _record(batch, i: int, tokenizer, step: int, split: str, seen: dict, views: dict) -> dict:
     extra = batch.non_tensor_batch
     uids = extra.get("uid")
     if uids is not None and i >= len(uids):
         raise LineError(f"non_tensor_batch['uid'] has {len(uids)} entries, none for this "
                         "sample")
-    row = _sample(batch, i)
+    row = _sample(batch, i, views)
     responses, attention = row("responses"), row("attention_mask") != 0
     width = len(responses)
     prompt_ids = row("prompts")
@@ -107,7 +121,7 @@ def _record(batch, i: int, tokenizer, step: int, split: str, seen: dict) -> dict
     ids = token_ids(np.concatenate((prompt_ids[p_keep], responses[r_keep])), "input_ids")
     n_prompt = int(p_keep.sum())
     # one decode of prompt and response: a character split across the cut stays whole
-    texts = token_texts(tokenizer, ids)
+    texts = token_text_array(tokenizer, ids)
     pick = (lambda values: None if values is None else values[r_keep])
     tokens, turns = rollout_columns(
         texts, ids, n_prompt, mask[r_keep], logprobs=pick(old if sampled is None else sampled),
@@ -116,7 +130,7 @@ def _record(batch, i: int, tokenizer, step: int, split: str, seen: dict) -> dict
         if rewards is not None else 0.0
     score = number(float(sum(scores.tolist())), "token_level_scores") \
         if scores is not None else reward
-    prompt = "".join(texts[:n_prompt])
+    prompt = joiner(texts)(0, n_prompt)
     uid = str(uids[i]) if uids is not None else f"{i}"
     k = seen[uid] = seen.get(uid, -1) + 1
     rec = {"traj_id": f"s{step}-{uid}-{k}", "task_id": task_id_of(prompt),
