@@ -53,7 +53,7 @@ from storage.ingest.rollout_tokens import rollout_columns
 from storage.ingest.door import number, read, token_ids
 from storage.ingest.registry import REGISTRY, Format, Records, Source, Unit, register
 from storage.interchange import MAX_LINE_BYTES, LineError
-from storage.token_columns import TokenColumns, texts_array
+from storage.token_columns import TokenColumns, token_text_array
 from storage.token_rows import MAX_TRAJECTORY_TOKENS
 
 TRACES_FILE = "traces.jsonl"
@@ -199,9 +199,8 @@ def _tokens(path: list[dict], tokenizer) -> tuple[TokenColumns, list[str]]:
     ids, mask = np.concatenate(ids), np.asarray(mask, np.float64) != 0
     notes = []
     if tokenizer is not None:
-        from storage.token_text import token_texts
-        texts = texts_array(token_texts(tokenizer, ids))  # an id outside the vocabulary
-                                                          # raises: this trace fails alone
+        texts = token_text_array(tokenizer, ids)  # an id outside the vocabulary raises:
+                                                  # this trace fails alone
     else:
         texts = pa.array([f"<{i}>" for i in ids.tolist()], pa.string())
         notes.append("token text is each token's id: the file holds ids only (import with a "

@@ -40,7 +40,7 @@ from storage.ingest.report import ImportReport
 from storage.ingest.rollout_tokens import rollout_columns
 from storage.integrations.step_recorder import StepRecorder
 from storage.interchange import LineError
-from storage.token_text import token_texts
+from storage.token_columns import joiner, token_text_array
 
 FORMAT = "skyrl"
 
@@ -77,7 +77,7 @@ def _record(output: dict, i: int, tokenizer, step: int, split: str) -> dict:
     p_ids = token_ids(_at(output, "prompt_token_ids", i), "prompt_token_ids")
     r_ids = token_ids(_at(output, "response_ids", i), "response_ids")
     ids = np.concatenate((p_ids, r_ids))
-    texts = token_texts(tokenizer, ids)
+    texts = token_text_array(tokenizer, ids)
     logprobs = _at(output, "rollout_logprobs", i, required=False) \
         if output.get("rollout_logprobs") else None
     tokens, turns = rollout_columns(texts, ids, len(p_ids), _at(output, "loss_masks", i),
@@ -85,7 +85,7 @@ def _record(output: dict, i: int, tokenizer, step: int, split: str) -> dict:
     reward = _at(output, "rewards", i)
     reward = number(sum(number(r, "rewards") for r in reward), "rewards") \
         if isinstance(reward, (list, tuple)) else number(reward, "rewards")
-    prompt = "".join(texts[:len(p_ids)])
+    prompt = joiner(texts)(0, len(p_ids))
     ident = _traj_id(_at(output, "trajectory_ids", i)) if output.get("trajectory_ids") else None
     instance, rep = ident if ident else (f"{i}", 0)
     rec = {"traj_id": f"s{step}-{instance}_{rep}", "group_id": f"s{step}-{instance}",
