@@ -186,19 +186,21 @@ class Receiver:
 
     # -- lifecycle ------------------------------------------------------------------------------
     def _derive_loop(self) -> None:
-        """A flush every ``flush_s``; one that took longer is followed by a pause as long as it
-        took (``REST_MAX_S`` at most): under load the deriver takes at most about half the
-        process (the acknowledgements share its interpreter), and each flush derives more at
-        once (a flush's writes cost about the same for 10 trajectories as for 500)."""
-        wait = self.bounds.flush_s
+        """A flush every ``flush_s``; one that took longer while requests kept coming is followed
+        by a pause as long as it took (``REST_MAX_S`` at most): the deriver then takes at most
+        about half the process (the acknowledgements share its interpreter) and each flush
+        derives more at once (a flush's statements cost the same for 10 trajectories as for
+        500). With no requests coming it catches up back to back."""
+        wait, appender = self.bounds.flush_s, self.writer.appender
         while not self._stop.wait(wait):
-            started = time.monotonic()
+            started, groups = time.monotonic(), appender.transactions
             try:
                 self.writer.flush()
             except Exception as exc:  # noqa: BLE001 (never let the deriver die silently)
                 self.log(f"error: deriving stopped a round: {type(exc).__name__}: {exc}")
             took = time.monotonic() - started
-            wait = max(self.bounds.flush_s - took, min(took, REST_MAX_S))
+            busy = appender.transactions != groups  # requests came meanwhile: share with them
+            wait = max(self.bounds.flush_s - took, min(took, REST_MAX_S) if busy else 0.0)
 
     def start(self) -> "Receiver":
         self.writer.appender = Appender(self.writer.db_path, self.assembler, self.log)

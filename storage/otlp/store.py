@@ -65,7 +65,8 @@ LINGER_S = 0.5   # and closes it after this long with nothing to write
 POLL_S = 0.02    # how often an idle appender looks for a queued opener
 GATHER, MAX_GATHER, GATHER_S = 16, 512, 0.006  # a group waits this long for as many requests
 # as the last group had (GATHER at least, MAX_GATHER at most)
-MAX_GROUP = 20_000  # records per group commit (a request with more is a group alone)
+MAX_GROUP, BIG = 20_000, 1_000  # records per group commit at most; a request of BIG or more
+# records is a group alone, after the small ones (``_groups``)
 BEHIND_S = 2.0   # after the store refused a write, requests are answered 503 this long
 
 
@@ -175,14 +176,14 @@ def finish(requests: list[_Request]) -> None:
 
 
 def _groups(requests: list[_Request]) -> list[list[_Request]]:
-    """The requests taken together, smallest first, in groups of at most ``MAX_GROUP``
-    records (a bigger request alone): a small request is never committed after a big one it
-    arrived with."""
+    """The requests taken together as group commits: the small ones first, together (at most
+    ``MAX_GROUP`` records a group), then each big one (``BIG`` records or more) alone, so a
+    small request never waits for the insert of a big one it arrived with."""
     out: list[list[_Request]] = [[]]
     held = 0
     for req in sorted(requests, key=lambda r: len(r.spans) + len(r.logs)):
         size = len(req.spans) + len(req.logs)
-        if out[-1] and held + size > MAX_GROUP:
+        if out[-1] and (held + size > MAX_GROUP or size >= BIG):
             out.append([])
             held = 0
         out[-1].append(req)
