@@ -53,6 +53,7 @@ from storage import db
 from storage.export import Filters, selected_ids
 from storage.protocol import render_call
 from storage.recorder import from_json
+from storage.trajectory import select
 
 SEARCH_TOOL = {"type": "function", "function": {
     "name": "search", "description": "Search the knowledge base; returns the top documents.",
@@ -65,6 +66,9 @@ CHAT_MARKERS_START = re.compile(r"^\s*(?:<\|im_end\|>\s*)?(?:<\|im_start\|>(\w+)
 CHAT_MARKERS_END = re.compile(r"(?:<\|im_end\|>\s*)?(?:<\|im_start\|>assistant\n?)?\s*$")
 PROMPT_ROLE = re.compile(r"^(system|developer|user): ", re.MULTILINE)
 CHAT_SOURCES = ("import:messages", "import:inspect", "otlp")
+LINE_KEYS = ("traj_id", "task_id", "step", "split", "reward", "success")
+"""The trajectory's fields a line carries beside its messages (the messages importer reads
+them)."""
 SYSTEM_TURNS = (re.compile(r"<\|im_start\|>system\n(.*?)<\|im_end\|>", re.DOTALL),
                 re.compile(r"<\|start_header_id\|>system<\|end_header_id\|>\n\n(.*?)<\|eot_id\|>",
                            re.DOTALL),
@@ -231,7 +235,7 @@ def conversation(traj: dict, turns: list[dict], chat: bool, system: str | None =
     line = {"messages": messages}
     if isinstance(own, list) or tools:  # none called and no list given: whether any tool was
         line["tools"] = own if isinstance(own, list) else list(tools.values())  # offered is unknown
-    for key in ("traj_id", "task_id", "step", "split", "reward", "success"):
+    for key in LINE_KEYS:
         value = traj.get(key)
         if value is not None and not (isinstance(value, float) and not math.isfinite(value)):
             line[key] = value  # (a NaN would make the line JSON no loader reads)
@@ -239,10 +243,13 @@ def conversation(traj: dict, turns: list[dict], chat: bool, system: str | None =
 
 
 # -- a run's selection ---------------------------------------------------------------------------
-TRAJ_SQL = ("SELECT traj_id, task_id, step, split, prompt, reward, success, info FROM trajectories "
-            "WHERE run_id = ? AND traj_id IN (SELECT unnest(?))")
-TURN_SQL = ("SELECT traj_id, turn, action, observation, action_type, parsed, error FROM turns "
-            "WHERE run_id = ? AND traj_id IN (SELECT unnest(?)) ORDER BY traj_id, turn")
+_TRAJ = select("trajectories", *LINE_KEYS, "prompt", "info")
+_TURN = select("turns", "traj_id", "turn", "action", "observation", "action_type", "parsed",
+               "error")
+TRAJ_SQL = (f"SELECT {_TRAJ} FROM trajectories WHERE run_id = ? "
+            "AND traj_id IN (SELECT unnest(?))")
+TURN_SQL = (f"SELECT {_TURN} FROM turns WHERE run_id = ? AND traj_id IN (SELECT unnest(?)) "
+            "ORDER BY traj_id, turn")
 PROMPT_SQL = ("SELECT traj_id, string_agg(text, '' ORDER BY pos) FROM tokens WHERE run_id = ? "
               "AND traj_id IN (SELECT unnest(?)) AND role = 'prompt' GROUP BY traj_id")
 """Each trajectory's prompt tokens as the model saw them (its system prompt is read from them)."""

@@ -63,7 +63,8 @@ import re
 from collections import Counter
 from typing import Any, Callable, Mapping, Sequence
 
-from storage.protocol import PROPER_ENDINGS, TOOL_ACTIONS, parse_action
+from storage.protocol import parse_action
+from storage.trajectory import FAILURE_CLASSES, PROPER_ENDINGS, TOOL_ACTIONS
 
 Turns = Sequence[Mapping[str, Any]]
 REFUSED = frozenset({"refused", "content_filter"})
@@ -226,26 +227,23 @@ def unsolved(turns, success, finish, answer, info) -> bool:
     return True
 
 
-RULES: tuple[tuple[str, Callable[..., bool]], ...] = (
-    ("collateral_damage", collateral_damage),
-    ("success", succeeded),
-    ("sample_error", sample_error),
-    ("refused", refused),
-    ("format_error", format_error),
-    ("invalid_action", invalid_action),
-    ("repeated_action_loop", repeated_action_loop),
-    ("tool_error_unrecovered", tool_error_unrecovered),
-    ("limit_exceeded", limit_exceeded),
-    ("no_answer", no_answer),
-    ("unmet_state_test", unmet_state_test),
-    ("answered_without_search", answered_without_search),
-    ("answered_without_tool_call", answered_without_tool_call),
-    ("wrong_answer_with_evidence", wrong_answer_with_evidence),
-    ("wrong_answer_without_evidence", wrong_answer_without_evidence),
-    ("wrong_answer", wrong_answer),
-    ("unsolved", unsolved),
-)
-FAILURE_CLASSES: tuple[str, ...] = tuple(name for name, _ in RULES)
+_RULE_OF: dict[str, Callable[..., bool]] = {
+    "collateral_damage": collateral_damage, "success": succeeded, "sample_error": sample_error,
+    "refused": refused, "format_error": format_error, "invalid_action": invalid_action,
+    "repeated_action_loop": repeated_action_loop,
+    "tool_error_unrecovered": tool_error_unrecovered, "limit_exceeded": limit_exceeded,
+    "no_answer": no_answer, "unmet_state_test": unmet_state_test,
+    "answered_without_search": answered_without_search,
+    "answered_without_tool_call": answered_without_tool_call,
+    "wrong_answer_with_evidence": wrong_answer_with_evidence,
+    "wrong_answer_without_evidence": wrong_answer_without_evidence,
+    "wrong_answer": wrong_answer, "unsolved": unsolved}
+if set(_RULE_OF) != set(FAILURE_CLASSES):
+    raise AssertionError("every class of the trajectory model has one rule, and only those: "
+                         f"{sorted(set(_RULE_OF) ^ set(FAILURE_CLASSES))}")
+RULES: tuple[tuple[str, Callable[..., bool]], ...] = tuple(
+    (name, _RULE_OF[name]) for name in FAILURE_CLASSES)
+"""The rules in the trajectory model's order (storage/trajectory.py ``FAILURE_CLASSES``)."""
 
 DESCRIPTIONS: dict[str, str] = {
     "collateral_damage": "The agent changed records the task did not ask it to touch.",

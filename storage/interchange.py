@@ -89,10 +89,28 @@ def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
+def number(value: Any, field: str) -> float:
+    """``value`` as a finite float, else LineError naming ``field``: a boolean is not a number,
+    an integer no double holds (10^400) is refused, never multiplied, and so are NaN and +-inf.
+    Every door's number check (``num`` fields here; storage/ingest/door.py's formats)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise LineError(f"field '{field}' must be a number, got {_type_name(value)}")
+    try:
+        out = float(value)
+    except OverflowError:
+        raise LineError(f"field '{field}' must be a number a double can hold, got an integer "
+                        f"of {value.bit_length()} bits") from None
+    if not math.isfinite(out):
+        raise LineError(f"field '{field}' must be a finite number, got {out}")
+    return out
+
+
 def _check(value: Any, kind: str, where: str) -> Any:
     """``value`` if it is of ``kind``, else LineError naming the field."""
-    if kind == "num" and isinstance(value, str) and value in NON_FINITE:
-        return NON_FINITE[value]  # as export writes the numbers JSON has no literal for
+    if kind == "num":
+        if isinstance(value, str) and value in NON_FINITE:
+            return NON_FINITE[value]  # as export writes the numbers JSON has no literal for
+        return number(value, where)
     if kind == "lp":
         return _logprob(value, where)
     ok = {
@@ -100,7 +118,6 @@ def _check(value: Any, kind: str, where: str) -> Any:
         "id": isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS,
         "int": isinstance(value, int) and not isinstance(value, bool),
         "sint": isinstance(value, int) and not isinstance(value, bool),
-        "num": isinstance(value, (int, float)) and not isinstance(value, bool),
         "bool": isinstance(value, bool),
         "dict": isinstance(value, dict),
         "list": isinstance(value, list),
@@ -108,17 +125,9 @@ def _check(value: Any, kind: str, where: str) -> Any:
     }[kind]
     if not ok:
         wanted = {"id": f"a non-empty string of at most {MAX_ID_CHARS} characters",
-                  "str": "a string", "int": "an integer", "sint": "an integer", "num": "a number", "bool": "true/false",
+                  "str": "a string", "int": "an integer", "sint": "an integer", "bool": "true/false",
                   "dict": "an object", "list": "a list"}[kind]
         raise LineError(f"field '{where}' must be {wanted}, got {_type_name(value)}")
-    if kind == "num":
-        try:
-            value = float(value)
-        except OverflowError:
-            raise LineError(f"field '{where}' must be a number a double can hold, got an "
-                            f"integer of {value.bit_length()} bits") from None
-        if not math.isfinite(value):
-            raise LineError(f"field '{where}' must be a finite number (a double cannot hold it)")
     if kind == "int" and not 0 <= value < 2**31:
         raise LineError(f"field '{where}' must be between 0 and 2^31-1, got {value}")
     if kind == "sint" and not -2**31 <= value < 2**31:

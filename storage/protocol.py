@@ -12,13 +12,13 @@ import json
 import re
 from typing import Any
 
+# Actions that call a tool and are charged ``cost_per_tool_call`` (grid moves and answers are
+# not), and the finish reasons that mean the policy ended the episode itself: the trajectory
+# model's action protocol (storage/trajectory.py ``ACTION_TYPES``).
+from storage.trajectory import PROPER_ENDINGS, TOOL_ACTIONS  # noqa: F401
+
 ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
 """The first <search>...</search> or <answer>...</answer> in an action."""
-
-# Actions that call a tool and are charged ``cost_per_tool_call`` (grid moves and answers are not).
-TOOL_ACTIONS = frozenset({"search", "tool", "code", "docs", "api"})
-# Finish reasons that mean the policy ended the episode itself.
-PROPER_ENDINGS = frozenset({"answered", "done"})
 
 
 def parse_action(text: str | None) -> tuple[str, str] | None:

@@ -192,14 +192,19 @@ def of_kind(spec: tuple[Field, ...], *kinds: str) -> tuple[str, ...]:
     return tuple(n for n, (k, _) in record_fields(spec).items() if k in kinds)
 
 
-def select(table: str, *names: str, alias: str = "") -> str:
-    """``names`` as a SELECT list, each checked to be a column of the model's ``table``: a
-    query that names a column the model lacks fails when it is written, not when it runs."""
+def checked(table: str, *names: str) -> tuple[str, ...]:
+    """``names``, each checked to be a column of the model's ``table``: a query or a writer
+    that names a column the model lacks fails when its module loads, not when it runs."""
     known = columns(table)
     unknown = [n for n in names if n not in known]
     if unknown:
         raise KeyError(f"not columns of {table} in the trajectory model: {unknown}")
-    return ", ".join(alias + n for n in names)
+    return names
+
+
+def select(table: str, *names: str) -> str:
+    """``checked`` names as a SELECT list."""
+    return ", ".join(checked(table, *names))
 
 
 # -- typed records ----------------------------------------------------------------------------

@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from core.rollout.trajectory import Trajectory
+from storage.trajectory import checked
 
-TOKEN_VALUE_COLUMNS = ("advantage", "new_logprob", "ref_logprob", "value", "train_logprob",
-                       "rejected")
-"""The per-token values a ``StageResults`` holds: columns of the store's ``tokens`` table.
+TOKEN_VALUE_COLUMNS = checked("tokens", "advantage", "new_logprob", "ref_logprob", "value",
+                              "train_logprob", "rejected")
+"""The per-token values a ``StageResults`` holds: columns of the store's ``tokens`` table (the
+trajectory model's, storage/trajectory.py).
 ``rejected``: True on a generated token rollout correction's rejection band left out of the loss
 (``--rollout-correction mis|rs``), False on one it kept, None elsewhere and without rejection."""
 

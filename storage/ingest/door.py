@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import errno
 import fnmatch
-import math
 import os
 import stat
 from pathlib import Path
@@ -33,7 +32,7 @@ import numpy as np
 from storage.failures import classify
 from storage.ingest import tail
 from storage.ingest.registry import Format, Records, Source, Unit
-from storage.interchange import to_rows, validate
+from storage.interchange import number, to_rows, validate  # noqa: F401 (number: the formats')
 from storage.json_lines import LineError, guarded
 
 MAX_ITEMS = 10_000
@@ -187,22 +186,8 @@ def _file(fmt: Format, path: Path, root_real: str | None, src: Source, max_line_
 
 
 # -- numbers and token ids --------------------------------------------------------------------
-def number(value: Any, field: str) -> float:
-    """``value`` as a finite float, else LineError naming ``field`` (a boolean is not a number;
-    an integer no double holds, 10^400, is refused, never multiplied)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise LineError(f"field '{field}' must be a number, got "
-                        f"{'null' if value is None else type(value).__name__}")
-    try:
-        out = float(value)
-    except OverflowError:
-        raise LineError(f"field '{field}' must be a number a double can hold, got an integer "
-                        f"of {value.bit_length()} bits") from None
-    if not math.isfinite(out):
-        raise LineError(f"field '{field}' must be a finite number")
-    return out
-
-
+# ``number`` (a finite float, else LineError naming the field) is storage/interchange.py's, the
+# one check the generic record's ``num`` fields and every format's numbers share.
 MAX_TOKEN_ID = 2**31 - 1
 
 

@@ -11,10 +11,12 @@ from typing import Any
 from storage.failures import classify
 from storage.token_text import BYTE_DECODER, is_byte_level, token_texts
 from storage.ingest.dumps import chat_turns, standard_component, task_id_of
+from storage.trajectory import STANDARD_COMPONENTS, checked
 
-STANDARD = ("outcome", "format", "cost", "process")
-TOKEN_COLUMNS = ("traj_id", "pos", "token_id", "text", "role", "trained", "turn", "advantage",
-                 "logprob", "entropy", "ref_logprob")
+STANDARD = STANDARD_COMPONENTS
+TOKEN_COLUMNS = checked("tokens", "traj_id", "pos", "token_id", "text", "role", "trained", "turn",
+                        "advantage", "logprob", "entropy", "ref_logprob")
+"""The token columns TRL's batches fill (the trajectory model's, storage/trajectory.py)."""
 
 
 @dataclass

@@ -49,9 +49,11 @@ def _tools_between(tools: list[ToolRun], start: int, end: int | None) -> list[To
     return [r for r in tools if r.start_ns >= start and (end is None or r.start_ns < end)]
 
 
-def build_record(t: OpenTrace, closed: bool) -> dict:
+def build_record(t: OpenTrace, closed: bool, given: dict | None = None) -> dict:
     """The generic record of a conversation as it stands (validated by the caller); each turn's
-    ``info`` holds its span, convention, model, token counts and finish reason."""
+    ``info`` holds its span, convention, model, token counts and finish reason. ``given``: facts
+    that win over what the spans say (a scores file's reward, success, task and ``source``); a
+    None there unsays the spans' fact (success is then inferred from the reward)."""
     spans = list(t.spans.values())
     calls = sorted(filter(None, (llm_call(s) for s in spans)), key=lambda c: (c.order, c.start_ns))
     by_span = {c.span_id: c for c in calls}
@@ -94,6 +96,9 @@ def build_record(t: OpenTrace, closed: bool) -> dict:
                         "output_tokens": call.output_tokens, "finish_reason": call.finish_reason}
         turns.append(turn)
     facts = trace_facts(spans)
+    if given:
+        facts.update(given)
+        facts = {k: v for k, v in facts.items() if v is not None}
     notes = []
     prompt = facts.get("prompt") or _prompt(calls[0] if calls else None)
     rec: dict[str, Any] = {"traj_id": t.traj_id, "prompt": prompt, "turns": turns,

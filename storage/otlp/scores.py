@@ -134,23 +134,14 @@ class Outcome:
     failed: list[str]          # could not be rebuilt or written (with the reason)
 
 
-def _apply(rec: dict, s: Score, name: str) -> None:
-    """The score as the trajectory's facts, over what its spans said."""
-    rec["reward"] = s.reward
-    rec["success"] = s.success if s.success is not None else s.reward >= 1.0
+def _given(s: Score, name: str) -> dict:
+    """The score as facts over what the trajectory's spans said (storage/otlp/record.py
+    ``build_record``): its reward and source, its success (None: inferred from the reward) and
+    its task when the file names one."""
+    given = {"reward": s.reward, "success": s.success, "source": f"scores file {name}"}
     if s.task_id is not None:
-        rec["task_id"] = s.task_id
-    info = rec["info"]
-    notes = [n for n in info.get("import_notes", []) if not n.startswith(("no reward in the",
-                                                                          "success inferred"))]
-    if s.success is None:
-        notes.append("success inferred as reward >= 1")
-    if notes:
-        info["import_notes"] = notes
-    else:
-        info.pop("import_notes", None)
-    info["otel"]["reward_source"] = f"scores file {name}"
-    info["otel"]["scored"] = {"file": name, "line": s.line}
+        given["task_id"] = s.task_id
+    return given
 
 
 def apply_scores(db_path, scores: list[Score], name: str, run: str | None = None) -> Outcome:
@@ -211,8 +202,8 @@ def apply_scores(db_path, scores: list[Score], name: str, run: str | None = None
         t = OpenTrace(otel.get("key") or f"trace:{s.trace_id}", run_id, traj_id,
                       spans={sp.span_id: sp for sp in spans}, logs=logs)
         try:
-            rec = build_record(t, closed=True)
-            _apply(rec, s, name)
+            rec = build_record(t, closed=True, given=_given(s, name))
+            rec["info"]["otel"]["scored"] = {"file": name, "line": s.line}
             rows_ = to_rows(validate(rec), classify)
         except Exception as exc:  # noqa: BLE001 (a span no convention expects: this trace alone)
             out.failed.append(f"trace {s.trace_id}: "
