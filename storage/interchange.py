@@ -35,7 +35,10 @@ Rules, so every page can show an imported run:
   trajectory's test results, which Replay shows, and the failure rules read them as
   ``info.tests`` unless ``info`` has its own, as they do the trainer's outcome tests.
 * A turn's ``state_diff`` is the list of rows its action changed, each ``{"table", "op", "key",
-  "before", "after"}`` as the apps env logs them; Replay shows it turn by turn.
+  "before", "after"}`` as the apps env logs them; Replay shows it turn by turn. A turn's
+  ``info`` (an object: the step's info, an OTLP span's model and token counts) and
+  ``state_key`` are stored with it and exported back. Every field and its kind is the
+  trajectory model's (storage/trajectory.py).
 * ``info`` is what the failure rules read besides the turns (``collateral``, ``retrieved_gold``,
   ``tests``; storage/failures.py), so an agent that puts its env outcome's ``info`` there gets the
   class a trainer run of the same episode would get. A given ``failure_class`` is kept as it is.
