@@ -183,3 +183,25 @@ def test_one_number_check_for_the_doors_and_the_generic_record(value, message):
     if value is not None:
         with pytest.raises(LineError, match="field 'reward' must be a"):
             validate({"traj_id": "t", "task_id": "q", "reward": value, "turns": []})
+
+
+def test_both_writers_rows_name_only_the_models_columns():
+    """The trainer's rows (core/run/step_rows.py) and an import's (interchange ``to_rows``):
+    a column either writes that the model lacks would be a second spelling of the schema."""
+    from core.envs.base import Task
+    from core.rollout.trajectory import Trajectory, Turn
+    from core.run.step_rows import step_tables
+
+    traj = Trajectory("t1", "g1", Task("q1", "2+2?"), turns=[
+        Turn(0, "<answer>4</answer>", "", True, "answer", state_key="s0", info={"k": 1})],
+        token_ids=[1, 2], token_text=["2+2?", "4"], roles=["prompt", "action"],
+        trained=[False, True], logprobs=[None, -0.1], token_turn=[-1, 0],
+        rewards={"outcome": 1.0}, reward=1.0)
+    imported = interchange.to_rows(validate(dict(_record(), tests=[{"name": "a", "passed": True}])))
+    for table, rows in step_tables([traj]).items():
+        if table in trajectory.TABLES:
+            assert set(rows) <= set(trajectory.columns(table)), table
+    for table in ("trajectories", "rewards", "turns", "test_results"):
+        assert set().union(*imported[table]) <= set(trajectory.columns(table)), table
+    assert set(imported["trajectories"][0]) == set(trajectory.columns("trajectories")) - {
+        "run_id"}
