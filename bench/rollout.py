@@ -22,7 +22,9 @@ LoRA-wrapped policy), seeds, sampling (temperature 1, no top-k/top-p) and token 
 
 The variants are interleaved (order rotated each repeat), so load from other processes on the
 machine hits them alike; the ratios are the figure to read: each repeat's tokens/s over the last
-variant's in the same repeat, min / median / max over the repeats (``per repeat``). ``--sequential-rollouts N`` times the
+variant's in the same repeat, min / median / max over the repeats (``per repeat``), by wall
+time and by the process's CPU time (on a machine shared with other work the CPU time is what
+the variants' own work costs; the wall time adds the waits for a core). ``--sequential-rollouts N`` times the
 sequential loop on the first N rollouts of each task only (at G = 32 on SmolLM2 it would take most
 of the run): its rollouts run one after another, so its tokens/s does not depend on how many run;
 the ratio is tokens/s over tokens/s (the table's token counts then differ).
@@ -203,16 +205,18 @@ def main() -> None:
     seconds = {n: 0.0 for n in names}
     positions: list[int] = []
     per_repeat: dict[str, list[float]] = {n: [] for n in names}
+    per_repeat_cpu: dict[str, list[float]] = {n: [] for n in names}
     with torch.no_grad():
         batched(policy, env, tasks[:1], 2, Sampling(max_turns=1, max_new_tokens=4), 0, True)
         for rep in range(args.repeats):
             order = names[rep % len(names):] + names[:rep % len(names)]
             for name in order:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 n, pos = variants[name](100 + rep)
                 took = time.perf_counter() - t0
                 seconds[name] += took
                 per_repeat[name].append(n / took)
+                per_repeat_cpu[name].append(n / (time.process_time() - c0))
                 tokens[name] += n
                 positions += pos
         mm_decode, mm_square = matmul_rates(policy, rows=args.tasks * args.group_size)
@@ -236,11 +240,13 @@ def main() -> None:
     print(f"torch.matmul: decode shapes (B={args.tasks * args.group_size}) "
           f"{mm_decode / 1e9:.2f} GFLOP/s, 1024^3 {mm_square / 1e9:.2f} GFLOP/s; "
           f"{first}: {flops * tokens[first] / seconds[first] / 1e9:.2f} GFLOP/s achieved")
-    print(f"per repeat, tokens/s over {names[-1]}'s in the same repeat (min / median / max):")
-    for name in names[:-1]:
-        ratios = sorted(a / b for a, b in zip(per_repeat[name], per_repeat[names[-1]]))
-        print(f"  {name:32s} {ratios[0]:.2f} / {statistics.median(ratios):.2f} / "
-              f"{ratios[-1]:.2f}x  ({', '.join(f'{r:.2f}' for r in ratios)})")
+    for what, rates in (("wall", per_repeat), ("CPU", per_repeat_cpu)):
+        print(f"per repeat, tokens per {what} second over {names[-1]}'s in the same repeat "
+              f"(min / median / max):")
+        for name in names[:-1]:
+            ratios = sorted(a / b for a, b in zip(rates[name], rates[names[-1]]))
+            print(f"  {name:32s} {ratios[0]:.2f} / {statistics.median(ratios):.2f} / "
+                  f"{ratios[-1]:.2f}x  ({', '.join(f'{r:.2f}' for r in ratios)})")
 
 
 if __name__ == "__main__":

@@ -107,6 +107,21 @@ def chart(names: list[str], title: str, key: str, band: tuple[str, str] | None =
     if not present:
         st.caption(f"{title}: not recorded in this run ({', '.join(names)}).")
         return
+    st.plotly_chart(figure(pick.store, pick.run_id, pick.version, pick.step, tuple(present),
+                           title, band), key=key)
+    if note:
+        st.caption(note)
+
+
+# Built once per (store, run, version, step, curves): building a plotly figure (its property
+# validation, the alarm lines, the layout) was about half of a warm rerun's server time, and a
+# click or a widget change reruns the page with the same figures. The same object is served to
+# every session: st.plotly_chart only reads it (it serialises a copy).
+@st.cache_resource(ttl=c.LIVE_TTL_S, max_entries=4 * c.MAX_ENTRIES, show_spinner=False)
+def figure(store: str, run_id: str, version: str, step: int | None, present: tuple[str, ...],
+           title: str, band: tuple[str, str] | None) -> go.Figure:
+    """The chart of the recorded metrics ``present`` of the page's run (``wide``, ``alarms``:
+    what the key's store, run and version give), framed at ``step``."""
     fig = go.Figure()
     if band and set(band) <= set(wide.columns):
         mean, std = wide[band[0]], wide[band[1]]
@@ -120,7 +135,7 @@ def chart(names: list[str], title: str, key: str, band: tuple[str, str] | None =
     if alarms:
         # One trace of vertical segments: a shape per alarm (add_vline) costs O(shapes) each,
         # which took minutes on a long run whose signal flickers.
-        values = pd.Series(wide[present].to_numpy(dtype=float).ravel())
+        values = pd.Series(wide[list(present)].to_numpy(dtype=float).ravel())
         lo, hi = float(values.min()), float(values.max())
         span = float(wide.index.max() - wide.index.min())
         for kind in dict.fromkeys(a["kind"] for a in alarms):  # one labelled trace per kind
@@ -132,9 +147,7 @@ def chart(names: list[str], title: str, key: str, band: tuple[str, str] | None =
                 name=f"{kind} alarm", line={"dash": dash, "color": colour, "width": 1},
                 hovertemplate=f"{kind} alarm at step %{{x}}<extra></extra>"))
     first = int(min(wide[n].first_valid_index() for n in present))
-    st.plotly_chart(framed(fig, title, first=first), key=key)
-    if note:
-        st.caption(note)
+    return framed(fig, title, first=first)
 
 
 if pick.step is not None:
@@ -281,17 +294,27 @@ st.subheader("Gradient norm and spikes")
 if "grad/norm" not in wide.columns:
     c.stop("No gradient norms recorded in this run (imported runs carry none).")
 sp = spike_table(pick.store, pick.run_id, pick.version)
-fig = go.Figure([go.Scatter(x=sp.index, y=sp["value"], mode=line_mode(len(sp)), name="grad/norm"),
-                 go.Scatter(x=sp.index, y=sp["median"], mode="lines", name="rolling median",
-                            line={"dash": "dash"}),
-                 go.Scatter(x=sp.index, y=sp["threshold"], mode="lines", name="spike threshold",
-                            line={"dash": "dot"})])
 spikes = [int(s) for s in sp.index[sp["spike"]]]
-fig.add_trace(go.Scatter(x=spikes, y=sp.loc[spikes, "value"], mode="markers", name="spike",
-                         marker={"size": 14, "color": "red", "symbol": "x"}))
-grad_first = int(wide["grad/norm"].first_valid_index())
-event = st.plotly_chart(framed(fig, None, height=320, first=grad_first), key="dyn_grad",
-                        on_select="rerun", selection_mode="points")
+
+
+@st.cache_resource(ttl=c.LIVE_TTL_S, max_entries=c.MAX_ENTRIES, show_spinner=False)
+def grad_figure(store: str, run_id: str, version: str, step: int | None) -> go.Figure:
+    """The gradient norm, its rolling median, the spike threshold and the spikes (cached as
+    ``figure``)."""
+    fig = go.Figure([
+        go.Scatter(x=sp.index, y=sp["value"], mode=line_mode(len(sp)), name="grad/norm"),
+        go.Scatter(x=sp.index, y=sp["median"], mode="lines", name="rolling median",
+                   line={"dash": "dash"}),
+        go.Scatter(x=sp.index, y=sp["threshold"], mode="lines", name="spike threshold",
+                   line={"dash": "dot"})])
+    fig.add_trace(go.Scatter(x=spikes, y=sp.loc[spikes, "value"], mode="markers", name="spike",
+                             marker={"size": 14, "color": "red", "symbol": "x"}))
+    grad_first = int(wide["grad/norm"].first_valid_index())
+    return framed(fig, None, height=320, first=grad_first)
+
+
+event = st.plotly_chart(grad_figure(pick.store, pick.run_id, pick.version, pick.step),
+                        key="dyn_grad", on_select="rerun", selection_mode="points")
 st.caption(f"Spike: norm above the median of the previous {_signals.SPIKE_WINDOW} steps + "
            f"{_signals.SPIKE_K:g} × 1.4826 × {_terms.link('mad', 'MAD')} (a robust "
            "five-sigma), and above "
