@@ -8,6 +8,7 @@ import dataclasses
 import json
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 
@@ -205,3 +206,19 @@ def test_both_writers_rows_name_only_the_models_columns():
         assert set().union(*imported[table]) <= set(trajectory.columns(table)), table
     assert set(imported["trajectories"][0]) == set(trajectory.columns("trajectories")) - {
         "run_id"}
+
+
+def test_a_store_older_than_a_token_column_reads_it_as_null(tmp_path, monkeypatch):
+    from storage import migrations
+    path = tmp_path / "old.duckdb"
+    monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:5])  # before schema 6
+    with db.writing(path) as con:
+        migrations.migrate(con)
+        con.execute("INSERT INTO tokens (run_id, step, traj_id, pos, text, role, trained, logprob) "
+                    "VALUES ('r', 0, 't', 0, 'a', 'action', TRUE, -0.5)")
+    monkeypatch.undo()
+    df = queries.tokens(path, "r", "t")
+    assert list(df.columns) == list(queries.TOKEN_COLUMNS)
+    row = df.iloc[0]
+    assert row["logprob"] == -0.5
+    assert pd.isna(row["train_logprob"]) and pd.isna(row["rejected"])
