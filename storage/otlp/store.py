@@ -60,7 +60,8 @@ LOG_SCHEMA = pa.schema([
     ("body", pa.string()), ("attributes", pa.string()), ("resource", pa.string()),
     ("received_at", pa.timestamp("us"))])
 I64 = 2**63 - 1
-LEASE_S = 10.0   # the appender holds the store at most this long per open (none waiting)
+LEASE_S = 5.0    # the appender holds the store at most this long per open (half the time a
+# bare storage.db.connect retries on DuckDB's own lock: one that skips the turnstile gets in)
 LINGER_S = 0.5   # and closes it after this long with nothing to write
 POLL_S = 0.02    # how often an idle appender looks for a queued opener
 GATHER, MAX_GATHER, GATHER_S = 16, 512, 0.006  # a group waits this long for as many requests
