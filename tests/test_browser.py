@@ -8,6 +8,7 @@ else to a temporary directory. Run alone: ``.venv/bin/python -m pytest -q -m bro
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -58,7 +59,24 @@ def _stop_job(runs: Path) -> None:
             os.kill(pid, sig)
         except ProcessLookupError:
             return
-        time.sleep(3)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and not _gone(pid):
+            time.sleep(0.1)
+        if _gone(pid):
+            return
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (an exited child its parent has not reaped yet counts)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+    return state in ("Z", "X")
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +91,11 @@ def page(browser):
         pg.dialogs = []
         pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
         yield pg
+
+
+KEEP_SHOTS = bool(os.environ.get("AGENTRL_SCREENSHOTS"))
+"""Screenshots kept (docs/screenshots) wait for lazy tables and charts to draw; throwaway ones
+are still taken (the page must render to an image) without that wait."""
 
 
 @pytest.fixture(scope="module")
@@ -105,12 +128,18 @@ def settle(page, quiet_ms: int = 800) -> None:
         timeout=60_000)
 
 
-def snap(page, path: Path) -> None:
-    """A screenshot once the browser has drawn everything (tables and charts render lazily)."""
+def snap(page, path: Path, draw_ms: int = 2000) -> None:
+    """A screenshot once the browser has drawn everything (tables and charts render lazily:
+    ``draw_ms`` more after the last skeleton is gone)."""
     page.wait_for_function(
         "() => !document.querySelector('[data-testid=\"stSkeleton\"]')", timeout=30_000)
-    page.wait_for_timeout(2000)
+    page.wait_for_timeout(draw_ms)
     page.screenshot(path=str(path))
+
+
+def shot(page, path: Path) -> None:
+    """``snap`` for a test: the drawing wait only where the screenshot is kept (KEEP_SHOTS)."""
+    snap(page, path, draw_ms=2000 if KEEP_SHOTS else 0)
 
 
 def no_exception(page) -> None:
@@ -131,7 +160,7 @@ def test_first_request_deep_link_and_hostile_text(page, server, shots):
     assert page.locator("script:text('alert(1)')").count() == 0
     page.wait_for_timeout(500)
     assert page.dialogs == []                                                   # nothing ran
-    snap(page, shots / "replay-hostile-text.png")
+    shot(page, shots / "replay-hostile-text.png")
 
 
 @pytest.mark.parametrize("path,title", list(PAGES.items()))
@@ -140,7 +169,7 @@ def test_every_page_loads(page, server, shots, path, title):
     open_page(page, server, path, title, step=4)
     no_exception(page)
     print(f"{title}: loaded in {time.monotonic() - started:.1f} s")
-    snap(page, shots / f"{path or 'runs'}.png")
+    shot(page, shots / f"{path or 'runs'}.png")
 
 
 def test_replay_steps_through_turns(page, server):
@@ -163,7 +192,7 @@ def test_spike_opens_its_trajectories(page, server, shots):
     link.wait_for(timeout=30_000)
     page.get_by_role("heading", name="Gradient norm and spikes").evaluate(
         "e => e.scrollIntoView({block: 'start'})")
-    snap(page, shots / "dynamics-spike.png")
+    shot(page, shots / "dynamics-spike.png")
     link.click()
     page.get_by_role("heading", name="Replay", exact=True).wait_for(timeout=30_000)
     settle(page)
@@ -172,7 +201,9 @@ def test_spike_opens_its_trajectories(page, server, shots):
     no_exception(page)
 
 
+@functools.cache
 def _trainer_available() -> bool:
+    """Whether ``python -m core.train --help`` works (asked once per process)."""
     try:
         done = subprocess.run([sys.executable, "-m", "core.train", "--help"], cwd=ROOT,
                               capture_output=True, timeout=180)
@@ -215,7 +246,7 @@ def test_launch_a_tiny_job_and_watch_its_progress(page, server, shots):
             "running" in job_line.inner_text():
         page.get_by_role("button", name="Stop after the current step").click(timeout=60_000)
         stopped = True                               # SIGINT: the trainer ends after its step
-    snap(page, shots / "train-job.png")
+    shot(page, shots / "train-job.png")
     try:
         page.get_by_text(re.compile(r"pid \d+ · ended")).wait_for(timeout=300_000)
     except PlaywrightTimeout:
