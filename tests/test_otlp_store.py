@@ -85,3 +85,29 @@ def test_small_requests_taken_with_big_ones_are_committed_first():
     many = _groups([req(BIG - 1) for _ in range(MAX_GROUP // (BIG - 1) + 1)])
     assert len(many) == 2 and sum(len(r.spans) for r in many[0]) <= MAX_GROUP
     assert _groups([]) == []
+
+
+def test_a_fault_while_admitting_answers_503_and_the_retry_is_stored(tmp_path):
+    db = tmp_path / "o.duckdb"
+    r = Receiver(db, port=0, bounds=SLOW).start()
+    admit, faults = r.assembler.admit, [1]
+
+    def faulty(spans, logs):  # a fault of the receiver's own code, once
+        out = admit(spans, logs)
+        if faults:
+            faults.pop()
+            raise RuntimeError("a fault after admitting")
+        return out
+
+    r.assembler.admit = faulty
+    span = chat_span("f" * 32, "e" * 16, 10, "hi")
+    try:
+        result = []
+        sender = threading.Thread(target=lambda: result.append(jpost(r, span)[0]), daemon=True)
+        sender.start()
+        sender.join(15)
+        assert result == [503]  # the former appender left the request waiting for ever
+        assert jpost(r, span)[0] == 200  # not taken for a span already stored
+    finally:
+        r.stop()
+    assert rows(db, "SELECT count(*) FROM spans") == [(1,)]

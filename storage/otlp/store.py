@@ -359,20 +359,24 @@ class Appender:
             batch = self._take(POLL_S)
             if batch:
                 requests = [r for r in batch if isinstance(r, _Request)]
+                jobs = [j for j in batch if isinstance(j, _Job)]
                 if requests:  # what the next group waits for, forgetting slowly
                     self.last_group = max(len(requests), int(self.last_group * 0.9))
                 groups = _groups(requests)
                 for i, group in enumerate(groups):
-                    if not self._append(con, group):  # the store itself failed: the rest
-                        with self.cv:                  # waits for the next open
-                            self.queue[:0] = [r for g in groups[i + 1:] for r in g]
+                    if not self._group(con, group):  # the store itself failed: the rest
+                        with self.cv:                 # waits for the next open
+                            self.queue[:0] = [r for g in groups[i + 1:] for r in g] + jobs
                         return
-                for job in batch:
-                    if isinstance(job, _Job):
+                for job in jobs:
+                    try:
+                        job.cursor = con.cursor()
+                    except Exception as exc:  # noqa: BLE001 (the deriver is told: StoreDown)
+                        job.error = exc
+                    else:
                         with self.cv:
                             self.lent += 1
-                        job.cursor = con.cursor()
-                        job.granted.set()
+                    job.granted.set()
                 idle_since = time.monotonic()
             with self.cv:
                 if self.lent or self.queue:
@@ -382,6 +386,19 @@ class Appender:
             t = time.monotonic()
             if t - idle_since >= LINGER_S or t >= until or turnstile.queued():
                 return
+
+    def _group(self, con, group: list[_Request]) -> bool:
+        """``_append``; an error of this code (not the store's) fails the group's requests
+        (never left waiting) and forgets what was admitted of them (a retry is stored)."""
+        try:
+            return self._append(con, group)
+        except Exception as exc:  # noqa: BLE001
+            with self.assembler.lock:  # every span id admitted and not committed: this group's
+                for t in self.assembler.open.values():
+                    if len(t.ids) != len(t.spans):
+                        t.ids = {x for x in t.ids if x in t.spans}
+            self._fail([r for r in group if not r.done.is_set()], exc)
+            return True
 
     def _append(self, con, batch: list[_Request]) -> bool:
         """Store a group; False when the store itself refused it (every request was told)."""
