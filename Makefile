@@ -51,11 +51,12 @@ $(EXTRAS_STAMP): $(STAMP) $(EXTRAS)
 
 # Tests run in parallel on the machine's cores (pytest-xdist); TEST_WORKERS=0 runs them in one
 # process. --dist loadfile keeps a test file on one worker, so a module's fixtures (a served app,
-# a trained run) are made once, not once per worker.
+# a trained run) are made once, not once per worker; --no-loadscope-reorder hands the files out
+# in collection order, which tests/conftest.py starts with the longest (SLOW_FIRST).
 TEST_WORKERS ?= auto
 test: setup extras layers
 	@echo "==> running the test suite (skipped tests and why are listed at the end)"
-	$(PY) -m pytest -q -rs $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+	$(PY) -m pytest -q -rs $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # The import layers of pyproject.toml's [tool.importlinter] contracts (docs/architecture.md).
 layers: $(STAMP)
