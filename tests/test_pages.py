@@ -55,11 +55,17 @@ def app(monkeypatch, tmp_path, demo):
     monkeypatch.chdir(ROOT)
     st.cache_data.clear()
 
-    def open_page(page: str, store_dir: str | None = None, **params) -> AppTest:
+    def open_page(page: str, store_dir: str | None = None, first_run: bool = True,
+                  **params) -> AppTest:
+        """``page`` at ``params``: after a first run of the bare app (a session that was on the
+        app before), or with ``first_run=False`` as the session's first request (a link opened
+        in a new tab)."""
         if store_dir:
             monkeypatch.setenv(queries.STORE_DIRS_ENV, store_dir)
-        at = AppTest.from_file(APP, default_timeout=60).run()
-        assert not at.exception, at.exception
+        at = AppTest.from_file(APP, default_timeout=60)
+        if first_run:
+            at.run()
+            assert not at.exception, at.exception
         at.query_params.update({k: str(v) for k, v in params.items()})
         return at.switch_page(f"pages/{page}.py").run()
     return open_page
@@ -89,11 +95,27 @@ def _cases():
 
 @pytest.mark.parametrize("kind,store,run", _cases())
 def test_every_page_renders_every_run(app, demo, kind, store, run):
+    """Each page's deep link to each run, opened as a session's first request (the bare app's
+    own first run, the same for every run of a store directory, is the next test's)."""
     if kind == "demo":
         store, run = demo[1], demo[2][run]
         store_dir = None
     else:
         store_dir = str(Path(store).parent)
+    for page, title in PAGES.items():
+        at = app(page, store_dir=store_dir, first_run=False, store=store, run=run)
+        assert not at.exception, f"{page}: {at.exception}"
+        assert at.title and at.title[0].value == title, page
+        assert at.session_state["pick_run"] == (store, run), page
+
+
+@pytest.mark.parametrize("kind", ["demo", "sample"])
+def test_every_page_after_the_bare_app_on_each_store_directory(app, demo, kind):
+    """The app opened without a link (its Runs page on the first run), then each page's link."""
+    _, store, run = [c for c in _cases() if c[0] == kind][-1]
+    if kind == "demo":
+        store, run = demo[1], demo[2][run]
+    store_dir = None if kind == "demo" else str(Path(store).parent)
     for page, title in PAGES.items():
         at = app(page, store_dir=store_dir, store=store, run=run)
         assert not at.exception, f"{page}: {at.exception}"
