@@ -142,8 +142,13 @@ class TokenColumns:
         return float(self.values[name][hits[0]]) if len(hits) else None
 
     def chars(self) -> int:
-        """Characters of text held (a batch's bound, storage/token_rows.py ``BatchSize``)."""
-        return int(pc.sum(pc.utf8_length(self.text)).as_py() or 0) if len(self.text) else 0
+        """Text held, in UTF-8 bytes (at least its characters: a batch's bound,
+        storage/token_rows.py ``BatchSize``), read from the array's offsets, not counted."""
+        if not len(self.text):
+            return 0
+        at = np.frombuffer(self.text.buffers()[1], np.int64 if self.text.type == pa.large_string()
+                           else np.int32)
+        return int(at[self.text.offset + len(self.text)] - at[self.text.offset])
 
     def check(self, limit: int, slack: float) -> str | None:
         """None if every token is valid, else what storage/interchange.py says of the same

@@ -118,21 +118,35 @@ def test_verl_dataproto_recorded_token_by_token(tmp_path):
     assert _q(store, "SELECT status, source FROM runs") == [("finished", "import:verl-batch")]
 
 
-def test_a_verl_recorders_step_derives_its_own_steps_metrics_and_reads_bfloat16(tmp_path):
+def test_a_verl_recorders_step_derives_its_own_steps_metrics_and_reads_bfloat16(
+        tmp_path, monkeypatch):
     """Issue 57: each ``record()`` derives the metrics of the step it wrote only (the whole
     run's were derived again every step, reading every token row stored so far), and they are
-    what deriving the whole run gives; a batch whose logprobs are bfloat16 (no numpy dtype:
-    read a row at a time) is recorded with the same values as its float32 copy."""
+    what deriving the whole run gives; the step's rows and its run's record are written in one
+    transaction, and if the latter fails the rows are written all the same; a batch whose
+    logprobs are bfloat16 (no numpy dtype: read a row at a time) is recorded with the same
+    values as its float32 copy."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("verl", reason=RL_EXTRAS)
     from core.model.models import load_tokenizer
+    from storage.ingest import import_batch
     from storage.ingest.import_batch import rederive_metrics
+    from storage.integrations import step_recorder
     from storage.integrations.verl_batch import VerlBatchRecorder
 
     tokenizer = load_tokenizer("tiny")
     store = tmp_path / "verl.duckdb"
     recorder = VerlBatchRecorder(store, tokenizer, run_id="v")
+    opened = []
+    monkeypatch.setattr(import_batch.db, "writing",
+                        lambda path, real=import_batch.db.writing: opened.append(1) or real(path))
     assert recorder.record(_verl_batch(tokenizer, step=1)[0]).imported == 4
+    assert len(opened) == 1  # rows, metrics, status and the imports row: one transaction
+    assert _q(store, "SELECT lines, imported, errors FROM imports") == [(4, 4, "[]")]
+    monkeypatch.setattr(step_recorder, "finish_in", lambda *a, **k: 1 / 0)
+    assert recorder.record(_verl_batch(tokenizer, step=9)[0]).imported == 4
+    assert _q(store, "SELECT count(DISTINCT traj_id) FROM tokens WHERE step = 9") == [(4,)]
+    assert _q(store, "SELECT imported FROM imports ORDER BY ALL") == [(4,), (4,)]
     with db.writing(store) as con:  # a stand-in value: deriving step 1 again would replace it
         con.execute("UPDATE metrics SET value = 99 WHERE run_id = 'v' AND step = 1 "
                     "AND name = 'reward/mean'")

@@ -59,11 +59,13 @@ def whole_items(fmt: Format, fd: int, src: Source, size: int, max_line_bytes: in
 
 def write_records(items: Iterable[Item], db_path, fmt: str, run_id: str, run: dict, report,
                   check: Callable[[], None] = lambda: None,
-                  records: int = BATCH_RECORDS) -> None:
+                  records: int = BATCH_RECORDS, then=None) -> bool:
     """Validate each record and write them in bounded batches into ``run_id``, counting into
     ``report`` (an ``ImportReport``); a bad record fails alone. ``check`` runs before each write
     (the follower's: is the store still the one it started with). ``records``: a batch's cap
-    in trajectories, beside its caps in token rows and characters (storage/token_rows.py)."""
+    in trajectories, beside its caps in token rows and characters (storage/token_rows.py).
+    ``then``: work for the last batch's transaction (storage/ingest/import_batch.py
+    ``write_batch``); returns whether it ran there."""
     first_seen, batch, held, rows_held = {}, [], 0, BatchSize(records)
     for where, obj, size in items:
         report.lines += 1
@@ -80,4 +82,5 @@ def write_records(items: Iterable[Item], db_path, fmt: str, run_id: str, run: di
             rows_held.clear()
     if batch:
         check()
-        write_batch(db_path, run_id, fmt, run, batch, False, report)
+        return write_batch(db_path, run_id, fmt, run, batch, False, report, then)
+    return False

@@ -148,16 +148,25 @@ def _ensure_run(con, run_id: str, fmt: str, run: dict) -> None:
 WRITE_ERRORS = (duckdb.Error, pa.ArrowException, ValueError, TypeError, KeyError)
 
 
-def write_batch(db_path, run_id, fmt, run, batch, replace, report) -> None:
-    """Write a batch in one transaction; if it fails, each trajectory alone, reporting the bad."""
+def write_batch(db_path, run_id, fmt, run, batch, replace, report, then=None) -> bool:
+    """Write a batch in one transaction; if it fails, each trajectory alone, reporting the bad.
+    ``then(con, counts)``: more work for the batch's transaction once its rows are in (a
+    recorder's ``finish_in``: one transaction a step, not two); whatever it raises, the batch
+    is written without it. Returns whether ``then`` ran and was committed."""
     _mark_split(run, batch)
     try:
         with db.writing(db_path) as con:
             counts = _write_rows(con, run_id, fmt, run, batch, replace)
+            if then is not None:
+                then(con, counts)
         _count(report, counts)
-        return
+        return then is not None
     except WRITE_ERRORS:
         pass  # find the culprit(s) below; the batch's transaction was rolled back whole
+    except Exception:  # noqa: BLE001 (``then`` failed: the rows never depend on it)
+        if then is None:
+            raise
+        return write_batch(db_path, run_id, fmt, run, batch, replace, report)
     for item in batch:
         try:
             with db.writing(db_path) as con:
@@ -165,6 +174,7 @@ def write_batch(db_path, run_id, fmt, run, batch, replace, report) -> None:
             _count(report, counts)
         except WRITE_ERRORS as exc:
             report.fail(item[0], f"could not be stored: {type(exc).__name__}: {exc}")
+    return False
 
 
 def write_runs(con, fmt, items: list[tuple[str, dict, list]]) -> dict[str, tuple[int, int]]:
@@ -362,7 +372,6 @@ SELECT $run, step, name, value FROM (UNPIVOT (
           FROM tokens WHERE run_id = $run AND {MISMATCH_TOKENS} /*steps*/)
     GROUP BY step) ON COLUMNS(* EXCLUDE step) INTO NAME name VALUE value)
 """
-STEPS_FILTER = "AND step IN (SELECT unnest($steps))"
 DERIVED_METRICS_SQL = _DERIVED_SQL.replace("/*steps*/", "")
 """Metrics an import derives from its rows, as the trainer records them: rewards, success,
 turns and lengths per step, held-out success, and (core/learn/mismatch.py) the training-inference
@@ -396,10 +405,11 @@ def rederive_metrics(con, run_id: str, steps: list[int] | None = None) -> None:
     steps = sorted({int(s) for s in steps})
     if not steps:
         return
-    con.execute(f"DELETE FROM metrics WHERE run_id = ? AND {keep} AND step IN "
-                "(SELECT unnest(?))", [run_id, *JOB_METRIC_PREFIXES, steps])
-    con.execute("INSERT INTO metrics BY NAME " + _DERIVED_SQL.replace("/*steps*/", STEPS_FILTER),
-                {"run": run_id, "steps": steps})
+    listed = ", ".join(map(str, steps))  # integers, written out: a constant list lets DuckDB
+    con.execute(f"DELETE FROM metrics WHERE run_id = ? AND {keep} AND step IN ({listed})",
+                [run_id, *JOB_METRIC_PREFIXES])  # skip the row groups of other steps
+    con.execute("INSERT INTO metrics BY NAME "
+                + _DERIVED_SQL.replace("/*steps*/", f"AND step IN ({listed})"), {"run": run_id})
 
 
 def finish_import(db_path, run_id, fmt, run, report, stopped: str | None = None,
@@ -410,27 +420,33 @@ def finish_import(db_path, run_id, fmt, run, report, stopped: str | None = None,
     now (a followed Inspect log: storage/ingest/inspect_import.py ``import_log``). ``steps``:
     the only steps written since the run's metrics were last derived (``rederive_metrics``)."""
     with db.writing(db_path) as con:
-        row = con.execute("SELECT coalesce(source, 'trainer') FROM runs WHERE run_id = ?",
-                          [run_id]).fetchone()
-        if row is None and stopped is None:
-            return  # nothing could be imported: no run to attach the report to
-        if row is None:
-            _ensure_run(con, run_id, fmt, run)  # stopped before its first write: still recorded
-        elif not row[0].startswith("import"):
-            return  # never touch a run the trainer recorded (refused before any write)
-        if (run["created"] or run.get("refresh_config")) and run["config"]:
-            config = {"env": "unknown", "model": "unknown", "algo": "unknown", **run["config"]}
-            con.execute("UPDATE runs SET config = ? WHERE run_id = ?", [to_json(config), run_id])
-        rederive_metrics(con, run_id, steps)
-        con.execute("UPDATE runs SET status = ?, error = ?, updated_at = ?, "
-                    "last_step = (SELECT max(step) FROM trajectories WHERE run_id = ?) "
-                    "WHERE run_id = ?", ["failed" if stopped else "running" if live
-                                         else "finished", stopped, now(),
-                                         run_id, run_id])
-        con.execute("INSERT INTO imports VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [run_id, clean_text(report.source), fmt, now(), report.lines,
-                     report.imported, report.skipped, report.failed,
-                     to_json(report.errors[:100])])
+        finish_in(con, run_id, fmt, run, report, stopped, live, steps)
+
+
+def finish_in(con, run_id, fmt, run, report, stopped: str | None = None, live: bool = False,
+              steps: list[int] | None = None, counts: tuple = (0, 0, 0, 0)) -> None:
+    """``finish_import`` inside the caller's transaction; ``counts`` (new, replaced, skipped,
+    rescored) written in it but not yet in ``report`` (``write_batch``'s ``then``)."""
+    row = con.execute("SELECT coalesce(source, 'trainer') FROM runs WHERE run_id = ?",
+                      [run_id]).fetchone()
+    if row is None and stopped is None:
+        return  # nothing could be imported: no run to attach the report to
+    if row is None:
+        _ensure_run(con, run_id, fmt, run)  # stopped before its first write: still recorded
+    elif not row[0].startswith("import"):
+        return  # never touch a run the trainer recorded (refused before any write)
+    if (run["created"] or run.get("refresh_config")) and run["config"]:
+        config = {"env": "unknown", "model": "unknown", "algo": "unknown", **run["config"]}
+        con.execute("UPDATE runs SET config = ? WHERE run_id = ?", [to_json(config), run_id])
+    rederive_metrics(con, run_id, steps)
+    con.execute("UPDATE runs SET status = ?, error = ?, updated_at = ?, "
+                "last_step = (SELECT max(step) FROM trajectories WHERE run_id = ?) "
+                "WHERE run_id = ?", ["failed" if stopped else "running" if live
+                                     else "finished", stopped, now(), run_id, run_id])
+    con.execute("INSERT INTO imports VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [run_id, clean_text(report.source), fmt, now(), report.lines,
+                 report.imported + counts[0], report.skipped + counts[2], report.failed,
+                 to_json(report.errors[:100])])
 
 
 def record_failure(db_path, run_id: str, fmt: str, source: str, errors: list[str]) -> None:

@@ -8,7 +8,7 @@ from typing import Any, Iterable, Iterator
 
 from storage.ingest.door import convert, failure
 from storage.ingest.feed import write_records
-from storage.ingest.import_batch import finish_import, refuse_foreign, run_source
+from storage.ingest.import_batch import finish_import, finish_in, refuse_foreign, run_source
 from storage.ingest.report import ImportReport
 from storage.migrations import prepare
 from storage.recorder import check_run_id
@@ -40,10 +40,14 @@ class StepRecorder:
         written."""
         report = ImportReport(self.run_id, f"step {step}", self.fmt)
         steps: set[int] = set()
-        write_records(_items(records, step, steps), self.db, self.fmt, self.run_id, self.run,
-                      report, records=STEP_BATCH_RECORDS)
-        finish_import(self.db, self.run_id, self.fmt, self.run, report, live=True,
-                      steps=sorted(steps))  # only the steps written are derived again
+
+        def finish(con, counts):  # in the step's last transaction (only its steps derived)
+            finish_in(con, self.run_id, self.fmt, self.run, report, live=True,
+                      steps=sorted(steps), counts=counts)
+        if not write_records(_items(records, step, steps), self.db, self.fmt, self.run_id,
+                             self.run, report, records=STEP_BATCH_RECORDS, then=finish):
+            finish_import(self.db, self.run_id, self.fmt, self.run, report, live=True,
+                          steps=sorted(steps))
         return report
 
     def close(self) -> None:
