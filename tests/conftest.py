@@ -26,33 +26,33 @@ def one_torch_thread():
 # the order collected (Makefile: --dist loadfile --no-loadscope-reorder): a long file handed out
 # last runs alone at the end while the other worker idles (pytest-xdist's own order, most tests
 # first, put the one-test browser and training files there), so these are collected first and
-# the short files fill in around them. The files not named keep their usual order after these.
+# the short files fill in around them (ordered by each file's seconds in one run of them in a
+# row, the browser files by their number of tests). The files not named keep their usual order
+# after these.
 SLOW_FIRST = (
     "test_pages.py",                        # AppTest: every page of every sample run
     "test_browser.py",                      # served app + Chromium, and a training job
     "test_browser_clarity.py",              # served app + Chromium, and a training job
-    "test_trl_callback.py",                 # TRL GRPO trainings
+    "test_init_from.py",                    # trainings started from other runs' checkpoints
+    "test_train_cli.py",                    # python -m core.train: runs, Ctrl-C, kill, resume
     "test_browser_failures_filters.py",
     "test_browser_first_minute.py",
-    "test_browser_dynamics.py",
-    "test_browser_failures.py",
-    "test_train_cli.py",                    # python -m core.train: runs, Ctrl-C, kill, resume
-    "test_trainer.py",
     "test_learning.py",                     # the workshop demo's SFT + RL, to a learning margin
-    "test_cross_eval.py",
-    "test_init_from.py",
-    "test_init_from_ppo.py",
-    "test_distributed.py",
-    "reliability/test_model_faults.py",
-    "reliability/test_kill.py",
+    "test_browser_dynamics.py",
     "reliability/test_faults.py",
+    "test_trl_callback.py",                 # TRL GRPO trainings
+    "test_browser_failures.py",
+    "reliability/test_kill.py",
     "reliability/test_concurrency.py",
-    "test_checkpoint_adapter.py",
+    "test_distributed.py",
+    "test_follow_inspect.py",
+    "test_cross_eval.py",
     "test_browser_trl.py",
     "test_browser_runs.py",
     "test_browser_replay_pictures.py",
     "test_browser_inspect.py",
     "test_browser_glossary.py",
+    "test_init_from_ppo.py",
     "test_browser_url_params.py",
     "test_browser_compare_imports.py",
     "test_browser_replay_sokoban.py",
@@ -60,9 +60,10 @@ SLOW_FIRST = (
     "test_browser_branch_live.py",
     "test_browser_behaviours.py",
     "test_follow.py",
+    "test_trainer.py",
     "test_follow_identity.py",
+    "reliability/test_security.py",
     "test_follow_bounds.py",
-    "test_follow_inspect.py",
     "test_live_reading.py",
 )
 
