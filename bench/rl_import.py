@@ -84,25 +84,28 @@ COLUMNS = ("run_id, step, traj_id, pos, token_id, text, role, trained, logprob, 
 bare_store = out + ".bare.duckdb"
 prepare(bare_store)
 rec = VerlBatchRecorder(out, tok, run_id="bench")  # once a run (it prepares the store)
-before, times, bare = rss(), [], []
+before, times, bare, cpu, bare_cpu = rss(), [], [], [], []
 for step in range(1, steps + 1):
     batch = make(step)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     rec.record(batch, step=step)  # what each step pays
     times.append(time.perf_counter() - t)
+    cpu.append(time.process_time() - c)  # CPU seconds, every thread's: steadier under load
     with db.reading(out) as con:  # the same rows, as a bare Arrow table
         table = con.sql(f"SELECT {COLUMNS} FROM tokens WHERE step = {step}").to_arrow_table()
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     with db.writing(bare_store) as con:  # one INSERT of them, one transaction, as record()'s
         con.register("_rows", table)
         con.execute("INSERT INTO tokens BY NAME SELECT * FROM _rows")
         con.unregister("_rows")
     bare.append(time.perf_counter() - t)
+    bare_cpu.append(time.process_time() - c)
     del table
 name = f"verl-batch ({turns} turns)" if turns else "verl-batch"
 report(name, out, sum(times), before)
-print(json.dumps({"format": name, "steps": [round(x, 3) for x in times],
-                  "bare": [round(x, 3) for x in bare], "rows_per_step": R * T}))
+r3 = lambda xs: [round(x, 3) for x in xs]  # noqa: E731
+print(json.dumps({"format": name, "steps": r3(times), "bare": r3(bare), "cpu": r3(cpu),
+                  "bare_cpu": r3(bare_cpu), "rows_per_step": R * T}))
 """
 
 VERIFIERS = r"""
@@ -179,11 +182,15 @@ def _child(code: str, *args: str) -> dict | None:
 
 
 def _verl_steps(row: dict) -> str:
-    """Each step's rows/s beside the bare insert's of the same rows, and their ratio."""
+    """Each step's rows/s beside the bare insert's of the same rows, and their ratio: in wall
+    time, then in CPU time (the process's, all threads: what load does not stretch)."""
     n = row["rows_per_step"]
-    return "\n".join(f"  step {k}: record {n / a:>11,.0f} rows/s ({a:.3f} s), bare Arrow insert "
-                     f"{n / b:>11,.0f} rows/s ({b:.3f} s): {b / a:.2f} of the bare rate"
-                     for k, (a, b) in enumerate(zip(row["steps"], row["bare"]), 1))
+    return "\n".join(
+        f"  step {k}: record {n / a:>10,.0f} rows/s ({a:.3f} s), bare Arrow insert "
+        f"{n / b:>10,.0f} ({b:.3f} s): {b / a:.2f} of the bare rate; per CPU-second "
+        f"{n / ca:>10,.0f} vs {n / cb:>10,.0f}: {cb / ca:.2f}"
+        for k, (a, b, ca, cb) in enumerate(zip(row["steps"], row["bare"], row["cpu"],
+                                               row["bare_cpu"]), 1))
 
 
 def main() -> None:
@@ -193,12 +200,15 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=0,
                         help="also a verl batch of this many turns a rollout")
     parser.add_argument("--steps", type=int, default=3, help="verl steps recorded in a run")
-    parser.add_argument("--verl-only", action="store_true", help="leave out the other formats")
+    parser.add_argument("--verl-only", action="store_true",
+                        help="leave out the other formats (with --turns, verl's turn-a-fourth "
+                             "batch too)")
     args = parser.parse_args()
     R, T, S = str(args.rollouts), str(args.tokens), str(args.steps)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        rows = [_child(VERL, R, T, str(tmp / "verl.duckdb"), "0", S)]
+        rows = [] if args.verl_only and args.turns else \
+            [_child(VERL, R, T, str(tmp / "verl.duckdb"), "0", S)]
         if args.turns:
             rows.append(_child(VERL, R, T, str(tmp / "verl-turns.duckdb"), str(args.turns), S))
         if args.verl_only:
