@@ -13,7 +13,8 @@ target:
 * spans/s: all agents' spans from the first POST until every one is in the ``spans`` table
   and every turn in a trajectory (the bodies are encoded before the clock starts); beside it
   the acknowledged spans/s (until the last 200: each acknowledged span is committed, so this
-  is the durable store's speed, derivation aside), the receiver's own CPU time and the
+  is the durable store's speed, derivation aside), the receiver's CPU time (its deriving
+  process's included) and the
   agents' (they share the machine's cores with it) and the load (``os.getloadavg``);
 * memory: the receiver's RSS before and after 1,000 traces left open (no root, never idle);
 * export-to-page latency: from a turn's POST until storage.db.reading sees the trajectory with
@@ -190,7 +191,8 @@ def throughput(tmp: Path, agents: int, traces: int, turns: int = 4, batched: boo
         time.sleep(0.1)
     stored = time.perf_counter() - started
     used, agents_used = psutil.Process(proc.pid).cpu_times(), psutil.Process().cpu_times()
-    cpu_s = used.user + used.system - cpu.user - cpu.system
+    cpu_s = used.user + used.system - cpu.user - cpu.system + sum(  # its deriving process
+        c.cpu_times().user + c.cpu_times().system for c in psutil.Process(proc.pid).children())
     agents_cpu_s = agents_used.user + agents_used.system - mine.user - mine.system
     rss = psutil.Process(proc.pid).memory_info().rss
     proc.send_signal(2)
@@ -323,7 +325,8 @@ def main() -> None:
         if args.kill:
             load = os.getloadavg()[0]
             k = killed(tmp, args.agents, args.kill)
-            print(f"kill -9 at {args.kill:g} s (load {load:.1f}): {k['acked']} spans acknowledged, {k['stored']} "
+            print(f"kill -9 at {args.kill:g} s (load {load:.1f}): {k['acked']} spans acknowledged, "
+                  f"{k['stored']} "
                   f"stored, {k['lost']} acknowledged but lost (goal 0); after a restart "
                   f"{k['trajectories']} trajectories, {k['open_after_restart']} still open "
                   "(goal 0)")
@@ -333,7 +336,8 @@ def main() -> None:
                 t = throughput(tmp, args.agents, args.traces, batched=batched,
                                keep_alive=not args.new_connection)
                 print(f"spans/s        {t['spans_per_s']:8.0f}   floor >= 10000   ratio "
-                      f"{t['spans_per_s'] / 10000:.2f}  ({'a body per trace' if batched else 'a body per turn'}: "
+                      f"{t['spans_per_s'] / 10000:.2f}  "
+                      f"({'a body per trace' if batched else 'a body per turn'}: "
                       f"{t['spans']} spans from {args.agents} agents, load {t['load']:.1f}; all "
                       f"acknowledged (committed) at {t['posted_s']:.1f} s = "
                       f"{t['acked_per_s']:.0f} spans/s, all in trajectories at "

@@ -5,6 +5,7 @@ committed first.
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -12,8 +13,8 @@ from storage import db as store
 from storage.otlp import Bounds, Receiver
 from storage.otlp.decode import Span
 from storage.otlp.store import BIG, MAX_GROUP, _groups, _Request
-from tests.test_otlp_durable import Addr, chat_span, jpost
-from tests.test_otlp_receiver import rows
+from tests.test_otlp_durable import Addr, chat_span, jpost, root_span
+from tests.test_otlp_receiver import rows, wait_for
 
 SLOW = Bounds(flush_s=600, idle_s=600)  # the deriver stays out of the way
 
@@ -111,3 +112,33 @@ def test_a_fault_while_admitting_answers_503_and_the_retry_is_stored(tmp_path):
     finally:
         r.stop()
     assert rows(db, "SELECT count(*) FROM spans") == [(1,)]
+
+
+def test_a_deriving_process_writes_the_trajectories_the_receiver_would(tmp_path):
+    got = {}
+    for process in (True, False):
+        db = tmp_path / f"o{int(process)}.duckdb"
+        r = Receiver(db, port=0, bounds=Bounds(flush_s=0.05, grace_s=0.05, idle_s=600),
+                     derive_process=process).start()
+        try:
+            assert (r.writer.pool is not None) == process
+            odd = json.dumps([{"role": "assistant", "tool_calls": 5}])
+            assert jpost(r, chat_span("b" * 32, "b" * 16, 10, "odd",
+                                      gen_ai__input__messages=odd))[0] == 200
+            for i in range(3):
+                tid = f"{i + 1:032x}"
+                assert jpost(r, chat_span(tid, f"{i + 1:08x}{1:08x}", 10, "one", parent="f" * 16),
+                             chat_span(tid, f"{i + 1:08x}{2:08x}", 20, "two", parent="f" * 16),
+                             root_span(tid, "f" * 16, 0, agentrl__reward=1.0))[0] == 200
+            wait_for(lambda: rows(db, "SELECT count(*) FROM trajectories WHERE reward = 1.0 "
+                                      "AND num_turns = 2")[0][0] == 3)
+        finally:
+            r.stop()
+        assert r.writer.pool is None  # stopped with the receiver
+        got[process] = (rows(db, "SELECT traj_id, num_turns, reward, success, failure_class "
+                                 "FROM trajectories ORDER BY traj_id"),
+                        rows(db, "SELECT traj_id, turn, action, observation FROM turns "
+                                 "ORDER BY traj_id, turn"),
+                        rows(db, "SELECT count(*) FROM spans"), r.writer.failed)
+    assert got[True] == got[False]
+    assert got[True][2] == [(10,)]

@@ -3,4 +3,5 @@ import sys
 
 from storage.otlp.receiver import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when a worker process imports it (spawn)
+    sys.exit(main())

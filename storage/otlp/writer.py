@@ -24,9 +24,12 @@ records at the first flush, and closed.
 """
 from __future__ import annotations
 
+import multiprocessing
+import os
 import sys
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 
 from storage import db
@@ -53,11 +56,43 @@ def derive(t: OpenTrace, closed: bool) -> tuple[dict, dict]:
     return to_rows(validate(rec), classify), rec
 
 
+def derive_all(items: list[tuple[OpenTrace, bool]]) -> list[tuple[bool, object, object]]:
+    """``derive`` of each: (True, rows, record), or (False, why, None) for one that raises
+    (what a worker process sends back: its exceptions need not survive pickling)."""
+    out = []
+    for t, closed in items:
+        try:
+            out.append((True, *derive(t, closed)))
+        except Exception as exc:  # noqa: BLE001 (a span no convention expects: it alone)
+            out.append((False, str(exc) if isinstance(exc, LineError) else
+                        f"could not be assembled: {type(exc).__name__}: {exc}", None))
+    return out
+
+
+def _ready() -> bool:
+    return True
+
+
+def _follow_parent(parent: int) -> None:
+    """In the worker: end with the receiver, even one killed with SIGKILL."""
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+    threading.Thread(target=watch, daemon=True).start()
+
+
 class Writer:
     """Derives the assembler's conversations into the store at ``db_path`` (module docstring)."""
 
-    def __init__(self, db_path, assembler: Assembler, log=None, recover: bool = True):
+    def __init__(self, db_path, assembler: Assembler, log=None, recover: bool = True,
+                 process: bool = False):
         self.db_path, self.assembler = db_path, assembler
+        self.pool = None
+        if process:  # one worker process derives; started now (its imports take ~1-2 s)
+            self.pool = ProcessPoolExecutor(1, multiprocessing.get_context("spawn"),
+                                            _follow_parent, (os.getpid(),))
+            self.pool.submit(_ready).result()
         self.log = log or (lambda m: print(m, file=sys.stderr, flush=True))
         self.runs: dict[str, dict] = {}
         self.reports: dict[str, ImportReport] = {}
@@ -206,21 +241,20 @@ class Writer:
         left out), and how many closed per run."""
         batches: dict[str, list] = {}
         lines: dict[str, int] = {}
+        items = []
         for t, closed in todo:
             with self.assembler.lock:  # a snapshot: receiving goes on while it is assembled
-                snapshot = replace(t, spans=dict(t.spans), logs=list(t.logs))
-            if not snapshot.spans and not snapshot.logs:
-                continue
+                snapshot = replace(t, spans=dict(t.spans), logs=list(t.logs), ids=set(),
+                                   log_keys=set())
+            if snapshot.spans or snapshot.logs:
+                items.append((snapshot, closed))
+        for (t, closed), (ok, rows, rec) in zip(items, self._derive_all(items)):
             where = f"trace {t.traj_id}"
-            try:
-                rows, rec = derive(snapshot, closed)
-            except Exception as exc:  # noqa: BLE001 (a span no convention expects: it alone)
+            if not ok:
                 self._run(t.run_id, None)
-                why = str(exc) if isinstance(exc, LineError) else \
-                    f"could not be assembled: {type(exc).__name__}: {exc}"
-                self.reports[t.run_id].fail(where, clean_text(why)[:500])
+                self.reports[t.run_id].fail(where, clean_text(rows)[:500])
                 self.failed += 1
-                self.log(f"error: {clean_text(where)}: {clean_text(why)[:300]} (its spans are "
+                self.log(f"error: {clean_text(where)}: {clean_text(rows)[:300]} (its spans are "
                          "stored; the other trajectories are written)")
                 continue
             run = self._run(t.run_id, rec)
@@ -230,6 +264,25 @@ class Writer:
             batches.setdefault(t.run_id, []).append((where, rows))
             lines[t.run_id] = lines.get(t.run_id, 0) + closed
         return batches, lines
+
+    def _derive_all(self, items):
+        """``derive_all`` in the worker process when there is one (the derivation's CPU off
+        the interpreter the acknowledgements need), else here; a worker that fails is given
+        up for the rest of the run (logged) and its items derived here."""
+        if self.pool is not None and items:
+            try:
+                return self.pool.submit(derive_all, items).result()
+            except Exception as exc:  # noqa: BLE001 (a broken or unpicklable worker: here)
+                self.log(f"error: the deriving process failed ({type(exc).__name__}: "
+                          f"{clean_text(str(exc))[:200]}); deriving in the receiver's process")
+                self.close()
+        return derive_all(items)
+
+    def close(self) -> None:
+        """Stop the worker process (if any)."""
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _write_each_run(self, batches: dict[str, list], lines: dict[str, int]) -> int:
         """The slow path after a combined write failed: each run's batch in its own
