@@ -24,21 +24,23 @@ The variants are interleaved (order rotated each repeat), so load from other pro
 machine hits them alike; the ratios are the figure to read: each repeat's tokens/s over the last
 variant's in the same repeat, min / median / max over the repeats (``per repeat``), by wall
 time and by the process's CPU time (on a machine shared with other work the CPU time is what
-the variants' own work costs; the wall time adds the waits for a core). ``--sequential-rollouts N`` times the
-sequential loop on the first N rollouts of each task only (at G = 32 on SmolLM2 it would take most
-of the run): its rollouts run one after another, so its tokens/s does not depend on how many run;
-the ratio is tokens/s over tokens/s (the table's token counts then differ).
+the variants' own work costs; the wall time adds the waits for a core).
+``--sequential-rollouts N`` times the sequential loop on the first N rollouts of each task only
+(at G = 32 on SmolLM2 it would take most of the run): its rollouts run one after another, so its
+tokens/s does not depend on how many run; the ratio is tokens/s over tokens/s (the table's token
+counts then differ).
 
 The ceiling. Model FLOPs per generated token (forward only):
 
     F = 2 * N_linear + 2 * V * d + 4 * L * d * c
 
 ``N_linear`` = parameters of the decoder's linear layers, the LoRA adapter merged into them (the
-unmerged variant's A/B products are extra work, not counted; the embedding is a lookup: no FLOPs), ``2 V d`` the LM head, ``4 L d c`` attention's QK^T and AV over a
-context of ``c`` tokens (``c`` = the mean position of the generated tokens, measured). Achieved =
-F x tokens/s, against ``torch.matmul`` timed in the same run on the model's own decode shapes
-((B, d) x (d, V), (B, d) x (d, ffn), (B, ffn) x (ffn, d), B = rows in the batch) and on a large
-square product (the machine's best case).
+unmerged variant's A/B products are extra work, not counted; the embedding is a lookup: no
+FLOPs), ``2 V d`` the LM head, ``4 L d c`` attention's QK^T and AV over a context of ``c`` tokens
+(``c`` = the mean position of the generated tokens, measured). Achieved = F x tokens/s, against
+``torch.matmul`` timed in the same run on the model's own decode shapes ((B, d) x (d, V),
+(B, d) x (d, ffn), (B, ffn) x (ffn, d), B = rows in the batch) and on a large square product
+(the machine's best case).
 """
 from __future__ import annotations
 

@@ -44,7 +44,8 @@ def step_lines(at) -> set:
     return {shape["x0"] for spec in specs(at) for shape in spec["layout"].get("shapes", [])}
 
 
-def test_a_warm_rerun_builds_no_figure_and_another_step_builds_them_anew(app, demo, built):  # noqa: F811
+def test_a_warm_rerun_builds_no_figure_and_another_step_builds_them_anew(  # noqa: F811
+        app, demo, built):
     run = demo[2]["demo-search-starpo"]
     at = app("dynamics", store=demo[1], run=run, step=SPIKE_STEP)
     assert not at.exception, at.exception

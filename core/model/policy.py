@@ -209,9 +209,10 @@ class Policy:
         Inside, the network's float math differs slightly from the unmerged forward the update
         scores with (another order of sums). That is the training-inference mismatch a real
         engine has too: the sampler's logprobs and the trainer's are both recorded, and their
-        difference is what the run shows (``mismatch/*``, core/learn/mismatch.py). Costs one copy of the wrapped
-        layers' weights while inside. Layers it cannot merge exactly (adapters switched off, a
-        LoRA variant such as DoRA, a LoRA bias, dropout in training mode) stay as they are."""
+        difference is what the run shows (``mismatch/*``, core/learn/mismatch.py). Costs one
+        copy of the wrapped layers' weights while inside. Layers it cannot merge exactly
+        (adapters switched off, a LoRA variant such as DoRA, a LoRA bias, dropout in training
+        mode) stay as they are."""
         swapped = []
         try:
             with torch.no_grad():
@@ -311,8 +312,8 @@ def load_policy(model: str = "tiny", *, lora_rank: int = 16, lora_alpha: int = 3
         # LoRA on lm_head of a model with tied embeddings (the tiny model, SmolLM2): peft warns
         # that merging such an adapter, or converting the model, would change the input
         # embeddings too. Harmless here: the adapter is never merged in place (``merged`` swaps
-        # in merged copies; checkpoints keep the adapter alone), and the warning, long and with a URL,
-        # opened every job log on the Train page like an error (issue 51).
+        # in merged copies; checkpoints keep the adapter alone), and the warning, long and with
+        # a URL, opened every job log on the Train page like an error (issue 51).
         warnings.filterwarnings("ignore", message=".*tied layer is part of the adapter.*")
         peft_model = get_peft_model(base, lora)
         head = nn.Linear(base.config.hidden_size, 1) if value_head else None
