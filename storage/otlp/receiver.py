@@ -20,9 +20,10 @@ store before the answer (storage/otlp/store.py), and trajectories are derived fr
 spans afterwards (storage/otlp/writer.py, storage/otlp/assemble.py): one run per instrumented
 service (``otlp-{service.name}``, or ``--run-id``), one trajectory per trace or conversation,
 rewritten as the agent goes on and closed when its root ends or after ``--idle-s``. A receiver
-killed at any point loses nothing it acknowledged; the next one derives what was pending. Ctrl-C
-(SIGINT) or SIGTERM stores what is in flight, derives everything held, marks the runs finished
-and exits 0.
+killed at any point loses nothing it acknowledged; the next one derives what was pending. With
+``--derive-process`` the derivation runs in a worker process, off the interpreter that answers.
+Ctrl-C (SIGINT) or SIGTERM stores what is in flight, derives everything held, marks the runs
+finished and exits 0.
 
 The server is uvicorn with a starlette app (storage/asgi_serve.py): a header timeout
 (``--header-timeout-s``), an idle keep-alive timeout, a connection limit that closes the
@@ -252,8 +253,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="derive what changed this often (default 0.5)")
     p.add_argument("--derive-process", action="store_true",
                    help="derive trajectories in a worker process, off the interpreter that "
-                        "answers requests (measured on 2 loaded cores: acknowledgements "
-                        "1.5-1.7x faster, trajectories no sooner; bench/README.md)")
+                        "answers requests (on 2 shared cores it made no trajectory sooner: "
+                        "bench/README.md)")
     p.add_argument("--max-connections", type=int, default=Limits.max_connections,
                    help="open connections at most; past it the idlest is closed (default 256)")
     p.add_argument("--header-timeout-s", type=float, default=Limits.header_timeout_s,

@@ -463,7 +463,7 @@ class Appender:
         self.thread.join()
 
 
-# -- reading back -----------------------------------------------------------------------------------
+# -- reading back ----------------------------------------------------------------------------
 def known_rows(db_path) -> list[tuple[str, str, str]]:
     """(run id, traj id, trace id) of every stored span's trajectory (a late span's home)."""
     with db.reading(db_path) as con:
