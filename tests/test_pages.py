@@ -5,6 +5,7 @@ hostile text shown as text, the SQL box unable to write, the launcher refusing b
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,14 +47,25 @@ def demo(tmp_path_factory):
     return base, str(path), dict(zip(RUN_NAMES, ids))
 
 
+_CACHED_FOR: list[str] = []
+"""The store directories Streamlit's data cache was filled on, for ``shared_cache`` tests."""
+
+
 @pytest.fixture
-def app(monkeypatch, tmp_path, demo):
-    """A factory of AppTests on the demo store's directory (or another), at a page and URL."""
+def app(request, monkeypatch, tmp_path, demo):
+    """A factory of AppTests on the demo store's directory (or another), at a page and URL.
+
+    Streamlit's data cache starts empty, except for a test marked ``shared_cache``: that one
+    keeps what the tests before it cached on the same store directories, as the sessions of an
+    app served on them share one cache (a served app's store directories never change)."""
     monkeypatch.setattr(app_test, "PagesManager", _NavigationPagesManager)
     monkeypatch.setenv(queries.STORE_DIRS_ENV, str(demo[0]))
     monkeypatch.setenv(_jobs.RUNS_DIR_ENV, str(tmp_path / "runs"))
     monkeypatch.chdir(ROOT)
-    st.cache_data.clear()
+    shared = request.node.get_closest_marker("shared_cache") is not None
+    if not shared:
+        st.cache_data.clear()
+        _CACHED_FOR.clear()
 
     def open_page(page: str, store_dir: str | None = None, first_run: bool = True,
                   **params) -> AppTest:
@@ -62,6 +74,9 @@ def app(monkeypatch, tmp_path, demo):
         in a new tab)."""
         if store_dir:
             monkeypatch.setenv(queries.STORE_DIRS_ENV, store_dir)
+        if shared and _CACHED_FOR != [os.environ[queries.STORE_DIRS_ENV]]:
+            st.cache_data.clear()      # it holds what other store directories showed
+            _CACHED_FOR[:] = [os.environ[queries.STORE_DIRS_ENV]]
         at = AppTest.from_file(APP, default_timeout=60)
         if first_run:
             at.run()
@@ -93,10 +108,13 @@ def _cases():
     return cases
 
 
+@pytest.mark.shared_cache
 @pytest.mark.parametrize("kind,store,run", _cases())
 def test_every_page_renders_every_run(app, demo, kind, store, run):
     """Each page's deep link to each run, opened as a session's first request (the bare app's
-    own first run, the same for every run of a store directory, is the next test's)."""
+    own first run, the same for every run of a store directory, is the next test's). The cases
+    share one data cache, as the sessions of a served app do: each store's run list and other
+    reads not of the run are cached once, not once per run."""
     if kind == "demo":
         store, run = demo[1], demo[2][run]
         store_dir = None
