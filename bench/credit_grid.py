@@ -2,6 +2,7 @@
 held-out success curves with a confidence band over seeds. A script:
 
     python bench/credit_grid.py table --db sample_runs/credit_grid.duckdb [--threshold 0.125]
+    python bench/credit_grid.py moves --db sample_runs/credit_grid_long.duckdb
     python bench/credit_grid.py merge runs/credit_grid/*.duckdb --db OUT.duckdb \
                                      [--tokens-for "grpo seed 0"]
 
@@ -12,6 +13,10 @@ is wide and says how little three seeds pin down); then per method the steps eac
 reach ``--threshold`` held-out success (the first evaluation at or above it; "-" never) and the
 final held-out success (mean +- t-interval, and each seed's value). The SFT start's own
 evaluation is the first point of every curve.
+
+``moves`` reads the stores' turns: per run, the share of its last evaluation's held-out walks that
+use two or more different moves and its most common move (the one-move plateau in numbers), and
+the mean |advantage| of its training turns by turn index over the last quarter of its RL steps.
 
 ``merge`` copies every run of several stores (one per run, written one after another) into one
 store: each table's rows are keyed by run_id, so rows are appended as they are. Token rows
@@ -147,6 +152,65 @@ def table(db: str, threshold: float, methods: list[str] | None = None) -> None:
                   f"{sum(adv) / len(adv):>10.3f}")
 
 
+def walk_moves(db: str, run_id: str, step: int) -> list[list[str]]:
+    """The moves of each held-out walk a run's evaluation at ``step`` made (valid answers only)."""
+    import json
+    from storage import queries
+    t = queries.trajectories(db, run_id, step)
+    t = t[t["split"] == "eval"]
+    if t.empty:
+        return []
+    tu = queries.turns(db, run_id, t["traj_id"].tolist())
+    walks: dict[str, list[str]] = {tid: [] for tid in t["traj_id"]}
+    for _, turn in tu.iterrows():
+        parsed = json.loads(turn["parsed"]) if isinstance(turn["parsed"], str) else None
+        if turn["action_valid"] and parsed:
+            walks[turn["traj_id"]].extend(parsed.get("actions") or [])
+    return list(walks.values())
+
+
+def moves(db: str, methods: list[str] | None = None) -> None:
+    """Does the greedy policy go beyond one move repeated every turn? Per method and seed, at
+    the last evaluation: the share of held-out walks that use two or more different moves, and
+    the most common move with its share of all moves; the greedy policy's most common move at
+    each evaluation (U D L R, - no valid move); the share of groups with no reward spread in the
+    last quarter of RL steps; then the mean |advantage| of the training turns by turn index over
+    that last quarter (one advantage per walk gives every turn of a walk the same; per-turn
+    credit tells the turns apart)."""
+    from storage import queries
+    runs = queries.runs(db)
+    named = [(NAME.match(str(r["name"])), r["run_id"]) for _, r in runs.iterrows()]
+    named = [(m["method"], int(m["seed"]), rid) for m, rid in named if m]
+    order = [m for m in (methods or ORDER) if any(n == m for n, _, _ in named)]
+    order += sorted({n for n, _, _ in named} - set(order))
+    print(f"\n{'method':11}{'seed':>5}{'walks >= 2 moves':>17}{'top move':>14}   "
+          f"{'top move at each evaluation':28}{'zero-std':>9}   mean |A| by turn (last quarter)")
+    for method in order:
+        for _, seed, rid in sorted(r for r in named if r[0] == method):
+            m = queries.metrics(db, rid, ["eval/success", "reward/frac_zero_std"])
+            evals = sorted(int(x) for x in m.loc[m["name"] == "eval/success", "step"])
+            if not evals:
+                continue
+            tops = []
+            for step in evals:
+                flat = [mv for w in walk_moves(db, rid, step) for mv in w]
+                tops.append(max(set(flat), key=flat.count) if flat else "-")
+            walks = walk_moves(db, rid, evals[-1])
+            flat = [mv for w in walks for mv in w]
+            multi = sum(len(set(w)) >= 2 for w in walks) / max(len(walks), 1)
+            share = flat.count(tops[-1]) / len(flat) if flat else 0.0
+            t = queries.trajectories(db, rid)
+            t = t[t["split"] == "train"]
+            steps = sorted(t["step"].unique())
+            cut = steps[len(steps) * 3 // 4] if steps else 0
+            late = t[t["step"] >= cut]
+            zs = m[(m["name"] == "reward/frac_zero_std") & (m["step"] >= cut)]["value"]
+            tu = queries.turns(db, rid, late["traj_id"].tolist())
+            by_turn = tu.assign(a=tu["advantage"].abs()).groupby("turn")["a"].mean()
+            print(f"{method:11}{seed:>5}{multi:>17.2f}{tops[-1]:>8} {share:>5.2f}   "
+                  f"{' '.join(x[0] for x in tops):28}{zs.mean() if len(zs) else 0:>9.2f}   "
+                  + " ".join(f"{v:.2f}" for v in by_turn.values))
+
 def merge(sources: list[str], dest: str, tokens_for: list[str]) -> None:
     from storage import db, queries
     from storage.compact import compact
@@ -176,7 +240,7 @@ def merge(sources: list[str], dest: str, tokens_for: list[str]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("mode", choices=("table", "merge"))
+    parser.add_argument("mode", choices=("table", "moves", "merge"))
     parser.add_argument("sources", nargs="*", help="merge: the per-run stores, in order")
     parser.add_argument("--db", required=True, help="table: the store to read; merge: to write")
     parser.add_argument("--threshold", type=float, default=0.125,
@@ -190,6 +254,8 @@ def main() -> None:
         if not args.sources:
             sys.exit("merge needs the per-run stores")
         merge(args.sources, args.db, args.tokens_for)
+    elif args.mode == "moves":
+        moves(args.db, args.methods.split(",") if args.methods else None)
     else:
         table(args.db, args.threshold, args.methods.split(",") if args.methods else None)
 

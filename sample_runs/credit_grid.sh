@@ -6,7 +6,8 @@
 #
 #   bash sample_runs/credit_grid.sh                    the whole grid
 #   METHODS="grpo ppo" SEEDS="0" bash sample_runs/credit_grid.sh     a part of it
-#   STEPS=20 bash sample_runs/credit_grid.sh           another RL budget
+#   STEPS=60 LR=1e-3 EVAL_EVERY=5 bash sample_runs/credit_grid.sh   another RL budget (13b)
+#   TOKENS_FOR="" ...                                   keep no token rows in the merged store
 #
 # A run whose store already exists is kept (the script can be stopped and started again); the
 # merge at the end rebuilds the sample store from every run store present.
@@ -15,9 +16,14 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 DIR=${DIR:-runs/credit_grid}
 OUT=${OUT:-sample_runs/credit_grid.duckdb}
-STEPS=${STEPS:-24}
+STEPS=${STEPS:-16}
 SEEDS=${SEEDS:-"0 1 2"}
 METHODS=${METHODS:-"grpo dr_grpo rloo starpo_s gigpo gigpo_traj ppo prm spa"}
+LR=${LR:-3e-3}
+G=${G:-8}
+EVAL_EVERY=${EVAL_EVERY:-4}
+# the runs whose token rows the merged store keeps (Replay's token view), "|"-separated
+TOKENS_FOR=${TOKENS_FOR-"lake credit start:|gigpo seed 0"}
 LORA=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head
 # The task: a 3x3 lake without slips, one move a turn, at most 6 moves, the reward only at the
 # goal (1) or nothing. A fall is decided by one turn's move, the goal by all of them: per-turn
@@ -25,7 +31,7 @@ LORA=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head
 # definition; the same for all keeps the budget equal and saves the reference pass).
 COMMON=(--env frozenlake --env-options size=3,slip=0,actions_per_turn=1,max_actions=6
         --model tiny --lora-targets "$LORA" --max-turns 6 --max-new-tokens 12
-        --group-size 8 --tasks-per-step 2 --lr 3e-3 --kl-coef 0 --eval-every 4 --eval-tasks 32
+        --group-size "$G" --tasks-per-step 2 --lr "$LR" --kl-coef 0 --eval-every "$EVAL_EVERY" --eval-tasks 32
         --eval-seed 0 --threads 1 --quiet --checkpoint-every 1000 --adapter-every 0)
 SFT_STEPS=${SFT_STEPS:-80}
 
@@ -77,6 +83,9 @@ for seed in $SEEDS; do  # every method's seed 0 before any seed 1: a stop leaves
     done
 done
 rm -f "$OUT" "$OUT".lock "$OUT".turn "$OUT".wal
+keep=()
+IFS='|' read -ra kinds <<< "$TOKENS_FOR"
+for k in "${kinds[@]}"; do [ -n "$k" ] && keep+=(--tokens-for "$k"); done
 "$PY" bench/credit_grid.py merge "$DIR"/start*.duckdb $(ls "$DIR"/*-s*.duckdb) --db "$OUT" \
-    --tokens-for "lake credit start:" --tokens-for "gigpo seed 0"
+    ${keep[@]+"${keep[@]}"}
 "$PY" bench/credit_grid.py table --db "$OUT"

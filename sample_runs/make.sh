@@ -7,8 +7,9 @@
 #                                       imported run of apps_tiny; inspect: needs inspect-ai;
 #                                       search, search_sft, search_credit: SmolLM2, an hour or
 #                                       more each, mismatch: SmolLM2, about 25 minutes, and
-#                                       credit_grid: 29 tiny runs, an hour or more; never by
-#                                       default)
+#                                       credit_grid: 29 tiny runs, an hour or more, and
+#                                       credit_grid_long: its 60-step grid, about 70 minutes;
+#                                       never by default)
 #
 # Each store is rebuilt from scratch (the old file is removed first). Checkpoints go under runs/
 # (ignored by git), never next to the stores. Every command is the one sample_runs/README.md
@@ -393,6 +394,15 @@ credit_grid() {
     timed bash sample_runs/credit_grid.sh
 }
 
+# -- 13b. the same lake at a lower lr and almost four times the RL steps (lr 1e-3, 60 steps,
+# held-out every 5); GRPO, GiGPO, RLOO and PRM, seeds 0-2, from one SFT start; no token rows kept
+# (the first grid's store has them), so the store stays small. 260-760 s a run on 2 busy cores.
+credit_grid_long() {
+    rm -rf runs/credit_grid_long
+    timed env DIR=runs/credit_grid_long OUT="$OUT/credit_grid_long.duckdb" LR=1e-3 STEPS=60 \
+        EVAL_EVERY=5 METHODS="grpo gigpo rloo prm" TOKENS_FOR="" bash sample_runs/credit_grid.sh
+}
+
 ALL=(collapse spike apps credit import_run branches inspect_run shortcut)
 if [ $# -gt 0 ]; then
     ALL=()
@@ -400,9 +410,9 @@ if [ $# -gt 0 ]; then
         case "$name" in
             import) ALL+=(import_run) ;;
             inspect) ALL+=(inspect_run) ;;
-            collapse|spike|apps|careless|credit|branches|search|search_sft|search_credit|mismatch|shortcut|credit_grid)
+            collapse|spike|apps|careless|credit|branches|search|search_sft|search_credit|mismatch|shortcut|credit_grid|credit_grid_long)
                 ALL+=("$name") ;;
-            *) echo "unknown run '$name' (collapse spike apps careless credit import branches inspect search search_sft search_credit mismatch shortcut credit_grid)" >&2
+            *) echo "unknown run '$name' (collapse spike apps careless credit import branches inspect search search_sft search_credit mismatch shortcut credit_grid credit_grid_long)" >&2
                exit 2 ;;
         esac
     done
