@@ -230,6 +230,18 @@ def _turn(turn: Any) -> dict | None:
     return out
 
 
+def _info_text_read(turn: Any) -> Any:
+    """``turn`` with an ``info`` given as the JSON text of an object read as that object: what
+    export wrote before a turn's info was a field of the record (its stored JSON, as text), so
+    that such a file still imports whole. Any other value is left for the check to name."""
+    info = turn.get("info") if isinstance(turn, dict) else None
+    if isinstance(info, str):
+        value = parse_json(info.encode("utf-8", "surrogatepass"))  # NaN refused, as in a line
+        if isinstance(value, dict):
+            return dict(turn, info=value)
+    return turn
+
+
 def _fields(obj: Any, spec: dict, where: str, keep_extra: bool) -> dict:
     if not isinstance(obj, dict):
         raise LineError(f"{where or 'line'} must be a JSON object, got {_type_name(obj)}")
@@ -294,8 +306,8 @@ def _validated(obj: Any) -> dict:
         if len(rec.get(name, ())) > limit:
             raise LineError(f"field '{name}' holds {len(rec[name])} entries, over the limit of "
                             f"{limit} per trajectory")
-    rec["turns"] = [_turn(t) or _fields(t, TURN_FIELDS, f"turns[{i}].", False)
-                    for i, t in enumerate(rec["turns"])]
+    rec["turns"] = [_turn(t) or _fields(_info_text_read(t), TURN_FIELDS, f"turns[{i}].",
+                                        False) for i, t in enumerate(rec["turns"])]
     if "tokens" in rec:
         rec["tokens"] = [_token(t) or _fields(t, TOKEN_FIELDS, f"tokens[{i}].", False)
                          for i, t in enumerate(rec["tokens"])]
