@@ -379,12 +379,13 @@ class Appender:
                     job.granted.set()
                 idle_since = time.monotonic()
             with self.cv:
-                if self.lent or self.queue:
-                    continue
-                if self.stopping:
+                busy = bool(self.lent or self.queue)
+                if not busy and self.stopping:
                     return
             t = time.monotonic()
-            if t - idle_since >= LINGER_S or t >= until or turnstile.queued():
+            if t >= until or turnstile.queued():  # even while busy: what is queued (requests,
+                return  # derivations) waits for the next open, behind the queued opener
+            if not busy and t - idle_since >= LINGER_S:
                 return
 
     def _group(self, con, group: list[_Request]) -> bool:
