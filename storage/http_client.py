@@ -13,8 +13,7 @@ Here (still urllib, so ``HTTP(S)_PROXY`` keep working):
   the headers and body) waits at most the time left until ``start + limit_s``; once it has passed,
   the next one raises ``TimeoutError`` at once. So the whole request ends by the deadline plus
   one scheduling delay, however the server paces its bytes. Not bounded by it: name resolution
-  (``getaddrinfo`` has no timeout), and ``create_connection`` tries each resolved address with
-  the time left.
+  (``getaddrinfo`` has no timeout); each resolved address is tried with the time left then.
 * ``read_capped``: the body read in 64 KiB pieces, refused (``BodyTooLarge``) as soon as it, or
   its announced ``Content-Length``, passes the cap: memory stays under the cap plus one piece.
 * ``opener(redirects=...)``: ``"same-origin"`` (``SameOriginRedirects``): a redirect to another
@@ -181,11 +180,27 @@ class _DeadlineSocket:
 
 
 def _connect(deadline: Deadline, address, timeout=None, source_address=None):
-    try:
-        sock = socket.create_connection(address, deadline.left(), source_address)
-    except TimeoutError:
-        raise deadline.passed("connect") from None
-    return _DeadlineSocket(sock, deadline)
+    """``socket.create_connection``, but each resolved address is tried with the time left
+    now, not the time left before the first: a name whose addresses all leave the handshake
+    unanswered is given up at the deadline, not after the limit once per address."""
+    host, port = address
+    error: OSError | None = None
+    for family, kind, proto, _, addr in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(deadline.left())
+            if source_address:
+                sock.bind(source_address)
+            sock.connect(addr)
+        except TimeoutError:
+            sock.close()
+            raise deadline.passed("connect") from None
+        except OSError as exc:  # refused, unreachable: the next address
+            sock.close()
+            error = exc
+            continue
+        return _DeadlineSocket(sock, deadline)
+    raise error or OSError(f"{host!r} resolved to no address")
 
 
 class _Connection(http.client.HTTPConnection):
