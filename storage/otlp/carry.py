@@ -8,7 +8,8 @@ span starts with ``agentrl.task_id``, ``agentrl.group_id``, ``agentrl.split`` an
 ``agentrl.step`` (conventions.py ``IDENTITY``) taken from its parent span (set them on the root
 span when it starts), else from the OpenTelemetry baggage of its context (when spans are made
 by an instrumentation, the agent's code only sets the baggage); a value the span was started
-with is kept. Install it before the exporter's processor::
+with is kept, and one that can name nothing (a list, text over 256 characters) is not copied.
+Install it before the exporter's processor::
 
     from storage.otlp.carry import CarryIdentity
     provider = TracerProvider(resource=...)
@@ -32,6 +33,19 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from storage.otlp.conventions import IDENTITY
 
+MAX_CARRIED_CHARS = 256
+"""The longest text copied (storage/interchange.py ``MAX_ID_CHARS``): a longer task or group id
+fails its trajectory at the receiver anyway, and copied onto every span it would multiply each
+export's size by its span count (a 10 MB value on the root, 10 MB a span)."""
+
+
+def _carried(value):
+    """``value`` if it can name a task, group, split or step (a number, or text of at most
+    ``MAX_CARRIED_CHARS``), else None: not copied (the span it was set on keeps it)."""
+    if isinstance(value, str):
+        return value if 0 < len(value) <= MAX_CARRIED_CHARS else None
+    return value if isinstance(value, (int, float)) else None
+
 
 class CarryIdentity(SpanProcessor):
     """Copies the IDENTITY attributes from a span's parent (or its context's baggage) onto the
@@ -44,9 +58,9 @@ class CarryIdentity(SpanProcessor):
         for key in IDENTITY:
             if key in own:
                 continue
-            value = inherited.get(key)
+            value = _carried(inherited.get(key))
             if value is None:
-                value = baggage.get_baggage(key, parent_context)
+                value = _carried(baggage.get_baggage(key, parent_context))
             if value is not None:
                 span.set_attribute(key, value)
 
