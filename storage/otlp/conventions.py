@@ -404,10 +404,25 @@ def trace_facts(spans: list) -> dict:
                 facts.setdefault("rewards", {})[key[len(REWARD_PREFIX):][:64]] = _float(value)
     for resource in {id(s.resource): s.resource for s in spans}.values():
         for key in IDENTITY:
-            value = AGENTRL[key](resource.get(key)) if isinstance(resource, dict) else None
+            value = AGENTRL[key](_resource_id(resource.get(key))) \
+                if isinstance(resource, dict) else None
             if value is not None:
                 facts.setdefault(key.split(".", 1)[1], value)
     return facts
+
+
+MAX_RESOURCE_ID_CHARS = 256
+"""The longest resource identity read (storage/interchange.py ``MAX_ID_CHARS``)."""
+
+
+def _resource_id(value: Any) -> Any:
+    """A resource's identity value if it can name something (text of at most
+    ``MAX_RESOURCE_ID_CHARS``, a number), else None: a resource is shared by every trajectory
+    of its process, and one unusable value (a long text, a list) failed them all, where the
+    trajectories are then named as without it (by their spans or their prompt)."""
+    if isinstance(value, str):
+        return value if len(value) <= MAX_RESOURCE_ID_CHARS else None
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def conversation_key(span) -> str | None:
