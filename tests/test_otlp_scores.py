@@ -81,7 +81,7 @@ def test_a_scores_file_rescored_the_traces_beside_a_running_receiver(store, tmp_
     assert rewards["outcome"] == 0.75
     info = json.loads(traj[7])
     assert info["otel"]["reward_source"] == "scores file scores.jsonl"
-    assert info["otel"]["scored"] == {"file": "scores.jsonl", "line": 1}
+    assert info["otel"]["scored"] == {"file": "scores.jsonl", "line": 1, "task_id": True}
     assert info["otel"]["trace_ids"] == [a] and info["otel"]["open"] is False
     assert not any("no reward in the trace" in n for n in info.get("import_notes", []))
 

@@ -70,6 +70,7 @@ class OpenTrace:
     reload: bool = False                                # its stored spans are not read back yet
     absorbed: list[str] = field(default_factory=list)   # traces merged in (their rows move)
     derived_at: float = float("-inf")
+    scored: dict | None = None  # a scores file's facts (storage/otlp/scores.py), kept on re-derive
 
 
 @dataclass

@@ -19,8 +19,8 @@ and rewritten in place; ``info.otel.reward_source`` then says ``scores file NAME
 nothing (its trajectories are reported unchanged). Trace ids the store has no spans of are
 listed; a trajectory whose agent still runs (``info.otel.open`` and a span received in the last
 ``STALE_S``) is listed and left alone, since the receiver rewrites it from its spans until it
-closes: run the file again after it closes, or after a late span has reopened and re-assembled a
-scored one. One still open with no span for ``STALE_S`` was left open by a receiver killed
+closes: run the file again after it closes. A scored trajectory that a late span or a restart
+re-assembles keeps its score (storage/otlp/writer.py ``scored_facts``). One still open with no span for ``STALE_S`` was left open by a receiver killed
 before it closed it (the next receiver to start closes it too): it is scored, and closed.
 
 The receiver opens the store per transaction (storage/db.py), so this runs beside it; a store
@@ -203,7 +203,8 @@ def apply_scores(db_path, scores: list[Score], name: str, run: str | None = None
                       spans={sp.span_id: sp for sp in spans}, logs=logs)
         try:
             rec = build_record(t, closed=True, given=_given(s, name))
-            rec["info"]["otel"]["scored"] = {"file": name, "line": s.line}
+            rec["info"]["otel"]["scored"] = {"file": name, "line": s.line,
+                                             **({"task_id": True} if s.task_id else {})}
             rows_ = to_rows(validate(rec), classify)
         except Exception as exc:  # noqa: BLE001 (a span no convention expects: this trace alone)
             out.failed.append(f"trace {s.trace_id}: "

@@ -24,6 +24,7 @@ records at the first flush, and closed.
 """
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import sys
@@ -52,8 +53,31 @@ METRICS_EVERY_S = 10.0  # a run's metrics (a statement or two per run, on the on
 def derive(t: OpenTrace, closed: bool) -> tuple[dict, dict]:
     """(the trajectory's rows, its record) as ``to_rows`` makes them; raises what the
     assembly or the validation raises."""
-    rec = build_record(t, closed)
+    rec = build_record(t, closed, given=(t.scored or {}).get("given"))
+    if t.scored:
+        rec["info"]["otel"]["scored"] = t.scored["scored"]
     return to_rows(validate(rec), classify), rec
+
+
+def scored_facts(con, keys: list[tuple[str, str]]) -> dict[tuple[str, str], dict]:
+    """The facts a scores file gave each stored trajectory of ``keys`` that has them
+    (``info.otel.scored``): its reward, success, reward source and, if the file named it, task;
+    a re-derivation (a late span, a restart) applies them again over the spans' own."""
+    out: dict[tuple[str, str], dict] = {}
+    for run_id in {k[0] for k in keys}:
+        ids = [k[1] for k in keys if k[0] == run_id]
+        for traj_id, reward, success, task_id, info in con.execute(
+                "SELECT traj_id, reward, success, task_id, info FROM trajectories WHERE run_id = ? "
+                "AND traj_id IN (SELECT unnest(?))", [run_id, ids]).fetchall():
+            otel = (json.loads(info or "{}") or {}).get("otel") or {}
+            mark = otel.get("scored")
+            if not isinstance(mark, dict):
+                continue
+            given = {"reward": reward, "success": success, "source": otel.get("reward_source")}
+            if mark.get("task_id"):
+                given["task_id"] = task_id
+            out[(run_id, traj_id)] = {"given": given, "scored": mark}
+    return out
 
 
 def derive_all(items: list[tuple[OpenTrace, bool]]) -> list[tuple[bool, object, object]]:
@@ -216,6 +240,7 @@ class Writer:
         """Read back every stored record of conversations the store held before."""
         keys = {t.key: [(t.run_id, x) for x in [t.traj_id, *t.absorbed]] for t in reopened}
         stored = self._read([k for ks in keys.values() for k in ks])
+        scored = self._scored([k for ks in keys.values() for k in ks])
         with self.assembler.lock:
             for t in reopened:
                 for k in keys[t.key]:
@@ -227,7 +252,18 @@ class Writer:
                         if log_key(r) not in t.log_keys:
                             t.log_keys.add(log_key(r))
                             t.logs.append(r)
+                t.scored = t.scored or next((scored[k] for k in keys[t.key] if k in scored),
+                                            None)
                 t.reload = False
+
+    def _scored(self, keys) -> dict:
+        """``scored_facts`` of ``keys``, on the appender's connection while it runs."""
+        if not keys:
+            return {}
+        if self.appender is not None and not self.appender.stopping:
+            return self.appender.run(lambda con: scored_facts(con, keys))
+        with db.reading(self.db_path) as con:
+            return scored_facts(con, keys)
 
     def _put_back(self, todo, exc) -> None:
         """A failed derivation: the conversations are derived again at a later flush."""
