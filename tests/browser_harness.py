@@ -135,3 +135,20 @@ def browser_fixtures(width: int, height: int):
             yield pg
 
     return browser, page
+
+
+def fill_until_held(box, value: str, tries: int = 5) -> None:
+    """Fill a form field until it holds ``value``: a rerun of the page (the preset landing) can
+    rewrite the field between Playwright's select-all and its typing, leaving the old text with
+    ours appended ('tiny-smoke-...browser-job'), so the value is read back, not assumed."""
+    from playwright.sync_api import expect
+    for _ in range(tries):
+        box.fill(value)
+        try:
+            expect(box).to_have_value(value, timeout=3_000)
+            box.page.wait_for_timeout(500)           # a late rerun would rewrite it within this
+            if box.input_value() == value:
+                return
+        except AssertionError:
+            pass
+    raise AssertionError(f"the field kept {box.input_value()!r}, not {value!r}")

@@ -17,7 +17,7 @@ from pages import _runlist
 from storage import queries
 from storage.recorder import Recorder
 from tests.app_fixtures import RUN_NAMES, SCRIPT_TEXT, SCRIPT_TRAJ, make_demo_store
-from tests.browser_harness import ROOT, browser_fixtures, scratch_dir, served_app
+from tests.browser_harness import ROOT, browser_fixtures, fill_until_held, scratch_dir, served_app
 from tests.test_browser import _stop_job, _trainer_available, no_exception, settle
 
 pytestmark = pytest.mark.browser
@@ -196,9 +196,9 @@ def test_train_job_plots_eval_success_links_its_run_and_logs_no_peft_warning(pag
     url, _, runs, _ = server
     goto(page, url, "train", "Train")
     expect(page.get_by_role("combobox", name="Preset")).to_have_value("workshop-demo")
-    page.get_by_role("spinbutton", name="SFT steps").fill("3")
-    page.get_by_role("spinbutton", name="RL steps").fill("2")
-    page.get_by_role("textbox", name="Run name").fill("clarity-job")
+    fill_until_held(page.get_by_role("spinbutton", name="SFT steps"), "3")
+    fill_until_held(page.get_by_role("spinbutton", name="RL steps"), "2")
+    fill_until_held(page.get_by_role("textbox", name="Run name"), "clarity-job")
     launch = page.get_by_role("button", name="Launch training")
     box = launch.bounding_box()            # clicked where it is: the page is not scrolled
     assert box["y"] + box["height"] <= HEIGHT, f"the launch button ends at y={box['y']:.0f}"
