@@ -295,7 +295,7 @@ def test_a_reimport_keeps_the_behaviours_the_job_wrote(tmp_path):
     """An import re-derives its run's metrics after each file (import DIR again, follow): the
     behaviour metrics and alarms the job wrote are the job's record, not derived, and stay."""
     from storage.behaviours.job import PREFIXES
-    from storage.ingest.import_batch import JOB_METRIC_PREFIXES
+    from storage.ingest.step_metrics import JOB_METRIC_PREFIXES
     from storage.io import main as io_main
     from tests.test_follow import verl_line
     assert PREFIXES == JOB_METRIC_PREFIXES  # the two modules name the job's metrics alike

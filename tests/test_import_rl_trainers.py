@@ -130,7 +130,7 @@ def test_a_verl_recorders_step_derives_its_own_steps_metrics_and_reads_bfloat16(
     pytest.importorskip("verl", reason=RL_EXTRAS)
     from core.model.models import load_tokenizer
     from storage.ingest import import_batch
-    from storage.ingest.import_batch import rederive_metrics
+    from storage.ingest.step_metrics import rederive_metrics
     from storage.integrations import step_recorder
     from storage.integrations.verl_batch import VerlBatchRecorder
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import streamlit as st
 
 from pages import _common
-from storage import queries
+from storage import queries, run_queries
 from storage.recorder import Recorder
 
 
@@ -20,8 +20,8 @@ def test_only_stores_written_since_are_read_again(tmp_path, monkeypatch):
         recs[name] = rec
     monkeypatch.setenv(queries.STORE_DIRS_ENV, str(tmp_path))
     read = []
-    real = queries.runs
-    monkeypatch.setattr(queries, "runs", lambda path: read.append(path) or real(path))
+    real = run_queries.runs                  # all_runs reads each store through it
+    monkeypatch.setattr(run_queries, "runs", lambda path: read.append(path) or real(path))
     st.cache_data.clear()
 
     table = _common.run_table()

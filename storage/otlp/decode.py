@@ -19,7 +19,6 @@ kept as its protobuf JSON text, cut at ``MAX_VALUE_CHARS``.
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import re
 import zlib

@@ -41,13 +41,14 @@ from pathlib import Path
 
 from storage import db
 from storage.failures import classify
-from storage.ingest.import_batch import WRITE_ERRORS, rederive_metrics, write_batch
+from storage.ingest.import_batch import WRITE_ERRORS, write_batch
+from storage.ingest.step_metrics import rederive_metrics
 from storage.ingest.report import ImportReport
 from storage.interchange import LineError, to_rows, validate
 from storage.otlp.assemble import OpenTrace
 from storage.otlp.record import build_record
 from storage.otlp.writer import FORMAT
-from storage.otlp.store import stored_records
+from storage.otlp.stored import stored_records
 from storage.recorder import clean_text, now
 
 MAX_LINE_BYTES = 4096

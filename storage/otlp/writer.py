@@ -36,14 +36,15 @@ from dataclasses import replace
 from storage import db
 from storage.failures import classify
 from storage.ingest.import_batch import (TRAJ_TABLES, WRITE_ERRORS, count, finish_import,
-                                         rederive_metrics, write_batch, write_runs)
+                                         write_batch, write_runs)
 from storage.ingest.report import ImportReport
+from storage.ingest.step_metrics import rederive_metrics
 from storage.interchange import LineError, to_rows, validate
 from storage.migrations import prepare
 from storage.otlp.assemble import Assembler, OpenTrace, key_of, log_key
 from storage.otlp.record import build_record
-from storage.otlp.store import (StoreDown, errors_of, known_rows, move, pending,
-                                read_records, stored_records)
+from storage.otlp.store import StoreDown, errors_of
+from storage.otlp.stored import known_rows, move, pending, read_records, stored_records
 from storage.recorder import clean_text, now, to_json
 
 FORMAT = "otlp"
