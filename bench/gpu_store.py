@@ -34,30 +34,44 @@ def merge(sources: list[Path], dest: Path, where: dict[str, str] | None = None) 
     for i, src in enumerate(sources):
         alias = f"src{i}"
         with db.writing(dest) as con:
+            # DuckDB 1.5 detaches no database inside the transaction that read it: attach and
+            # detach around an explicit one of our own (db.writing's own is left empty)
+            con.execute("COMMIT")
             con.execute(f"ATTACH '{_quoted(Path(src).resolve())}' AS {alias} (READ_ONLY)")
             try:
-                version = con.execute(f"SELECT coalesce(max(version), 0) FROM {alias}._migrations"
-                                      ).fetchone()[0]
-                if version != SCHEMA_VERSION:
-                    raise db.StoreError(f"{src}: schema version {version}, this code writes "
-                                        f"{SCHEMA_VERSION}: merge with the code that wrote it")
-                clash = con.execute(f"SELECT run_id FROM {alias}.runs WHERE run_id IN "
-                                    "(SELECT run_id FROM main.runs)").fetchall()
-                if clash:
-                    raise db.StoreError(f"{src}: run {clash[0][0]} is already in {dest}")
-                have = {r[0] for r in con.execute(
-                    "SELECT table_name FROM information_schema.tables WHERE table_catalog = ? "
-                    "AND table_schema = 'main'", [alias]).fetchall()}
-                for table in _tables(con):
-                    if table in have:
-                        cond = (" WHERE " + where[table].format(src=alias)
-                                if where and table in where else "")
-                        n = con.execute(f"INSERT INTO main.{table} BY NAME SELECT x.* FROM "
-                                        f"{alias}.main.{table} AS x{cond}").fetchone()[0]
-                        counts[table] = counts.get(table, 0) + int(n)
+                con.execute("BEGIN TRANSACTION")
+                try:
+                    _merge_one(con, alias, src, dest, where, counts)
+                    con.execute("COMMIT")
+                except BaseException:
+                    con.execute("ROLLBACK")
+                    raise
             finally:
                 con.execute(f"DETACH {alias}")
+                con.execute("BEGIN TRANSACTION")      # what db.writing commits on leaving
     return counts
+
+
+def _merge_one(con, alias: str, src, dest, where, counts: dict) -> None:
+    version = con.execute(f"SELECT coalesce(max(version), 0) FROM {alias}._migrations"
+                          ).fetchone()[0]
+    if version != SCHEMA_VERSION:
+        raise db.StoreError(f"{src}: schema version {version}, this code writes "
+                            f"{SCHEMA_VERSION}: merge with the code that wrote it")
+    clash = con.execute(f"SELECT run_id FROM {alias}.runs WHERE run_id IN "
+                        "(SELECT run_id FROM main.runs)").fetchall()
+    if clash:
+        raise db.StoreError(f"{src}: run {clash[0][0]} is already in {dest}")
+    have = {r[0] for r in con.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_catalog = ? "
+        "AND table_schema = 'main'", [alias]).fetchall()}
+    for table in _tables(con):
+        if table in have:
+            cond = (" WHERE " + where[table].format(src=alias)
+                    if where and table in where else "")
+            n = con.execute(f"INSERT INTO main.{table} BY NAME SELECT x.* FROM "
+                            f"{alias}.main.{table} AS x{cond}").fetchone()[0]
+            counts[table] = counts.get(table, 0) + int(n)
 
 
 def _tables(con) -> list[str]:

@@ -287,7 +287,13 @@ def replay_url(pick: Pick, step: int, traj_id: str) -> str:
 def store_stamp(path: str) -> tuple:
     """What changes when a store is written: size and modification time of the file and of its
     write-ahead log (a commit appends to the log, a checkpoint rewrites the file); a stat is
-    microseconds where opening a store to read it is 15-30 ms."""
+    microseconds where opening a store to read it is 15-30 ms. A team store's stamp is its
+    latest snapshot id (a few ms on the connection the process keeps attached)."""
+    if queries.is_team_store(path):
+        try:
+            return ("snapshot", queries.team_store_snapshot(path))
+        except db.StoreError:
+            return ("snapshot", None)       # the read that follows names the error
     stamp = []
     for p in (path, path + ".wal"):
         try:

@@ -6,7 +6,7 @@ A store written step by step keeps DuckDB's default 256 KiB blocks, partly fille
 table: a small run's file is mostly empty blocks (a 144-trajectory run: 3.2 MB). Copying the whole
 database into a fresh file with small blocks keeps every table, row and the schema version and
 shrinks such a file about sevenfold. Two block sizes are tried and the smaller file kept: 16 KiB
-wastes least in a small store, but DuckDB (2.0) then stores integer columns uncompressed (no
+wastes least in a small store, but DuckDB then stores integer columns uncompressed (no
 bit-packing), which in a store with many token rows costs more than larger blocks waste: 32 KiB
 took the committed collapse_bandit.duckdb (840k tokens) from 10.6 MB to 6.7 MB, while the 0.4 MB
 imported_greedy_lake.duckdb stays smaller with 16 KiB. The copies are written next to the
@@ -27,6 +27,10 @@ from storage import db
 
 BLOCK_SIZES = (16384, 32768)
 """DuckDB's smallest block size, and the smallest that bit-packs integers (module docstring)."""
+STORAGE_VERSION = "v" + ".".join(duckdb.__version__.split(".")[:2]) + ".0"
+"""The storage format of the running DuckDB: a new file otherwise gets DuckDB's oldest default
+format, without the newer compression (search_credit.duckdb: 19.4 MB as v1.0.0, 15.1 MB as
+v1.5.0, both at 32 KiB blocks). The project's pinned DuckDB is the only reader it needs."""
 
 
 def compact(path: str | Path) -> tuple[int, int]:
@@ -56,7 +60,8 @@ def _copy(path: Path, tmp: Path, block_size: int) -> None:
     con = duckdb.connect()
     try:
         con.execute(f"ATTACH '{_quoted(path)}' AS src (READ_ONLY)")
-        con.execute(f"ATTACH '{_quoted(tmp)}' AS dst (BLOCK_SIZE {block_size})")
+        con.execute(f"ATTACH '{_quoted(tmp)}' AS dst (BLOCK_SIZE {block_size}, "
+                    f"STORAGE_VERSION '{STORAGE_VERSION}')")
         con.execute("COPY FROM DATABASE src TO dst")
     finally:
         con.close()

@@ -51,6 +51,9 @@ from typing import Iterator
 
 import duckdb
 
+from storage import lake
+from storage.errors import StoreError  # noqa: F401  the name callers catch, db.StoreError
+
 try:  # POSIX only; elsewhere the DuckDB retry alone arbitrates
     import fcntl
 except ImportError:  # pragma: no cover
@@ -60,10 +63,6 @@ LOCK_TIMEOUT_S = 10.0
 POLL_S = 0.002          # how often a queued opener looks at the advisory locks
 PARQUET_MARKER = "_store.json"  # present in a directory written by storage.io's partitioned export
 LOCK_DIR_ENV = "AGENTRL_LOCK_DIR"
-
-
-class StoreError(RuntimeError):
-    """A database that cannot be used: unreadable, newer schema, locked too long."""
 
 
 def _is_lock_error(exc: Exception) -> bool:
@@ -164,6 +163,13 @@ def _connect_file(path: Path, read_only: bool, deadline: float) -> duckdb.DuckDB
             if _is_lock_error(exc):
                 raise StoreError(f"{path} stayed locked by another process for "
                                  f"{LOCK_TIMEOUT_S:.0f} s") from exc
+            if "newer version of duckdb" in str(exc).lower():
+                raise StoreError(
+                    f"{path} was written by a newer DuckDB than this project's "
+                    f"{duckdb.__version__}, which cannot read its storage format. Convert it "
+                    "with the DuckDB that wrote it: python tools/convert_store.py "
+                    f"{path} NEW.duckdb (its docstring says how); the file was not "
+                    "modified") from exc
             raise StoreError(f"cannot open {path}: not a readable DuckDB database ({exc})") from exc
         except duckdb.Error as exc:
             raise StoreError(f"cannot open {path} as a DuckDB database: {exc}") from exc
@@ -193,6 +199,10 @@ def reading(path: str | Path, timeout_s: float = LOCK_TIMEOUT_S
             ) -> Iterator[duckdb.DuckDBPyConnection]:
     """A short-lived read-only connection (readers never block the trainer for long)."""
     path = Path(path)
+    if lake.is_lake(path):
+        with lake.reading(path) as con:
+            yield con
+        return
     if path.is_dir():
         con = _parquet_store(path)
         try:
@@ -218,6 +228,10 @@ def writing(path: str | Path | None, timeout_s: float = LOCK_TIMEOUT_S
     if path is None or str(path) == ":memory:":
         raise StoreError("an in-memory store cannot be reopened; keep its connection instead")
     path = Path(path)
+    if lake.is_lake(path):
+        with lake.writing(path) as con:
+            yield con
+        return
     if path.is_dir():
         raise StoreError(f"{path} is a directory (a Parquet export is read-only)")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -237,6 +251,57 @@ def writing(path: str | Path | None, timeout_s: float = LOCK_TIMEOUT_S
                 raise
         finally:
             con.close()
+
+
+ATTEMPTS = 40           # transactions a writer runs before a lost commit is its error
+
+
+class _Attempt:
+    """One try of a write transaction (``attempts``)."""
+
+    def __init__(self, path, timeout_s: float, last: bool):
+        self.path, self.timeout_s, self.last = path, timeout_s, last
+        self.done = False
+
+    def __enter__(self) -> duckdb.DuckDBPyConnection:
+        self._cm = writing(self.path, self.timeout_s)
+        return self._cm.__enter__()
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        try:
+            suppressed = self._cm.__exit__(kind, exc, tb)
+        except lake.Conflict:
+            if self.last:
+                raise
+            return True                      # rolled back: the caller's loop runs it again
+        if kind is None:
+            self.done = True
+        elif (isinstance(exc, duckdb.Error) and lake.lost_race(exc) and not self.last
+              and lake.is_lake(self.path)):
+            return True                      # a statement met another writer's commit
+        return bool(suppressed)
+
+
+def attempts(path: str | Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[_Attempt]:
+    """A write transaction that is run again when a team store refuses its commit for a
+    conflict with another writer's (storage/lake.py ``Conflict``; nothing of it was written)::
+
+        for attempt in db.attempts(path):
+            with attempt as con:
+                ...  # writes only: values are computed before the loop
+
+    A file store's transaction runs once (its writers take turns, so it never conflicts). The
+    waits between tries grow from 10 ms, with jitter so that two writers that met do not meet
+    again; after ``ATTEMPTS`` the conflict is the caller's error."""
+    tries = ATTEMPTS if lake.is_lake(path) else 1
+    wait = 0.01
+    for i in range(tries):
+        attempt = _Attempt(path, timeout_s, last=i == tries - 1)
+        yield attempt
+        if attempt.done:
+            return
+        time.sleep(wait * (0.5 + random.random()))
+        wait = min(wait * 1.6, 1.0)
 
 
 def _parquet_store(root: Path) -> duckdb.DuckDBPyConnection:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import duckdb
 
-from storage import db
+from storage import db, lake
 from storage.db import StoreError
 
 
@@ -226,8 +226,24 @@ def _store_version(con: duckdb.DuckDBPyConnection, where: str) -> int:
     return check_version(con, where)
 
 
+class _Keyless:
+    """A connection whose CREATE statements leave PRIMARY KEY out: DuckLake keeps no keys
+    (storage/lake.py), and each writer checks a run id before it inserts one."""
+
+    def __init__(self, con):
+        self._con = con
+
+    def execute(self, sql: str, *args):
+        return self._con.execute(sql.replace(" PRIMARY KEY", ""), *args)
+
+    def __getattr__(self, name):
+        return getattr(self._con, name)
+
+
 def migrate(con: duckdb.DuckDBPyConnection, where: str = "database") -> list[str]:
     """Apply every migration not yet recorded; return the names applied."""
+    if lake.is_lake_connection(con):
+        con = _Keyless(con)
     version = _store_version(con, where)
     con.execute("""CREATE TABLE IF NOT EXISTS _migrations (
                        version INTEGER PRIMARY KEY, name VARCHAR, applied_at TIMESTAMP)""")
@@ -250,6 +266,12 @@ def prepare(path: str | Path, where: str | None = None) -> list[str]:
     """
     path = Path(path)
     where = where or str(path)
+    if lake.is_lake(path):
+        with db.reading(path) as con:
+            if _store_version(con, where) == SCHEMA_VERSION:
+                return []
+        with db.writing(path) as con:
+            return migrate(con, where)
     if path.is_dir():
         raise StoreError(f"{where} is a directory, not a store file (a Parquet export is "
                          "read-only)")

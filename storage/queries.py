@@ -25,8 +25,8 @@ from storage.trajectory import TOKEN, columns
 from storage.run_queries import (  # noqa: F401  re-exported: the app reads one API
     METRICS_VERSION_SQL, OPEN_CLASS, OPEN_SQL, SHOWN_CLASS_SQL, STALE_AFTER_S, STORE_DIRS,
     STORE_DIRS_ENV, STORE_SUFFIXES, TRAJ_ROW_HASH, _read, _read_many, all_runs, discover_stores,
-    metric_names, metric_series, metrics, row_hash, run_config, run_version, runs, shown_status,
-    steps, store_dirs)
+    is_team_store, metric_names, metric_series, metrics, row_hash, run_config, run_version, runs,
+    shown_status, steps, store_dirs, team_store_snapshot)
 
 # -- trajectories ----------------------------------------------------------------------------------
 TRAJ_COLUMNS = ", ".join(c for c in columns("trajectories") if c not in ("run_id", "rank"))

@@ -216,27 +216,31 @@ class Recorder:
         self.run_id: str | None = None
         self._memory = db.connect(None) if self.path == ":memory:" else None
         if self._memory is not None:
-            with self._tx() as con:
-                migrate(con, where=self.path)
+            for attempt in self._attempts():
+                with attempt as con:
+                    migrate(con, where=self.path)
         else:
             prepare(self.path)  # refuses a foreign or newer file without touching it
 
     # -- connections ---------------------------------------------------------------------------
-    def _tx(self):
+    def _attempts(self):
+        """Each write's transaction: once on a file or in memory; on a team store again while
+        another writer's commit conflicts with it (storage/db.py ``attempts``)."""
         if self._memory is not None:
-            return _MemoryTx(self._memory)
-        return db.writing(self.path)
+            return [_MemoryTx(self._memory)]
+        return db.attempts(self.path)
 
     # -- run lifecycle -------------------------------------------------------------------------
     def start_run(self, config: Mapping[str, Any], name: str | None = None,
                   run_id: str | None = None, source: str = "trainer") -> str:
         self.run_id = check_run_id(run_id) if run_id else new_run_id()
-        with self._tx() as con:
-            con.execute(
-                "INSERT INTO runs (run_id, name, created_at, status, config, updated_at, source) "
-                "VALUES (?, ?, ?, 'running', ?, ?, ?)",
-                [self.run_id, clean_text(name or self.run_id), now(), to_json(dict(config)),
-                 now(), source])
+        for attempt in self._attempts():
+            with attempt as con:
+                con.execute(
+                    "INSERT INTO runs (run_id, name, created_at, status, config, updated_at, "
+                    "source) VALUES (?, ?, ?, 'running', ?, ?, ?)",
+                    [self.run_id, clean_text(name or self.run_id), now(), to_json(dict(config)),
+                     now(), source])
         return self.run_id
 
     def resume_run(self, run_id: str, config: Mapping[str, Any] | None = None) -> int | None:
@@ -247,41 +251,46 @@ class Recorder:
         ``resumed`` list (the last recorded step and each changed key's old and new value), so
         the app never shows the settings a run no longer trains with, nor loses the earlier ones.
         """
-        with self._tx() as con:
-            row = con.execute("SELECT last_step, config FROM runs WHERE run_id = ?",
-                              [run_id]).fetchone()
-            if row is None:
-                raise db.StoreError(f"no run {run_id!r} in {self.path}")
-            con.execute("UPDATE runs SET status = 'running', error = NULL, updated_at = ? "
-                        "WHERE run_id = ?", [now(), run_id])
-            if config is not None:
-                old = json.loads(row[1]) if row[1] else {}
-                new = json.loads(to_json(dict(config)))
-                changed = {k: [old.get(k), v] for k, v in new.items()
-                           if k != "resumed" and old.get(k) != v}
-                if changed:
-                    new["resumed"] = old.get("resumed", []) + [{"after_step": row[0],
-                                                               "changed": changed}]
-                    con.execute("UPDATE runs SET config = ? WHERE run_id = ?",
-                                [json.dumps(new), run_id])
+        for attempt in self._attempts():
+            with attempt as con:
+                row = con.execute("SELECT last_step, config FROM runs WHERE run_id = ?",
+                                  [run_id]).fetchone()
+                if row is None:
+                    raise db.StoreError(f"no run {run_id!r} in {self.path}")
+                con.execute("UPDATE runs SET status = 'running', error = NULL, updated_at = ? "
+                            "WHERE run_id = ?", [now(), run_id])
+                if config is not None:
+                    old = json.loads(row[1]) if row[1] else {}
+                    new = json.loads(to_json(dict(config)))
+                    changed = {k: [old.get(k), v] for k, v in new.items()
+                               if k != "resumed" and old.get(k) != v}
+                    if changed:
+                        new["resumed"] = old.get("resumed", []) + [{"after_step": row[0],
+                                                                   "changed": changed}]
+                        con.execute("UPDATE runs SET config = ? WHERE run_id = ?",
+                                    [json.dumps(new), run_id])
         self.run_id = run_id
         return row[0]
 
     def delete_steps_after(self, step: int) -> None:
         """Remove every row of steps > ``step`` (used when resuming from a checkpoint)."""
-        with self._tx() as con:
-            for table in STEP_TABLES:
-                con.execute(f"DELETE FROM {table} WHERE run_id = ? AND step > ?", [self.run_id, step])
-            con.execute("UPDATE runs SET last_step = (SELECT max(step) FROM metrics WHERE run_id = ?) "
-                        "WHERE run_id = ?", [self.run_id, self.run_id])
+        for attempt in self._attempts():
+            with attempt as con:
+                for table in STEP_TABLES:
+                    con.execute(f"DELETE FROM {table} WHERE run_id = ? AND step > ?",
+                                [self.run_id, step])
+                con.execute("UPDATE runs SET last_step = (SELECT max(step) FROM metrics "
+                            "WHERE run_id = ?) WHERE run_id = ?", [self.run_id, self.run_id])
 
     def set_status(self, status: str, error: str | None = None) -> None:
         if status not in RUN_STATUSES:
             raise ValueError(f"status must be one of {RUN_STATUSES}, got {status!r}")
-        with self._tx() as con:
-            con.execute("UPDATE runs SET status = ?, error = ?, updated_at = ? WHERE run_id = ?",
-                        [status, None if error is None else clean_text(str(error)), now(),
-                         self.run_id])
+        for attempt in self._attempts():
+            with attempt as con:
+                con.execute("UPDATE runs SET status = ?, error = ?, updated_at = ? "
+                            "WHERE run_id = ?",
+                            [status, None if error is None else clean_text(str(error)), now(),
+                             self.run_id])
 
     def finish(self, status: str = "finished", error: str | None = None) -> None:
         self.set_status(status, error)
@@ -293,11 +302,12 @@ class Recorder:
         if unknown:
             raise ValueError(f"unknown tables {sorted(unknown)}; expected {STEP_TABLES}")
         frames = {t: to_frame(t, rows) for t, rows in tables.items()}
-        with self._tx() as con:
-            for table, frame in frames.items():
-                insert_frame(con, table, frame, self.run_id, step)
-            con.execute("UPDATE runs SET last_step = greatest(coalesce(last_step, ?), ?), "
-                        "updated_at = ? WHERE run_id = ?", [step, step, now(), self.run_id])
+        for attempt in self._attempts():
+            with attempt as con:
+                for table, frame in frames.items():
+                    insert_frame(con, table, frame, self.run_id, step)
+                con.execute("UPDATE runs SET last_step = greatest(coalesce(last_step, ?), ?), "
+                            "updated_at = ? WHERE run_id = ?", [step, step, now(), self.run_id])
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         self.record_step(step, metrics=metrics)

@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import duckdb
 import pandas as pd
 
-from storage import db
+from storage import db, lake
 from storage.migrations import check_version
 
 
 STORE_DIRS = ("sample_runs", "runs")
 STORE_SUFFIXES = (".duckdb", ".db")
 STORE_DIRS_ENV = "AGENTRL_STORE_DIRS"
+READ_TRIES = 20  # reads of a team store whose SQLite catalog another process is committing to
 STALE_AFTER_S = 120
 """A 'running' run not updated for this long is shown as 'interrupted' (its trainer died)."""
 
@@ -34,16 +37,27 @@ def store_dirs() -> tuple[str, ...]:
 
 def discover_stores(dirs: tuple[str, ...] | None = None, root: str | Path = ".") -> list[str]:
     """Stores directly under each of ``dirs`` (default ``store_dirs()``), sorted per dir: DuckDB
-    files, and directories holding a partitioned Parquet export (``db.PARQUET_MARKER``), which
-    open read-only."""
+    files, team stores (directories on DuckLake, storage/lake.py), and directories holding a
+    partitioned Parquet export (``db.PARQUET_MARKER``), which open read-only."""
     found = []
     for d in dirs if dirs is not None else store_dirs():
         base = Path(root) / d
         if base.is_dir():
             found += sorted(str(p) for p in base.iterdir()
                             if (p.suffix in STORE_SUFFIXES and p.is_file())
-                            or (p.is_dir() and (p / db.PARQUET_MARKER).is_file()))
+                            or (p.is_dir() and (p / db.PARQUET_MARKER).is_file())
+                            or lake.is_lake(p))
     return found
+
+
+def is_team_store(path: str | Path) -> bool:
+    """Whether ``path`` is a team store (a directory on DuckLake) rather than a file."""
+    return lake.is_lake(path)
+
+
+def team_store_snapshot(path: str | Path) -> int:
+    """A team store's latest snapshot id, new with every commit (storage/lake.py)."""
+    return lake.snapshot(path)
 
 
 def _read(path: str | Path, sql: str, params: list | None = None) -> pd.DataFrame:
@@ -54,10 +68,17 @@ def _read_many(path: str | Path, statements: list[tuple[str, list | None]]
                ) -> list[pd.DataFrame]:
     """Several reads in one open of the store: opening a large file read-only costs more than a
     small query on it (~15-30 ms of the bench store's 357 MB, the advisory lock included)."""
-    with db.reading(path) as con:
-        if check_version(con, where=str(path)) == 0:
-            raise db.StoreError(f"{path} is not a store of this project (no schema recorded)")
-        return [con.execute(sql, params or []).df() for sql, params in statements]
+    for attempt in range(READ_TRIES if lake.is_lake(path) else 1):
+        try:
+            with db.reading(path) as con:
+                if check_version(con, where=str(path)) == 0:
+                    raise db.StoreError(f"{path} is not a store of this project (no schema "
+                                        "recorded)")
+                return [con.execute(sql, params or []).df() for sql, params in statements]
+        except duckdb.Error as exc:  # a team store's SQLite catalog locked by a commit: again
+            if not lake.lost_race(exc) or attempt == READ_TRIES - 1:
+                raise
+            time.sleep(0.02 * (attempt + 1))
 
 
 def shown_status(status: str | None, updated_at, now: datetime | None = None,

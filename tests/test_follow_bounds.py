@@ -81,7 +81,9 @@ def test_a_sparse_gigabyte_file_is_not_held_or_copied(tmp_path, monkeypatch):
         with open(log, "ab") as f:
             f.write(b"\n" + records(["after"]).encode())
         wait_for(lambda: count(db) == 1, timeout=60)
-        assert peak_mib(proc) - base < 16  # was 1.2 GB
+        # was 1.2 GB; what remains is the store's first write (DuckDB 1.5.5: 22 MiB, 2.0: under
+        # 16), far below the 1,024 MiB the file would cost held or copied
+        assert peak_mib(proc) - base < 64
         assert not any(scratch.rglob("*")), list(scratch.rglob("*"))
         out = stop(proc)
     finally:

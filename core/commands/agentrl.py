@@ -14,6 +14,7 @@ core.train ARGS`` and so on:
     otlp      python -m storage.otlp            receive agents' OpenTelemetry traces, live
     otlp-scores  python -m storage.otlp.scores  rewards graded later, keyed by trace id
     behaviours  python -m storage.behaviours    what the advantage paid for, per behaviour
+    store     python -m storage.store_command   make a team store, copy runs between stores
     endpoint  python -m core.endpoint_server    a local model over the OpenAI-compatible protocol
     app       streamlit run app.py              the web app (as ``make run`` serves it)
 """
@@ -36,6 +37,7 @@ COMMANDS = {
     "otlp": ("storage.otlp.receiver", []),
     "otlp-scores": ("storage.otlp.scores", []),
     "behaviours": ("storage.behaviours.job", []),
+    "store": ("storage.store_command", []),
 }
 APP = Path(__file__).resolve().parents[2] / "app.py"
 

@@ -48,6 +48,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from storage import lake
 from storage.asgi_serve import BodyRefused, ServeLimits, read_body, serve
 from storage.otlp.assemble import Assembler, Bounds
 from storage.otlp.decode import BodyError, decode, response_body, status_body
@@ -94,6 +95,12 @@ class Receiver:
     def __init__(self, db_path, host: str = "127.0.0.1", port: int = 4318,
                  bounds: Bounds = Bounds(), limits: Limits = Limits(), run_id: str | None = None,
                  log=None, derive_process: bool = False):
+        if lake.is_lake(db_path) and not lake.shares_threads(db_path):
+            # the appender commits in one thread while the deriver writes in another
+            # (storage/otlp/store.py), which a SQLite catalog cannot take (storage/lake.py)
+            raise lake.LakeError(f"{db_path} is a team store on a SQLite catalog, which takes one "
+                                 "writing thread per process: the receiver needs a PostgreSQL "
+                                 "catalog (agentrl store init DIR --catalog postgres:...)")
         self.limits, self.bounds = limits, bounds
         self.log = log or (lambda m: print(m, file=sys.stderr, flush=True))
         self.assembler = Assembler(bounds, run_id)

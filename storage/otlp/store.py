@@ -37,7 +37,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from storage import db
+from storage import db, lake
 from storage.otlp.assemble import Admission, Assembler
 from storage.otlp.decode import LogRecord, Span
 from storage.recorder import clean_column, now, to_json
@@ -370,7 +370,7 @@ class Appender:
                         return
                 for job in jobs:
                     try:
-                        job.cursor = con.cursor()
+                        job.cursor = lake.cursor(con)  # a team store's, on a team store
                     except Exception as exc:  # noqa: BLE001 (the deriver is told: StoreDown)
                         job.error = exc
                     else:

@@ -1,0 +1,225 @@
+"""The team store (storage/lake.py): a directory on DuckLake that trainers, importers and the app
+write and read at once, and ``agentrl store init|copy|fold``. Real DuckLake, real Parquet
+files, a real PostgreSQL server for the shared catalog (tests/pg_server.py), real processes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from storage import db, lake, queries, team_store
+from storage.recorder import Recorder
+from storage.store_copy import copy, same_rows
+from tests import pg_server
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "sample_runs" / "shortcut.duckdb"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def _agentrl(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "core.cli", *map(str, args)], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def postgres_catalog():
+    if pg_server.bindir() is None:
+        pytest.skip("no PostgreSQL server (Debian's postgresql package; tools/system-packages)")
+    with pg_server.postgres() as new_catalog:
+        yield new_catalog
+
+
+def test_init_refuses_what_is_not_a_new_store_and_names_a_broken_one(tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    with pytest.raises(lake.LakeError, match="not an empty directory"):
+        team_store.init(tmp_path / "full", "sqlite")
+    with pytest.raises(lake.LakeError, match="expected 'sqlite' or 'postgres:"):
+        team_store.init(tmp_path / "bad", "mysql:db=x")
+    done = _agentrl("store", "init", tmp_path / "ok", "--catalog", "sqlite")
+    assert done.returncode == 0, done.stderr
+    assert lake.is_lake(tmp_path / "ok")
+    again = _agentrl("store", "init", tmp_path / "ok", "--catalog", "sqlite")
+    assert again.returncode == 1 and "not an empty directory" in again.stderr
+    # a marker that does not describe a store is named, not a traceback
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / lake.MARKER).write_text("{not json")
+    with pytest.raises(db.StoreError, match="does not describe a team store"):
+        queries.runs(str(broken))
+
+
+def test_the_trainer_records_into_a_team_store_and_the_pages_read_it(tmp_path):
+    store = tmp_path / "team"
+    team_store.init(store, "sqlite")
+    done = subprocess.run(
+        [sys.executable, "-m", "core.train", "--env", "bandit", "--model", "tiny", "--steps", "2",
+         "--group-size", "2", "--tasks-per-step", "2", "--eval-every", "0", "--threads", "1",
+         "--quiet", "--name", "on-the-lake", "--db", str(store)],
+        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = queries.runs(str(store))
+    assert runs["name"].tolist() == ["on-the-lake"]
+    run_id = runs["run_id"].iloc[0]
+    assert (runs["status"].iloc[0], runs["last_step"].iloc[0]) == ("finished", 2)
+    steps = queries.steps(str(store), run_id)
+    assert steps["step"].tolist() == [1, 2] and (steps["trajectories"] == 4).all()
+    traj = queries.trajectories(str(store), run_id)
+    tokens = queries.tokens(str(store), run_id, traj["traj_id"].iloc[0])
+    assert len(traj) == 8 and len(tokens) > 0 and tokens["trained"].any()
+    assert {"reward/mean", "grad/norm"} <= set(queries.metric_names(str(store), run_id))
+    # the app finds it beside the files, and its stamp moves with each commit
+    assert str(store) in queries.discover_stores((str(tmp_path),), root="/")
+    before = queries.team_store_snapshot(str(store))
+    Recorder(store).start_run({"env": "bandit"}, name="second")
+    assert queries.team_store_snapshot(str(store)) > before
+    # Parquet files, in the store's own data directory
+    assert list((store / lake.DATA_DIR).rglob("*.parquet"))
+
+
+def test_copy_file_to_team_store_and_back_keeps_every_row(tmp_path):
+    store, back = tmp_path / "team", tmp_path / "back.duckdb"
+    assert _agentrl("store", "init", store, "--catalog", "sqlite").returncode == 0
+    into = _agentrl("store", "copy", SAMPLE, store)
+    assert into.returncode == 0, into.stderr
+    assert "every table's rows read back equal (md5)" in into.stdout
+    out = _agentrl("store", "copy", store, back)
+    assert out.returncode == 0, out.stderr
+    assert same_rows(SAMPLE, back) == [] and same_rows(SAMPLE, store) == []
+    with db.reading(SAMPLE) as con:
+        n_tokens = con.execute("SELECT count(*) FROM tokens").fetchone()[0]
+    assert n_tokens > 100_000 and f"tokens {n_tokens}" in out.stdout
+    # a run is never written twice; a run the source lacks is named
+    twice = _agentrl("store", "copy", SAMPLE, store)
+    assert twice.returncode == 1 and "already holds run" in twice.stderr
+    with pytest.raises(db.StoreError, match="holds no run nope"):
+        copy(SAMPLE, tmp_path / "other.duckdb", ["nope"])
+    assert same_rows(SAMPLE, store) == []          # the refused copies wrote nothing
+
+
+def test_same_rows_sees_one_changed_value(tmp_path):
+    """The check that copy reports cannot pass two stores that differ."""
+    a = tmp_path / "a.duckdb"
+    copy(SAMPLE, a)
+    b = tmp_path / "b.duckdb"
+    copy(SAMPLE, b)
+    assert same_rows(a, b) == []
+    with db.writing(b) as con:
+        (changed,) = con.execute(
+            "UPDATE tokens SET logprob = logprob + 1e-9 WHERE (traj_id, pos) = (SELECT "
+            "(traj_id, pos) FROM tokens WHERE logprob IS NOT NULL ORDER BY ALL LIMIT 1)"
+        ).fetchone()
+    assert changed == 1 and same_rows(a, b) == ["tokens"]
+
+
+def _catalog_of(store: Path) -> str:
+    return json.loads((store / lake.MARKER).read_text())["catalog"]
+
+
+def _writer(store: Path, name: str, steps: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tests.team_writer", str(store), name,
+                             str(steps)], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_three_writers_a_folder_and_two_readers_on_a_postgres_catalog(tmp_path,
+                                                                      postgres_catalog):
+    """Three trainers' recorders write 15 steps each (16 trajectories, 3,200 token rows a step)
+    at once while a fourth process folds the files and two readers read every 100 ms: every
+    step lands once, none is lost or doubled, no reader waits more than a second."""
+    store = tmp_path / "team"
+    team_store.init(store, postgres_catalog())
+    writers = [_writer(store, f"w{i}", 15) for i in range(3)]
+    stop, worst, errors = threading.Event(), [0.0], []
+
+    def read():
+        while not stop.is_set():
+            t0 = time.monotonic()
+            try:
+                for run_id in queries.runs(str(store))["run_id"]:
+                    queries.steps(str(store), run_id)
+            except Exception as exc:  # noqa: BLE001 - every failure is the test's finding
+                errors.append(repr(exc))
+            worst[0] = max(worst[0], time.monotonic() - t0)
+            time.sleep(0.1)
+
+    readers = [threading.Thread(target=read) for _ in range(2)]
+    for r in readers:
+        r.start()
+    folds = []
+    try:
+        while any(w.poll() is None for w in writers):
+            folds.append(lake.fold(store))
+            time.sleep(1.0)
+    finally:
+        stop.set()
+        for r in readers:
+            r.join()
+    for w in writers:
+        out, err = w.communicate(timeout=60)
+        assert w.returncode == 0, err[-2000:]
+    assert errors == [] and worst[0] <= 1.0, (errors[:3], worst[0])
+    runs = queries.runs(str(store))
+    assert sorted(runs["name"]) == ["w0", "w1", "w2"]
+    assert (runs["status"] == "finished").all() and (runs["last_step"] == 15).all()
+    with db.reading(store) as con:
+        counts = con.execute("SELECT run_id, count(*), count(DISTINCT (step, traj_id)) "
+                             "FROM trajectories GROUP BY ALL").fetchall()
+        tokens = con.execute("SELECT run_id, count(*) FROM tokens GROUP BY ALL").fetchall()
+    assert sorted(c[1:] for c in counts) == [(240, 240)] * 3
+    assert sorted(t[1] for t in tokens) == [48_000] * 3
+    # folds ran beside the writers, and what they left folds down once the writers are done
+    assert folds and any(f["files_after"] < f["files_before"] for f in folds), folds
+    last = lake.fold(store)
+    assert last["files_after"] <= 20, last
+
+
+def test_many_small_appends_fold_into_few_files(tmp_path):
+    """What a receiver or ``follow`` leaves: one commit, one file each; a fold merges them."""
+    store = tmp_path / "team"
+    team_store.init(store, "sqlite")
+    rec = Recorder(store)
+    rec.start_run({"env": "x"}, name="small")
+    for step in range(1, 201):
+        rec.log_metrics(step, {"reward/mean": step / 200})
+    counts = lake.fold(store)
+    assert counts["files_before"] >= 200, counts
+    assert counts["files_after"] <= 10, counts
+    metrics = queries.metrics(str(store), rec.run_id)
+    assert len(metrics) == 200 and metrics["value"].iloc[-1] == 1.0
+    desc = json.loads((store / lake.MARKER).read_text())
+    assert desc["catalog"] == "sqlite:catalog.sqlite"     # the folder can move
+
+
+def test_the_otlp_receiver_stores_agents_traces_in_a_team_store(tmp_path, postgres_catalog):
+    """Real OpenTelemetry SDK exporters into the receiver, the receiver into a team store on
+    PostgreSQL: every trace becomes one closed trajectory. On a SQLite catalog the receiver
+    refuses to start, naming why (its two writing threads)."""
+    from storage.otlp import Receiver
+    from tests.test_otlp_receiver import FAST, provider, rows, tool_agent, wait_for
+    from tests.test_otlp_scores import closed
+    store = tmp_path / "team"
+    team_store.init(store, postgres_catalog())
+    r = Receiver(store, port=0, bounds=FAST).start()
+    tp = provider(r.url)
+    try:
+        ids = [tool_agent(tp) for _ in range(5)]
+        assert wait_for(lambda: closed(store, *ids), timeout=60)
+    finally:
+        tp.shutdown()
+        r.stop()
+    assert rows(store, "SELECT count(*), sum(num_turns), sum(reward) FROM trajectories "
+                       "WHERE traj_id IN (SELECT unnest(?))", ids) == [(5, 10, 5.0)]
+    with pytest.raises(lake.LakeError, match="already holds another team store"):
+        team_store.init(tmp_path / "second", _catalog_of(store))
+    lite = tmp_path / "lite"
+    team_store.init(lite, "sqlite")
+    with pytest.raises(lake.LakeError, match="needs a PostgreSQL catalog"):
+        Receiver(lite, port=0, bounds=FAST)
