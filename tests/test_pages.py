@@ -141,6 +141,24 @@ def test_every_page_after_the_bare_app_on_each_store_directory(app, demo, kind):
         assert at.session_state["pick_run"] == (store, run), page
 
 
+def test_every_page_renders_every_run_of_a_team_store(app, demo, tmp_path):
+    """The demo store's runs copied into a team store (storage/lake.py): the app lists the
+    directory beside the files and every page renders each run from it, as from the file."""
+    from storage import team_store
+    from storage.store_copy import copy
+    lake_dir = tmp_path / "stores" / "team"
+    team_store.init(lake_dir, "sqlite")
+    runs, _ = copy(demo[1], lake_dir)
+    assert str(lake_dir) in queries.discover_stores((str(lake_dir.parent),), root="/")
+    for run in runs:
+        for page, title in PAGES.items():
+            at = app(page, store_dir=str(lake_dir.parent), first_run=False, store=str(lake_dir),
+                     run=run)
+            assert not at.exception, f"{page}: {at.exception}"
+            assert at.title and at.title[0].value == title, page
+            assert at.session_state["pick_run"] == (str(lake_dir), run), page
+
+
 def test_a_link_cannot_open_a_store_outside_the_store_directories(app, demo, tmp_path):
     outside = tmp_path / "elsewhere" / "private.duckdb"
     outside.parent.mkdir()

@@ -155,10 +155,11 @@ def write_batch(db_path, run_id, fmt, run, batch, replace, report, then=None) ->
     is written without it. Returns whether ``then`` ran and was committed."""
     _mark_split(run, batch)
     try:
-        with db.writing(db_path) as con:
-            counts = _write_rows(con, run_id, fmt, run, batch, replace)
-            if then is not None:
-                then(con, counts)
+        for attempt in db.attempts(db_path):   # again if a team store's commit conflicted
+            with attempt as con:
+                counts = _write_rows(con, run_id, fmt, run, batch, replace)
+                if then is not None:
+                    then(con, counts)
         _count(report, counts)
         return then is not None
     except WRITE_ERRORS:
@@ -169,8 +170,9 @@ def write_batch(db_path, run_id, fmt, run, batch, replace, report, then=None) ->
         return write_batch(db_path, run_id, fmt, run, batch, replace, report)
     for item in batch:
         try:
-            with db.writing(db_path) as con:
-                counts = _write_rows(con, run_id, fmt, run, [item], replace)
+            for attempt in db.attempts(db_path):
+                with attempt as con:
+                    counts = _write_rows(con, run_id, fmt, run, [item], replace)
             _count(report, counts)
         except WRITE_ERRORS as exc:
             report.fail(item[0], f"could not be stored: {type(exc).__name__}: {exc}")
@@ -345,8 +347,9 @@ def finish_import(db_path, run_id, fmt, run, report, stopped: str | None = None,
     created the run, or when ``run["refresh_config"]`` says the input describes the run as it is
     now (a followed Inspect log: storage/ingest/inspect_import.py ``import_log``). ``steps``:
     the only steps written since the run's metrics were last derived (``rederive_metrics``)."""
-    with db.writing(db_path) as con:
-        finish_in(con, run_id, fmt, run, report, stopped, live, steps)
+    for attempt in db.attempts(db_path):
+        with attempt as con:
+            finish_in(con, run_id, fmt, run, report, stopped, live, steps)
 
 
 def finish_in(con, run_id, fmt, run, report, stopped: str | None = None, live: bool = False,
@@ -379,6 +382,7 @@ def record_failure(db_path, run_id: str, fmt: str, source: str, errors: list[str
     """An ``imports`` row for a file that could not be imported at all (a follower's log that
     does not open): what a restarted follower reads to leave that version of it alone. No run
     is touched (it may not exist: nothing of the file was read)."""
-    with db.writing(db_path) as con:
-        con.execute("INSERT INTO imports VALUES (?, ?, ?, ?, 0, 0, 0, 1, ?)",
-                    [run_id, clean_text(source), fmt, now(), to_json(errors[:100])])
+    for attempt in db.attempts(db_path):
+        with attempt as con:
+            con.execute("INSERT INTO imports VALUES (?, ?, ?, ?, 0, 0, 0, 1, ?)",
+                        [run_id, clean_text(source), fmt, now(), to_json(errors[:100])])
