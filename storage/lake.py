@@ -49,6 +49,7 @@ RETRIES = 30             # DuckLake's own commit retries (default 10): several w
 RETRY_WAIT_MS = 20       # the first retry's wait, growing by RETRY_BACKOFF
 RETRY_BACKOFF = 1.5
 OPEN_TRIES = 50          # opens of a cursor while a SQLite catalog is locked by a commit
+FOLD_EVERY_S = 300.0     # how often a receiver or follow folds a team store's files
 FOLD_TRIES = 20          # a fold that loses to writers' commits is run again
 POSTGRES_RE = re.compile(r"^postgres:[\w=. /:@-]{1,400}$")
 
@@ -274,6 +275,29 @@ def fold(path: str | Path) -> dict:
         raise LakeError(f"folding the files of the team store {path} failed: {exc}") from exc
     finally:
         cur.close()
+
+
+class FoldSchedule:
+    """For whoever appends often (the OTLP receiver, ``follow``): ``tick()`` in its loop folds
+    a team store's files every ``every_s`` seconds (a no-op on a file store). A fold that fails
+    is logged and tried at the next turn: the appends matter more than the file count."""
+
+    def __init__(self, path, log=None, every_s: float = FOLD_EVERY_S):
+        self.path, self.every_s = path, every_s
+        self.log = log or (lambda m: None)
+        self.on = is_lake(path)
+        self.last = time.monotonic()
+
+    def tick(self) -> None:
+        if not self.on or time.monotonic() - self.last < self.every_s:
+            return
+        self.last = time.monotonic()
+        try:
+            counts = fold(self.path)
+            self.log(f"folded the team store's files: {counts['files_before']} -> "
+                     f"{counts['files_after']}")
+        except LakeError as exc:
+            self.log(f"warning: {exc}")
 
 
 def _file_count(cur) -> int:

@@ -223,3 +223,24 @@ def test_the_otlp_receiver_stores_agents_traces_in_a_team_store(tmp_path, postgr
     team_store.init(lite, "sqlite")
     with pytest.raises(lake.LakeError, match="needs a PostgreSQL catalog"):
         Receiver(lite, port=0, bounds=FAST)
+
+
+def test_a_fold_schedule_folds_a_team_store_on_its_turn_and_skips_a_file(tmp_path):
+    store = tmp_path / "team"
+    team_store.init(store, "sqlite")
+    rec = Recorder(store)
+    rec.start_run({"env": "x"}, name="often")
+    for step in range(1, 41):
+        rec.log_metrics(step, {"reward/mean": 0.5})
+    said = []
+    folds = lake.FoldSchedule(store, said.append, every_s=3600)
+    folds.tick()
+    assert said == []                                   # not its turn yet
+    folds.last -= 3601
+    folds.tick()
+    assert len(said) == 1 and said[0].startswith("folded the team store's files: ")
+    before, after = map(int, said[0].rsplit(": ", 1)[1].split(" -> "))
+    assert before >= 40 and after < 10, said
+    plain = lake.FoldSchedule(tmp_path / "plain.duckdb", said.append, every_s=0)
+    plain.tick()
+    assert len(said) == 1                               # a file store has nothing to fold

@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from storage import db
+from storage import db, lake
 
 from storage.ingest import feed, formats, tail
 from storage.ingest.follow_logs import LogPoller, is_log
@@ -352,9 +352,11 @@ def follow(directory, db_path, fmt: str, run_id: str | None = None, run_name: st
     log(f"following {follower.dir} ({fmt}: {' '.join(follower.format.patterns)}) into "
         f"{db_path}, {runs} {follower.run_id}; Ctrl-C to stop")
     beat = time.monotonic()
+    folds = lake.FoldSchedule(db_path, log)   # a team store's small files, every few minutes
     try:
         while not should_stop():
             follower.poll_once()
+            folds.tick()
             if time.monotonic() - beat > HEARTBEAT_S and follower.report.files:
                 follower.check_store()
                 follower.mark_runs("running")

@@ -200,7 +200,9 @@ class Receiver:
         derives more at once (a flush's statements cost the same for 10 trajectories as for
         500). With no requests coming it catches up back to back."""
         wait, appender = self.bounds.flush_s, self.writer.appender
+        folds = lake.FoldSchedule(self.writer.db_path, self.log)
         while not self._stop.wait(wait):
+            folds.tick()                 # a team store's small files, every few minutes
             started, groups = time.monotonic(), appender.transactions
             try:
                 self.writer.flush()
