@@ -98,6 +98,9 @@ def marker(path: str | Path) -> dict:
             raise ValueError("catalog and data_path must be text")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise LakeError(f"{root / MARKER} does not describe a team store: {exc}") from exc
+    if not (catalog.startswith("sqlite:") or POSTGRES_RE.match(catalog)):
+        raise LakeError(f"{root / MARKER} names a catalog this project does not open "
+                        f"({shown(catalog)[:80]!r}): a SQLite file or a PostgreSQL database")
     if catalog.startswith("sqlite:") and not Path(catalog[7:]).is_absolute():
         catalog = f"sqlite:{(root / catalog[7:]).resolve()}"
     if "://" not in data and not Path(data).is_absolute():

@@ -54,6 +54,10 @@ def test_init_refuses_what_is_not_a_new_store_and_names_a_broken_one(tmp_path):
     (broken / lake.MARKER).write_text("{not json")
     with pytest.raises(db.StoreError, match="does not describe a team store"):
         queries.runs(str(broken))
+    (broken / lake.MARKER).write_text(json.dumps({"catalog": "mysql:host=elsewhere",
+                                                  "data_path": "data"}))
+    with pytest.raises(db.StoreError, match="names a catalog this project does not open"):
+        queries.runs(str(broken))
 
 
 def test_the_trainer_records_into_a_team_store_and_the_pages_read_it(tmp_path):
