@@ -41,6 +41,7 @@ from core.config import ENVS, MODELS, USER_ENV, TrainConfig, env_plugins, valida
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS_DIR_ENV = "AGENTRL_RUNS_DIR"
+TRAIN_STORE_ENV = "AGENTRL_TRAIN_STORE"
 MODEL_DIRS_ENV = "AGENTRL_MODEL_DIRS"
 ENV_MODULES_ENV = "AGENTRL_ENV_MODULES"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -63,7 +64,10 @@ def job_file() -> Path:
 
 
 def store_path() -> Path:
-    return runs_dir() / "store.duckdb"
+    """Where the form's jobs record: ``$AGENTRL_TRAIN_STORE`` (a DuckDB file or a team store's
+    directory, docs/team-store.md) if set, else ``runs/store.duckdb``."""
+    chosen = os.environ.get(TRAIN_STORE_ENV, "").strip()
+    return Path(chosen) if chosen else runs_dir() / "store.duckdb"
 
 
 def check_name(name: str) -> str:

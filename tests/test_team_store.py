@@ -248,3 +248,26 @@ def test_a_fold_schedule_folds_a_team_store_on_its_turn_and_skips_a_file(tmp_pat
     plain = lake.FoldSchedule(tmp_path / "plain.duckdb", said.append, every_s=0)
     plain.tick()
     assert len(said) == 1                               # a file store has nothing to fold
+
+
+def test_the_train_page_launches_its_job_into_a_team_store(tmp_path, monkeypatch):
+    """``AGENTRL_TRAIN_STORE`` points the Train page's jobs at a team store: the page's own
+    launcher starts a real trainer, which records its run there."""
+    from core.config import TrainConfig
+    from pages import _jobs
+    store = tmp_path / "team"
+    team_store.init(store, "sqlite")
+    monkeypatch.setenv(_jobs.RUNS_DIR_ENV, str(tmp_path / "runs"))
+    monkeypatch.setenv(_jobs.TRAIN_STORE_ENV, str(store))
+    assert _jobs.store_path() == store
+    cfg = TrainConfig.from_dict({"env": "bandit", "model": "tiny", "steps": 1, "group_size": 2,
+                                 "tasks_per_step": 2, "eval_every": 0, "threads": 1})
+    job = _jobs.launch(cfg, "from-the-form")
+    assert job["db"] == str(store)
+    deadline = time.monotonic() + 300
+    while _jobs.current()["alive"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _jobs.current()["alive"], Path(job["log"]).read_text()[-2000:]
+    runs = queries.runs(str(store))
+    assert runs["name"].tolist() == ["from-the-form"], Path(job["log"]).read_text()[-2000:]
+    assert (runs["status"].iloc[0], runs["last_step"].iloc[0]) == ("finished", 1)
