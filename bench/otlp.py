@@ -1,6 +1,6 @@
 """The OTLP receiver's speed, memory and latency (issue 49), on this machine's cores.
 
-    .venv/bin/python bench/otlp.py [--agents 20] [--traces 50] [--hostile] [--new-connection]
+    .venv/bin/python bench/otlp.py [--agents 20] [--traces 50] [--hostile] [--new-connection] [--team]
                                    [--throughput-only] [--rounds N] [--kill S]
 
 The receiver runs as ``python -m storage.otlp`` in its own process (so its RSS is its own);
@@ -28,6 +28,7 @@ target:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -149,13 +150,16 @@ def count(db: Path, sql: str):
 
 
 def throughput(tmp: Path, agents: int, traces: int, turns: int = 4, batched: bool = False,
-               keep_alive: bool = True) -> dict:
+               keep_alive: bool = True, team_catalog: str | None = None) -> dict:
     """``batched``: one body per trace (as a BatchSpanProcessor sends an agent's spans), else
     one body per turn (as a SimpleSpanProcessor does). The bodies are made before the clock
     starts (the agents' own work is not the receiver's). The clients share this machine's
     cores with the receiver: ``receiver_cpu_s`` is the receiver process's own CPU time over
     the run, so ``spans / receiver_cpu_s`` is what one core of receiver takes, clients apart."""
     db = tmp / f"speed{int(batched)}.duckdb"
+    if team_catalog:                     # a team store (docs/team-store.md) instead of a file
+        from storage import team_store
+        db = team_store.init(tmp / f"team{int(batched)}-{os.urandom(4).hex()}", team_catalog)
     proc, port = start(db)
     expected = agents * traces * (1 + 2 * turns)
 
@@ -316,6 +320,10 @@ def main() -> None:
     p.add_argument("--throughput-only", action="store_true",
                    help="only the spans/s figures (no open traces, latency, hostile)")
     p.add_argument("--rounds", type=int, default=1, help="spans/s measured this many times")
+    p.add_argument("--team", action="store_true",
+                   help="also measure spans/s into a team store (docs/team-store.md) on a "
+                        "PostgreSQL server of its own (tests/pg_server.py), a new database each "
+                        "time")
     p.add_argument("--new-connection", action="store_true",
                    help="each POST on a connection of its own (the default keeps one per agent, "
                         "as the SDK's exporter does)")
@@ -331,11 +339,19 @@ def main() -> None:
                   f"{k['trajectories']} trajectories, {k['open_after_restart']} still open "
                   "(goal 0)")
             return
+        server = contextlib.ExitStack()
+        new_catalog = None
+        if args.team:
+            from tests.pg_server import postgres
+            new_catalog = server.enter_context(postgres())
+        kinds = [False] + ([True] if args.team else [])
         for _ in range(args.rounds):
-            for batched in (False, True):
+            for batched, team in [(b, k) for b in (False, True) for k in kinds]:
+                catalog = new_catalog() if team else None
                 t = throughput(tmp, args.agents, args.traces, batched=batched,
-                               keep_alive=not args.new_connection)
-                print(f"spans/s        {t['spans_per_s']:8.0f}   floor >= 10000   ratio "
+                               keep_alive=not args.new_connection, team_catalog=catalog)
+                print(f"{'team store' if catalog else 'file store'}: "
+                      f"spans/s        {t['spans_per_s']:8.0f}   floor >= 10000   ratio "
                       f"{t['spans_per_s'] / 10000:.2f}  "
                       f"({'a body per trace' if batched else 'a body per turn'}: "
                       f"{t['spans']} spans from {args.agents} agents, load {t['load']:.1f}; all "
@@ -345,6 +361,7 @@ def main() -> None:
                       f"{t['trajectories']} trajectories; RSS {t['rss_mb']:.0f} MB; CPU: receiver "
                       f"{t['receiver_cpu_s']:.1f} s = {t['spans'] / t['receiver_cpu_s']:.0f} spans "
                       f"per CPU-second, agents {t['agents_cpu_s']:.1f} s)", flush=True)
+        server.close()                           # the PostgreSQL server, when --team started one
         if args.throughput_only:
             return
         o = open_traces(tmp)
