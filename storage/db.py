@@ -200,7 +200,7 @@ def reading(path: str | Path, timeout_s: float = LOCK_TIMEOUT_S
     """A short-lived read-only connection (readers never block the trainer for long)."""
     path = Path(path)
     if lake.is_lake(path):
-        with lake.reading(path) as con:
+        with _lake_turn(path, False, timeout_s), lake.reading(path) as con:
             yield con
         return
     if path.is_dir():
@@ -229,7 +229,7 @@ def writing(path: str | Path | None, timeout_s: float = LOCK_TIMEOUT_S
         raise StoreError("an in-memory store cannot be reopened; keep its connection instead")
     path = Path(path)
     if lake.is_lake(path):
-        with lake.writing(path) as con:
+        with _lake_turn(path, True, timeout_s), lake.writing(path) as con:
             yield con
         return
     if path.is_dir():
@@ -251,6 +251,16 @@ def writing(path: str | Path | None, timeout_s: float = LOCK_TIMEOUT_S
                 raise
         finally:
             con.close()
+
+
+def _lake_turn(path: Path, exclusive: bool, timeout_s: float):
+    """A team store on a SQLite catalog takes turns as a file does (this module's readers-writer
+    lock, on the store's directory): SQLite takes one writer, and a commit that met a reader's
+    open transaction failed and left its process holding the catalog's lock until it exited,
+    every other process locked out meanwhile. A PostgreSQL catalog takes everyone at once."""
+    if lake.shares_threads(path):
+        return contextlib.nullcontext()
+    return _turn(path, exclusive=exclusive, deadline=time.monotonic() + timeout_s)
 
 
 ATTEMPTS = 40           # transactions a writer runs before a lost commit is its error

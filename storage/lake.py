@@ -49,6 +49,7 @@ RETRIES = 30             # DuckLake's own commit retries (default 10): several w
 RETRY_WAIT_MS = 20       # the first retry's wait, growing by RETRY_BACKOFF
 RETRY_BACKOFF = 1.5
 OPEN_TRIES = 50          # opens of a cursor while a SQLite catalog is locked by a commit
+ORPHAN_AGE_S = 3600         # a file no snapshot names, this old, was left by a killed writer
 FOLD_EVERY_S = 300.0     # how often a receiver or follow folds a team store's files
 FOLD_TRIES = 20          # a fold that loses to writers' commits is run again
 POSTGRES_RE = re.compile(r"^postgres:[\w=. /:@-]{1,400}$")
@@ -56,6 +57,8 @@ POSTGRES_RE = re.compile(r"^postgres:[\w=. /:@-]{1,400}$")
 _lock = threading.Lock()
 _open: dict[tuple[int, str], duckdb.DuckDBPyConnection] = {}
 _turns: dict[str, threading.RLock] = {}
+_markers: dict[tuple, dict] = {}
+MARKER_MAX_BYTES = 64_000
 
 
 class LakeError(StoreError):
@@ -86,26 +89,33 @@ def catalog_of(spec: str, root: Path) -> str:
 
 
 def marker(path: str | Path) -> dict:
-    """The store's description (catalog connection and data path), checked."""
+    """The store's description (catalog connection and data path), checked; read again only
+    when the marker file changed (every read and write asks for it)."""
     root = Path(path)
+    file = root / MARKER
     try:
-        text = (root / MARKER).read_text(encoding="utf-8")
-        if len(text) > 64_000:
-            raise ValueError("larger than 64 kB")
-        desc = json.loads(text)
+        st = file.stat()
+        if st.st_size > MARKER_MAX_BYTES:
+            raise ValueError(f"{st.st_size} bytes, more than {MARKER_MAX_BYTES}")
+        key = (str(file), st.st_size, st.st_mtime_ns)
+        if key in _markers:
+            return _markers[key]
+        with open(file, encoding="utf-8") as f:
+            desc = json.loads(f.read(MARKER_MAX_BYTES + 1))
         catalog, data = desc["catalog"], desc["data_path"]
         if not (isinstance(catalog, str) and isinstance(data, str)):
             raise ValueError("catalog and data_path must be text")
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise LakeError(f"{root / MARKER} does not describe a team store: {exc}") from exc
+        raise LakeError(f"{file} does not describe a team store: {exc}") from exc
     if not (catalog.startswith("sqlite:") or POSTGRES_RE.match(catalog)):
-        raise LakeError(f"{root / MARKER} names a catalog this project does not open "
+        raise LakeError(f"{file} names a catalog this project does not open "
                         f"({shown(catalog)[:80]!r}): a SQLite file or a PostgreSQL database")
     if catalog.startswith("sqlite:") and not Path(catalog[7:]).is_absolute():
         catalog = f"sqlite:{(root / catalog[7:]).resolve()}"
     if "://" not in data and not Path(data).is_absolute():
         data = str((root / data).resolve())
-    return {"catalog": catalog, "data_path": data}
+    _markers[key] = out = {"catalog": catalog, "data_path": data}
+    return out
 
 
 def _extension_file(name: str) -> Path:
@@ -157,7 +167,12 @@ def connection(path: str | Path) -> duckdb.DuckDBPyConnection:
     with _lock:
         con = _open.get(key)
         if con is None:
-            con = _open[key] = attach(root, marker(root))
+            desc = marker(root)
+            if desc["catalog"].startswith("sqlite:") and not Path(desc["catalog"][7:]).is_file():
+                raise LakeError(f"the team store {root} has lost its catalog "
+                                f"({desc['catalog'][7:]} is missing): its runs cannot be read. "
+                                "Restore the file from a backup; nothing was written")
+            con = _open[key] = attach(root, desc)
         return con
 
 
@@ -257,14 +272,17 @@ def snapshot(path: str | Path) -> int:
 
 def fold(path: str | Path) -> dict:
     """Fold the small Parquet files that frequent appends leave (one per commit) into larger
-    ones and delete the files no snapshot needs any more. Returns the data file count before
-    and after."""
+    ones and delete the files no snapshot needs any more, and those a killed writer left (no
+    snapshot names them; over ``ORPHAN_AGE_S`` old, so a transaction still writing keeps its
+    own). Returns the data file count before and after."""
     cur = connection(path).cursor()
     try:
         before = _file_count(cur)
         for step in (f"CALL ducklake_merge_adjacent_files('{ALIAS}')",
                      f"CALL ducklake_expire_snapshots('{ALIAS}', older_than => now())",
-                     f"CALL ducklake_cleanup_old_files('{ALIAS}', cleanup_all => true)"):
+                     f"CALL ducklake_cleanup_old_files('{ALIAS}', cleanup_all => true)",
+                     f"CALL ducklake_delete_orphaned_files('{ALIAS}', older_than => now() - "
+                     f"INTERVAL {ORPHAN_AGE_S} SECOND)"):
             for attempt in range(FOLD_TRIES):    # a writer's commit came first: fold again
                 try:
                     cur.execute(step)
@@ -325,10 +343,16 @@ def is_lake_connection(con) -> bool:
 
 
 def lost_race(exc: Exception) -> bool:
-    """A commit refused because another writer's came first: a logical conflict, or a SQLite
-    catalog locked by another writer's commit (SQLite takes one writer at a time)."""
+    """A commit refused because another writer's came first: DuckLake's transaction conflict,
+    or a SQLite catalog locked by another writer's commit. An error about the data (a value
+    that does not convert, a missing table) is not one, whatever its text says."""
+    if isinstance(exc, (duckdb.ConversionException, duckdb.ConstraintException,
+                        duckdb.BinderException, duckdb.ParserException,
+                        duckdb.CatalogException, duckdb.InvalidInputException,
+                        duckdb.OutOfRangeException, duckdb.TypeMismatchException)):
+        return False
     text = str(exc).lower()
-    return "conflict" in text or "database is locked" in text
+    return "transaction conflict" in text or "database is locked" in text
 
 
 def _quoted(text: str) -> str:

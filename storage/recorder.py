@@ -236,6 +236,11 @@ class Recorder:
         self.run_id = check_run_id(run_id) if run_id else new_run_id()
         for attempt in self._attempts():
             with attempt as con:
+                # a team store keeps no primary key (storage/lake.py): the id is checked here,
+                # as a file's key would refuse it
+                if con.execute("SELECT count(*) FROM runs WHERE run_id = ?",
+                               [self.run_id]).fetchone()[0]:
+                    raise db.StoreError(f"{self.path} already holds a run {self.run_id!r}")
                 con.execute(
                     "INSERT INTO runs (run_id, name, created_at, status, config, updated_at, "
                     "source) VALUES (?, ?, ?, 'running', ?, ?, ?)",

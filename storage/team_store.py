@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 from storage import lake
@@ -21,6 +22,20 @@ def init(path: str | Path, catalog: str, data_path: str | None = None) -> Path:
                              "made in a new one")
     root.mkdir(parents=True, exist_ok=True)
     root = root.resolve()
+    try:
+        return _make(root, catalog, data_path)
+    except BaseException:
+        # what a failed making left (its data directory, its catalog file) would refuse a rerun
+        # of the same command as "not an empty directory"; a store made meanwhile is kept
+        if not (root / lake.MARKER).exists():
+            if data_path is None:
+                shutil.rmtree(root / lake.DATA_DIR, ignore_errors=True)
+            if catalog == "sqlite":
+                (root / lake.CATALOG_FILE).unlink(missing_ok=True)
+        raise
+
+
+def _make(root: Path, catalog: str, data_path: str | None) -> Path:
     data = data_path or str(root / lake.DATA_DIR)
     if "://" not in data:
         Path(data).mkdir(parents=True, exist_ok=True)

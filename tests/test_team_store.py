@@ -341,3 +341,44 @@ def test_the_train_page_launches_its_job_into_a_team_store(tmp_path, monkeypatch
     runs = queries.runs(str(store))
     assert runs["name"].tolist() == ["from-the-form"], Path(job["log"]).read_text()[-2000:]
     assert (runs["status"].iloc[0], runs["last_step"].iloc[0]) == ("finished", 1)
+
+
+def test_what_a_hostile_review_broke_stays_fixed(tmp_path):
+    """A run id is refused twice on a team store (no primary key there); a data error whose
+    text says "conflict" is not retried as a lost commit race; a store whose SQLite catalog
+    went missing is named, not silently remade empty; a failed init can be run again; a huge
+    marker is refused before it is read."""
+    store = tmp_path / "team"
+    team_store.init(store, "sqlite")
+    Recorder(store).start_run({"env": "x"}, run_id="same")
+    with pytest.raises(db.StoreError, match="already holds a run 'same'"):
+        Recorder(store).start_run({"env": "x"}, run_id="same")
+    assert queries.runs(str(store))["run_id"].tolist() == ["same"]
+
+    t0 = time.monotonic()
+    with pytest.raises(Exception, match="no conflict here"):
+        for attempt in db.attempts(store):
+            with attempt as con:
+                con.execute("INSERT INTO metrics VALUES ('same', 1, 'x', "
+                            "CAST('no conflict here' AS DOUBLE))")
+    assert time.monotonic() - t0 < 5                 # once, not 40 tries
+
+    gone = tmp_path / "gone"
+    team_store.init(gone, "sqlite")
+    (gone / lake.CATALOG_FILE).unlink()
+    with pytest.raises(db.StoreError, match="has lost its catalog"):
+        queries.runs(str(gone))
+    assert not (gone / lake.CATALOG_FILE).exists()   # nothing written in its place
+
+    failed = tmp_path / "failed"
+    with pytest.raises(lake.LakeError):
+        team_store.init(failed, "postgres:dbname=none host=127.0.0.1 port=1 user=nobody")
+    assert not any(failed.iterdir())
+    team_store.init(failed, "sqlite")                # the same folder, made at the second try
+
+    huge = tmp_path / "huge"
+    huge.mkdir()
+    with open(huge / lake.MARKER, "wb") as f:
+        f.truncate(1 << 30)                          # 1 GiB, sparse: never read
+    with pytest.raises(db.StoreError, match="more than 64000"):
+        queries.runs(str(huge))

@@ -154,9 +154,12 @@ def write_batch(db_path, run_id, fmt, run, batch, replace, report, then=None) ->
     recorder's ``finish_in``: one transaction a step, not two); whatever it raises, the batch
     is written without it. Returns whether ``then`` ran and was committed."""
     _mark_split(run, batch)
+    before = dict(run)                          # what a rolled-back try may have changed
     try:
         for attempt in db.attempts(db_path):   # again if a team store's commit conflicted
             with attempt as con:
+                run.clear()
+                run.update(before)
                 counts = _write_rows(con, run_id, fmt, run, batch, replace)
                 if then is not None:
                     then(con, counts)
@@ -172,7 +175,13 @@ def write_batch(db_path, run_id, fmt, run, batch, replace, report, then=None) ->
         try:
             for attempt in db.attempts(db_path):
                 with attempt as con:
-                    counts = _write_rows(con, run_id, fmt, run, [item], replace)
+                    before = dict(run)
+                    try:
+                        counts = _write_rows(con, run_id, fmt, run, [item], replace)
+                    except BaseException:
+                        run.clear()
+                        run.update(before)          # rolled back: so is what it marked
+                        raise
             _count(report, counts)
         except WRITE_ERRORS as exc:
             report.fail(item[0], f"could not be stored: {type(exc).__name__}: {exc}")
