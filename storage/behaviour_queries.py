@@ -32,9 +32,12 @@ def contributors(path, run_id: str, step: int, name: str, n: int = 5) -> pd.Data
                   ON t.run_id = b.run_id AND t.traj_id = b.traj_id
                 WHERE b.run_id = ? AND b.step = ? AND b.name = ?
                   AND coalesce(t.split, 'train') NOT IN (SELECT unnest(?::VARCHAR[]))),
-            b AS (SELECT * FROM j WHERE advantage IS NOT NULL)
+            b AS (SELECT * FROM j WHERE advantage IS NOT NULL),
+            m AS (SELECT avg(advantage) AS ma, avg(value) AS mv FROM b)
+            -- the means joined in, not avg() OVER (): DuckDB 1.5.5's window operator failed
+            -- now and then on this small input ("INTERNAL Error: Attempted to access index 0
+            -- within vector of size 0", WindowLocalSourceState::Finalize), seen once in the suite
             SELECT traj_id, value, advantage, reward,
-                   (advantage - avg(advantage) OVER ()) * (value - avg(value) OVER ())
-                       AS contribution
-            FROM b ORDER BY contribution DESC, traj_id LIMIT ?""",
+                   (advantage - m.ma) * (value - m.mv) AS contribution
+            FROM b CROSS JOIN m ORDER BY contribution DESC, traj_id LIMIT ?""",
             [run_id, int(step), name, list(NOT_TRAINED), int(n)]).df()

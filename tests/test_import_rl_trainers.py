@@ -138,8 +138,8 @@ def test_a_verl_recorders_step_derives_its_own_steps_metrics_and_reads_bfloat16(
     store = tmp_path / "verl.duckdb"
     recorder = VerlBatchRecorder(store, tokenizer, run_id="v")
     opened = []
-    monkeypatch.setattr(import_batch.db, "writing",
-                        lambda path, real=import_batch.db.writing: opened.append(1) or real(path))
+    monkeypatch.setattr(import_batch.db, "writing", lambda path, *args, real=import_batch.db.writing:
+                        opened.append(1) or real(path, *args))
     assert recorder.record(_verl_batch(tokenizer, step=1)[0]).imported == 4
     assert len(opened) == 1  # rows, metrics, status and the imports row: one transaction
     assert _q(store, "SELECT lines, imported, errors FROM imports") == [(4, 4, "[]")]
