@@ -34,6 +34,11 @@ sample stores (the app serving sample_runs/, as ``make run`` does): one cold rou
 page has drawn its SVG, since that is what a reader waits for. ``--load N`` runs N busy-looping
 processes beside the app and the browser for the whole measurement (load N on top of what the
 machine already runs), so that "<= 1 s warm at load 4" can be checked on any machine.
+``--team`` serves the same links a second time from team-store copies of the sample stores
+(storage/team_store.py, a SQLite catalog each, made under tmp/ on the first run and checked row
+for row against their files), each round loading every link from both apps in turn. ``--floor``
+adds bench/floor_app.py, a page that draws only its title: what any Streamlit page load costs
+on the machine before a page draws anything of its own.
 """
 from __future__ import annotations
 
@@ -47,6 +52,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,7 +60,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench import queries as big_store  # noqa: E402  (the builder of bench/queries.py)
 from storage import queries  # noqa: E402
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, start_app, stop_app  # noqa: E402
+from tests.browser_harness import (CHROMIUM, CHROMIUM_ARGS, _free_port,  # noqa: E402
+                                   _wait_healthy, start_app, stop_app)
 
 LOADED_JS = """title => {
     const app = document.querySelector('[data-testid="stApp"]');
@@ -214,6 +221,12 @@ def main() -> None:
     parser.add_argument("--links", default=None,
                         help="with --walkthrough: only links whose label ('5 dynamics') "
                              "contains one of these comma-separated words")
+    parser.add_argument("--team", action="store_true",
+                        help="with --walkthrough: the same links on team-store copies of the "
+                             "sample stores too (made under tmp/ on the first run)")
+    parser.add_argument("--floor", action="store_true",
+                        help="with --walkthrough: also a Streamlit page drawing only a title, "
+                             "what any page load costs (bench/floor_app.py)")
     parser.add_argument("--load", type=int, default=0,
                         help="busy-looping processes to run beside the app while timing")
     args = parser.parse_args()
@@ -357,53 +370,118 @@ def walkthrough_links() -> list[tuple[str, str, str]]:
     return out
 
 
+TEAM_DIR = ROOT / "tmp" / "bench-team-walk" / "sample_runs"
+FLOOR_APP = ROOT / "bench" / "floor_app.py"
+
+
+def team_copies() -> Path:
+    """Each committed sample store copied into a team store of its own (a SQLite catalog) of the
+    same name under TEAM_DIR, so the walkthrough's links open the same runs on a team store;
+    made once, and again when a sample store changes (its size and mtime are the stamp)."""
+    from storage import store_copy, team_store
+    for src in sorted((ROOT / "sample_runs").glob("*.duckdb")):
+        dst, stamp = TEAM_DIR / src.name, TEAM_DIR / (src.name + ".source")
+        mark = f"{src.stat().st_size} {src.stat().st_mtime_ns}"
+        if dst.is_dir() and stamp.is_file() and stamp.read_text() == mark:
+            continue
+        if dst.exists():
+            import shutil
+            shutil.rmtree(dst)
+        team_store.init(dst, "sqlite")
+        store_copy.copy(src, dst)
+        differ = store_copy.same_rows(src, dst)
+        if differ:
+            raise SystemExit(f"{src.name}: the team store's copy differs in {differ}")
+        stamp.write_text(mark)
+    return TEAM_DIR
+
+
+@contextlib.contextmanager
+def served(script: Path, env: dict, log) -> Iterator[tuple[subprocess.Popen, str]]:
+    """``streamlit run script`` as tests/browser_harness.start_app serves app.py: (process, URL)."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(script), "--server.port", str(port),
+         "--server.headless", "true", "--server.address", "127.0.0.1",
+         "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}", proc)
+        yield proc, f"http://127.0.0.1:{port}"
+    finally:
+        stop_app(proc)
+
+
 def walkthrough(args) -> None:
-    """Time each walkthrough link, cold then warm, on the app serving sample_runs/."""
+    """Time each walkthrough link, cold then warm, on the app serving sample_runs/; with
+    ``--team``, the same links on a second app serving team-store copies of the sample stores,
+    and with ``--floor``, a Streamlit page that draws only a title (what any page load costs),
+    each load of a round on every server in turn (the order rotated), so that load from other
+    processes hits them alike."""
     links = walkthrough_links()
     if args.links:
         links = [link for link in links if any(w in link[0] for w in args.links.split(","))]
     titles = dict(app_pages())
+    kinds = ["file"] + (["team"] if args.team else [])
+    team = team_copies() if args.team else None
     from playwright.sync_api import sync_playwright
-    with tempfile.TemporaryDirectory(prefix="agentrl-bench-walk-") as tmp:
-        env = dict(os.environ, AGENTRL_STORE_DIRS="sample_runs", AGENTRL_RUNS_DIR=tmp,
-                   STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
-        with open(Path(tmp) / "server.log", "wb") as log:
-            proc, url = start_app(env, log)
-            try:
-                times = {label: [] for label, _, _ in links}
-                cpus = {label: [] for label, _, _ in links}  # (browser, server) CPU seconds
-                with sync_playwright() as p:
-                    browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-                    context = browser.new_context(viewport={"width": 1400, "height": 900})
-                    page = context.new_page()
-                    for rnd in range(1 + args.repeats):
-                        k = rnd % len(links)
-                        for label, path, query in links[k:] + links[:k]:
-                            b0, s0 = browser_cpu(), cpu_s(proc.pid)
-                            times[label].append(load(page, f"{url}/{path}?{query}", titles[path],
-                                                     args.timeout, CHARTS_DRAWN_JS))
-                            b1 = browser_cpu()
-                            cpus[label].append((sum(v - b0.get(k, 0.0) for k, v in b1.items()),
-                                                cpu_s(proc.pid) - s0))
-                        print(f"round {rnd + 1} of {1 + args.repeats} done", file=sys.stderr,
-                              flush=True)
-                    browser.close()
-            finally:
-                stop_app(proc)
-    print(f"README walkthrough links on sample_runs/, load {args.load} added "
-          f"({os.cpu_count()} CPUs), {args.repeats} warm loads each, charts drawn")
-    print(f"{'step page':14s} {'cold ms':>8s} {'warm min':>9s} {'warm median':>12s} "
+    with tempfile.TemporaryDirectory(prefix="agentrl-bench-walk-") as tmp, \
+            contextlib.ExitStack() as servers:
+        base = dict(os.environ, AGENTRL_RUNS_DIR=tmp, STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
+        log = servers.enter_context(open(Path(tmp) / "server.log", "wb"))
+        apps = {"file": servers.enter_context(served(
+            ROOT / "app.py", dict(base, AGENTRL_STORE_DIRS="sample_runs"), log))}
+        if team is not None:
+            apps["team"] = servers.enter_context(served(
+                ROOT / "app.py", dict(base, AGENTRL_STORE_DIRS=str(team.relative_to(ROOT))), log))
+        floor = servers.enter_context(served(FLOOR_APP, base, log)) if args.floor else None
+
+        def address(kind: str, path: str, query: str) -> str:
+            if kind == "team":
+                query = query.replace("store=sample_runs%2F", "store=" + urllib.parse.quote(
+                    str(team.relative_to(ROOT)), safe="") + "%2F")
+            return f"{apps[kind][1]}/{path}?{query}"
+
+        rows = [(label, kind) for label, _, _ in links for kind in kinds]
+        times = {row: [] for row in rows + [("floor", "-")]}
+        cpus = {row: [] for row in times}   # (browser, server) CPU seconds of each load
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            context = browser.new_context(viewport={"width": 1400, "height": 900})
+            page = context.new_page()
+            for rnd in range(1 + args.repeats):
+                k = rnd % len(links)
+                for label, path, query in links[k:] + links[:k]:
+                    order = kinds[rnd % len(kinds):] + kinds[:rnd % len(kinds)]
+                    visits = [((label, kind), apps[kind][0], address(kind, path, query),
+                               titles[path]) for kind in order]
+                    if floor is not None and label == links[0][0]:
+                        visits.append((("floor", "-"), floor[0], floor[1] + "/", "Floor"))
+                    for row, proc, url, title in visits:
+                        b0, s0 = browser_cpu(), cpu_s(proc.pid)
+                        times[row].append(load(page, url, title, args.timeout, CHARTS_DRAWN_JS))
+                        b1 = browser_cpu()
+                        cpus[row].append((sum(v - b0.get(k, 0.0) for k, v in b1.items()),
+                                          cpu_s(proc.pid) - s0))
+                print(f"round {rnd + 1} of {1 + args.repeats} done", file=sys.stderr, flush=True)
+            browser.close()
+    print(f"README walkthrough links on sample_runs/ ({' and '.join(kinds)} stores), load "
+          f"{args.load} added ({os.cpu_count()} CPUs), {args.repeats} warm loads each, charts "
+          "drawn")
+    print(f"{'step page':14s} {'store':5s} {'cold ms':>8s} {'warm min':>9s} {'warm median':>12s} "
           f"{'warm max':>9s} {'warm CPU ms: browser':>21s} {'server':>7s}")
-    for label, _, _ in links:
-        cold, warm = times[label][0], times[label][1:] or [float("nan")]
-        used = cpus[label][1:] or [(float("nan"),) * 2]
-        print(f"{label:14s} {1e3 * cold:8.0f} {1e3 * min(warm):9.0f} "
+    for row in rows + ([("floor", "-")] if floor is not None else []):
+        cold, warm = times[row][0], times[row][1:] or [float("nan")]
+        used = cpus[row][1:] or [(float("nan"),) * 2]
+        print(f"{row[0]:14s} {row[1]:5s} {1e3 * cold:8.0f} {1e3 * min(warm):9.0f} "
               f"{1e3 * statistics.median(warm):12.0f} "
               f"{1e3 * max(warm):9.0f} {1e3 * statistics.median(b for b, _ in used):21.0f} "
               f"{1e3 * statistics.median(s for _, s in used):7.0f}")
-    worst = max(statistics.median(t[1:] or t) for t in times.values())
-    print(f"slowest warm median: {1e3 * worst:.0f} ms (target <= 1000 ms at load 4); "
-          f"load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1/5/15 min)")
+    for kind in kinds:
+        worst = max(statistics.median(times[r][1:] or times[r]) for r in rows if r[1] == kind)
+        print(f"slowest warm median, {kind} stores: {1e3 * worst:.0f} ms (target <= 1000 ms at "
+              "load 4)")
+    print(f"load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1/5/15 min)")
 
 
 if __name__ == "__main__":
