@@ -1,7 +1,7 @@
 """Import throughput and memory of the RL trainers' rollouts (issue 50), token rows per second.
 
     .venv/bin/python bench/rl_import.py [--rollouts 512] [--tokens 1500] [--turns 4] \
-        [--steps 3] [--verl-only]
+        [--steps 3] [--verl-only [--team]]
 
 Each row runs in a child process of its own and prints token rows written per second (wall,
 the child's own perf_counter around the import only) and the child's peak RSS (ru_maxrss),
@@ -15,7 +15,8 @@ beside the RSS it had before importing (Python, torch/verl where needed, the inp
   N turns a rollout (each turn's last fifth an observation). Beside each step, the floor: a
   bare insert of the same rows (read back from the store as one Arrow table) into a store of
   their own, one ``INSERT ... SELECT`` in one ``db.writing`` transaction, as ``record()``
-  opens, commits and closes one.
+  opens, commits and closes one. ``--team``: both into team stores (storage/team_store.py, a
+  SQLite catalog each) instead of DuckDB files.
 * ``verifiers``: tests/fixtures/verifiers/traces.jsonl (written by verifiers' own writer),
   its lines repeated with fresh trace ids to 10 R episodes (~72 tokens a trace), imported by
   ``python -m storage.io import`` (no tokenizer: token text is the id) and through
@@ -59,6 +60,7 @@ from storage.integrations.verl_batch import VerlBatchRecorder
 from storage.migrations import prepare
 R, T, out, turns, steps = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]),
                            int(sys.argv[5]))
+team = len(sys.argv) > 6 and sys.argv[6] == "team"
 tok = load_tokenizer("tiny")
 P = T // 5
 def make(seed):
@@ -82,6 +84,10 @@ def make(seed):
 COLUMNS = ("run_id, step, traj_id, pos, token_id, text, role, trained, logprob, advantage, "
            "turn, train_logprob")
 bare_store = out + ".bare.duckdb"
+if team:  # both stores team stores (a SQLite catalog each) instead of DuckDB files
+    from storage import team_store
+    team_store.init(out, "sqlite")
+    team_store.init(bare_store, "sqlite")
 prepare(bare_store)
 rec = VerlBatchRecorder(out, tok, run_id="bench")  # once a run (it prepares the store)
 before, times, bare, cpu, bare_cpu = rss(), [], [], [], []
@@ -200,6 +206,9 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=0,
                         help="also a verl batch of this many turns a rollout")
     parser.add_argument("--steps", type=int, default=3, help="verl steps recorded in a run")
+    parser.add_argument("--team", action="store_true",
+                        help="with --verl-only: record verl's steps (and the bare insert) into "
+                             "team stores (a SQLite catalog each) instead of DuckDB files")
     parser.add_argument("--verl-only", action="store_true",
                         help="leave out the other formats (with --turns, verl's turn-a-fourth "
                              "batch too)")
@@ -207,10 +216,14 @@ def main() -> None:
     R, T, S = str(args.rollouts), str(args.tokens), str(args.steps)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
+        kind = ["team"] if args.team else []
+        if args.team and not args.verl_only:
+            raise SystemExit("--team goes with --verl-only")
         rows = [] if args.verl_only and args.turns else \
-            [_child(VERL, R, T, str(tmp / "verl.duckdb"), "0", S)]
+            [_child(VERL, R, T, str(tmp / "verl.duckdb"), "0", S, *kind)]
         if args.turns:
-            rows.append(_child(VERL, R, T, str(tmp / "verl-turns.duckdb"), str(args.turns), S))
+            rows.append(_child(VERL, R, T, str(tmp / "verl-turns.duckdb"), str(args.turns), S,
+                               *kind))
         if args.verl_only:
             return _print(rows)
         fixture = ROOT / "tests" / "fixtures" / "verifiers" / "traces.jsonl"
