@@ -183,18 +183,24 @@ def test_trainers_receivers_a_follower_a_folder_and_readers_at_once_on_postgres(
                                    "--port", str(port), "--flush-s", "0.05", "--idle-s", "5"],
                                   cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for port in ports]
-    stop, worst, errors = threading.Event(), [0.0], []
+    stop, worst, errors = threading.Event(), [0.0, 0.0], []   # worst read, worst cycle
+
+    def timed(read, *args):
+        t0 = time.monotonic()
+        out = read(*args)
+        worst[0] = max(worst[0], time.monotonic() - t0)
+        return out
 
     def read():
         queries.runs(str(store))                 # the process attaches the store once
         while not stop.is_set():
             t0 = time.monotonic()
             try:
-                for run_id in queries.runs(str(store))["run_id"]:
-                    queries.steps(str(store), run_id)
+                for run_id in timed(queries.runs, str(store))["run_id"]:
+                    timed(queries.steps, str(store), run_id)
             except Exception as exc:  # noqa: BLE001 - every failure is the test's finding
                 errors.append(repr(exc))
-            worst[0] = max(worst[0], time.monotonic() - t0)
+            worst[1] = max(worst[1], time.monotonic() - t0)
             time.sleep(0.1)
 
     readers = [threading.Thread(target=read) for _ in range(2)]
@@ -226,10 +232,12 @@ def test_trainers_receivers_a_follower_a_folder_and_readers_at_once_on_postgres(
     for w in writers:
         out, err = w.communicate(timeout=60)
         assert w.returncode == 0, err[-2000:]
-    # No reader waits for a writer on a PostgreSQL catalog; what a read cycle (7 queries) takes
-    # here is CPU: 8 processes on 2 cores, 0.8 s at worst beside the suite with the trainers
-    # alone, 2.6-3.7 s with everyone. The bound catches a reader held for a writer's whole run.
-    assert errors == [] and worst[0] <= 5.0, (errors[:3], worst[0])
+    # No reader waits for a writer on a PostgreSQL catalog; what a read takes here is CPU: 8
+    # processes on 2 cores. With nothing else running, one read's worst was 0.44-0.71 s and a
+    # cycle's (7 reads) 0.90-1.47 s in 3 runs; beside the suite a cycle took 2.6-3.7 s. The
+    # bound catches a reader held for a writer's whole run.
+    print(f"readers: worst read {worst[0]:.2f} s, worst cycle {worst[1]:.2f} s")
+    assert errors == [] and worst[1] <= 5.0, (errors[:3], worst)
     runs = queries.runs(str(store))
     trainers = runs[runs["name"].isin(["w0", "w1", "w2"])]
     assert len(trainers) == 3 and (trainers["status"] == "finished").all()
