@@ -60,8 +60,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import queries as big_store  # noqa: E402  (the builder of bench/queries.py)
 from storage import queries  # noqa: E402
-from tests.browser_harness import (CHROMIUM, CHROMIUM_ARGS, _free_port,  # noqa: E402
-                                   _wait_healthy, start_app, stop_app)
+from tests.browser_harness import CHROMIUM, CHROMIUM_ARGS, start_app, stop_app  # noqa: E402
 
 LOADED_JS = """title => {
     const app = document.querySelector('[data-testid="stApp"]');
@@ -398,16 +397,10 @@ def team_copies() -> Path:
 
 @contextlib.contextmanager
 def served(script: Path, env: dict, log) -> Iterator[tuple[subprocess.Popen, str]]:
-    """``streamlit run script`` as tests/browser_harness.start_app serves app.py: (process, URL)."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(script), "--server.port", str(port),
-         "--server.headless", "true", "--server.address", "127.0.0.1",
-         "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    """``streamlit run script`` as the browser tests serve app.py: (process, URL)."""
+    proc, url = start_app(env, log, script)
     try:
-        _wait_healthy(f"http://127.0.0.1:{port}", proc)
-        yield proc, f"http://127.0.0.1:{port}"
+        yield proc, url
     finally:
         stop_app(proc)
 

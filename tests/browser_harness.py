@@ -44,12 +44,12 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 90) -> No
     raise RuntimeError("streamlit did not become healthy")
 
 
-def start_app(env: dict, log) -> tuple[subprocess.Popen, str]:
-    """``streamlit run app.py`` on a free local port with ``env``, once healthy: (process, URL).
-    (bench/pages.py serves its store the same way.)"""
+def start_app(env: dict, log, script: str | Path = "app.py") -> tuple[subprocess.Popen, str]:
+    """``streamlit run app.py`` (or ``script``) on a free local port with ``env``, once healthy:
+    (process, URL). (bench/pages.py serves its store the same way.)"""
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+        [sys.executable, "-m", "streamlit", "run", str(script), "--server.port", str(port),
          "--server.headless", "true", "--server.address", "127.0.0.1",
          "--browser.gatherUsageStats", "false"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
