@@ -1,4 +1,4 @@
-"""RAGEN's teaching environments: frozenlake, sokoban, bandit, and their shared helpers.
+"""RAGEN's teaching environments: frozenlake, sokoban, bandit, corridor, and their shared helpers.
 
 Everything here runs the real environments through the Episode protocol the rollout uses.
 Statistical checks use fixed seeds and bounds several standard deviations wide.
@@ -17,7 +17,7 @@ from core.envs.base import REGISTRY, Task, make_env
 from core.envs.games.grid import INVALID_PENALTY, parse_answer, split_of
 
 GRID_ACTIONS = ("Up", "Down", "Left", "Right")
-ENVS = ["frozenlake", "sokoban", "bandit"]
+ENVS = ["frozenlake", "sokoban", "bandit", "corridor"]
 
 
 # -- shared helpers ---------------------------------------------------------------------------------
@@ -82,8 +82,8 @@ def test_envs_write_no_chat_markers(name):
 
 
 def test_envs_do_not_import_torch():
-    code = ("import sys; import core.envs.games.frozenlake, core.envs.games.sokoban, core.envs.games.bandit; "
-            "print('torch' in sys.modules)")
+    code = ("import sys; import core.envs.games.frozenlake, core.envs.games.sokoban, "
+            "core.envs.games.bandit, core.envs.games.corridor; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert out.stdout.strip() == "False"

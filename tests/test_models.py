@@ -22,7 +22,7 @@ MARKERS = {"qwen2": ("<|im_start|>", "<|im_end|>"),
            "llama3": ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
            "gpt2": ()}
 """The template markers each family's rendered prompt must (and the others' must not) hold."""
-USER_TURN_ENVS = ("frozenlake", "sokoban", "bandit")
+USER_TURN_ENVS = ("frozenlake", "sokoban", "bandit", "corridor")
 """Environments whose observations are new user messages (``observation_role = "user"``)."""
 MASK_ISSUES = ("observation/prompt token trained", "action token not trained")
 

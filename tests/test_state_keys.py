@@ -69,7 +69,7 @@ def test_same_frozenlake_state_at_turns_1_and_3_shares_an_anchor(tok):
 
 def test_every_builtin_env_offers_state_keys(tok):
     """Each env's key is the state, not the text: equal after the same moves, never None."""
-    for name in ("frozenlake", "sokoban", "bandit", "search", "apps"):
+    for name in ("frozenlake", "sokoban", "bandit", "corridor", "search", "apps"):
         env = make_env(name)
         task = env.tasks("train", 1, 0)[0]
         episode = env.episode(task, seed=0)

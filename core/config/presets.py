@@ -32,7 +32,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                                        "lm_head",
                           group_size=8, tasks_per_step=4, max_turns=1, max_new_tokens=12,
                           eval_every=1, eval_tasks=32, threads=1),
-    # Multi-turn credit on the tiny model (sample_runs/README.md, section 13, the credit grid's
+    # Multi-turn credit on the tiny model (sample_runs/credit.md, section 13, the credit grid's
     # setup): a 3x3 lake without slips, one move a turn, 6 moves, reward 1 at the goal only.
     # 80 SFT steps teach the answer format but not where to go: greedy answers Up at every turn
     # (held-out 0 of 32), sampled ones reach the goal about 1 time in 5 (pass@G > 0). GiGPO's
@@ -53,6 +53,21 @@ PRESETS: dict[str, dict[str, Any]] = {
                                      "lm_head",
                         group_size=8, tasks_per_step=2, max_turns=6, max_new_tokens=12,
                         eval_every=4, eval_tasks=32, eval_seed=0, threads=1),
+    # Per-turn credit that a teacher can watch work (sample_runs/credit.md, section 14, the
+    # corridor grid's setup): corridors of 4-8 cells, the goal at the right end, Left or Right a
+    # turn, the distance plus 4 moves, reward 1 at the goal only. 30 SFT steps on coin-flip moves
+    # teach the format (sampled held-out success ~0.3: a walk arrives when its Rights outnumber
+    # its Lefts by enough); GiGPO's step groups (one anchor per cell) then pay each Right and
+    # charge each Left, even inside one walk. Held-out success is sampled at temperature 1, so
+    # the curve rises with P(Right) instead of jumping when the greedy move flips.
+    "corridor-credit": dict(env="corridor", model="tiny", algo="gigpo", steps=30, sft_steps=30,
+                            env_options="size=6,slack=4,expert=uniform", sft_lr=5e-3, lr=5e-4,
+                            kl_coef=0.0, gigpo_episode_stats="steps",
+                            lora_targets="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"
+                                         "down_proj,lm_head",
+                            group_size=8, tasks_per_step=2, max_turns=14, max_new_tokens=10,
+                            eval_every=3, eval_tasks=32, eval_seed=0, eval_temperature=1.0,
+                            threads=1),
     # The measured recipe (sample_runs/README.md, run 1): SFT on half single-, half two-hop
     # demonstrations teaches the format; GRPO at temperature 0.7 (EM + 0.2 x retrieval hit) on the
     # same mix gives groups that disagree. The held-out set stays the original 75%-two-hop one.

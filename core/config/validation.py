@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from core.config.train_config import TrainConfig
 from urllib.parse import urlsplit
 
-ENVS = ("search", "apps", "frozenlake", "sokoban", "bandit")
+ENVS = ("search", "apps", "frozenlake", "sokoban", "bandit", "corridor")
 USER_ENV = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
 """``--env package.module:Factory``: a user's environment (core/envs/base.py's protocol)."""
 MODELS = ("tiny", "smollm2-135m")
@@ -74,7 +74,7 @@ def _check_what(cfg: TrainConfig, need) -> None:
 def _check_rollout(cfg: TrainConfig, need) -> None:
     """How rollouts sample: the task pool, turns, tokens, temperature."""
     need(cfg.task_pool >= 0, "task_pool", "must be >= 0 (0 = the whole train split)")
-    need(not cfg.final_answer_turn or cfg.env not in ("frozenlake", "sokoban", "bandit"),
+    need(not cfg.final_answer_turn or cfg.env not in ("frozenlake", "sokoban", "bandit", "corridor"),
          "final_answer_turn", f"{cfg.env} has no answer action: every action is a move")
     need(cfg.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
     need(cfg.max_obs_tokens >= 1, "max_obs_tokens", "must be >= 1")

@@ -158,7 +158,7 @@ def observation_role(env: Environment) -> str:
 BUILTIN: dict[str, str] = {
     "search": "core.envs.search.env", "apps": "core.envs.apps.env",
     "frozenlake": "core.envs.games.frozenlake", "sokoban": "core.envs.games.sokoban",
-    "bandit": "core.envs.games.bandit"}
+    "bandit": "core.envs.games.bandit", "corridor": "core.envs.games.corridor"}
 """The built-in environments' names and the modules that register them (imported on demand:
 apps and search pull in SQLite worlds and a BM25 index)."""
 

@@ -16,7 +16,7 @@ from core.envs.base import StepResult, make_env
 from core.credit.rewards import score
 from core.rollout.trajectory import Trajectory, Turn
 
-ENVS = ("search", "apps", "frozenlake", "sokoban", "bandit")
+ENVS = ("search", "apps", "frozenlake", "sokoban", "bandit", "corridor")
 MALFORMED = {
     "no closing tag": "<answer>Paris",
     "unbalanced": "<search>capital</answer>",
