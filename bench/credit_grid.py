@@ -1,12 +1,12 @@
-"""The credit grid on the non-slippery lake: every method x seed from one SFT start, read back as
-held-out success curves with a confidence band over seeds. A script:
+"""The credit grids (the non-slippery lake, the corridor): every method x seed from one SFT
+start, read back as held-out success curves with a confidence band over seeds. A script:
 
     python bench/credit_grid.py table --db sample_runs/credit_grid.duckdb [--threshold 0.125]
     python bench/credit_grid.py moves --db sample_runs/credit_grid_long.duckdb
     python bench/credit_grid.py merge runs/credit_grid/*.duckdb --db OUT.duckdb \
                                      [--tokens-for "grpo seed 0"]
 
-``table`` groups the runs named ``lake credit METHOD seed S`` (sample_runs/credit_grid.sh) by
+``table`` groups the runs named ``TASK credit METHOD seed S`` (sample_runs/credit_grid.sh) by
 METHOD and prints, per method and evaluated step, the mean held-out success over seeds with a
 95% Student-t interval (mean +- t(0.975, n-1) * sd / sqrt(n): with 3 seeds t = 4.30, so the band
 is wide and says how little three seeds pin down); then per method the steps each seed took to
@@ -36,8 +36,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-NAME = re.compile(r"^lake credit (?P<method>\S+) seed (?P<seed>\d+)")
-"""The run names credit_grid.sh gives (the SFT start: "lake credit start ...")."""
+NAME = re.compile(r"^(?P<task>\w+) credit (?P<method>\S+) seed (?P<seed>\d+)")
+"""The run names credit_grid.sh gives, ``TASK credit METHOD seed S`` (the SFT start: ``TASK credit
+start ...``; TASK lake or corridor)."""
+START = re.compile(r"^\w+ credit start\b")
 
 
 ORDER = ("grpo", "dr_grpo", "rloo", "starpo_s", "gigpo", "gigpo_traj", "ppo", "prm", "spa")
@@ -71,7 +73,7 @@ def curves(db: str, metric: str = "eval/success"
     for _, row in runs.iterrows():
         m = queries.metrics(db, row["run_id"], [metric])
         points = {int(s): float(v) for s, v in zip(m["step"], m["value"])}
-        if str(row["name"]).startswith("lake credit start"):
+        if START.match(str(row["name"])):
             start.update(points)
             continue
         match = NAME.match(str(row["name"]))
@@ -83,7 +85,7 @@ def curves(db: str, metric: str = "eval/success"
 def table(db: str, threshold: float, methods: list[str] | None = None) -> None:
     by_method, start = curves(db)
     if not by_method:
-        sys.exit(f"{db}: no runs named 'lake credit METHOD seed S'")
+        sys.exit(f"{db}: no runs named 'TASK credit METHOD seed S'")
     order = [m for m in (methods or ORDER) if m in by_method]
     order += [m for m in sorted(by_method) if m not in order]
     s0 = max(start) if start else None
@@ -223,12 +225,11 @@ def merge(sources: list[str], dest: str, tokens_for: list[str]) -> None:
         tables = [t for (t,) in con.execute(
             "SELECT table_name FROM information_schema.columns WHERE column_name = 'run_id' "
             "AND table_schema = 'main'").fetchall()]
-        for i, src in enumerate(srcs[1:]):
-            con.execute(f"ATTACH '{src}' AS src{i} (READ_ONLY)")
+        for i, src in enumerate(srcs[1:]):  # each detached as the store closes: DuckDB 1.5
+            con.execute(f"ATTACH '{src}' AS src{i} (READ_ONLY)")  # refuses DETACH mid-transaction
             for table_name in tables:
                 con.execute(f'INSERT INTO main."{table_name}" BY NAME '
                             f'SELECT * FROM src{i}.main."{table_name}"')
-            con.execute(f"DETACH src{i}")
     names = queries.runs(str(dest_path)).set_index("run_id")["name"]
     drop = [r for r, n in names.items() if not any(k in str(n) for k in tokens_for)]
     with db.writing(dest_path) as con:

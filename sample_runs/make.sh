@@ -9,7 +9,8 @@
 #                                       more each, mismatch: SmolLM2, about 25 minutes, and
 #                                       credit_grid: 29 tiny runs, an hour or more, and
 #                                       credit_grid_long: its 60-step grid, about 70 minutes;
-#                                       never by default)
+#                                       credit_corridor: the grid on the corridor, about 45
+#                                       minutes; never by default)
 #
 # Each store is rebuilt from scratch (the old file is removed first). Checkpoints go under runs/
 # (ignored by git), never next to the stores. Every command is the one sample_runs/README.md
@@ -403,6 +404,16 @@ credit_grid_long() {
         EVAL_EVERY=5 METHODS="grpo gigpo rloo prm" TOKENS_FOR="" bash sample_runs/credit_grid.sh
 }
 
+# -- 14. the corridor: the same grid where the tiny model can learn the task (one preference,
+# Right, is the whole policy) and every walk mixes good and bad moves; 5e-4, 30 RL steps, held-out
+# (sampled) every 3. 90-100 s a run with two running at once on 2 cores; one after another, as
+# here, about 45 minutes.
+credit_corridor() {
+    rm -rf runs/credit_corridor
+    timed env TASK=corridor DIR=runs/credit_corridor OUT="$OUT/credit_corridor.duckdb" LR=5e-4 \
+        STEPS=30 EVAL_EVERY=3 bash sample_runs/credit_grid.sh
+}
+
 ALL=(collapse spike apps credit import_run branches inspect_run shortcut)
 if [ $# -gt 0 ]; then
     ALL=()
@@ -410,9 +421,9 @@ if [ $# -gt 0 ]; then
         case "$name" in
             import) ALL+=(import_run) ;;
             inspect) ALL+=(inspect_run) ;;
-            collapse|spike|apps|careless|credit|branches|search|search_sft|search_credit|mismatch|shortcut|credit_grid|credit_grid_long)
+            collapse|spike|apps|careless|credit|branches|search|search_sft|search_credit|mismatch|shortcut|credit_grid|credit_grid_long|credit_corridor)
                 ALL+=("$name") ;;
-            *) echo "unknown run '$name' (collapse spike apps careless credit import branches inspect search search_sft search_credit mismatch shortcut credit_grid credit_grid_long)" >&2
+            *) echo "unknown run '$name' (collapse spike apps careless credit import branches inspect search search_sft search_credit mismatch shortcut credit_grid credit_grid_long credit_corridor)" >&2
                exit 2 ;;
         esac
     done

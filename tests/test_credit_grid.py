@@ -1,5 +1,5 @@
-"""The credit grid sample stores (sample_runs/credit_grid*.duckdb, README section 13) hold what the
-README says: every method from one SFT start, differing only in the method's own flags and the
+"""The credit grid sample stores (sample_runs/credit_grid*.duckdb, sample_runs/credit.md section 13)
+hold what the text says: every method from one SFT start, differing only in the method's own flags and the
 seed, at the budget the README gives; the tables' final held-out figures are the stores' (bench/
 credit_grid.py reads them); and no run's last evaluation did more than repeat one move."""
 from __future__ import annotations
@@ -87,7 +87,7 @@ def test_the_readme_table_is_the_stores(name):
     path = store(name)
     heading = GRIDS[name][3]
     by_method, _ = grid().curves(path)
-    text = (ROOT / "sample_runs" / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "sample_runs" / "credit.md").read_text(encoding="utf-8")
     section = text[text.index(heading):]
     if heading == "## 13. ":  # the first grid's table ends where the second's sub-section begins
         section = section[:section.index("### 13b. ")]

@@ -54,10 +54,11 @@ def config_of(row) -> dict:
 def test_every_sample_store_is_small():
     sizes = {p.name: p.stat().st_size for p in RUNS.glob("*.duckdb")}
     assert sizes, "no sample runs"
-    # nine stores, three of them SmolLM2 search stores of 9-18 MB each after compaction (the
+    # fifteen stores, three of them SmolLM2 search stores of 7-15 MB each after compaction (the
     # credit comparison keeps token tables for two of its 3-step runs and none of its runs from
-    # the 100- and 30-step starts; its three SFT runs keep theirs, for Replay and Compare)
-    assert sum(sizes.values()) < 64e6, sizes
+    # the 100- and 30-step starts; its three SFT runs keep theirs, for Replay and Compare); the
+    # corridor's grid adds 9 MB (29 runs, each evaluation's 32 walks kept, token rows for one)
+    assert sum(sizes.values()) < 75e6, sizes
 
 
 # -- 1. search with SmolLM2-135M: SFT, then GRPO --------------------------------------------------
