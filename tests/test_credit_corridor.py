@@ -75,6 +75,10 @@ def test_the_readme_table_is_the_stores(runs):
         assert row, f"credit.md section 14 has no row for {method}"
         assert f"{sum(finals) / len(finals):.2f}" in row.group(0), (method, row.group(0))
         assert f"| {len(finals)} |" in row.group(0), (method, row.group(0))
+        steps = sorted({s for pts in seeds.values() for s in pts})
+        bands = [grid().band([pts[s] for pts in seeds.values()]) for s in steps]
+        curve = " | ".join(f"{mean:.2f} +- {half:.2f}" for mean, half in bands)
+        assert f"| {method} | {curve} |" in section, (method, curve)
 
 
 def test_the_corridor_credit_preset_is_the_grids_gigpo_setting(runs):
