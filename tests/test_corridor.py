@@ -76,9 +76,9 @@ def test_splits_hold_disjoint_layouts_and_every_task_starts_two_or_more_from_the
 
 
 def test_a_coin_flip_walker_succeeds_sometimes_and_the_experts_differ():
-    """What the credit grid's start needs: pass@1 well below 1 and above 0 (sample_runs/README.md
-    credit.md section 14 measures the SFT start itself); the uniform expert's moves are half Right, the
-    best expert's all Right (and it always arrives)."""
+    """What the credit grid's start needs: pass@1 well below 1 and above 0 (sample_runs/credit.md
+    section 14 measures the SFT start itself); the uniform expert's moves are half Right, the best
+    expert's all Right (and it always arrives)."""
     env = make_env("corridor", slack=4, expert="uniform")
     rng, wins = random.Random(0), []
     for task in env.tasks("train", 400, 1):
