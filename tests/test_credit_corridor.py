@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from storage import queries
-from tests.test_credit_grid import METHOD_FIELDS, PER_RUN, grid
+from tests.test_credit_grid import METHOD_FIELDS, PER_RUN, grid, preset_is_recorded
 
 ROOT = Path(__file__).resolve().parent.parent
 STORE = ROOT / "sample_runs" / "credit_corridor.duckdb"
@@ -82,14 +82,7 @@ def test_the_readme_table_is_the_stores(runs):
 
 
 def test_the_corridor_credit_preset_is_the_grids_gigpo_setting(runs):
-    from core.config.presets import PRESETS, preset
-    row = runs[runs["name"] == "corridor credit gigpo seed 0"].iloc[0]
-    recorded = queries.run_config(row["config"])
-    start = runs[runs["name"] == "corridor credit start: SFT 30"].iloc[0]
-    recorded["sft_lr"] = queries.run_config(start["config"])["sft_lr"]
-    cfg = preset("corridor-credit").to_dict()
-    for field in PRESETS["corridor-credit"]:
-        assert cfg[field] == recorded[field], (field, cfg[field], recorded[field])
+    preset_is_recorded(str(STORE), "corridor-credit", "corridor", 30)
 
 
 def test_walkthrough_step_18_is_the_stores_walk(runs):

@@ -119,18 +119,22 @@ def test_no_run_ends_on_more_than_one_move(name):
     assert checked >= GRIDS[name][2]
 
 
+def preset_is_recorded(path: str, name: str, task: str, sft_steps: int) -> None:
+    """Every field preset ``name`` sets equals the recorded ``TASK credit gigpo seed 0`` run's; the
+    SFT lr is its start's (the RL runs go on from its checkpoint and never use theirs)."""
+    from core.config.presets import PRESETS, preset
+    runs = queries.runs(path)
+    recorded = queries.run_config(
+        runs[runs["name"] == f"{task} credit gigpo seed 0"].iloc[0]["config"])
+    start = runs[runs["name"] == f"{task} credit start: SFT {sft_steps}"].iloc[0]
+    recorded["sft_lr"] = queries.run_config(start["config"])["sft_lr"]
+    cfg = preset(name).to_dict()
+    for field in PRESETS[name]:
+        assert cfg[field] == recorded[field], (field, cfg[field], recorded[field])
+
+
 def test_the_lake_credit_preset_is_the_first_grids_gigpo_setting():
     """The preset says it is the grid's setup (16 RL steps at lr 3e-3 from 80 SFT steps): every
     field it sets equals the recorded GiGPO run's (13b's lower lr and longer budget did no better,
     so the preset keeps the shorter one)."""
-    from core.config.presets import PRESETS, preset
-    path = store("credit_grid.duckdb")
-    runs = queries.runs(path)
-    row = runs[runs["name"] == "lake credit gigpo seed 0"].iloc[0]
-    recorded = queries.run_config(row["config"])
-    # the SFT lr is the start's (the RL runs go on from its checkpoint and never use theirs)
-    start = runs[runs["name"] == "lake credit start: SFT 80"].iloc[0]
-    recorded["sft_lr"] = queries.run_config(start["config"])["sft_lr"]
-    cfg = preset("lake-credit").to_dict()
-    for field in PRESETS["lake-credit"]:
-        assert cfg[field] == recorded[field], (field, cfg[field], recorded[field])
+    preset_is_recorded(store("credit_grid.duckdb"), "lake-credit", "lake", 80)
