@@ -87,8 +87,8 @@ def test_the_corridor_credit_preset_is_the_grids_gigpo_setting(runs):
 
 def test_walkthrough_step_18_is_the_stores_walk(runs):
     """README step 18: in GiGPO seed 0's group s34-g0, walk r1 went Left from cell 1 and then Right
-    three times; its turns' advantages (GiGPO: the walk's + its step group's) and the walk's own
-    advantage are the README's."""
+    three times; its turns' advantages (GiGPO: the walk's + its step group's), the walk's own
+    and GRPO's over the group's rewards (what Groups' GRPO column computes) are the README's."""
     import json
     run_id = runs.set_index("name").loc["corridor credit gigpo seed 0", "run_id"]
     turns = queries.turns(str(STORE), run_id, ["s34-g0-r1"]).sort_values("turn")
@@ -99,8 +99,12 @@ def test_walkthrough_step_18_is_the_stores_walk(runs):
     traj = queries.trajectories(str(STORE), run_id, step=34).set_index("traj_id")
     walk = round(float(traj.loc["s34-g0-r1", "advantage"]), 2)
     assert (adv[0], adv[1], walk) == (1.03, 2.14, 0.65) and traj.loc["s34-g0-r1", "reward"] == 1
+    group = traj[traj["group_id"] == "s34-g0"]["reward"]
+    grpo = (1 - group.mean()) / (group.std() + 1e-6)   # GRPO's (r - mean) / (std + eps), Groups'
+    assert round(grpo, 2) == 0.54
     text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    assert ("GiGPO paid the Left +1.03 and the Right from cell 0 +2.14, where one advantage per "
-            "walk pays all four the walk's +0.65") in text
+    assert ("GiGPO paid the Left +1.03 and the Right from cell 0 +2.14 (the walk's episode term "
+            "+0.65 plus each move's step term), where GRPO pays all four moves the same +0.54"
+            ) in text
     assert "run=20261207-131828-dc46d3&step=34&group=s34-g0" in text and run_id == \
         "20261207-131828-dc46d3"
