@@ -56,15 +56,34 @@ def compact(path: str | Path) -> tuple[int, int]:
     return before, path.stat().st_size
 
 
-def _copy(path: Path, tmp: Path, block_size: int) -> None:
+def _copy(path: Path, tmp: Path, block_size: int | None,
+          storage_version: str = STORAGE_VERSION) -> None:
+    """Every table, row and the schema record of ``path`` into a new file ``tmp``, written in
+    ``storage_version`` (with ``block_size`` blocks, or DuckDB's default when None)."""
+    blocks = "" if block_size is None else f"BLOCK_SIZE {block_size}, "
     con = duckdb.connect()
     try:
         con.execute(f"ATTACH '{_quoted(path)}' AS src (READ_ONLY)")
-        con.execute(f"ATTACH '{_quoted(tmp)}' AS dst (BLOCK_SIZE {block_size}, "
-                    f"STORAGE_VERSION '{STORAGE_VERSION}')")
+        con.execute(f"ATTACH '{_quoted(tmp)}' AS dst ({blocks}"
+                    f"STORAGE_VERSION '{storage_version}')")
         con.execute("COPY FROM DATABASE src TO dst")
     finally:
         con.close()
+
+
+def convert(old: str | Path, new: str | Path, storage_version: str = "v1.4.0") -> None:
+    """Copy store file ``old`` into a new file ``new`` in ``storage_version``, for a store written
+    by a newer DuckDB than the pin (tools/convert_store.py runs this under the DuckDB that wrote
+    it). ``old`` is left as it is; ``new`` appears only once complete."""
+    old, new = Path(old), Path(new)
+    if not old.is_file():
+        raise db.StoreError(f"convert: no file {old}")
+    if new.exists():
+        raise db.StoreError(f"convert: {new} exists; name a new file")
+    tmp = new.with_name(new.name + ".partial")
+    tmp.unlink(missing_ok=True)
+    _copy(old, tmp, None, storage_version)
+    os.replace(tmp, new)       # a file half written is never taken for a store
 
 
 def _quoted(path: Path) -> str:
