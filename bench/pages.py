@@ -46,6 +46,7 @@ import argparse
 import contextlib
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -384,7 +385,6 @@ def team_copies() -> Path:
         if dst.is_dir() and stamp.is_file() and stamp.read_text() == mark:
             continue
         if dst.exists():
-            import shutil
             shutil.rmtree(dst)
         team_store.init(dst, "sqlite")
         store_copy.copy(src, dst)

@@ -14,7 +14,7 @@ One advantage per walk (GRPO, RLOO, Dr.GRPO) pays every move of a walk alike; pe
 (GiGPO's step groups by cell, PPO's value head, PRM labels) can pay a Right and charge a Left of
 the same walk. How much that speeds learning is what the credit grid on this task measures.
 
-Levels: corridors of ``size`` - 2 .. ``size`` + 2 cells (at least 3), the start at least 3 cells
+Levels: corridors of ``size`` - 2 .. ``size`` + 2 cells (at least 3), the start at least 2 moves
 from the goal; a layout belongs to train or heldout by its digest, so the splits never share one.
 
 Expert (``expert`` option): ``best`` always answers Right; ``uniform`` answers Left or Right with
