@@ -14,13 +14,17 @@ from core.config import budget
 from core.algorithms.catalog import ALGOS, GROUP_ALGOS
 from core.config.budget import ConfigError
 from core.config.env_options import check_env_options
+from core.envs.base import BUILTIN
 from core.envs import plugins as env_plugins  # torch-free: reads package metadata only
 
 if TYPE_CHECKING:
     from core.config.train_config import TrainConfig
 from urllib.parse import urlsplit
 
-ENVS = ("search", "apps", "frozenlake", "sokoban", "bandit", "corridor")
+ENVS = tuple(BUILTIN)
+"""The built-in environments, as core/envs/base.py lists them (one list: a new env is added there)."""
+GAMES = tuple(name for name, module in BUILTIN.items() if module.startswith("core.envs.games."))
+"""RAGEN-style text games: every action is a move, none an answer."""
 USER_ENV = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
 """``--env package.module:Factory``: a user's environment (core/envs/base.py's protocol)."""
 MODELS = ("tiny", "smollm2-135m")
@@ -74,7 +78,7 @@ def _check_what(cfg: TrainConfig, need) -> None:
 def _check_rollout(cfg: TrainConfig, need) -> None:
     """How rollouts sample: the task pool, turns, tokens, temperature."""
     need(cfg.task_pool >= 0, "task_pool", "must be >= 0 (0 = the whole train split)")
-    need(not cfg.final_answer_turn or cfg.env not in ("frozenlake", "sokoban", "bandit", "corridor"),
+    need(not cfg.final_answer_turn or cfg.env not in GAMES,
          "final_answer_turn", f"{cfg.env} has no answer action: every action is a move")
     need(cfg.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
     need(cfg.max_obs_tokens >= 1, "max_obs_tokens", "must be >= 1")
