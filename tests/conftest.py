@@ -22,6 +22,31 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_component_scan_per_process():
+    """Every AppTest shares one component registry, as a served app's sessions share its
+    runtime's. Streamlit's AppTest (1.67) makes a registry per AppTest and fills it by reading
+    the metadata of every installed distribution (~0.35 s on this machine, 500+ packages): the
+    suite's ~1,000 AppTests paid that scan each, most of a page's render. A served app scans once
+    at startup (streamlit/runtime/runtime.py), and so do the tests now."""
+    from streamlit.components.v2.component_manager import BidiComponentManager
+    from streamlit.testing.v1 import AppTest
+    made = AppTest.__init__
+    shared: list[BidiComponentManager] = []
+
+    def init(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        # a Streamlit whose AppTest keeps no such attribute would scan per AppTest again
+        assert hasattr(self, "_bidi_component_manager"), "Streamlit's AppTest changed"
+        if not shared:
+            shared.append(BidiComponentManager())
+            shared[0].discover_and_register_components(start_file_watching=False)
+        self._bidi_component_manager = shared[0]
+    AppTest.__init__ = init
+    yield
+    AppTest.__init__ = made
+
+
 # The longest test files, roughly longest first. `make test` hands whole files to its workers in
 # the order collected (Makefile: --dist loadfile --no-loadscope-reorder): a long file handed out
 # last runs alone at the end while the other worker idles (pytest-xdist's own order, most tests
