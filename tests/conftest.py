@@ -47,6 +47,34 @@ def one_component_scan_per_process():
     AppTest.__init__ = made
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_compile_per_script():
+    """Every AppTest shares the compiled scripts, as a served app's sessions share its runtime's
+    script cache. AppTest (1.67) makes a new cache per run, so app.py and the page were read,
+    rewritten for Streamlit's magic and compiled again on every run (~14% of a page's run
+    here). A script is compiled again when its size or modification time changes."""
+    from streamlit.runtime.scriptrunner.script_cache import ScriptCache
+    from streamlit.testing.v1 import app_test, local_script_runner
+    compiled: dict = {}
+
+    class Compiled(ScriptCache):
+        def get_bytecode(self, script_path: str):
+            path = os.path.abspath(script_path)
+            stat = os.stat(path)
+            key = (path, stat.st_mtime_ns, stat.st_size)
+            if key not in compiled:
+                compiled[key] = ScriptCache().get_bytecode(path)
+            return compiled[key]
+
+    modules = (app_test, local_script_runner)
+    assert all(m.ScriptCache is ScriptCache for m in modules), "Streamlit's AppTest changed"
+    for m in modules:
+        m.ScriptCache = Compiled
+    yield
+    for m in modules:
+        m.ScriptCache = ScriptCache
+
+
 # The longest test files, roughly longest first. `make test` hands whole files to its workers in
 # the order collected (Makefile: --dist loadfile --no-loadscope-reorder): a long file handed out
 # last runs alone at the end while the other worker idles (pytest-xdist's own order, most tests
