@@ -79,54 +79,45 @@ def one_compile_per_script():
 # the order collected (Makefile: --dist loadfile --no-loadscope-reorder): a long file handed out
 # last runs alone at the end while the other worker idles (pytest-xdist's own order, most tests
 # first, put the one-test browser and training files there), so these are collected first and
-# the short files fill in around them (ordered by each file's seconds, setup included, in a
-# `--durations=0` run of the whole suite on two workers; the files of 14 s and more). The files
-# not named keep their usual order after these.
+# the short files fill in around them (ordered by each file's seconds in one run of them in a
+# row, the browser files by their number of tests). The files not named keep their usual order
+# after these.
 SLOW_FIRST = (
     "test_pages.py",                        # AppTest: every page of every sample run
-    "test_learning.py",                     # the workshop demo's SFT + RL, to a learning margin
     "test_browser.py",                      # served app + Chromium, and a training job
-    "test_team_store.py",                   # PostgreSQL and everyone writing at once
-    "test_gpu_proof.py",                    # the GPU proof's CPU rehearsal: six trainings
+    "test_browser_clarity.py",              # served app + Chromium, and a training job
+    "test_init_from.py",                    # trainings started from other runs' checkpoints
     "test_train_cli.py",                    # python -m core.train: runs, Ctrl-C, kill, resume
     "test_browser_failures_filters.py",
-    "test_browser_dynamics.py",
-    "test_browser_failures.py",
-    "test_browser_clarity.py",              # served app + Chromium, and a training job
-    "test_plugin_env.py",
-    "test_trl_callback.py",                 # TRL GRPO trainings
-    "test_hostile_links.py",
     "test_browser_first_minute.py",
-    "test_models.py",
-    "test_browser_glossary.py",
-    "test_follow_inspect.py",
-    "test_distributed.py",
-    "test_endpoint.py",
-    "test_credit_correctness.py",
-    "test_init_from.py",                    # trainings started from other runs' checkpoints
-    "test_cross_eval.py",
-    "reliability/test_kill.py",
-    "test_config_bounds.py",
-    "test_import_bounds.py",
-    "test_follow_identity.py",
-    "test_endpoint_client_limits.py",
-    "test_import_properties.py",
-    "test_evaldiff.py",
-    "test_registry.py",
+    "test_learning.py",                     # the workshop demo's SFT + RL, to a learning margin
+    "test_browser_dynamics.py",
     "reliability/test_faults.py",
+    "test_trl_callback.py",                 # TRL GRPO trainings
+    "test_browser_failures.py",
+    "reliability/test_kill.py",
+    "reliability/test_concurrency.py",
+    "test_distributed.py",
+    "test_follow_inspect.py",
+    "test_cross_eval.py",
+    "test_browser_trl.py",
     "test_browser_runs.py",
     "test_browser_replay_pictures.py",
-    "test_rl_optimizer.py",
-    "test_credit_compare.py",
-    "test_branch.py",
-    "test_browser_trl.py",
-    "test_browser_branch_live.py",
     "test_browser_inspect.py",
-    "test_grid_envs.py",
+    "test_browser_glossary.py",
+    "test_init_from_ppo.py",
     "test_browser_url_params.py",
-    "test_otlp_durable.py",
+    "test_browser_compare_imports.py",
+    "test_browser_replay_sokoban.py",
+    "test_browser_otlp_live.py",
+    "test_browser_branch_live.py",
+    "test_browser_behaviours.py",
+    "test_follow.py",
+    "test_trainer.py",
+    "test_follow_identity.py",
+    "reliability/test_security.py",
     "test_follow_bounds.py",
-    "test_import_isolation.py",
+    "test_live_reading.py",
 )
 
 
