@@ -16,6 +16,9 @@ LoRA-wrapped policy), seeds, sampling (temperature 1, no top-k/top-p) and token 
   train, three products a linear layer (what the rollout did before the merge).
 * ``batched, re-encode``: the same, with ``reuse_cache=False``: every turn starts a fresh cache and
   encodes the whole history again (Search-R1's generation loop does this).
+* ``batched, bf16 sampling``: ours with ``--rollout-dtype bf16``: the sampling pass under torch's
+  CPU bf16 autocast (the matrix products in bf16, as a bf16 inference engine samples; the
+  update stays fp32, so the recorded logprobs carry that mismatch: docs/mismatch.md).
 * ``sequential generate``: what a first implementation does. One trajectory at a time; each turn
   calls ``model.generate`` on the full history (KV cache only within that call), stops at the
   env's stop strings, steps the env and appends the observation ids.
@@ -45,6 +48,7 @@ FLOPs), ``2 V d`` the LM head, ``4 L d c`` attention's QK^T and AV over a contex
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -136,14 +140,16 @@ def flops_per_token(policy, context: float) -> tuple[float, dict]:
     return 2 * n_linear + 2 * V * d + 4 * L * d * context, parts
 
 
-def matmul_rates(policy, rows: int, repeats: int = 20) -> tuple[float, float]:
-    """(FLOP/s on the model's decode shapes, FLOP/s on a 1024^3 product), timed here and now."""
+def matmul_rates(policy, rows: int, repeats: int = 20) -> tuple[float, float, float]:
+    """(FLOP/s on the model's decode shapes, FLOP/s on a 1024^3 product, FLOP/s on the decode
+    shapes in bf16: the bf16 sampling pass's own ceiling), timed here and now."""
     cfg = policy.base.config
     d, V, ffn = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
     shapes = [(rows, d, V), (rows, d, ffn), (rows, ffn, d), (rows, d, d)]
 
-    def rate(shape_list) -> float:
-        mats = [(torch.randn(m, k), torch.randn(k, n)) for m, k, n in shape_list]
+    def rate(shape_list, dtype=torch.float32) -> float:
+        mats = [(torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype))
+                for m, k, n in shape_list]
         flops = sum(2 * m * k * n for m, k, n in shape_list)
         for a, b in mats:
             torch.matmul(a, b)
@@ -155,7 +161,7 @@ def matmul_rates(policy, rows: int, repeats: int = 20) -> tuple[float, float]:
             times.append(time.perf_counter() - t0)
         return flops / statistics.median(times)
 
-    return rate(shapes), rate([(1024, 1024, 1024)])
+    return rate(shapes), rate([(1024, 1024, 1024)]), rate(shapes, torch.bfloat16)
 
 
 def main() -> None:
@@ -169,7 +175,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--variants", default="batched-kv,batched-reencode,sequential",
                         help="comma-separated, the last is the base of the ratios: batched-kv, "
-                             "batched-unmerged, batched-reencode, sequential")
+                             "batched-unmerged, batched-reencode, batched-bf16, sequential")
     parser.add_argument("--sequential-rollouts", type=int, default=None,
                         help="time the sequential loop on only the first N rollouts of each task "
                              "(same seeds as the batched rows); tokens/s compares the variants")
@@ -183,6 +189,7 @@ def main() -> None:
     tasks = env.tasks("train", args.tasks, 0)
     sampling = Sampling(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
                         temperature=1.0)
+    bf16 = dataclasses.replace(sampling, precision="bf16")  # --rollout-dtype bf16's pass
     if args.profile:
         with torch.no_grad():
             batched(policy, env, tasks[:1], 2, Sampling(max_turns=1, max_new_tokens=4), 0, True)
@@ -196,13 +203,17 @@ def main() -> None:
                                                     merge_adapter=False),
         "batched, re-encode each turn": lambda s: batched(policy, env, tasks, args.group_size,
                                                           sampling, s, reuse_cache=False),
+        "batched, bf16 sampling": lambda s: batched(policy, env, tasks, args.group_size,
+                                                    bf16, s, reuse_cache=True),
         "sequential model.generate": lambda s: sequential_generate(
             policy, env, tasks, args.group_size, sampling, s, args.sequential_rollouts),
     }
-    keep = dict(zip(["batched-kv", "batched-unmerged", "batched-reencode", "sequential"],
+    keep = dict(zip(["batched-kv", "batched-unmerged", "batched-reencode", "batched-bf16",
+                     "sequential"],
                     variants))
     variants = {keep[k]: variants[keep[k]] for k in args.variants.split(",")}
     names = list(variants)
+    bf16_name = "batched, bf16 sampling"
     tokens = {n: 0 for n in names}
     seconds = {n: 0.0 for n in names}
     positions: list[int] = []
@@ -221,7 +232,7 @@ def main() -> None:
                 per_repeat_cpu[name].append(n / (time.process_time() - c0))
                 tokens[name] += n
                 positions += pos
-        mm_decode, mm_square = matmul_rates(policy, rows=args.tasks * args.group_size)
+        mm_decode, mm_square, mm_bf16 = matmul_rates(policy, rows=args.tasks * args.group_size)
     flops, parts = flops_per_token(policy, statistics.mean(positions))
     first = names[0]
     base = tokens[names[-1]] / seconds[names[-1]]
@@ -242,6 +253,10 @@ def main() -> None:
     print(f"torch.matmul: decode shapes (B={args.tasks * args.group_size}) "
           f"{mm_decode / 1e9:.2f} GFLOP/s, 1024^3 {mm_square / 1e9:.2f} GFLOP/s; "
           f"{first}: {flops * tokens[first] / seconds[first] / 1e9:.2f} GFLOP/s achieved")
+    if bf16_name in names:  # against its own ceiling too: bf16 products on the same shapes
+        tps = tokens[bf16_name] / seconds[bf16_name]
+        print(f"{bf16_name}: {flops * tps / 1e9:.2f} GFLOP/s, {100 * flops * tps / mm_bf16:.1f}% "
+              f"of torch.matmul's bf16 rate on the decode shapes ({mm_bf16 / 1e9:.2f} GFLOP/s)")
     for what, rates in (("wall", per_repeat), ("CPU", per_repeat_cpu)):
         print(f"per repeat, tokens per {what} second over {names[-1]}'s in the same repeat "
               f"(min / median / max):")
