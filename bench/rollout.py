@@ -220,7 +220,9 @@ def main() -> None:
     per_repeat: dict[str, list[float]] = {n: [] for n in names}
     per_repeat_cpu: dict[str, list[float]] = {n: [] for n in names}
     with torch.no_grad():
-        batched(policy, env, tasks[:1], 2, Sampling(max_turns=1, max_new_tokens=4), 0, True)
+        for warm in ("fp32", "bf16"):  # first use of each precision's kernels, untimed
+            batched(policy, env, tasks[:1], 2, Sampling(max_turns=1, max_new_tokens=4,
+                                                        precision=warm), 0, True)
         for rep in range(args.repeats):
             order = names[rep % len(names):] + names[:rep % len(names)]
             for name in order:

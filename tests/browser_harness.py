@@ -169,8 +169,10 @@ QUIET_JS = """quietMs => {
             document.body, {subtree: true, childList: true, attributes: true,
                             characterData: true});
     }
-    return performance.now() - window.__quiet.last >= quietMs;
-}"""
+    return (%s)() && performance.now() - window.__quiet.last >= quietMs;
+}""" % DRAWN_JS
+"""Drawn (DRAWN_JS) and unchanged for ``quietMs``: a rerun that starts meanwhile is not taken
+for the end of one, even if it changes nothing for a while."""
 
 
 def drawn(page, quiet_ms: int = 300, quiet_timeout_ms: int = 5_000) -> None:
@@ -185,4 +187,4 @@ def drawn(page, quiet_ms: int = 300, quiet_timeout_ms: int = 5_000) -> None:
     try:
         page.wait_for_function(QUIET_JS, arg=quiet_ms, timeout=quiet_timeout_ms)
     except PlaywrightTimeout:
-        pass
+        page.wait_for_function(DRAWN_JS, timeout=60_000)   # still changing: drawn at least

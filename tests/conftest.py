@@ -36,8 +36,10 @@ def one_component_scan_per_process():
 
     def init(self, *args, **kwargs):
         made(self, *args, **kwargs)
-        # a Streamlit whose AppTest keeps no such attribute would scan per AppTest again
-        assert hasattr(self, "_bidi_component_manager"), "Streamlit's AppTest changed"
+        # a Streamlit whose AppTest keeps no such attribute, or fills it itself, would scan per
+        # AppTest again
+        assert getattr(self, "_bidi_component_manager", False) is None, \
+            "Streamlit's AppTest changed"
         if not shared:
             shared.append(BidiComponentManager())
             shared[0].discover_and_register_components(start_file_watching=False)
@@ -67,7 +69,8 @@ def one_compile_per_script():
             return compiled[key]
 
     modules = (app_test, local_script_runner)
-    assert all(m.ScriptCache is ScriptCache for m in modules), "Streamlit's AppTest changed"
+    assert all(getattr(m, "ScriptCache", None) is ScriptCache for m in modules), \
+        "Streamlit's AppTest changed"
     for m in modules:
         m.ScriptCache = Compiled
     yield
