@@ -152,39 +152,3 @@ def fill_until_held(box, value: str, tries: int = 5) -> None:
         except AssertionError:
             pass
     raise AssertionError(f"the field kept {box.input_value()!r}, not {value!r}")
-
-
-DRAWN_JS = """() => {
-    const app = document.querySelector('[data-testid="stApp"]');
-    const charts = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')];
-    return app && app.dataset.testScriptState === 'notRunning'
-        && !document.querySelector('[data-testid="stSkeleton"]')
-        && charts.every(c => c.querySelector('svg.main-svg'));
-}"""
-
-QUIET_JS = """quietMs => {
-    if (!window.__quiet) {          // the time of the page's last change, from now on
-        window.__quiet = {last: performance.now()};
-        new MutationObserver(() => { window.__quiet.last = performance.now(); }).observe(
-            document.body, {subtree: true, childList: true, attributes: true,
-                            characterData: true});
-    }
-    return (%s)() && performance.now() - window.__quiet.last >= quietMs;
-}""" % DRAWN_JS
-"""Drawn (DRAWN_JS) and unchanged for ``quietMs``: a rerun that starts meanwhile is not taken
-for the end of one, even if it changes nothing for a while."""
-
-
-def drawn(page, quiet_ms: int = 300, quiet_timeout_ms: int = 5_000) -> None:
-    """Wait until a page whose script has run is drawn: no element placeholder left, every plotly
-    chart's SVG there, then nothing on the page changing for ``quiet_ms`` (tables and charts
-    size themselves once more after they first draw). What the tests waited before was a fixed
-    1-1.5 s after every load, longer than this on a quiet machine and maybe too short on a busy
-    one. A page that never stops changing (a live run's follow) is taken after
-    ``quiet_timeout_ms``: what the test then reads decides."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-    page.wait_for_function(DRAWN_JS, timeout=60_000)
-    try:
-        page.wait_for_function(QUIET_JS, arg=quiet_ms, timeout=quiet_timeout_ms)
-    except PlaywrightTimeout:
-        page.wait_for_function(DRAWN_JS, timeout=60_000)   # still changing: drawn at least

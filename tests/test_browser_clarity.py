@@ -17,8 +17,7 @@ from pages import _runlist
 from storage import queries
 from storage.recorder import Recorder
 from tests.app_fixtures import RUN_NAMES, SCRIPT_TEXT, SCRIPT_TRAJ, make_demo_store
-from tests.browser_harness import (ROOT, browser_fixtures, drawn, fill_until_held, scratch_dir,
-                                    served_app)
+from tests.browser_harness import ROOT, browser_fixtures, fill_until_held, scratch_dir, served_app
 from tests.test_browser import _stop_job, _trainer_available, no_exception, settle
 
 pytestmark = pytest.mark.browser
@@ -73,7 +72,7 @@ def goto(page, url: str, path: str, title: str, **params) -> None:
     settle(page)
     page.wait_for_function(
         "() => !document.querySelector('[data-testid=\"stSkeleton\"]')", timeout=30_000)
-    drawn(page)                          # tables and charts draw after the script has run
+    page.wait_for_timeout(1000)          # tables and charts draw after the script has run
 
 
 # -- runs ------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import pytest
 
 from storage.recorder import Recorder
 from tests.app_fixtures import RUN_NAMES, make_demo_store
-from tests.browser_harness import ROOT, browser_fixtures, drawn, scratch_dir, served_app
+from tests.browser_harness import ROOT, browser_fixtures, scratch_dir, served_app
 from tests.test_browser import no_exception, settle
 
 pytestmark = pytest.mark.browser
@@ -64,7 +64,7 @@ def goto(page, url: str, path: str, title: str, **params) -> None:
     settle(page)
     page.wait_for_function(
         "() => !document.querySelector('[data-testid=\"stSkeleton\"]')", timeout=30_000)
-    drawn(page)                          # tables and charts draw after the script has run
+    page.wait_for_timeout(1500)          # charts draw after the script has run
 
 
 # Per plotly chart of the page: its title, the container's box, the x axis's range and title,
@@ -194,7 +194,7 @@ def test_the_sidebar_step_is_marked_and_hidden_where_unused(page, server):
     picker.click()
     page.get_by_role("option", name="8", exact=True).click()
     settle(page)
-    drawn(page)
+    page.wait_for_timeout(1500)
     charts = step_charts(page)
     assert all(c["shapes"] == [[8, 8]] for c in charts), {c["title"]: c["shapes"] for c in charts}
     sidebar = page.locator('[data-testid="stSidebar"]')

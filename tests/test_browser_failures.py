@@ -18,7 +18,7 @@ import pytest
 from storage import queries
 from storage.recorder import Recorder
 from tests.app_fixtures import INVALID_FEEDBACK, RUN_NAMES, SCRIPT_TRAJ, make_demo_store
-from tests.browser_harness import ROOT, browser_fixtures, drawn, scratch_dir, served_app
+from tests.browser_harness import ROOT, browser_fixtures, scratch_dir, served_app
 from tests.test_browser import no_exception, settle
 
 pytestmark = pytest.mark.browser
@@ -76,7 +76,7 @@ def goto(page, server, path: str, title: str, run: str = "demo-search-starpo", *
     settle(page)
     page.wait_for_function(
         "() => !document.querySelector('[data-testid=\"stSkeleton\"]')", timeout=30_000)
-    drawn(page)                          # tables and charts draw after the script has run
+    page.wait_for_timeout(1000)          # tables and charts draw after the script has run
 
 
 def results(page):

@@ -28,7 +28,7 @@ import pytest
 from pages import _clusterjob
 from storage import queries
 from tests.app_fixtures import RUN_NAMES, make_demo_store
-from tests.browser_harness import ROOT, browser_fixtures, drawn, scratch_dir, served_app
+from tests.browser_harness import ROOT, browser_fixtures, scratch_dir, served_app
 from tests.test_browser import no_exception, settle
 
 pytestmark = pytest.mark.browser
@@ -63,7 +63,7 @@ def goto(page, url: str, path: str, title: str, store: str, run: str, **params) 
     settle(page)
     page.wait_for_function(
         "() => !document.querySelector('[data-testid=\"stSkeleton\"]')", timeout=30_000)
-    drawn(page)                          # tables and charts draw after the script has run
+    page.wait_for_timeout(1000)          # tables and charts draw after the script has run
 
 
 def match_count(page) -> int:

@@ -13,7 +13,7 @@ import urllib.parse
 import duckdb
 import pytest
 
-from tests.browser_harness import ROOT, browser_fixtures, drawn, scratch_dir, served_app
+from tests.browser_harness import ROOT, browser_fixtures, scratch_dir, served_app
 from tests.test_browser import no_exception, settle
 
 pytestmark = pytest.mark.browser
@@ -44,7 +44,7 @@ def goto(page, server, path: str, title: str, **params) -> None:
     page.goto(f"{url}/{path}?{urllib.parse.urlencode({'store': store, **params})}")
     page.get_by_role("heading", name=title, exact=True).first.wait_for(timeout=60_000)
     settle(page)
-    drawn(page)                          # tables and charts draw after the script has run
+    page.wait_for_timeout(1000)          # tables draw after the script has run
 
 
 def _kiwi() -> str:
