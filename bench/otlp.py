@@ -149,6 +149,62 @@ def count(db: Path, sql: str):
         return con.execute(sql).fetchone()[0]
 
 
+def payloads(a: int, traces: int, turns: int, batched: bool) -> list[bytes]:
+    """Agent ``a``'s bodies: ``traces`` traces of ``turns`` turns (2 spans each) and a root, one
+    body per trace (``batched``) or per turn."""
+    t0, out = time.time_ns(), []
+    for _ in range(traces):
+        tid, root = os.urandom(16), os.urandom(8)
+        bodies = [turn_spans(turn, root, t0) for turn in range(turns)]
+        bodies.append([{"id": root, "name": "invoke_agent", "start": t0,
+                        "attrs": {"agentrl.reward": 1.0}}])
+        out += [body(f"agent-{a}", tid, spans)
+                for spans in ([sum(bodies, [])] if batched else bodies)]
+    return out
+
+
+def post_all(port: int, made: list[list[bytes]], keep_alive: bool = True) -> None:
+    """Each agent's bodies posted in order from a thread of its own, each POST after the last's
+    answer, as an exporter does."""
+    def agent(a: int):
+        client = Client(port, keep_alive)
+        for payload in made[a]:
+            status = client.post(payload)
+            if status != 200:
+                raise RuntimeError(f"agent {a}: answered {status}")
+        client.close()
+
+    threads = [threading.Thread(target=agent, args=(a,)) for a in range(len(made))]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+
+
+def ceiling(agents: int, traces: int, batched: bool, decoding: bool, turns: int = 4) -> dict:
+    """spans/s acknowledged by bench/otlp_ceiling.py (the receiver's server, storing nothing)
+    for the same bodies from the same clients: what this machine allows the receiver at best."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "otlp_ceiling.py"), "--port",
+                             str(port)] + (["--decode"] if decoding else []),
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        proc.stdout.readline()
+        made = [payloads(a, traces, turns, batched) for a in range(agents)]
+        spans = agents * traces * (1 + 2 * turns)
+        cpu = psutil.Process(proc.pid).cpu_times()
+        load = os.getloadavg()[0]
+        started = time.perf_counter()
+        post_all(port, made)
+        took = time.perf_counter() - started
+        used = psutil.Process(proc.pid).cpu_times()
+    finally:
+        proc.send_signal(2)
+        proc.wait(30)
+    return {"spans": spans, "acked_per_s": spans / took, "load": load,
+            "server_cpu_s": used.user + used.system - cpu.user - cpu.system}
+
+
 def throughput(tmp: Path, agents: int, traces: int, turns: int = 4, batched: bool = False,
                keep_alive: bool = True, team_catalog: str | None = None) -> dict:
     """``batched``: one body per trace (as a BatchSpanProcessor sends an agent's spans), else
@@ -162,32 +218,11 @@ def throughput(tmp: Path, agents: int, traces: int, turns: int = 4, batched: boo
         db = team_store.init(tmp / f"team{int(batched)}-{os.urandom(4).hex()}", team_catalog)
     proc, port = start(db)
     expected = agents * traces * (1 + 2 * turns)
-
-    def payloads(a: int) -> list[bytes]:
-        t0, out = time.time_ns(), []
-        for _ in range(traces):
-            tid, root = os.urandom(16), os.urandom(8)
-            bodies = [turn_spans(turn, root, t0) for turn in range(turns)]
-            bodies.append([{"id": root, "name": "invoke_agent", "start": t0,
-                            "attrs": {"agentrl.reward": 1.0}}])
-            out += [body(f"agent-{a}", tid, spans)
-                    for spans in ([sum(bodies, [])] if batched else bodies)]
-        return out
-
-    made = [payloads(a) for a in range(agents)]
-
-    def agent(a: int):
-        client = Client(port, keep_alive)
-        for payload in made[a]:
-            client.post(payload)
-        client.close()
-
+    made = [payloads(a, traces, turns, batched) for a in range(agents)]
     cpu, mine = psutil.Process(proc.pid).cpu_times(), psutil.Process().cpu_times()
     load = os.getloadavg()[0]
     started = time.perf_counter()
-    threads = [threading.Thread(target=agent, args=(a,)) for a in range(agents)]
-    [t.start() for t in threads]
-    [t.join() for t in threads]
+    post_all(port, made, keep_alive)
     posted = time.perf_counter() - started
     turns_expected = agents * traces * turns
     while count(db, "SELECT count(*) FROM spans") < expected or count(
@@ -327,7 +362,26 @@ def main() -> None:
     p.add_argument("--new-connection", action="store_true",
                    help="each POST on a connection of its own (the default keeps one per agent, "
                         "as the SDK's exporter does)")
+    p.add_argument("--ceiling", action="store_true",
+                   help="only the ceiling: spans/s acknowledged by the receiver's server storing "
+                        "nothing (bench/otlp_ceiling.py), without and with decoding, beside the "
+                        "receiver's, for both body sizes, --rounds times")
     args = p.parse_args()
+    if args.ceiling:
+        for _ in range(args.rounds):
+            for batched in (False, True):
+                bare = ceiling(args.agents, args.traces, batched, False)
+                decoded = ceiling(args.agents, args.traces, batched, True)
+                with tempfile.TemporaryDirectory() as d:
+                    t = throughput(Path(d), args.agents, args.traces, batched=batched)
+                print(f"{'a body per trace' if batched else 'a body per turn '}: acknowledged "
+                      f"spans/s: server storing nothing {bare['acked_per_s']:6.0f} (load "
+                      f"{bare['load']:.1f}, server CPU {bare['server_cpu_s']:.1f} s); + decoding "
+                      f"{decoded['acked_per_s']:6.0f} (CPU {decoded['server_cpu_s']:.1f} s); "
+                      f"the receiver {t['acked_per_s']:6.0f} (CPU {t['receiver_cpu_s']:.1f} s), "
+                      f"all in trajectories {t['spans_per_s']:6.0f}; floor 10000; "
+                      f"{bare['spans']} spans, {args.agents} agents", flush=True)
+        return
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         if args.kill:
