@@ -44,6 +44,12 @@ FLOPs), ``2 V d`` the LM head, ``4 L d c`` attention's QK^T and AV over a contex
 ``torch.matmul`` timed in the same run on the model's own decode shapes ((B, d) x (d, V),
 (B, d) x (d, ffn), (B, ffn) x (ffn, d), B = rows in the batch) and on a large square product
 (the machine's best case).
+
+Those percentages count the generated tokens' FLOPs only, over the whole rollout's time, which
+also holds the prefills (prompts, observations), the sampling and the environment. So the
+network calls are also timed by kind (``Forwards``): the decode calls' FLOPs against matmul on
+the batch sizes they had, and the whole rollout against its ceiling, the time its decode and
+prefill FLOPs take at torch.matmul's rate on those batch sizes and on a large product.
 """
 from __future__ import annotations
 
@@ -110,6 +116,56 @@ def batched(policy, env, tasks, group_size: int, sampling: Sampling, seed: int,
     return len(positions), positions
 
 
+class Forwards:
+    """Every network call the batched engine makes (core/model/kv_cache.py ``Batch._run``), timed
+    and sorted by kind: a decode step (one new token a row) or a prefill (a prompt, an
+    observation: several a row). Decode FLOPs over the decode calls' time, against matmul timed on
+    the batch sizes those calls had (weighted by the tokens each made), is the share the decode
+    itself reaches; the rest of a rollout's time is prefill, sampling and the environment."""
+
+    def __init__(self):
+        self.decode_s = self.prefill_s = 0.0
+        self.decode_rows: dict[int, int] = {}  # rows in a decode call -> tokens made at that size
+        self.prefill_tokens = self.prefill_rows = 0
+        self.prefill_positions = 0  # their positions summed (attention's context)
+        self.on = False
+
+    def prefill_flops(self, parts: dict) -> float:
+        """The prefill calls' FLOPs: 2 N_linear + 4 L d c a token at its position c, and the LM
+        head on each row's last token only (2 V d a row and call)."""
+        return (2 * parts["N_linear"] * self.prefill_tokens
+                + 4 * parts["L"] * parts["d"] * self.prefill_positions
+                + 2 * parts["V"] * parts["d"] * self.prefill_rows)
+
+    def __enter__(self):
+        from core.model import kv_cache
+        self._original = original = kv_cache.Batch._run
+        me = self
+
+        def run(batch, ids, new_mask, pos, n, width):
+            if not me.on:
+                return original(batch, ids, new_mask, pos, n, width)
+            t0 = time.perf_counter()
+            out = original(batch, ids, new_mask, pos, n, width)
+            took = time.perf_counter() - t0
+            if width == 1:
+                me.decode_s += took
+                me.decode_rows[n] = me.decode_rows.get(n, 0) + n
+            else:
+                me.prefill_s += took
+                me.prefill_tokens += int(new_mask.sum())
+                me.prefill_rows += n
+                me.prefill_positions += int((pos * new_mask).sum())
+            return out
+
+        kv_cache.Batch._run = run
+        return self
+
+    def __exit__(self, *exc):
+        from core.model import kv_cache
+        kv_cache.Batch._run = self._original
+
+
 def profile(policy, env, tasks, group_size: int, sampling: Sampling, seed: int,
             top: int) -> None:
     """cProfile of one batched rollout (KV reused): the ``top`` functions by their own time, then
@@ -138,6 +194,30 @@ def flops_per_token(policy, context: float) -> tuple[float, dict]:
     d, V, L = cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers
     parts = {"N_linear": n_linear, "V": V, "d": d, "L": L, "c": context}
     return 2 * n_linear + 2 * V * d + 4 * L * d * context, parts
+
+
+def decode_rate(policy, rows: dict[int, int], repeats: int = 10) -> float:
+    """torch.matmul's FLOP/s on the decode shapes at the batch sizes the decode calls had,
+    weighted by the tokens made at each: the time those tokens' products take at best."""
+    cfg = policy.base.config
+    d, V, ffn = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
+    flops = seconds = 0.0
+    for b, made in rows.items():
+        mats = [(torch.randn(b, k), torch.randn(k, n)) for k, n in ((d, V), (d, ffn), (ffn, d),
+                                                                  (d, d))]
+        per_call = sum(2 * a.shape[0] * a.shape[1] * w.shape[1] for a, w in mats)
+        for a, w in mats:
+            torch.matmul(a, w)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for a, w in mats:
+                torch.matmul(a, w)
+            times.append(time.perf_counter() - t0)
+        calls = made / b
+        flops += per_call * calls
+        seconds += statistics.median(times) * calls
+    return flops / seconds
 
 
 def matmul_rates(policy, rows: int, repeats: int = 20) -> tuple[float, float, float]:
@@ -219,6 +299,7 @@ def main() -> None:
     positions: list[int] = []
     per_repeat: dict[str, list[float]] = {n: [] for n in names}
     per_repeat_cpu: dict[str, list[float]] = {n: [] for n in names}
+    forwards = {n: Forwards() for n in names}
     with torch.no_grad():
         for warm in ("fp32", "bf16"):  # first use of each precision's kernels, untimed
             batched(policy, env, tasks[:1], 2, Sampling(max_turns=1, max_new_tokens=4,
@@ -227,7 +308,9 @@ def main() -> None:
             order = names[rep % len(names):] + names[:rep % len(names)]
             for name in order:
                 t0, c0 = time.perf_counter(), time.process_time()
-                n, pos = variants[name](100 + rep)
+                with forwards[name] as f:
+                    f.on = name != names[-1] and "re-encode" not in name
+                    n, pos = variants[name](100 + rep)
                 took = time.perf_counter() - t0
                 seconds[name] += took
                 per_repeat[name].append(n / took)
@@ -259,6 +342,25 @@ def main() -> None:
         tps = tokens[bf16_name] / seconds[bf16_name]
         print(f"{bf16_name}: {flops * tps / 1e9:.2f} GFLOP/s, {100 * flops * tps / mm_bf16:.1f}% "
               f"of torch.matmul's bf16 rate on the decode shapes ({mm_bf16 / 1e9:.2f} GFLOP/s)")
+    for name in names:
+        f = forwards[name]
+        if not f.decode_rows or "bf16" in name:
+            continue
+        made = sum(f.decode_rows.values())
+        rate = decode_rate(policy, f.decode_rows)
+        print(f"{name}: of {seconds[name]:.1f} s, decode calls {f.decode_s:.1f} s ({made} tokens, "
+              f"{made / sum(k and made_k / k for k, made_k in f.decode_rows.items()):.1f} rows a "
+              f"call on average), prefill calls {f.prefill_s:.1f} s ({f.prefill_tokens} tokens), "
+              f"the rest {seconds[name] - f.decode_s - f.prefill_s:.1f} s; decode FLOPs over the "
+              f"decode calls' time {100 * flops * made / f.decode_s / rate:.1f}% of torch.matmul "
+              f"on their batch sizes ({rate / 1e9:.2f} GFLOP/s), "
+              f"{100 * flops * made / f.decode_s / mm_decode:.1f}% of the B="
+              f"{args.tasks * args.group_size} rate")
+        best = flops * made / rate + f.prefill_flops(parts) / mm_square
+        print(f"  the whole rollout at the matmul ceiling: decode {flops * made / 1e9:.0f} GFLOP "
+              f"at {rate / 1e9:.2f} GFLOP/s + prefill {f.prefill_flops(parts) / 1e9:.0f} GFLOP at "
+              f"the 1024^3 rate = {best:.1f} s against {seconds[name]:.1f} s: "
+              f"{100 * best / seconds[name]:.1f}% of the ceiling")
     for what, rates in (("wall", per_repeat), ("CPU", per_repeat_cpu)):
         print(f"per repeat, tokens per {what} second over {names[-1]}'s in the same repeat "
               f"(min / median / max):")
