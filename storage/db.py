@@ -40,6 +40,7 @@ opened with ``reading`` too: it is served read-only as views over its Parquet fi
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import itertools
@@ -153,10 +154,9 @@ def _turn(path: Path, exclusive: bool, deadline: float) -> Iterator[None]:
 
 
 # -- connections --------------------------------------------------------------------------------
-def _connect_file(path: Path, read_only: bool, deadline: float,
-                  open_=None) -> duckdb.DuckDBPyConnection:
-    """``duckdb.connect`` (or ``open_()``: the same open another way), retried while DuckDB's
-    own lock refuses it, its errors named."""
+def _connect_file(path: Path, read_only: bool, deadline: float, open_=None):
+    """``duckdb.connect`` (or ``open_()``: the same open another way, an ATTACH), retried while
+    DuckDB's own lock refuses it, its errors named."""
     delay = 0.005
     while True:
         try:
@@ -187,66 +187,135 @@ def _connect_file(path: Path, read_only: bool, deadline: float,
 # a page's rerun makes a dozen. ATTACHing the file READ_ONLY to an instance that stays open
 # costs ~1 ms, and holds and releases DuckDB's file lock as a read-only connection does (a
 # writing process is refused while it is attached, let in once it is detached; measured). So
-# ``reading`` takes an in-memory instance from a pool, attaches the store to it under a name of
-# its own, makes that the cursor's default database (``USE``: the queries' unqualified names are
-# the store's), and on leaving detaches it and puts the instance back. An instance serves one
-# reading at a time: what is attached to it is visible to every cursor of it (in
-# ``information_schema``, say), so a reading nested in another takes another instance.
-MAX_IDLE_INSTANCES = 8
+# ``reading`` attaches a store to an in-memory instance taken from a pool, under a name of its
+# own, gives each reading a cursor whose default database it is (``USE``: the queries'
+# unqualified names are the store's), and detaches it when the last reading of it ends.
+# * One attachment per file at a time in a process, shared by the readings that overlap: DuckDB
+#   locks a file with fcntl locks, which are the process's, so closing any second handle on the
+#   file would drop the lock the first one holds (as one instance per file did before, through
+#   DuckDB's own instance cache).
+# * One store per instance: what is attached is visible to every cursor of the instance
+#   (``information_schema`` lists it), so another store takes another instance.
+# * A reading must not change settings (``SET``): they are the instance's and would outlive it.
+#   ``reading(..., own_instance=True)`` gives a caller that does an instance of its own.
+# * An instance spills to a private temp directory (a file connection spilled next to its file).
+# * Idle instances are closed before a fork (a forked child that exited normally crashed in a
+#   parent's instance's destructor) and at exit, before the interpreter's teardown.
+MAX_IDLE_INSTANCES = 4
 _idle: list[duckdb.DuckDBPyConnection] = []
-_idle_lock = threading.Lock()
-_idle_pid = [os.getpid()]
+_shared: dict[str, "_Attachment"] = {}
+_pool_lock = threading.Lock()      # _idle and _shared (each attachment has a lock of its own)
 _names = itertools.count()
 
 
+class _Attachment:
+    """A store attached to an instance of the pool, and the readings using it."""
+    __slots__ = ("key", "base", "name", "users", "lock")
+
+    def __init__(self, key: str):
+        self.key, self.base, self.name, self.users = key, None, None, 0
+        self.lock = threading.Lock()   # held while it is attached or detached
+
+
+def _spill_dir() -> str:
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return str(Path(tempfile.gettempdir()) / f"agentrl-duckdb-spill-{uid}")
+
+
 def _instance() -> duckdb.DuckDBPyConnection:
-    with _idle_lock:
-        if _idle_pid[0] != os.getpid():  # a forked child: its parent's instances are not its own
-            _idle.clear()
-            _idle_pid[0] = os.getpid()
+    with _pool_lock:
         if _idle:
             return _idle.pop()
-    return duckdb.connect(":memory:")
+    return duckdb.connect(":memory:", config={"temp_directory": _spill_dir()})
 
 
-def _attached(path: Path, deadline: float
-              ) -> tuple[duckdb.DuckDBPyConnection, duckdb.DuckDBPyConnection, str]:
-    """(an instance of the pool, a cursor of it with ``path`` attached read-only as its default
-    database, the name it is attached under)."""
-    base = _instance()
-    name = f"store_{next(_names)}"
-    quoted = str(path).replace("'", "''")
-
-    def attach():
-        cur = base.cursor()
-        try:
-            cur.execute(f"ATTACH '{quoted}' AS {name} (READ_ONLY)")
-            cur.execute(f"USE {name}")
-        except BaseException:
-            cur.close()
-            raise
-        return cur
-
-    try:
-        return base, _connect_file(path, True, deadline, attach), name
-    except BaseException:
-        _release(base, None)
-        raise
-
-
-def _release(base: duckdb.DuckDBPyConnection, name: str | None) -> None:
-    """Detach ``name`` and put ``base`` back in the pool (closed instead if that fails)."""
-    try:
-        if name is not None:
-            base.execute(f"DETACH DATABASE IF EXISTS {name}")
-    except BaseException:
-        base.close()                         # closing the instance detaches everything
-        raise
-    with _idle_lock:
-        if _idle_pid[0] == os.getpid() and len(_idle) < MAX_IDLE_INSTANCES:
+def _put_back(base: duckdb.DuckDBPyConnection) -> None:
+    with _pool_lock:
+        if len(_idle) < MAX_IDLE_INSTANCES:
             _idle.append(base)
             return
     base.close()
+
+
+def _close_idle() -> None:
+    with _pool_lock:
+        idle, _idle[:] = list(_idle), []
+    for base in idle:
+        base.close()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_close_idle)
+atexit.register(_close_idle)
+
+
+def _detach(entry: _Attachment) -> None:
+    """Detach ``entry``'s store (call with ``entry.lock``); its instance back to the pool, or
+    closed (which detaches everything) if the DETACH failed."""
+    base, name = entry.base, entry.name
+    entry.base = entry.name = None
+    try:
+        base.execute(f"DETACH DATABASE IF EXISTS {name}")
+    except BaseException:
+        base.close()
+        raise
+    _put_back(base)
+
+
+def _attach(entry: _Attachment, path: Path, deadline: float) -> None:
+    """Attach ``path`` read-only to an instance of the pool (call with ``entry.lock``)."""
+    base, name = _instance(), f"store_{next(_names)}"
+    quoted = str(path).replace("'", "''")
+    try:
+        _connect_file(path, True, deadline,
+                      lambda: base.execute(f"ATTACH '{quoted}' AS {name} (READ_ONLY)"))
+    except BaseException:
+        try:                           # an interrupt may land after the ATTACH took effect
+            base.execute(f"DETACH DATABASE IF EXISTS {name}")
+        except BaseException:
+            base.close()
+            raise
+        _put_back(base)
+        raise
+    entry.base, entry.name = base, name
+
+
+def _leave(entry: _Attachment) -> None:
+    with _pool_lock:
+        entry.users -= 1
+        if entry.users:
+            return
+    with entry.lock:
+        with _pool_lock:
+            last = entry.users == 0
+        if last and entry.base is not None:
+            _detach(entry)
+    with _pool_lock:
+        if entry.users == 0 and entry.base is None and _shared.get(entry.key) is entry:
+            del _shared[entry.key]
+
+
+@contextlib.contextmanager
+def _attached(path: Path, deadline: float) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A cursor whose default database is ``path``, attached read-only (see above)."""
+    key = os.path.realpath(path)
+    with _pool_lock:
+        entry = _shared.get(key)
+        if entry is None:
+            entry = _shared[key] = _Attachment(key)
+        entry.users += 1
+    try:
+        with entry.lock:
+            if entry.base is None:
+                _attach(entry, path, deadline)
+            cur = entry.base.cursor()
+        try:
+            cur.execute(f"USE {entry.name}")
+            yield cur
+        finally:
+            cur.close()
+    finally:
+        _leave(entry)
 
 
 def connect(path: str | Path | None, read_only: bool = False,
@@ -297,12 +366,8 @@ def reading(path: str | Path, timeout_s: float = LOCK_TIMEOUT_S, own_instance: b
             finally:
                 con.close()
             return
-        base, con, name = _attached(path, deadline)
-        try:
+        with _attached(path, deadline) as con:
             yield con
-        finally:
-            con.close()
-            _release(base, name)
 
 
 @contextlib.contextmanager
