@@ -96,9 +96,13 @@ def test_ctrl_c_stops_an_import_keeping_what_it_wrote_and_marks_it_failed(tmp_pa
                        "turns": [{"action": "act " * 1000, "observation": "obs " * 1000}]})
     source.write_text("".join(f'{{"traj_id": "t{i}", {line[1:]}\n' for i in range(5_000)),
                       encoding="utf-8")  # ~70 MB: seconds to import, the first batch at once
+    # Ctrl-C as a foreground program gets it: a parent that ignores SIGINT (a test before this
+    # one in the same worker left it ignored) hands the ignoring on, and the import then ran to
+    # its end ('finished') in whole-suite runs
     proc = subprocess.Popen([sys.executable, "-m", "storage.io", "import", str(source), "--db",
                              str(store), "--run-id", "cut"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_for(lambda: store.exists() and _q(store, "SELECT count(*) FROM trajectories")[0][0]
                  > 0, timeout=60)
