@@ -134,7 +134,7 @@ def _serve(store: str, sql: str, max_rows: int, timeout_s: float, max_bytes: int
         pass
     result: dict = {}
     try:
-        with db.reading(store) as con:
+        with db.reading(store, own_instance=True) as con:  # its SETs are the instance's
             _lock_down(con, Path(store))
 
             def work() -> None:
