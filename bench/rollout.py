@@ -196,52 +196,50 @@ def flops_per_token(policy, context: float) -> tuple[float, dict]:
     return 2 * n_linear + 2 * V * d + 4 * L * d * context, parts
 
 
+def decode_shapes(policy, rows: int) -> list[tuple[int, int, int]]:
+    """The (m, k, n) products of a decode step over ``rows`` rows: head, MLP in and out, a
+    projection."""
+    cfg = policy.base.config
+    d, V, ffn = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
+    return [(rows, d, V), (rows, d, ffn), (rows, ffn, d), (rows, d, d)]
+
+
+def matmul_rate(shapes, dtype=torch.float32, repeats: int = 20) -> float:
+    """torch.matmul's FLOP/s over ``shapes`` (m, k, n), median of ``repeats`` after a warm-up."""
+    mats = [(torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype))
+            for m, k, n in shapes]
+    flops = sum(2 * m * k * n for m, k, n in shapes)
+    for a, b in mats:
+        torch.matmul(a, b)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for a, b in mats:
+            torch.matmul(a, b)
+        times.append(time.perf_counter() - t0)
+    return flops / statistics.median(times)
+
+
 def decode_rate(policy, rows: dict[int, int], repeats: int = 10) -> float:
     """torch.matmul's FLOP/s on the decode shapes at the batch sizes the decode calls had,
     weighted by the tokens made at each: the time those tokens' products take at best."""
-    cfg = policy.base.config
-    d, V, ffn = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
     flops = seconds = 0.0
     for b, made in rows.items():
-        mats = [(torch.randn(b, k), torch.randn(k, n)) for k, n in ((d, V), (d, ffn), (ffn, d),
-                                                                  (d, d))]
-        per_call = sum(2 * a.shape[0] * a.shape[1] * w.shape[1] for a, w in mats)
-        for a, w in mats:
-            torch.matmul(a, w)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for a, w in mats:
-                torch.matmul(a, w)
-            times.append(time.perf_counter() - t0)
+        shapes = decode_shapes(policy, b)
+        per_call = sum(2 * m * k * n for m, k, n in shapes)
         calls = made / b
         flops += per_call * calls
-        seconds += statistics.median(times) * calls
+        seconds += per_call / matmul_rate(shapes, repeats=repeats) * calls
     return flops / seconds
 
 
 def matmul_rates(policy, rows: int, repeats: int = 20) -> tuple[float, float, float]:
     """(FLOP/s on the model's decode shapes, FLOP/s on a 1024^3 product, FLOP/s on the decode
     shapes in bf16: the bf16 sampling pass's own ceiling), timed here and now."""
-    cfg = policy.base.config
-    d, V, ffn = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
-    shapes = [(rows, d, V), (rows, d, ffn), (rows, ffn, d), (rows, d, d)]
-
-    def rate(shape_list, dtype=torch.float32) -> float:
-        mats = [(torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype))
-                for m, k, n in shape_list]
-        flops = sum(2 * m * k * n for m, k, n in shape_list)
-        for a, b in mats:
-            torch.matmul(a, b)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for a, b in mats:
-                torch.matmul(a, b)
-            times.append(time.perf_counter() - t0)
-        return flops / statistics.median(times)
-
-    return rate(shapes), rate([(1024, 1024, 1024)]), rate(shapes, torch.bfloat16)
+    shapes = decode_shapes(policy, rows)
+    return (matmul_rate(shapes, repeats=repeats), matmul_rate([(1024, 1024, 1024)],
+                                                             repeats=repeats),
+            matmul_rate(shapes, torch.bfloat16, repeats))
 
 
 def main() -> None:
