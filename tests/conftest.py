@@ -22,19 +22,6 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture(autouse=True)
-def sigint_as_it_was():
-    """A test ends with SIGINT's handler as it found it. Code run in-process (the product's own
-    Ctrl-C handling, a library) can leave SIGINT ignored, and an ignored SIGINT is inherited by
-    every process a later test of the worker starts: an import sent Ctrl-C then ran to its end
-    (tests/test_import_isolation.py, in whole-suite runs)."""
-    import signal
-    before = signal.getsignal(signal.SIGINT)
-    yield
-    if before is not None and signal.getsignal(signal.SIGINT) is not before:
-        signal.signal(signal.SIGINT, before)
-
-
 @pytest.fixture(scope="session", autouse=True)
 def one_component_scan_per_process():
     """Every AppTest shares one component registry, as a served app's sessions share its
