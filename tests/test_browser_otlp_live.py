@@ -10,6 +10,7 @@ Run alone: ``.venv/bin/python -m pytest -q tests/test_browser_otlp_live.py``.
 from __future__ import annotations
 
 import json
+import time
 import urllib.parse
 
 import pytest
@@ -43,6 +44,19 @@ def test_replay_follows_an_otel_agent_while_it_runs():
             receiver.stop()
 
 
+def codes_showing(page, text: str, timeout_s: float = 30.0) -> list[str]:
+    """The page's code blocks' texts (stripped) once one of them is ``text``, or as they are at
+    the deadline. The page is live: its follow fragment (app.py) reruns the whole script when the
+    run's version moves (an open trajectory's ``info`` is part of it), and such a rerun can start
+    just after ``settle`` saw the page still. One read of the blocks came back empty in CI."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        codes = [t.strip() for t in page.locator("[data-testid=stCode]").all_inner_texts()]
+        if text in codes or time.monotonic() > deadline:
+            return codes
+        page.wait_for_timeout(200)
+
+
 def follow(page, url: str, tp, db, store) -> None:
     """The agent's turns as it goes, and Replay on them at each point."""
     tracer = tp.get_tracer("test-agent")
@@ -67,11 +81,11 @@ def follow(page, url: str, tp, db, store) -> None:
     main = page.locator("[data-testid=stMain]")
     main.get_by_text(LIVE).first.wait_for(timeout=30_000)
     settle(page)
-    codes = page.locator("[data-testid=stCode]").all_inner_texts()
+    codes = codes_showing(page, observation.strip())
     # the action, a tool call: shown as a call (its name, its arguments in a grid)
     assert action == "add(x=2, y=3)"
     assert "Tool call · add" in main.inner_text()
-    assert observation.strip() in [t.strip() for t in codes], codes  # escaped: text
+    assert observation.strip() in codes, codes  # escaped: text
     assert main.locator("img[src=x]").count() == 0
     no_exception(page)
 
@@ -88,7 +102,7 @@ def follow(page, url: str, tp, db, store) -> None:
     page.goto(f"{url}/replay?{query.replace('turn=0', 'turn=1')}")
     main.get_by_text("Turn 1 of 2").first.wait_for(timeout=30_000)
     settle(page)
-    assert "The answer is 5" in page.locator("[data-testid=stCode]").all_inner_texts()
+    assert "The answer is 5" in codes_showing(page, "The answer is 5")
     no_exception(page)
 
     # the root ends: the trajectory closes and the page stops calling it live
