@@ -34,12 +34,7 @@ from core.config import (ALGOS, ENDPOINT_PREFIX, ENVS, PRESETS, ConfigError, Tra
                          env_kwargs, validate)
 from core.algorithms import REGISTRY
 from core.envs import plugins
-from core.learn.distributed import ONE
-from core.model.device import resolve
-from core.model.policy import ModelNotAvailable
-from core.run.collection import main as collect_main
 from core.run.lifecycle import record_and_exit
-from core.run.trainer import train
 from storage import queries
 from storage.db import StoreError
 from storage.recorder import NullRecorder, Recorder
@@ -153,6 +148,8 @@ def _stored_config(db_path: str, run_id: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # torch and the model stack (~1.7 s of imports) load only once the configuration is good:
+    # a bad flag, file or plugin is refused at once, before any of it (exit 2)
     args = build_parser().parse_args(argv)
     ranks = None
     try:
@@ -172,10 +169,14 @@ def main(argv: list[str] | None = None) -> int:
         if ranks is not None:
             ranks.close()
         return 2
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")      # before the hub's library reads them
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from core.learn.distributed import ONE
+    from core.model.policy import ModelNotAvailable
+    from core.run.collection import main as collect_main
+    from core.run.trainer import train
     if cfg.model.startswith(ENDPOINT_PREFIX):  # a server as the policy: collects, never trains
         return collect_main(cfg, args, ranks)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     return record_and_exit(
         cfg.db, lambda: Recorder(cfg.db) if ranks is None or ranks.main else NullRecorder(),
         lambda recorder: train(cfg, recorder, progress=not getattr(args, "quiet", False),
@@ -188,6 +189,7 @@ def _device_error(cfg: TrainConfig, ranks) -> str | None:
     """Why ``cfg.device`` cannot be had on this machine (e.g. cuda without a GPU), else None.
     Under torchrun every rank checks its own (cuda:LOCAL_RANK) and all learn of any failure, so
     they exit 2 together instead of waiting for one another."""
+    from core.model.device import resolve   # torch: after the configuration's own checks
     try:
         resolve(cfg.device, ranks.local_rank if ranks else 0, ranks.world if ranks else 1)
         error = None
