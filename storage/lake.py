@@ -50,6 +50,7 @@ RETRY_WAIT_MS = 20       # the first retry's wait, growing by RETRY_BACKOFF
 RETRY_BACKOFF = 1.5
 OPEN_TRIES = 50          # opens of a cursor while a SQLite catalog is locked by a commit
 ORPHAN_AGE_S = 3600         # a file no snapshot names, this old, was left by a killed writer
+UNNEEDED_AGE_S = 3600       # a file no live snapshot needs is deleted this long after it stopped
 FOLD_EVERY_S = 300.0     # how often a receiver or follow folds a team store's files
 FOLD_TRIES = 20          # a fold that loses to writers' commits is run again
 POSTGRES_RE = re.compile(r"^postgres:[\w=. /:@-]{1,400}$")
@@ -272,15 +273,18 @@ def snapshot(path: str | Path) -> int:
 
 def fold(path: str | Path) -> dict:
     """Fold the small Parquet files that frequent appends leave (one per commit) into larger
-    ones and delete the files no snapshot needs any more, and those a killed writer left (no
-    snapshot names them; over ``ORPHAN_AGE_S`` old, so a transaction still writing keeps its
-    own). Returns the data file count before and after."""
+    ones, and delete the files no snapshot needs any more once ``UNNEEDED_AGE_S`` have passed
+    since (a reader or writer whose transaction began at an earlier snapshot is still scanning
+    them: deleted at once, its next read failed with 'Cannot open file'), and those a killed
+    writer left (no snapshot names them; over ``ORPHAN_AGE_S`` old, so a transaction still
+    writing keeps its own). Returns the data file count before and after."""
     cur = connection(path).cursor()
     try:
         before = _file_count(cur)
         for step in (f"CALL ducklake_merge_adjacent_files('{ALIAS}')",
                      f"CALL ducklake_expire_snapshots('{ALIAS}', older_than => now())",
-                     f"CALL ducklake_cleanup_old_files('{ALIAS}', cleanup_all => true)",
+                     f"CALL ducklake_cleanup_old_files('{ALIAS}', older_than => now() - "
+                     f"INTERVAL {UNNEEDED_AGE_S} SECOND)",
                      f"CALL ducklake_delete_orphaned_files('{ALIAS}', older_than => now() - "
                      f"INTERVAL {ORPHAN_AGE_S} SECOND)"):
             for attempt in range(FOLD_TRIES):    # a writer's commit came first: fold again
