@@ -175,8 +175,10 @@ def intro(page: str) -> None:
 def title(text: str, page: str) -> None:
     """The page's title with its intro beside it, not under it: a line under the title pushed
     Train's Launch button below a laptop's fold and Replay's token view a screen further."""
-    left, right = st.columns([1, 4], vertical_alignment="bottom")
-    left.title(text)
+    # wide enough for 'Dynamics' in one line at 1280 px (at [1, 4] four page titles wrapped
+    # there, making the header 222 px tall instead of 169); no anchor link: it took width too
+    left, right = st.columns([1.4, 4], vertical_alignment="bottom")
+    left.title(text, anchor=False)
     with right:
         intro(page)
 
