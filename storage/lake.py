@@ -273,11 +273,15 @@ def snapshot(path: str | Path) -> int:
 
 def fold(path: str | Path) -> dict:
     """Fold the small Parquet files that frequent appends leave (one per commit) into larger
-    ones, and delete the files no snapshot needs any more once ``UNNEEDED_AGE_S`` have passed
-    since (a reader or writer whose transaction began at an earlier snapshot is still scanning
-    them: deleted at once, its next read failed with 'Cannot open file'), and those a killed
-    writer left (no snapshot names them; over ``ORPHAN_AGE_S`` old, so a transaction still
-    writing keeps its own). Returns the data file count before and after."""
+    ones; delete the files no snapshot needs any more once ``UNNEEDED_AGE_S`` have passed, and
+    those a killed writer left (no snapshot names them; over ``ORPHAN_AGE_S`` old, so a
+    transaction still writing keeps its own). Returns the data file count before and after.
+
+    Why the wait: a reader or writer whose transaction began at an earlier snapshot still scans
+    the unneeded files; deleted at once, its next read failed with 'Cannot open file'. DuckLake
+    1.5.5 keeps to the wait on a PostgreSQL catalog only. On a SQLite one it deletes them at the
+    first fold (a dry run lists a file scheduled 0.1 s before for any bound up to 23 h back),
+    where a reader's open transaction holds the catalog's lock, so no commit can pass it."""
     cur = connection(path).cursor()
     try:
         before = _file_count(cur)
