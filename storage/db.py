@@ -249,17 +249,22 @@ if hasattr(os, "register_at_fork"):
 atexit.register(_close_idle)
 
 
-def _detach(entry: _Attachment) -> None:
-    """Detach ``entry``'s store (call with ``entry.lock``); its instance back to the pool, or
-    closed (which detaches everything) if the DETACH failed."""
-    base, name = entry.base, entry.name
-    entry.base = entry.name = None
+def _release(base: duckdb.DuckDBPyConnection, name: str) -> None:
+    """Detach ``name`` from ``base`` if attached, and put ``base`` back in the pool; closed
+    (which detaches everything) if the DETACH failed."""
     try:
         base.execute(f"DETACH DATABASE IF EXISTS {name}")
     except BaseException:
         base.close()
         raise
     _put_back(base)
+
+
+def _detach(entry: _Attachment) -> None:
+    """Detach ``entry``'s store (call with ``entry.lock``)."""
+    base, name = entry.base, entry.name
+    entry.base = entry.name = None
+    _release(base, name)
 
 
 def _attach(entry: _Attachment, path: Path, deadline: float) -> None:
@@ -270,12 +275,7 @@ def _attach(entry: _Attachment, path: Path, deadline: float) -> None:
         _connect_file(path, True, deadline,
                       lambda: base.execute(f"ATTACH '{quoted}' AS {name} (READ_ONLY)"))
     except BaseException:
-        try:                           # an interrupt may land after the ATTACH took effect
-            base.execute(f"DETACH DATABASE IF EXISTS {name}")
-        except BaseException:
-            base.close()
-            raise
-        _put_back(base)
+        _release(base, name)           # an interrupt may land after the ATTACH took effect
         raise
     entry.base, entry.name = base, name
 

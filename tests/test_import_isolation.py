@@ -96,9 +96,9 @@ def test_ctrl_c_stops_an_import_keeping_what_it_wrote_and_marks_it_failed(tmp_pa
                        "turns": [{"action": "act " * 1000, "observation": "obs " * 1000}]})
     source.write_text("".join(f'{{"traj_id": "t{i}", {line[1:]}\n' for i in range(5_000)),
                       encoding="utf-8")  # ~70 MB: seconds to import, the first batch at once
-    # Ctrl-C as a foreground program gets it: a parent that ignores SIGINT (a test before this
-    # one in the same worker left it ignored) hands the ignoring on, and the import then ran to
-    # its end ('finished') in whole-suite runs
+    # Ctrl-C as a foreground program gets it: a parent that ignores SIGINT hands the ignoring
+    # on, and the import then runs to its end ('finished'), as it did in two whole-suite runs
+    # (which test left the worker so was not found)
     proc = subprocess.Popen([sys.executable, "-m", "storage.io", "import", str(source), "--db",
                              str(store), "--run-id", "cut"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
