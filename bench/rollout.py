@@ -7,7 +7,8 @@
         --max-new-tokens 48 --group-size 32 --sequential-rollouts 8 --repeats 2
 
 Three ways to roll out the same tasks x G trajectories on the search environment, same model (the
-LoRA-wrapped policy), seeds, sampling (temperature 1, no top-k/top-p) and token budgets:
+LoRA-wrapped policy), seeds, sampling (temperature 1, no top-k; top-p 1 unless ``--top-p``) and
+token budgets:
 
 * ``batched, KV reused``: ``core.rollout.engine.rollout`` as the trainer calls it. All rows sample
   together; one KV cache lives across turns, so a turn only encodes its new observation tokens;
@@ -92,7 +93,8 @@ def sequential_generate(policy, env, tasks, group_size: int, sampling: Sampling,
                 ids = torch.tensor([history])
                 out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                      max_new_tokens=budget, do_sample=True,
-                                     temperature=sampling.temperature, top_k=0, top_p=1.0,
+                                     temperature=sampling.temperature, top_k=0,
+                                     top_p=sampling.top_p,
                                      stop_strings=list(env.stop_tags), tokenizer=tok,
                                      eos_token_id=eos, pad_token_id=policy.pad_id)
                 new = out[0, len(history):].tolist()
@@ -257,6 +259,8 @@ def main() -> None:
     parser.add_argument("--sequential-rollouts", type=int, default=None,
                         help="time the sequential loop on only the first N rollouts of each task "
                              "(same seeds as the batched rows); tokens/s compares the variants")
+    parser.add_argument("--top-p", type=float, default=1.0,
+                        help="nucleus sampling for every variant (default 1: none)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="instead of the table: cProfile one batched rollout, print the top N")
     args = parser.parse_args()
@@ -266,7 +270,7 @@ def main() -> None:
     env = make_env("search", seed=0)
     tasks = env.tasks("train", args.tasks, 0)
     sampling = Sampling(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
-                        temperature=1.0)
+                        temperature=1.0, top_p=args.top_p)
     bf16 = dataclasses.replace(sampling, precision="bf16")  # --rollout-dtype bf16's pass
     if args.profile:
         with torch.no_grad():

@@ -3,7 +3,9 @@ inverse CDF over the row's probabilities, instead of one exponential per vocabul
 
 What it must keep: the draws follow the (temperature-scaled, top-p truncated) distribution; a
 row's token does not depend on which other rows of the batch are still computed; a seed
-reproduces the draws; greedy is the argmax; a token of probability zero is never drawn.
+reproduces the draws; greedy is the argmax; a token of probability zero is never drawn. Top-p
+finds each row's nucleus without sorting it with torch (97 ms a step for 32 rows of 49,152:
+a flat row, an untrained model's, made top-p rollouts ten times slower).
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import math
 import pytest
 import torch
 
-from core.rollout.draw import _inverse_cdf, sample_next
+from core.rollout.draw import _TOP_P_CANDIDATES, _inverse_cdf, _nucleus_floor, sample_next
 
 LOGITS = torch.tensor([2.0, 1.0, 0.0, -1.0, float("-inf"), 0.5, -3.0, 1.5, -0.5, 0.25])
 
@@ -131,12 +133,13 @@ def test_greedy_is_the_argmax_with_the_untempered_logprobs():
     assert draw.entropy == pytest.approx((-(logp.exp() * logp).sum(-1)).tolist(), abs=1e-4)
 
 
+@pytest.mark.parametrize("top_p, V", [(1.0, 50), (0.9, 50), (0.9, 1000)])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_nan_or_infinite_logits_fail_the_draw_naming_it(bad):
-    logits = torch.zeros(2, 50)
+def test_nan_or_infinite_logits_fail_the_draw_naming_it(bad, top_p, V):
+    logits = torch.zeros(2, V)
     logits[1, 3] = bad
     with pytest.raises(RuntimeError, match="sampling: the probabilities contain nan"):
-        sample_next(logits, 1.0, 1.0, torch.Generator().manual_seed(0))
+        sample_next(logits, 1.0, top_p, torch.Generator().manual_seed(0))
 
 
 def test_top_p_rows_whose_nucleus_is_wide_or_narrow_draw_alike_alone_and_together():
@@ -189,3 +192,47 @@ def test_the_rollouts_decoder_decodes_what_the_tokenizer_decodes():
     samples += [[tok.eos_token_id, 5, 6], []]
     for ids in samples:
         assert decode(ids) == tok.decode(ids), ids
+
+
+def _sorted_floor(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The definition with a full torch sort: the probability of the token, most likely first,
+    at which the cumulative mass first exceeds top_p."""
+    desc = probs.double().sort(dim=-1, descending=True).values
+    first = (desc.cumsum(-1) > top_p).double().argmax(-1, keepdim=True)
+    return desc.gather(-1, first).squeeze(-1).float()
+
+
+@pytest.mark.parametrize("scale", [0.05, 0.5, 2.0, 8.0])
+def test_the_nucleus_floor_is_the_sorted_definition_on_wide_and_narrow_rows(scale):
+    """Flat rows (an untrained model: the nucleus reaches far beyond the candidates) and peaked
+    ones (found among them), alone and in one batch, at several top_p: the floor equals the one
+    a full sort gives, bit for bit."""
+    generator = torch.Generator().manual_seed(int(scale * 100))
+    probs = torch.softmax(torch.randn(12, 49_152, generator=generator) * scale, -1)
+    for top_p in (0.1, 0.5, 0.9, 0.95, 0.999):
+        reference = _sorted_floor(probs, top_p)
+        assert torch.equal(_nucleus_floor(probs, top_p), reference), top_p
+        kept = (probs >= reference[:, None]).sum(-1)
+        if scale <= 0.5 and top_p >= 0.5:
+            assert (kept > _TOP_P_CANDIDATES).all()   # the wide path is the one under test
+        if scale >= 8.0 and top_p <= 0.9:
+            assert (kept <= _TOP_P_CANDIDATES).all()  # and here the candidates' path
+    mixed = torch.cat([torch.softmax(torch.randn(3, 49_152, generator=generator) * s, -1)
+                       for s in (0.05, 8.0)])[[0, 3, 1, 4, 2, 5]]
+    assert torch.equal(_nucleus_floor(mixed, 0.9), _sorted_floor(mixed, 0.9))
+
+
+def test_tokens_of_equal_probability_are_kept_or_dropped_together():
+    """Ten equal tokens and top_p 0.35: a sort would keep four of them, whichever it put first;
+    the nucleus keeps all ten, and the draws are uniform over them. With three tokens tied at the
+    boundary (p = 0.2 each after one of 0.4), top_p 0.5 keeps the three and drops the rest."""
+    n = 20_000
+    tokens = sample_next(torch.zeros(n, 10), 1.0, 0.35, torch.Generator().manual_seed(1)).tokens
+    stat, dof = _chi_square(tokens, torch.full((10,), 0.1, dtype=torch.float64))
+    assert dof == 9 and stat < _chi_square_limit(dof)
+    probs = torch.tensor([0.4, 0.2, 0.2, 0.2, 0.1, 0.1]) / 1.2
+    logits = probs.log()
+    tokens = sample_next(logits.repeat(n, 1), 1.0, 0.5, torch.Generator().manual_seed(2)).tokens
+    kept = torch.tensor([0.4, 0.2, 0.2, 0.2, 0.0, 0.0], dtype=torch.float64)
+    stat, dof = _chi_square(tokens, kept / kept.sum())
+    assert dof == 3 and stat < _chi_square_limit(dof)
