@@ -196,17 +196,18 @@ def test_the_rollouts_decoder_decodes_what_the_tokenizer_decodes():
 
 def _sorted_floor(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """The definition with a full torch sort: the probability of the token, most likely first,
-    at which the cumulative mass first exceeds top_p."""
+    at which the cumulative mass first exceeds top_p (the least likely one where none does)."""
     desc = probs.double().sort(dim=-1, descending=True).values
-    first = (desc.cumsum(-1) > top_p).double().argmax(-1, keepdim=True)
-    return desc.gather(-1, first).squeeze(-1).float()
+    over = desc.cumsum(-1) > top_p
+    first = torch.where(over.any(-1), over.double().argmax(-1), probs.shape[-1] - 1)
+    return desc.gather(-1, first[:, None]).squeeze(-1).to(probs.dtype)
 
 
 @pytest.mark.parametrize("scale", [0.05, 0.5, 2.0, 8.0])
 def test_the_nucleus_floor_is_the_sorted_definition_on_wide_and_narrow_rows(scale):
     """Flat rows (an untrained model: the nucleus reaches far beyond the candidates) and peaked
     ones (found among them), alone and in one batch, at several top_p: the floor equals the one
-    a full sort gives, bit for bit."""
+    a full sort gives (float64 probabilities too)."""
     generator = torch.Generator().manual_seed(int(scale * 100))
     probs = torch.softmax(torch.randn(12, 49_152, generator=generator) * scale, -1)
     for top_p in (0.1, 0.5, 0.9, 0.95, 0.999):
@@ -220,6 +221,13 @@ def test_the_nucleus_floor_is_the_sorted_definition_on_wide_and_narrow_rows(scal
     mixed = torch.cat([torch.softmax(torch.randn(3, 49_152, generator=generator) * s, -1)
                        for s in (0.05, 8.0)])[[0, 3, 1, 4, 2, 5]]
     assert torch.equal(_nucleus_floor(mixed, 0.9), _sorted_floor(mixed, 0.9))
+    wide64 = probs.double()
+    assert torch.equal(_nucleus_floor(wide64, 0.9), _sorted_floor(wide64, 0.9))
+    # a row whose whole mass is at most top_p (its sum rounds below 1) keeps every token
+    row = probs[:1]
+    whole = float(row.double().sum()) + 1e-9
+    assert torch.equal(_nucleus_floor(row, whole), row.min(-1).values)
+    assert torch.equal(_sorted_floor(row, whole), row.min(-1).values)
 
 
 def test_tokens_of_equal_probability_are_kept_or_dropped_together():

@@ -86,7 +86,9 @@ def _top_p_draw(probs: torch.Tensor, top_p: float, u: torch.Tensor) -> torch.Ten
 def _nucleus_floor(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """(n,) tau = max{v : the mass of the row's tokens with p >= v exceeds top_p}: the probability
     of the token at which the row's mass, most likely first, first exceeds top_p (where the whole
-    row's mass does not, from rounding, its least likely token's). Sums in float64.
+    row's mass does not, from rounding, its least likely token's). Sums in float64: a top_p
+    within float64 rounding (~1e-16) of a sum of the row's largest probabilities may keep one
+    token (or tied group) more or fewer than exact arithmetic would.
 
     On a CPU, numpy's vectorised selection and sort: the ``_TOP_P_CANDIDATES`` most likely
     tokens of each row (``np.partition``) hold tau where their mass exceeds top_p; a row whose
@@ -94,7 +96,9 @@ def _nucleus_floor(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     is sorted in full, values only (3 ms for 32 rows of 49,152). torch.sort took 97 ms for them,
     ten of the tiny model's decode steps, and ``topk`` of the candidates 4 ms. Elsewhere,
     torch.sort."""
-    p = probs.detach().float()
+    p = probs.detach()
+    if p.dtype not in (torch.float32, torch.float64):
+        p = p.float()
     if p.device.type != "cpu":
         return _floor_of_sorted(p.sort(dim=-1).values, top_p).to(probs.dtype)
     a = p.numpy()
