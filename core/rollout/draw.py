@@ -100,27 +100,28 @@ def _nucleus_floor(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     if p.dtype not in (torch.float32, torch.float64):
         p = p.float()
     if p.device.type != "cpu":
-        return _floor_of_sorted(p.sort(dim=-1).values, top_p).to(probs.dtype)
+        return _floor_of_sorted(p.sort(dim=-1).values, top_p)[0].to(probs.dtype)
     a = p.numpy()
     n, V = a.shape
     k = min(V, _TOP_P_CANDIDATES)
     top = np.sort(np.partition(a, V - k, axis=-1)[:, V - k:], axis=-1)  # (n, k) ascending
-    tau = torch.from_numpy(_floor_of_sorted(torch.from_numpy(top), top_p).numpy().copy())
-    # the candidates hold tau where the mass from tau on, among them alone, exceeds top_p
-    wide = top.sum(-1, dtype=np.float64) <= top_p
-    if k < V and wide.any():
-        tau[torch.from_numpy(wide)] = _floor_of_sorted(
-            torch.from_numpy(np.sort(a[wide], axis=-1)), top_p)
+    tau, mass = _floor_of_sorted(torch.from_numpy(top), top_p)
+    # the candidates hold tau where their mass exceeds top_p; the other rows are sorted whole
+    wide = mass <= top_p
+    if k < V and bool(wide.any()):
+        tau[wide] = _floor_of_sorted(torch.from_numpy(np.sort(a[wide.numpy()], axis=-1)),
+                                     top_p)[0]
     return tau.to(probs.dtype)
 
 
-def _floor_of_sorted(ascending: torch.Tensor, top_p: float) -> torch.Tensor:
-    """``_nucleus_floor`` of rows sorted in ascending order: the last entry from which on the
-    mass exceeds top_p, i.e. the first i with cum[i] >= total - top_p (cum[i - 1] < total -
-    top_p); entry 0 where the whole row's mass is at most top_p."""
+def _floor_of_sorted(ascending: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_nucleus_floor`` of rows sorted in ascending order, and the rows' float64 mass: the
+    last entry from which on the mass exceeds top_p, i.e. the first i with cum[i] >= total -
+    top_p (cum[i - 1] < total - top_p); entry 0 where the whole row's mass is at most top_p."""
     cum = ascending.cumsum(-1, dtype=torch.float64)
-    last = torch.searchsorted(cum, cum[:, -1:] - top_p).clamp(max=cum.shape[-1] - 1)
-    return ascending.gather(-1, last).squeeze(-1)
+    total = cum[:, -1]
+    last = torch.searchsorted(cum, (total - top_p)[:, None]).clamp(max=cum.shape[-1] - 1)
+    return ascending.gather(-1, last).squeeze(-1), total
 
 
 def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
